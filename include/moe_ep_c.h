@@ -1,0 +1,333 @@
+/*
+ * moe_ep_c.h -- the stable C ABI of libmoe_ep.
+ *
+ * moe_ep moves Mixture-of-Experts tokens between the GPUs of an
+ * expert-parallel (EP) group:
+ *   dispatch  sends every token to each rank that owns at least one of its
+ *             selected experts (once per rank, never once per expert);
+ *   combine   brings each rank's already weighted, locally reduced expert
+ *             output back to the token's source rank and sums it over ranks.
+ *
+ * Conventions that hold for the whole header:
+ *   - C99 and C++ clean; only <stdint.h> and <stddef.h>; no CUDA header.
+ *     A stream is passed as `void*` holding a `cudaStream_t` (NULL = the
+ *     legacy default stream).
+ *   - Every function returns a moe_ep_status_t.  On failure a thread-local
+ *     message naming the argument, the expected and the actual value can be
+ *     read with moe_ep_last_error().  No C++ exception ever crosses the ABI.
+ *   - Every public struct starts with `uint32_t struct_size`.  Fill it with the
+ *     matching exported *_init() function (FFI users cannot expand macros).
+ *     A smaller struct written against an older header is accepted and its
+ *     missing tail takes the defaults; a larger one from a newer header is
+ *     accepted only if the bytes this library does not know are all zero.
+ *     Output structs are written up to the caller's struct_size only.
+ *   - Enumerations are stored in structs as int32_t.  There is no `bool`:
+ *     flags are int32_t, 0 = off, anything else = on.
+ *   - Collective calls (create, destroy, dispatch, combine) must be made by
+ *     every rank of the group, in the same order.
+ *   - Threading: the free functions are thread safe.  A handle is used by one
+ *     thread at a time; different handles may be used from different threads.
+ */
+#ifndef MOE_EP_C_H
+#define MOE_EP_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define MOE_EP_API
+#elif defined(__GNUC__)
+#define MOE_EP_API __attribute__((visibility("default")))
+#else
+#define MOE_EP_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define MOE_EP_VERSION_MAJOR 0
+#define MOE_EP_VERSION_MINOR 1
+#define MOE_EP_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH */
+#define MOE_EP_VERSION_CODE \
+  (MOE_EP_VERSION_MAJOR * 10000 + MOE_EP_VERSION_MINOR * 100 + MOE_EP_VERSION_PATCH)
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef int32_t moe_ep_status_t;
+
+enum {
+  MOE_EP_SUCCESS = 0,
+  MOE_EP_ERROR_INVALID_ARGUMENT = 1, /* a host-side argument is wrong         */
+  MOE_EP_ERROR_UNSUPPORTED = 2,      /* valid, but not on this platform/build */
+  MOE_EP_ERROR_CUDA = 3,             /* a CUDA runtime or driver call failed   */
+  MOE_EP_ERROR_BOOTSTRAP = 4,        /* a bootstrap callback failed            */
+  MOE_EP_ERROR_OUT_OF_MEMORY = 5,    /* host or device allocation failed       */
+  MOE_EP_ERROR_TIMEOUT = 6,          /* a peer did not answer in timeout_ms    */
+  MOE_EP_ERROR_INVALID_STATE = 7,    /* call out of order, or handle unusable  */
+  MOE_EP_ERROR_INVALID_INPUT = 8,    /* bad device-side data (e.g. expert ids) */
+  MOE_EP_ERROR_INTERNAL = 9          /* a bug in moe_ep: please report it      */
+};
+
+/* Static, never-NULL name of a status ("MOE_EP_ERROR_TIMEOUT"). */
+MOE_EP_API const char* moe_ep_status_string(moe_ep_status_t status);
+
+/* The message of the last failing call made by this thread ("" if none).
+ * The pointer stays valid until the next moe_ep call on this thread. */
+MOE_EP_API const char* moe_ep_last_error(void);
+
+/* Runtime library version; any pointer may be NULL. */
+MOE_EP_API moe_ep_status_t moe_ep_get_version(int32_t* major, int32_t* minor, int32_t* patch);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors: binary-identical to DLPack's DLTensor                            */
+/* ------------------------------------------------------------------------ */
+
+/* DLPack device types (DLDeviceType). */
+enum {
+  MOE_EP_DEVICE_CPU = 1,      /* kDLCPU      */
+  MOE_EP_DEVICE_CUDA = 2,     /* kDLCUDA     */
+  MOE_EP_DEVICE_CUDA_HOST = 3 /* kDLCUDAHost */
+};
+
+/* DLPack dtype codes (DLDataTypeCode), DLPack 1.1 numbering. */
+enum {
+  MOE_EP_DTYPE_INT = 0,
+  MOE_EP_DTYPE_UINT = 1,
+  MOE_EP_DTYPE_FLOAT = 2,
+  MOE_EP_DTYPE_BFLOAT = 4,
+  MOE_EP_DTYPE_FLOAT8_E4M3FN = 10,
+  MOE_EP_DTYPE_FLOAT8_E5M2 = 12,
+  MOE_EP_DTYPE_FLOAT4_E2M1FN = 17
+};
+
+typedef struct moe_ep_device_t {
+  int32_t device_type; /* MOE_EP_DEVICE_* (DLDevice.device_type) */
+  int32_t device_id;   /* CUDA ordinal, 0 for the CPU           */
+} moe_ep_device_t;
+
+typedef struct moe_ep_dtype_t {
+  uint8_t code;   /* MOE_EP_DTYPE_*   */
+  uint8_t bits;   /* 4, 8, 16, 32, 64 */
+  uint16_t lanes; /* 1                */
+} moe_ep_dtype_t;
+
+/* Same layout as DLTensor: a DLTensor* may be passed where a
+ * const moe_ep_tensor_t* is expected, and vice versa. */
+typedef struct moe_ep_tensor_t {
+  void* data;
+  moe_ep_device_t device;
+  int32_t ndim;
+  moe_ep_dtype_t dtype;
+  int64_t* shape;
+  int64_t* strides; /* in elements; NULL = compact row-major */
+  uint64_t byte_offset;
+} moe_ep_tensor_t;
+
+/* ------------------------------------------------------------------------ */
+/* Bootstrap: how ranks exchange a few bytes at create and destroy            */
+/* ------------------------------------------------------------------------ */
+
+/* Gather `bytes_per_rank` bytes from every rank: rank r's `send` lands at
+ * recv + r*bytes_per_rank on every rank.  Blocking.  Returns 0 on success. */
+typedef int32_t (*moe_ep_allgather_fn)(void* ctx, const void* send, void* recv,
+                                       size_t bytes_per_rank);
+/* Blocks until every rank has entered it.  Returns 0 on success. */
+typedef int32_t (*moe_ep_barrier_fn)(void* ctx);
+
+typedef struct moe_ep_bootstrap_t {
+  uint32_t struct_size;
+  int32_t rank;       /* this process's rank in the EP group, 0..world_size-1 */
+  int32_t world_size; /* number of ranks (the EP size)                         */
+  void* ctx;          /* passed back to the callbacks untouched                */
+  moe_ep_allgather_fn allgather;
+  moe_ep_barrier_fn barrier;
+} moe_ep_bootstrap_t;
+
+/* Zeroes the struct and sets struct_size; rank = 0, world_size = 0. */
+MOE_EP_API moe_ep_status_t moe_ep_bootstrap_init(moe_ep_bootstrap_t* bootstrap);
+
+/* ------------------------------------------------------------------------ */
+/* Parameters and configuration                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct moe_ep_params_t {
+  uint32_t struct_size;
+  int32_t num_experts;         /* > 0, divisible by world_size                 */
+  int32_t top_k;               /* 1..num_experts                               */
+  int32_t max_tokens_per_rank; /* > 0: largest local_num_tokens of any call    */
+  int32_t hidden_size;         /* > 0: elements per row of combine's tensors   */
+  /* Dispatch payload.  Rows travel as opaque bytes, so fp8 or packed fp4 work:
+   * a row is hidden_row_elems elements of hidden_dtype.                       */
+  moe_ep_dtype_t hidden_dtype; /* default bf16                                 */
+  int32_t hidden_row_elems;    /* 0 (default) = hidden_size                    */
+  /* Optional per-row scales (hidden_states_scale), row-aligned with hidden.   */
+  int32_t scale_row_elems;     /* 0 (default) = no scales                      */
+  moe_ep_dtype_t scale_dtype;  /* default fp32                                 */
+  int32_t invalid_expert_id;   /* default -1; must lie outside [0,num_experts) */
+  int32_t enable_eplb_stats;   /* default 0; 1 = produce eplb_gathered_stats   */
+  moe_ep_dtype_t combine_dtype;/* dtype of combine's expert_output and output:
+                                  bf16 (default), fp16 or fp32                 */
+} moe_ep_params_t;
+
+MOE_EP_API moe_ep_status_t moe_ep_params_init(moe_ep_params_t* params);
+
+enum {
+  MOE_EP_BACKEND_AUTO = 0,             /* NVLINK_TWO_SIDED if supported, else HOST */
+  MOE_EP_BACKEND_NVLINK_TWO_SIDED = 1, /* GPUs of one NVLink domain                */
+  MOE_EP_BACKEND_HOST = 2              /* CPU tensors over the bootstrap           */
+};
+
+typedef struct moe_ep_config_t {
+  uint32_t struct_size;
+  int32_t backend;    /* MOE_EP_BACKEND_*, default AUTO                        */
+  int32_t num_sms;    /* SMs the kernels may use; 0 (default) = choose         */
+  int32_t timeout_ms; /* bound on every wait for a peer; default 30000; > 0    */
+  int32_t device;     /* CUDA ordinal; -1 (default) = the current device       */
+} moe_ep_config_t;
+
+MOE_EP_API moe_ep_status_t moe_ep_config_init(moe_ep_config_t* config);
+
+/* ------------------------------------------------------------------------ */
+/* Dispatch and combine arguments and results                                */
+/* ------------------------------------------------------------------------ */
+
+/* T = local_num_tokens (may differ per rank, may be 0), K = top_k,
+ * R = hidden_row_elems, S = scale_row_elems, E = num_experts.
+ * All tensors live on the handle's device (CUDA backend) or on the CPU (HOST),
+ * and are compact row-major (strides NULL or equal to the compact ones). */
+typedef struct moe_ep_dispatch_args_t {
+  uint32_t struct_size;
+  const moe_ep_tensor_t* hidden_states;       /* [T, R] hidden_dtype, required      */
+  const moe_ep_tensor_t* topk_ids;            /* [T, K] int32, required             */
+  const moe_ep_tensor_t* topk_weights;        /* [T, K] fp32, optional (NULL)       */
+  const moe_ep_tensor_t* hidden_states_scale; /* [T, S] scale_dtype; required iff S>0 */
+  int32_t runtime_max_tokens_per_rank;        /* 0 = max_tokens_per_rank; else the
+                                                 same value on every rank, >= every
+                                                 rank's T, <= max_tokens_per_rank    */
+  const moe_ep_tensor_t* eplb_local_stats;    /* [E] int32, optional; when NULL and
+                                                 eplb stats are on, the library counts
+                                                 the valid picks of topk_ids         */
+} moe_ep_dispatch_args_t;
+
+MOE_EP_API moe_ep_status_t moe_ep_dispatch_args_init(moe_ep_dispatch_args_t* args);
+
+/* P = world_size * tokens_per_rank receive rows, rank-major: rows
+ * [s*tokens_per_rank, s*tokens_per_rank + recv_counts[s]) hold the tokens that
+ * rank s sent here in ascending source token order; the other rows of each
+ * segment are padding (topk_ids all invalid_expert_id, topk_weights 0).
+ * Absent results have data == NULL and ndim == 0.  The views (and their shape
+ * arrays) are owned by the handle and stay valid until the matching combine is
+ * issued.  They live in the handle's device memory (CUDA) or host memory (HOST). */
+typedef struct moe_ep_dispatch_result_t {
+  uint32_t struct_size;
+  int32_t tokens_per_rank;
+  moe_ep_tensor_t hidden_states;        /* [P, R]                                  */
+  moe_ep_tensor_t topk_ids;             /* [P, K] int32, global ids; picks owned by
+                                           other ranks = invalid_expert_id         */
+  moe_ep_tensor_t topk_weights;         /* [P, K] fp32, if weights were given      */
+  moe_ep_tensor_t hidden_states_scale;  /* [P, S], if S > 0                         */
+  moe_ep_tensor_t recv_counts;          /* [world_size] int32                      */
+  moe_ep_tensor_t local_expert_counts;  /* [E / world_size] int32: received
+                                           (row, pick) pairs per local expert      */
+  moe_ep_tensor_t eplb_gathered_stats;  /* [world_size, E] int32, if eplb stats on */
+} moe_ep_dispatch_result_t;
+
+MOE_EP_API moe_ep_status_t moe_ep_dispatch_result_init(moe_ep_dispatch_result_t* result);
+
+typedef struct moe_ep_combine_result_t {
+  uint32_t struct_size;
+  moe_ep_tensor_t output; /* [T, hidden_size] combine_dtype, T of the matching
+                             dispatch; the caller's tensor, or library-owned memory
+                             valid until the next combine on this handle         */
+} moe_ep_combine_result_t;
+
+MOE_EP_API moe_ep_status_t moe_ep_combine_result_init(moe_ep_combine_result_t* result);
+
+/* ------------------------------------------------------------------------ */
+/* Lifecycle                                                                 */
+/* ------------------------------------------------------------------------ */
+
+typedef struct moe_ep_handle_s* moe_ep_handle_t;
+
+/* Whether the NVLINK_TWO_SIDED backend can run on CUDA device `device`.
+ * Local: no collective, no allocation that outlives the call.  Returns
+ * SUCCESS with *supported = 0 where there is no GPU or no driver. */
+MOE_EP_API moe_ep_status_t moe_ep_is_platform_supported(int32_t device, int32_t* supported);
+
+/* Bytes of memory create will allocate per rank for these arguments (device
+ * memory for the CUDA backend, host memory for HOST).  Local, no allocation.
+ * config may be NULL (defaults). */
+MOE_EP_API moe_ep_status_t moe_ep_workspace_size(const moe_ep_params_t* params,
+                                                 const moe_ep_config_t* config,
+                                                 int32_t world_size, uint64_t* bytes);
+
+/* Collective.  Validates everything, agrees on the backend and parameters with
+ * every rank (a mismatch fails on every rank), allocates and maps the
+ * workspace.  config may be NULL (defaults).  On failure *handle is NULL. */
+MOE_EP_API moe_ep_status_t moe_ep_create(const moe_ep_bootstrap_t* bootstrap,
+                                         const moe_ep_params_t* params,
+                                         const moe_ep_config_t* config,
+                                         moe_ep_handle_t* handle);
+
+/* Collective, stream-ordered, no host synchronisation (CUDA-graph capturable
+ * with a fixed tokens_per_rank).  Invalid arguments return INVALID_ARGUMENT
+ * before anything is launched; the handle stays usable. */
+MOE_EP_API moe_ep_status_t moe_ep_dispatch(moe_ep_handle_t handle,
+                                           const moe_ep_dispatch_args_t* args,
+                                           moe_ep_dispatch_result_t* result,
+                                           void* stream);
+
+/* Collective, stream-ordered.  expert_output: [P, hidden_size] or
+ * [world_size, tokens_per_rank, hidden_size] combine_dtype, row i holding the
+ * output for receive row i of the matching dispatch.  output: [T, hidden_size]
+ * combine_dtype, or NULL for library-owned memory.  Sums over ranks in
+ * ascending rank order with fp32 accumulation: bitwise reproducible. */
+MOE_EP_API moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle,
+                                          const moe_ep_tensor_t* expert_output,
+                                          const moe_ep_tensor_t* output,
+                                          moe_ep_combine_result_t* result,
+                                          void* stream);
+
+/* Errors found on the device after a call returned (bad expert ids, timeouts).
+ * Synchronises with the handle's outstanding work.  *status = SUCCESS if none;
+ * otherwise the first error, its message in moe_ep_last_error().  Sticky: a
+ * TIMEOUT makes every later dispatch/combine return TIMEOUT; INVALID_INPUT is
+ * cleared once read. */
+MOE_EP_API moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle,
+                                                  moe_ep_status_t* status);
+
+/* Collective when the group is healthy; releases everything and sets *handle
+ * to NULL.  *handle == NULL (or handle == NULL) is a no-op.  Never hangs: after
+ * a timeout it releases local resources without waiting for peers. */
+MOE_EP_API moe_ep_status_t moe_ep_destroy(moe_ep_handle_t* handle);
+
+/* ------------------------------------------------------------------------ */
+/* Open MPI bootstrap adapter: exported by libmoe_ep_mpi.so, not by          */
+/* libmoe_ep.so (the core library neither links nor needs MPI).              */
+/* ------------------------------------------------------------------------ */
+
+/* Collective over the communicator: duplicates *(const MPI_Comm*)mpi_comm and
+ * fills *bootstrap (rank, world_size, callbacks, ctx) from the duplicate.
+ * Release it with moe_ep_mpi_bootstrap_release once every handle created from
+ * it is destroyed.  MPI must be initialised. */
+MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm,
+                                                     moe_ep_bootstrap_t* bootstrap);
+/* The same from a Fortran handle (MPI_Comm_c2f; mpi4py: comm.py2f()). */
+MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint,
+                                                          moe_ep_bootstrap_t* bootstrap);
+/* Frees the duplicated communicator; zeroes the callbacks.  NULL is a no-op. */
+MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_release(moe_ep_bootstrap_t* bootstrap);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MOE_EP_C_H */

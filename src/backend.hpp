@@ -1,0 +1,58 @@
+// The interface every transport implements (HOST, NVLINK_TWO_SIDED).  The
+// handle validates arguments and keeps the call sequence; a backend only moves
+// bytes between validated raw pointers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "moe_ep_c.h"
+
+namespace moe_ep {
+
+// One validated dispatch.  Pointers already include byte_offset.
+struct DispatchCall {
+  int32_t num_tokens = 0;       // T on this rank
+  int32_t tokens_per_rank = 0;  // receive rows per source rank
+  const void* hidden = nullptr;          // [T, hidden_row_bytes]
+  const int32_t* topk_ids = nullptr;     // [T, top_k]
+  const float* topk_weights = nullptr;   // [T, top_k] or NULL
+  const void* scales = nullptr;          // [T, scale_row_bytes] or NULL
+  const int32_t* eplb_local = nullptr;   // [num_experts] or NULL
+};
+
+// Where a backend left the results of a dispatch (its own memory).
+struct DispatchBuffers {
+  void* hidden = nullptr;                // [world*tpr, hidden_row_bytes]
+  int32_t* topk_ids = nullptr;           // [world*tpr, top_k]
+  float* topk_weights = nullptr;         // [world*tpr, top_k], NULL if no weights
+  void* scales = nullptr;                // [world*tpr, scale_row_bytes], NULL if none
+  int32_t* recv_counts = nullptr;        // [world]
+  int32_t* local_expert_counts = nullptr;// [experts_per_rank]
+  int32_t* eplb_gathered = nullptr;      // [world, num_experts], NULL if off
+};
+
+// One validated combine, for the dispatch that preceded it.
+struct CombineCall {
+  int32_t num_tokens = 0;         // T of the matching dispatch
+  int32_t tokens_per_rank = 0;    // of the matching dispatch
+  const void* expert_output = nullptr;  // [world*tpr, combine_row_bytes]
+  void* output = nullptr;               // [T, combine_row_bytes] or NULL = backend-owned
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+  // Where the caller's tensors must live.
+  virtual moe_ep_device_t device() const = 0;
+  virtual DispatchBuffers dispatch(const DispatchCall& call, void* stream) = 0;
+  // Returns the output pointer (call.output or backend-owned memory).
+  virtual void* combine(const CombineCall& call, void* stream) = 0;
+  // First error found on the device since the last poll (SUCCESS if none).
+  virtual moe_ep_status_t poll_async_error(std::string* message) = 0;
+  // Release everything; collective when the group is healthy, never hangs.
+  virtual void shutdown() noexcept = 0;
+};
+
+}  // namespace moe_ep

@@ -1,0 +1,69 @@
+#include "bootstrap.hpp"
+
+#include <cstring>
+
+#include "error.hpp"
+#include "versioned_struct.hpp"
+
+namespace moe_ep {
+
+namespace {
+moe_ep_bootstrap_t default_bootstrap() {
+  moe_ep_bootstrap_t b{};
+  b.struct_size = sizeof(b);
+  return b;
+}
+}  // namespace
+
+Bootstrap::Bootstrap(const moe_ep_bootstrap_t* user) {
+  b_ = read_versioned(user, default_bootstrap(), "bootstrap");
+  if (b_.world_size <= 0) fail_argument("bootstrap->world_size", "> 0", b_.world_size);
+  if (b_.rank < 0 || b_.rank >= b_.world_size) {
+    fail_argument("bootstrap->rank", "in [0, " + std::to_string(b_.world_size) + ")", b_.rank);
+  }
+  if (b_.allgather == nullptr) fail_argument("bootstrap->allgather", "a callback", "NULL");
+  if (b_.barrier == nullptr) fail_argument("bootstrap->barrier", "a callback", "NULL");
+}
+
+void Bootstrap::allgather(const void* send, void* recv, size_t bytes_per_rank) const {
+  // The callback is user code: never let anything it throws cross into us.
+  int32_t rc = 0;
+  try {
+    rc = b_.allgather(b_.ctx, send, recv, bytes_per_rank);
+  } catch (...) {
+    rc = -1;
+  }
+  if (rc != 0) {
+    fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->allgather(", bytes_per_rank,
+         " bytes per rank) returned ", rc, " on rank ", b_.rank);
+  }
+}
+
+void Bootstrap::barrier() const {
+  int32_t rc = 0;
+  try {
+    rc = b_.barrier(b_.ctx);
+  } catch (...) {
+    rc = -1;
+  }
+  if (rc != 0) fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->barrier returned ", rc, " on rank ", b_.rank);
+}
+
+void Bootstrap::agree(moe_ep_status_t local_status, const std::string& local_message) const {
+  struct Outcome {
+    int32_t status;
+    char message[244];
+  };
+  Outcome mine{};
+  mine.status = local_status;
+  std::strncpy(mine.message, local_message.c_str(), sizeof(mine.message) - 1);
+  const std::vector<Outcome> all = allgather_value(mine);
+  if (local_status != MOE_EP_SUCCESS) throw Error(local_status, local_message);
+  for (int32_t r = 0; r < world_size(); ++r) {
+    if (all[r].status != MOE_EP_SUCCESS) {
+      fail(all[r].status, "rank ", r, " failed: ", std::string(all[r].message));
+    }
+  }
+}
+
+}  // namespace moe_ep

@@ -1,0 +1,195 @@
+// The C shim: every exported function.  Each body runs inside guarded(), which
+// maps C++ exceptions to a status and the thread-local message, so that no
+// exception ever crosses the ABI.
+#include <new>
+
+#include "dtype.hpp"
+#include "error.hpp"
+#include "handle.hpp"
+#include "host_backend.hpp"
+#include "moe_ep_c.h"
+#include "nvlink/nvlink_backend.hpp"
+#include "params.hpp"
+
+namespace {
+
+template <typename Body>
+moe_ep_status_t guarded(Body&& body) noexcept {
+  moe_ep::clear_last_error();
+  try {
+    body();
+    return MOE_EP_SUCCESS;
+  } catch (const moe_ep::Error& e) {
+    moe_ep::set_last_error(e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    moe_ep::set_last_error("out of host memory");
+    return MOE_EP_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    moe_ep::set_last_error(std::string("internal error: ") + e.what());
+    return MOE_EP_ERROR_INTERNAL;
+  } catch (...) {
+    moe_ep::set_last_error("internal error: unknown exception");
+    return MOE_EP_ERROR_INTERNAL;
+  }
+}
+
+// Like guarded(), for calls on a handle: a timeout or CUDA failure seen during
+// the call makes the handle unusable (later calls return the same status).
+template <typename Body>
+moe_ep_status_t guarded_on(moe_ep_handle_t h, Body&& body) noexcept {
+  const moe_ep_status_t s = guarded(body);
+  if (h != nullptr && (s == MOE_EP_ERROR_TIMEOUT || s == MOE_EP_ERROR_CUDA) &&
+      h->broken_status == MOE_EP_SUCCESS) {
+    h->broken_status = s;
+    h->broken_message = moe_ep::last_error();
+  }
+  return s;
+}
+
+template <typename T>
+void require_out(T* p, const char* name) {
+  if (p == nullptr) moe_ep::fail_argument(name, "a non-NULL pointer", "NULL");
+}
+
+void require_handle(moe_ep_handle_t h) {
+  if (h == nullptr) moe_ep::fail_argument("handle", "a handle from moe_ep_create", "NULL");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* moe_ep_status_string(moe_ep_status_t status) { return moe_ep::status_name(status); }
+
+const char* moe_ep_last_error(void) { return moe_ep::last_error(); }
+
+moe_ep_status_t moe_ep_get_version(int32_t* major, int32_t* minor, int32_t* patch) {
+  return guarded([&] {
+    if (major) *major = MOE_EP_VERSION_MAJOR;
+    if (minor) *minor = MOE_EP_VERSION_MINOR;
+    if (patch) *patch = MOE_EP_VERSION_PATCH;
+  });
+}
+
+moe_ep_status_t moe_ep_bootstrap_init(moe_ep_bootstrap_t* b) {
+  return guarded([&] {
+    require_out(b, "bootstrap");
+    *b = moe_ep_bootstrap_t{};
+    b->struct_size = sizeof(*b);
+  });
+}
+
+moe_ep_status_t moe_ep_params_init(moe_ep_params_t* p) {
+  return guarded([&] {
+    require_out(p, "params");
+    *p = moe_ep::default_params();
+  });
+}
+
+moe_ep_status_t moe_ep_config_init(moe_ep_config_t* c) {
+  return guarded([&] {
+    require_out(c, "config");
+    *c = moe_ep::default_config();
+  });
+}
+
+moe_ep_status_t moe_ep_dispatch_args_init(moe_ep_dispatch_args_t* a) {
+  return guarded([&] {
+    require_out(a, "args");
+    *a = moe_ep_dispatch_args_t{};
+    a->struct_size = sizeof(*a);
+  });
+}
+
+moe_ep_status_t moe_ep_dispatch_result_init(moe_ep_dispatch_result_t* r) {
+  return guarded([&] {
+    require_out(r, "result");
+    *r = moe_ep_dispatch_result_t{};
+    r->struct_size = sizeof(*r);
+  });
+}
+
+moe_ep_status_t moe_ep_combine_result_init(moe_ep_combine_result_t* r) {
+  return guarded([&] {
+    require_out(r, "result");
+    *r = moe_ep_combine_result_t{};
+    r->struct_size = sizeof(*r);
+  });
+}
+
+moe_ep_status_t moe_ep_is_platform_supported(int32_t device, int32_t* supported) {
+  return guarded([&] {
+    require_out(supported, "supported");
+    *supported = 0;
+    if (device < -1) moe_ep::fail_argument("device", ">= -1 (-1 = current device)", device);
+    *supported = moe_ep::nvlink_platform_supported(device) ? 1 : 0;
+  });
+}
+
+moe_ep_status_t moe_ep_workspace_size(const moe_ep_params_t* params, const moe_ep_config_t* config,
+                                      int32_t world_size, uint64_t* bytes) {
+  return guarded([&] {
+    require_out(bytes, "bytes");
+    *bytes = 0;
+    const moe_ep_params_t p = moe_ep::read_params(params);
+    const moe_ep_config_t c = moe_ep::read_config(config);
+    const moe_ep::Layout layout = moe_ep::make_layout(p, world_size, 0);
+    *bytes = moe_ep::resolve_backend_locally(c) == MOE_EP_BACKEND_NVLINK_TWO_SIDED
+                 ? moe_ep::nvlink_workspace_bytes(layout, c)
+                 : moe_ep::host_workspace_bytes(layout);
+  });
+}
+
+moe_ep_status_t moe_ep_create(const moe_ep_bootstrap_t* bootstrap, const moe_ep_params_t* params,
+                              const moe_ep_config_t* config, moe_ep_handle_t* handle) {
+  if (handle != nullptr) *handle = nullptr;
+  return guarded([&] {
+    require_out(handle, "handle");
+    *handle = moe_ep::create_handle(bootstrap, params, config);
+  });
+}
+
+moe_ep_status_t moe_ep_dispatch(moe_ep_handle_t handle, const moe_ep_dispatch_args_t* args,
+                                moe_ep_dispatch_result_t* result, void* stream) {
+  return guarded_on(handle, [&] {
+    require_handle(handle);
+    moe_ep::dispatch(*handle, args, result, stream);
+  });
+}
+
+moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle, const moe_ep_tensor_t* expert_output,
+                               const moe_ep_tensor_t* output, moe_ep_combine_result_t* result,
+                               void* stream) {
+  return guarded_on(handle, [&] {
+    require_handle(handle);
+    moe_ep::combine(*handle, expert_output, output, result, stream);
+  });
+}
+
+moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle, moe_ep_status_t* status) {
+  moe_ep_status_t found = MOE_EP_SUCCESS;
+  std::string message;
+  const moe_ep_status_t rc = guarded([&] {
+    require_handle(handle);
+    require_out(status, "status");
+    found = moe_ep::poll_async_error(*handle);
+    message = moe_ep::last_error();
+  });
+  if (rc == MOE_EP_SUCCESS) {
+    *status = found;
+    moe_ep::set_last_error(message);  // the async error's message, readable after the call
+  }
+  return rc;
+}
+
+moe_ep_status_t moe_ep_destroy(moe_ep_handle_t* handle) {
+  return guarded([&] {
+    if (handle == nullptr || *handle == nullptr) return;  // idempotent
+    moe_ep_handle_t h = *handle;
+    *handle = nullptr;
+    moe_ep::destroy_handle(h);
+  });
+}
+
+}  // extern "C"

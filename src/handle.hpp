@@ -1,0 +1,48 @@
+// The object behind moe_ep_handle_t: the group's layout, its backend, the
+// dispatch/combine call sequence, and the result views handed to the caller.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend.hpp"
+#include "bootstrap.hpp"
+#include "moe_ep_c.h"
+#include "params.hpp"
+
+struct moe_ep_handle_s {
+  moe_ep::Layout layout;
+  moe_ep_config_t config{};
+  std::unique_ptr<moe_ep::Backend> backend;
+
+  // One dispatch/combine pair in flight: combine must follow dispatch.
+  bool dispatched = false;
+  moe_ep::DispatchCall last_dispatch;  // pointers into caller memory are not kept
+  bool last_had_weights = false;
+
+  // A timeout or a CUDA failure makes the handle unusable; calls return it.
+  moe_ep_status_t broken_status = MOE_EP_SUCCESS;
+  std::string broken_message;
+
+  // Storage for the shapes of the result views (SPEC §3: owned by the handle).
+  int64_t shape_hidden[2]{}, shape_ids[2]{}, shape_weights[2]{}, shape_scales[2]{};
+  int64_t shape_recv_counts[1]{}, shape_local_expert_counts[1]{}, shape_eplb[2]{};
+  int64_t shape_output[2]{};
+};
+
+namespace moe_ep {
+
+// Which backend create would use; throws UNSUPPORTED for an explicit NVLINK
+// request on a platform without support.  Local (no collective).
+int32_t resolve_backend_locally(const moe_ep_config_t& config);
+
+moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap, const moe_ep_params_t* params,
+                               const moe_ep_config_t* config);
+void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args,
+              moe_ep_dispatch_result_t* result, void* stream);
+void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
+             moe_ep_combine_result_t* result, void* stream);
+moe_ep_status_t poll_async_error(moe_ep_handle_s& h);
+void destroy_handle(moe_ep_handle_s* h) noexcept;
+
+}  // namespace moe_ep

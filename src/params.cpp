@@ -1,0 +1,123 @@
+#include "params.hpp"
+
+#include <string>
+
+#include "dtype.hpp"
+#include "error.hpp"
+#include "versioned_struct.hpp"
+
+namespace moe_ep {
+
+moe_ep_params_t default_params() {
+  moe_ep_params_t p{};
+  p.struct_size = sizeof(p);
+  p.hidden_dtype = dtype_bf16();
+  p.scale_dtype = dtype_fp32();
+  p.invalid_expert_id = -1;
+  p.combine_dtype = dtype_bf16();
+  return p;
+}
+
+moe_ep_config_t default_config() {
+  moe_ep_config_t c{};
+  c.struct_size = sizeof(c);
+  c.backend = MOE_EP_BACKEND_AUTO;
+  c.num_sms = 0;
+  c.timeout_ms = kDefaultTimeoutMs;
+  c.device = -1;
+  return c;
+}
+
+namespace {
+
+void require_positive(const char* name, int64_t value) {
+  if (value <= 0) fail_argument(std::string("params->") + name, "> 0", value);
+}
+
+void require_payload_dtype(const char* name, const moe_ep_dtype_t& d) {
+  if (d.lanes != 1 || d.bits == 0 || (d.bits % 8 != 0 && d.bits != 4)) {
+    fail_argument(std::string("params->") + name,
+                  "a dtype with lanes 1 and 4, 8, 16, 32 or 64 bits", dtype_name(d));
+  }
+}
+
+}  // namespace
+
+moe_ep_params_t read_params(const moe_ep_params_t* user) {
+  moe_ep_params_t p = read_versioned(user, default_params(), "params");
+  require_positive("num_experts", p.num_experts);
+  require_positive("top_k", p.top_k);
+  require_positive("max_tokens_per_rank", p.max_tokens_per_rank);
+  require_positive("hidden_size", p.hidden_size);
+  if (p.top_k > p.num_experts) {
+    fail_argument("params->top_k", "<= num_experts (" + std::to_string(p.num_experts) + ")",
+                  p.top_k);
+  }
+  require_payload_dtype("hidden_dtype", p.hidden_dtype);
+  if (p.hidden_row_elems < 0) fail_argument("params->hidden_row_elems", ">= 0", p.hidden_row_elems);
+  if (p.scale_row_elems < 0) fail_argument("params->scale_row_elems", ">= 0", p.scale_row_elems);
+  if (p.scale_row_elems > 0) require_payload_dtype("scale_dtype", p.scale_dtype);
+  if (p.invalid_expert_id >= 0 && p.invalid_expert_id < p.num_experts) {
+    fail_argument("params->invalid_expert_id",
+                  "outside [0, num_experts) = [0, " + std::to_string(p.num_experts) + ")",
+                  p.invalid_expert_id);
+  }
+  if (p.enable_eplb_stats != 0 && p.enable_eplb_stats != 1) {
+    fail_argument("params->enable_eplb_stats", "0 or 1", p.enable_eplb_stats);
+  }
+  if (!is_combine_dtype(p.combine_dtype)) {
+    fail_argument("params->combine_dtype", "bf16, fp16 or fp32", dtype_name(p.combine_dtype));
+  }
+  // Rows are addressed with 64-bit offsets, but keep one row under 2 GiB so
+  // that per-row sizes fit the int32 arguments of the kernels.
+  const int64_t row_elems = p.hidden_row_elems ? p.hidden_row_elems : p.hidden_size;
+  if (dtype_row_bytes(p.hidden_dtype, row_elems) >= (1ull << 31)) {
+    fail_argument("params->hidden_row_elems", "a row under 2 GiB", row_elems);
+  }
+  return p;
+}
+
+moe_ep_config_t read_config(const moe_ep_config_t* user) {
+  if (user == nullptr) return default_config();
+  moe_ep_config_t c = read_versioned(user, default_config(), "config");
+  if (c.backend != MOE_EP_BACKEND_AUTO && c.backend != MOE_EP_BACKEND_NVLINK_TWO_SIDED &&
+      c.backend != MOE_EP_BACKEND_HOST) {
+    fail_argument("config->backend", "MOE_EP_BACKEND_AUTO (0), NVLINK_TWO_SIDED (1) or HOST (2)",
+                  c.backend);
+  }
+  if (c.num_sms < 0) fail_argument("config->num_sms", ">= 0 (0 = choose)", c.num_sms);
+  if (c.timeout_ms <= 0) fail_argument("config->timeout_ms", "> 0", c.timeout_ms);
+  if (c.device < -1) fail_argument("config->device", ">= -1 (-1 = current device)", c.device);
+  return c;
+}
+
+Layout make_layout(const moe_ep_params_t& p, int32_t world_size, int32_t rank) {
+  if (world_size <= 0) fail_argument("bootstrap->world_size", "> 0", world_size);
+  if (rank < 0 || rank >= world_size) {
+    fail_argument("bootstrap->rank", "in [0, " + std::to_string(world_size) + ")", rank);
+  }
+  if (p.num_experts % world_size != 0) {
+    fail_argument("params->num_experts",
+                  "a multiple of world_size (" + std::to_string(world_size) + ")", p.num_experts);
+  }
+  Layout l;
+  l.rank = rank;
+  l.world_size = world_size;
+  l.num_experts = p.num_experts;
+  l.top_k = p.top_k;
+  l.max_tokens_per_rank = p.max_tokens_per_rank;
+  l.hidden_size = p.hidden_size;
+  l.hidden_dtype = p.hidden_dtype;
+  l.hidden_row_elems = p.hidden_row_elems ? p.hidden_row_elems : p.hidden_size;
+  l.hidden_row_bytes = dtype_row_bytes(p.hidden_dtype, l.hidden_row_elems);
+  l.scale_row_elems = p.scale_row_elems;
+  l.scale_dtype = p.scale_dtype;
+  l.scale_row_bytes = p.scale_row_elems ? dtype_row_bytes(p.scale_dtype, p.scale_row_elems) : 0;
+  l.invalid_expert_id = p.invalid_expert_id;
+  l.eplb_stats = p.enable_eplb_stats != 0;
+  l.combine_dtype = p.combine_dtype;
+  l.combine_row_bytes = dtype_row_bytes(p.combine_dtype, p.hidden_size);
+  return l;
+}
+
+}  // namespace moe_ep

@@ -1,0 +1,52 @@
+// Validated, defaulted parameters and configuration, and the layout maths that
+// every backend shares (row sizes, expert ownership).
+#pragma once
+
+#include <cstdint>
+
+#include "moe_ep_c.h"
+
+namespace moe_ep {
+
+constexpr int32_t kDefaultTimeoutMs = 30000;
+
+moe_ep_params_t default_params();
+moe_ep_config_t default_config();
+
+// Read the caller's versioned struct, fill defaults, validate every field that
+// does not depend on the group (INVALID_ARGUMENT naming the field otherwise).
+moe_ep_params_t read_params(const moe_ep_params_t* user);
+moe_ep_config_t read_config(const moe_ep_config_t* user);  // NULL = defaults
+
+// Everything about the shapes of one group, derived once at create.
+struct Layout {
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  int32_t num_experts = 0;
+  int32_t top_k = 0;
+  int32_t max_tokens_per_rank = 0;
+  int32_t hidden_size = 0;
+  moe_ep_dtype_t hidden_dtype{};
+  int32_t hidden_row_elems = 0;
+  uint64_t hidden_row_bytes = 0;
+  int32_t scale_row_elems = 0;
+  moe_ep_dtype_t scale_dtype{};
+  uint64_t scale_row_bytes = 0;
+  int32_t invalid_expert_id = -1;
+  bool eplb_stats = false;
+  moe_ep_dtype_t combine_dtype{};
+  uint64_t combine_row_bytes = 0;
+
+  int32_t experts_per_rank() const { return num_experts / world_size; }
+  // Rank owning a valid expert id (caller checks the id is in range).
+  int32_t owner_of(int32_t expert) const { return expert / experts_per_rank(); }
+  bool is_valid_expert(int32_t id) const { return id >= 0 && id < num_experts; }
+  int64_t receive_rows(int32_t tokens_per_rank) const {
+    return static_cast<int64_t>(world_size) * tokens_per_rank;
+  }
+};
+
+// Validates the group-dependent rules (world_size > 0, num_experts % world_size == 0).
+Layout make_layout(const moe_ep_params_t& params, int32_t world_size, int32_t rank);
+
+}  // namespace moe_ep
