@@ -16,7 +16,9 @@ struct DispatchCall {
   int32_t tokens_per_rank = 0;  // receive rows per source rank
   const void* hidden = nullptr;          // [T, hidden_row_bytes]
   const int32_t* topk_ids = nullptr;     // [T, top_k]
-  const float* topk_weights = nullptr;   // [T, top_k] or NULL
+  const float* topk_weights = nullptr;   // [T, top_k]; NULL if absent or T == 0
+  bool has_weights = false;              // the caller passed topk_weights (even with T == 0):
+                                         // the result then has weights (0 on padding rows)
   const void* scales = nullptr;          // [T, scale_row_bytes] or NULL
   const int32_t* eplb_local = nullptr;   // [num_experts] or NULL
 };
@@ -25,7 +27,7 @@ struct DispatchCall {
 struct DispatchBuffers {
   void* hidden = nullptr;                // [world*tpr, hidden_row_bytes]
   int32_t* topk_ids = nullptr;           // [world*tpr, top_k]
-  float* topk_weights = nullptr;         // [world*tpr, top_k], NULL if no weights
+  float* topk_weights = nullptr;         // [world*tpr, top_k]; non-NULL iff call.has_weights
   void* scales = nullptr;                // [world*tpr, scale_row_bytes], NULL if none
   int32_t* recv_counts = nullptr;        // [world]
   int32_t* local_expert_counts = nullptr;// [experts_per_rank]

@@ -132,6 +132,7 @@ moe_ep_status_t moe_ep_workspace_size(const moe_ep_params_t* params, const moe_e
   return guarded([&] {
     require_out(bytes, "bytes");
     *bytes = 0;
+    if (world_size <= 0) moe_ep::fail_argument("world_size", "> 0", world_size);
     const moe_ep_params_t p = moe_ep::read_params(params);
     const moe_ep_config_t c = moe_ep::read_config(config);
     const moe_ep::Layout layout = moe_ep::make_layout(p, world_size, 0);

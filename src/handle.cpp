@@ -133,6 +133,7 @@ DispatchCall validate_dispatch(const moe_ep_handle_s& h, const moe_ep_dispatch_a
   c.topk_ids = static_cast<const int32_t*>(
       check_tensor(a.topk_ids, "args->topk_ids", dtype_int32(), {{T, l.top_k}}, dev));
   if (a.topk_weights) {
+    c.has_weights = true;
     c.topk_weights = static_cast<const float*>(
         check_tensor(a.topk_weights, "args->topk_weights", dtype_fp32(), {{T, l.top_k}}, dev));
   }
@@ -184,7 +185,7 @@ void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg,
   const DispatchBuffers out = h.backend->dispatch(call, stream);
   h.dispatched = true;
   h.last_dispatch = call;
-  h.last_had_weights = call.topk_weights != nullptr;
+  h.last_had_weights = call.has_weights;
 
   const Layout& l = h.layout;
   const moe_ep_device_t dev = h.backend->device();

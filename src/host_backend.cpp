@@ -57,7 +57,7 @@ class HostBackend final : public Backend {
     record_bad_ids(call);
 
     std::vector<uint8_t> mine(rec.size, 0);
-    const int32_t header[2] = {call.num_tokens, call.topk_weights != nullptr ? 1 : 0};
+    const int32_t header[2] = {call.num_tokens, call.has_weights ? 1 : 0};
     std::memcpy(mine.data(), header, sizeof(header));
     const uint64_t picks = static_cast<uint64_t>(call.num_tokens) * K;
     copy_in(mine, rec.ids_offset, call.topk_ids, picks * sizeof(int32_t));
@@ -94,7 +94,7 @@ class HostBackend final : public Backend {
     ReceiveBuffers out;
     out.hidden = recv_hidden_.data();
     out.topk_ids = recv_ids_.data();
-    out.topk_weights = call.topk_weights ? recv_weights_.data() : nullptr;
+    out.topk_weights = call.has_weights ? recv_weights_.data() : nullptr;
     out.scales = layout_.scale_row_bytes ? recv_scales_.data() : nullptr;
     out.recv_counts = recv_counts_.data();
     out.local_expert_counts = local_expert_counts_.data();
