@@ -2,6 +2,8 @@
 // randomized cases checked against the independent brute-force model.
 #include <catch2/catch.hpp>
 
+#include <mpi.h>
+
 #include <string>
 
 #include "host_case_runner.hpp"
@@ -55,4 +57,32 @@ TEST_CASE("mpi host backend: rank 0 has no tokens, the last rank is full", "[mpi
   s.tokens[s.world_size - 1] = 6;
   s.seed = 99;
   run_and_check(s);
+}
+
+TEST_CASE("mpi adapter: Fortran handle entry point, release, and bad input", "[mpi][bootstrap]") {
+  moe_ep_bootstrap_t b;
+  const int32_t fint = static_cast<int32_t>(MPI_Comm_c2f(MPI_COMM_WORLD));
+  REQUIRE(moe_ep_mpi_bootstrap_init_fint(fint, &b) == MOE_EP_SUCCESS);
+  CHECK(b.rank == mpi_rank());
+  CHECK(b.world_size == mpi_world_size());
+  CaseSpec s;
+  s.world_size = mpi_world_size();
+  s.num_experts = 3 * s.world_size;
+  s.top_k = 2;
+  s.max_tokens_per_rank = 5;
+  s.hidden_size = 6;
+  s.seed = 4242;
+  const std::string problem = check_case(s, mpi_rank(), run_host_case(s, b));
+  INFO(problem);
+  CHECK(problem.empty());
+  REQUIRE(moe_ep_mpi_bootstrap_release(&b) == MOE_EP_SUCCESS);
+  CHECK(b.ctx == nullptr);
+  CHECK(b.allgather == nullptr);
+  CHECK(moe_ep_mpi_bootstrap_release(&b) == MOE_EP_SUCCESS);  // twice is fine
+  CHECK(moe_ep_mpi_bootstrap_release(nullptr) == MOE_EP_SUCCESS);
+  CHECK(moe_ep_mpi_bootstrap_init(nullptr, &b) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  MPI_Comm null_comm = MPI_COMM_NULL;
+  CHECK(moe_ep_mpi_bootstrap_init(&null_comm, &b) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  MPI_Comm world = MPI_COMM_WORLD;
+  CHECK(moe_ep_mpi_bootstrap_init(&world, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
 }
