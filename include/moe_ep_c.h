@@ -142,6 +142,9 @@ typedef int32_t (*moe_ep_allgather_fn)(void* ctx, const void* send, void* recv,
 /* Blocks until every rank has entered it.  Returns 0 on success. */
 typedef int32_t (*moe_ep_barrier_fn)(void* ctx);
 
+/* The struct is copied by moe_ep_create, but ctx and the callbacks must stay
+ * valid until every handle created from it is destroyed: the HOST backend moves
+ * data with them on every call, and destroy may call barrier. */
 typedef struct moe_ep_bootstrap_t {
   uint32_t struct_size;
   int32_t rank;       /* this process's rank in the EP group, 0..world_size-1 */
