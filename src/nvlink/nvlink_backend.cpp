@@ -1,29 +1,349 @@
-// Placeholder until the kernels land (issue: NVLink two-sided backend): reports
-// the platform honestly and refuses to create.
+// The NVLINK_TWO_SIDED backend: a shared workspace (shared_memory.cpp), the
+// kernels behind cuda/moe_ep_kernels.h, and the host bookkeeping around them:
+// no host synchronisation in dispatch or combine, errors found on the device
+// reported by poll_async_error, a destroy that never waits for a peer.
 #include "nvlink/nvlink_backend.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <vector>
+
 #include "error.hpp"
+#include "moe_ep_kernels.h"
+#include "nvlink/cuda_check.hpp"
+#include "nvlink/driver_api.hpp"
+#include "nvlink/nvlink_log.hpp"
+#include "nvlink/shared_memory.hpp"
+#include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {
 
+namespace {
+
+int resolve_device(int32_t configured) {
+  int device = configured;
+  if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+int device_attribute(cudaDeviceAttr attribute, int device) {
+  int value = 0;
+  check_cuda(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute");
+  return value;
+}
+
+std::string phase_name(uint32_t phase) {
+  return phase == kernels::kPhaseCombine ? "combine" : "dispatch";
+}
+
+class NvlinkBackend final : public Backend {
+ public:
+  NvlinkBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
+      : layout_(layout), config_(config) {
+    moe_ep_status_t status = MOE_EP_SUCCESS;
+    std::string message;
+    try {
+      prepare_locally();
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    bootstrap.agree(status, message);
+
+    {
+      const DeviceGuard guard(device_);
+      memory_ = std::make_unique<SharedMemory>(bootstrap, device_, offsets_.total_bytes, config_.timeout_ms);
+    }
+    try {
+      initialise_workspace();
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    try {
+      bootstrap.agree(status, message);  // no peer writes here before this rank is ready
+    } catch (...) {
+      shutdown();
+      throw;
+    }
+    log_info("rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
+             " SMs, workspace ", memory_->size(), " bytes (", offsets_.total_bytes, " used), timeout ",
+             config_.timeout_ms, " ms");
+  }
+
+  ~NvlinkBackend() override { shutdown(); }
+
+  const char* name() const override { return "nvlink_two_sided"; }
+  moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CUDA, device_}; }
+
+  DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
+    refuse_after_timeout();
+    const DeviceGuard guard(device_);
+    kernels::DispatchLaunch a{};
+    a.num_tokens = call.num_tokens;
+    a.tokens_per_rank = call.tokens_per_rank;
+    a.hidden = call.hidden;
+    a.topk_ids = call.topk_ids;
+    a.topk_weights = call.topk_weights;
+    a.scales = call.scales;
+    a.eplb_local = call.eplb_local;
+    a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
+    note_launch(s);
+
+    char* base = memory_->local();
+    DispatchBuffers b;
+    b.hidden = base + offsets_.recv_hidden;
+    b.topk_ids = reinterpret_cast<int32_t*>(base + offsets_.recv_ids);
+    b.topk_weights = call.topk_weights ? reinterpret_cast<float*>(base + offsets_.recv_weights) : nullptr;
+    b.scales = layout_.scale_row_bytes ? base + offsets_.recv_scales : nullptr;
+    b.recv_counts = reinterpret_cast<int32_t*>(base + offsets_.recv_counts);
+    b.local_expert_counts = reinterpret_cast<int32_t*>(base + offsets_.local_expert_counts);
+    b.eplb_gathered = layout_.eplb_stats ? reinterpret_cast<int32_t*>(base + offsets_.eplb_gathered) : nullptr;
+    return b;
+  }
+
+  void* combine(const CombineCall& call, void* stream) override {
+    refuse_after_timeout();
+    const DeviceGuard guard(device_);
+    kernels::CombineLaunch a{};
+    a.num_tokens = call.num_tokens;
+    a.tokens_per_rank = call.tokens_per_rank;
+    a.expert_output = call.expert_output;
+    a.output = call.output ? call.output : memory_->local() + offsets_.combine_out;
+    a.num_blocks = kernels::combine_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
+    note_launch(s);
+    return a.output;
+  }
+
+  moe_ep_status_t poll_async_error(std::string* message) override {
+    try {
+      const DeviceGuard guard(device_);
+      wait_for_own_work();
+      kernels::DeviceErrors e{};
+      check_cuda(cudaMemcpyAsync(&e, &control_device()->errors, sizeof(e), cudaMemcpyDeviceToHost, private_stream_),
+                 "reading the device error record");
+      check_cuda(cudaStreamSynchronize(private_stream_), "reading the device error record");
+      if (e.timeout_phase != kernels::kPhaseNone) {
+        *message = timeout_message(e.timeout_phase, e.timeout_peer);
+        return MOE_EP_ERROR_TIMEOUT;
+      }
+      if (e.bad_id_count != 0) {
+        *message = bad_ids_message(e);
+        clear_bad_ids();
+        return MOE_EP_ERROR_INVALID_INPUT;
+      }
+      return MOE_EP_SUCCESS;
+    } catch (const Error& e) {
+      *message = e.what();
+      return e.status();
+    }
+  }
+
+  void shutdown() noexcept override {
+    if (released_) return;
+    released_ = true;
+    int previous = -1;
+    const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+    if (cudaSetDevice(device_) == cudaSuccess) {
+      // Our kernels end by themselves (every wait is bounded), so this returns.
+      if (captured_) {
+        cudaDeviceSynchronize();
+      } else if (last_launch_) {
+        cudaEventSynchronize(last_launch_);
+      }
+      memory_.reset();
+      if (last_launch_) cudaEventDestroy(last_launch_);
+      if (private_stream_) cudaStreamDestroy(private_stream_);
+      if (mirror_) cudaFreeHost(mirror_);
+      cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
+    }
+    memory_.reset();
+    last_launch_ = nullptr;
+    private_stream_ = nullptr;
+    mirror_ = nullptr;
+    if (have_previous) cudaSetDevice(previous);
+  }
+
+ private:
+  // Local checks and sizes; nothing collective yet.
+  void prepare_locally() {
+    device_ = resolve_device(config_.device);
+    const DeviceGuard guard(device_);
+    check_cuda(cudaFree(nullptr), "initialising the CUDA context");
+    if (layout_.world_size > kernels::kMaxWorldSize) {
+      fail(MOE_EP_ERROR_UNSUPPORTED, "bootstrap->world_size: NVLINK_TWO_SIDED supports at most ",
+           kernels::kMaxWorldSize, " ranks, got ", layout_.world_size);
+    }
+    const int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, device_) +
+                   device_attribute(cudaDevAttrComputeCapabilityMinor, device_);
+    if (cc < kernels::lowest_compiled_arch()) {
+      fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " has compute capability ", cc / 10, ".", cc % 10,
+           "; this build's kernels need ", kernels::lowest_compiled_arch() / 10, ".",
+           kernels::lowest_compiled_arch() % 10, " or newer");
+    }
+    driver_api();  // throws UNSUPPORTED naming a missing entry point
+    sm_count_ = device_attribute(cudaDevAttrMultiProcessorCount, device_);
+    sm_budget_ = config_.num_sms > 0 && config_.num_sms < sm_count_ ? config_.num_sms : sm_count_;
+    shape_ = group_shape(layout_);
+    offsets_ = plan_workspace(layout_);
+  }
+
+  // Zeroes the workspace (flags at epoch 0), writes the peer table and the
+  // control block (epoch 1), and allocates the host-side helpers.
+  void initialise_workspace() {
+    const DeviceGuard guard(device_);
+    check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    void* mirror = nullptr;
+    check_cuda(cudaHostAlloc(&mirror, sizeof(kernels::HostTimeoutMirror), cudaHostAllocMapped),
+               "cudaHostAlloc(timeout mirror)");
+    mirror_ = static_cast<kernels::HostTimeoutMirror*>(mirror);
+    mirror_->timeout_phase = kernels::kPhaseNone;
+    mirror_->timeout_peer = -1;
+    void* mirror_device = nullptr;
+    check_cuda(cudaHostGetDevicePointer(&mirror_device, mirror, 0), "cudaHostGetDevicePointer");
+
+    char* base = memory_->local();
+    check_cuda(cudaMemsetAsync(base, 0, memory_->size(), private_stream_), "zeroing the workspace");
+    std::vector<uint64_t> bases(layout_.world_size);
+    for (int r = 0; r < layout_.world_size; ++r) bases[r] = reinterpret_cast<uintptr_t>(memory_->rank_base(r));
+    check_cuda(cudaMemcpyAsync(base + offsets_.peer_bases, bases.data(), bases.size() * sizeof(uint64_t),
+                               cudaMemcpyHostToDevice, private_stream_),
+               "writing the peer table");
+    kernels::ControlBlock control{};
+    control.epoch = 1;
+    control.errors.timeout_peer = -1;
+    control.errors.bad_id_first = ~uint64_t{0};
+    check_cuda(cudaMemcpyAsync(control_device(), &control, sizeof(control), cudaMemcpyHostToDevice, private_stream_),
+               "writing the control block");
+    check_cuda(cudaStreamSynchronize(private_stream_), "initialising the workspace");
+
+    state_.local_base = base;
+    state_.mirror = static_cast<kernels::HostTimeoutMirror*>(mirror_device);
+    state_.timeout_ns = static_cast<int64_t>(config_.timeout_ms) * 1000000;
+  }
+
+  kernels::ControlBlock* control_device() const {
+    return reinterpret_cast<kernels::ControlBlock*>(memory_->local() + offsets_.control);
+  }
+
+  // A timed-out group is out of step: every later call fails at once.
+  void refuse_after_timeout() const {
+    const uint32_t phase = mirror_->timeout_phase;
+    if (phase != kernels::kPhaseNone) fail(MOE_EP_ERROR_TIMEOUT, timeout_message(phase, mirror_->timeout_peer));
+  }
+
+  // Remembers how to wait for this call: an event, or (inside a CUDA graph
+  // capture, where recording one would join the graph) the whole device.
+  void note_launch(cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) {
+      captured_ = true;
+      return;
+    }
+    check_cuda(cudaEventRecord(last_launch_, stream), "cudaEventRecord");
+  }
+
+  void wait_for_own_work() {
+    if (captured_) {
+      check_cuda(cudaDeviceSynchronize(), "waiting for the handle's work (graph replays)");
+    } else {
+      check_cuda(cudaEventSynchronize(last_launch_), "waiting for the handle's last kernel");
+    }
+  }
+
+  void clear_bad_ids() {
+    kernels::DeviceErrors cleared{};
+    cleared.bad_id_count = 0;
+    cleared.bad_id_first = ~uint64_t{0};
+    char* at = reinterpret_cast<char*>(&control_device()->errors);
+    const size_t from = offsetof(kernels::DeviceErrors, bad_id_count);
+    check_cuda(cudaMemcpyAsync(at + from, reinterpret_cast<const char*>(&cleared) + from,
+                               sizeof(cleared) - from, cudaMemcpyHostToDevice, private_stream_),
+               "clearing the bad id record");
+    check_cuda(cudaStreamSynchronize(private_stream_), "clearing the bad id record");
+  }
+
+  std::string timeout_message(uint32_t phase, int32_t peer) const {
+    return phase_name(phase) + " waiting for rank " + std::to_string(peer) + ": no answer within timeout_ms = " +
+           std::to_string(config_.timeout_ms) + " on rank " + std::to_string(layout_.rank) +
+           " (the group is out of step; destroy this handle)";
+  }
+
+  std::string bad_ids_message(const kernels::DeviceErrors& e) const {
+    const uint64_t position = e.bad_id_first >> 32;
+    const int32_t value = static_cast<int32_t>(static_cast<uint32_t>(e.bad_id_first & 0xFFFFFFFFu));
+    return "dispatch on rank " + std::to_string(layout_.rank) + ": " + std::to_string(e.bad_id_count) +
+           " topk_ids outside [0, " + std::to_string(layout_.num_experts) + ") and not invalid_expert_id (" +
+           std::to_string(layout_.invalid_expert_id) + "), first at token " +
+           std::to_string(position / layout_.top_k) + " pick " + std::to_string(position % layout_.top_k) + ": " +
+           std::to_string(value) + "; those picks were dropped";
+  }
+
+  Layout layout_;
+  moe_ep_config_t config_;
+  int device_ = 0;
+  int sm_count_ = 0;
+  int sm_budget_ = 0;
+  kernels::GroupShape shape_{};
+  kernels::WorkspaceOffsets offsets_{};
+  kernels::HandleState state_{};
+  std::unique_ptr<SharedMemory> memory_;
+  kernels::HostTimeoutMirror* mirror_ = nullptr;
+  cudaStream_t private_stream_ = nullptr;
+  cudaEvent_t last_launch_ = nullptr;
+  bool captured_ = false;
+  bool released_ = false;
+};
+
+}  // namespace
+
 bool nvlink_platform_supported(int32_t device) {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();  // clear the sticky "no driver" error
     return false;
   }
   if (device < -1 || device >= count) return false;
-  return false;  // no kernels in this build yet
+  int d = device;
+  if (d == -1 && cudaGetDevice(&d) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  if (10 * major + minor < kernels::lowest_compiled_arch()) return false;
+  const DriverApi* api = try_driver_api();
+  if (api == nullptr) return false;
+  CUdevice cu = 0;
+  if (api->device_get(&cu, d) != CUDA_SUCCESS) return false;
+  int vmm = 0, posix = 0, fabric = 0;
+  api->device_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cu);
+  api->device_attribute(&posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cu);
+  api->device_attribute(&fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, cu);
+  return vmm != 0 && (posix != 0 || fabric != 0);
 }
 
-uint64_t nvlink_workspace_bytes(const Layout&, const moe_ep_config_t&) {
-  fail(MOE_EP_ERROR_UNSUPPORTED, "the NVLINK_TWO_SIDED backend is not built yet");
+uint64_t nvlink_workspace_bytes(const Layout& layout, const moe_ep_config_t& config) {
+  const int device = resolve_device(config.device);
+  return SharedMemory::allocation_size(device, plan_workspace(layout).total_bytes);
 }
 
-std::unique_ptr<Backend> make_nvlink_backend(const Layout&, const moe_ep_config_t&, const Bootstrap&) {
-  fail(MOE_EP_ERROR_UNSUPPORTED, "the NVLINK_TWO_SIDED backend is not built yet");
+std::unique_ptr<Backend> make_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
+                                             const Bootstrap& bootstrap) {
+  return std::make_unique<NvlinkBackend>(layout, config, bootstrap);
 }
 
 }  // namespace moe_ep

@@ -1,0 +1,317 @@
+// Dispatch: one kernel per call.  Every block
+//   1. scans the routing of all local tokens and so knows, for each of its own
+//      tokens, the slot on every destination rank (the number of earlier local
+//      tokens bound there: ascending source order, deterministic, no count
+//      exchange before the data);
+//   2. writes its tokens' rows, rewritten ids, weights and scales straight into
+//      the final receive rows of each destination (row = rank*tpr + slot);
+//   3. writes its share of the padding rows (ids = invalid, weights = 0).
+// The last block to finish then publishes, to every rank, the per-expert
+// counts and EPLB row of this rank and one flag carrying (epoch, count), and
+// waits for every rank's flag to produce recv_counts and local_expert_counts.
+#include <stdint.h>
+
+#include "device_sync.cuh"
+#include "fast_division.h"
+#include "kernel_common.cuh"
+#include "moe_ep_kernels.h"
+#include "row_copy.cuh"
+
+namespace moe_ep {
+namespace kernels {
+namespace {
+
+struct DispatchParams {
+  KernelContext ctx;
+  DispatchLaunch args;
+};
+
+__device__ __forceinline__ bool is_valid_expert(const GroupShape& s, int32_t id) {
+  return static_cast<uint32_t>(id) < static_cast<uint32_t>(s.num_experts);
+}
+
+__device__ __forceinline__ int owner_of(const GroupShape& s, int32_t id) {
+  return static_cast<int>(divide_by_magic(static_cast<uint32_t>(id), s.owner_magic, s.owner_shift));
+}
+
+// Ranks that own at least one valid pick of the token.
+__device__ inline uint64_t token_mask(const GroupShape& s, const int32_t* ids_row) {
+  uint64_t mask = 0;
+  for (int k = 0; k < s.top_k; ++k) {
+    const int32_t id = __ldg(ids_row + k);
+    if (is_valid_expert(s, id)) mask |= uint64_t{1} << owner_of(s, id);
+  }
+  return mask;
+}
+
+// Counts the valid picks of an own token per expert, and reports bad ids.
+__device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist, DeviceErrors* errors) {
+  const GroupShape& s = p.ctx.shape;
+  const int32_t* row = p.args.topk_ids + static_cast<int64_t>(token) * s.top_k;
+  for (int k = 0; k < s.top_k; ++k) {
+    const int32_t id = __ldg(row + k);
+    if (is_valid_expert(s, id)) {
+      atomicAdd(hist + id, 1);
+    } else if (id != s.invalid_expert_id) {
+      atomicAdd(&errors->bad_id_count, 1u);
+      const uint64_t position = static_cast<uint64_t>(token) * s.top_k + k;
+      atomicMin(reinterpret_cast<unsigned long long*>(&errors->bad_id_first),
+                static_cast<unsigned long long>((position << 32) | static_cast<uint32_t>(id)));
+    }
+  }
+}
+
+struct RoutingShared {
+  uint32_t warp_counts[kWarpsPerBlock][kMaxWorldSize];
+  uint32_t warp_offsets[kWarpsPerBlock][kMaxWorldSize];
+  uint32_t totals[kMaxWorldSize];  // tokens bound to each rank so far; all tokens at the end
+};
+
+// Step 1: slots of the tokens [t0, t1) into token_slots, histogram of their
+// picks; leaves in sh.totals the number of local tokens bound to each rank.
+__device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingShared& sh) {
+  const GroupShape& s = p.ctx.shape;
+  const int world = s.world_size;
+  const int T = p.args.num_tokens;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const uint32_t lanes_below = (1u << lane) - 1u;
+  int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
+  int32_t* hist = p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
+  DeviceErrors* errors = &p.ctx.control()->errors;
+
+  for (int d = threadIdx.x; d < world; d += blockDim.x) sh.totals[d] = 0;
+  __syncthreads();
+  for (int base = 0; base < T; base += kBlockThreads) {
+    const int t = base + static_cast<int>(threadIdx.x);
+    const uint64_t mask = t < T ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
+    for (int d = 0; d < world; ++d) {
+      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
+      if (lane == 0) sh.warp_counts[warp][d] = __popc(ballot);
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < world; d += blockDim.x) {
+      uint32_t running = sh.totals[d];
+      for (int w = 0; w < kWarpsPerBlock; ++w) {
+        sh.warp_offsets[w][d] = running;
+        running += sh.warp_counts[w][d];
+      }
+      sh.totals[d] = running;
+    }
+    __syncthreads();
+    if (base < t1 && base + kBlockThreads > t0) {  // block-uniform: this round holds own tokens
+      const bool own = t >= t0 && t < t1;
+      for (int d = 0; d < world; ++d) {
+        const bool goes = (mask >> d) & 1u;
+        const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, goes);
+        if (own) {
+          slots[static_cast<int64_t>(t) * world + d] =
+              goes ? static_cast<int32_t>(sh.warp_offsets[warp][d] + __popc(ballot & lanes_below)) : -1;
+        }
+      }
+      if (own) count_picks(p, t, hist, errors);
+    }
+  }
+  __syncthreads();  // totals final; own token_slots rows visible to the whole block
+}
+
+// Step 2, one 2 KiB segment of a hidden row (16-byte aligned rows): loaded once,
+// stored to every destination.
+__device__ inline void send_hidden_segment(const DispatchParams& p, int32_t token, int segment,
+                                           const TokenDestinations& dests, int lane) {
+  const GroupShape& s = p.ctx.shape;
+  const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
+  const int64_t bytes = s.hidden_row_bytes - offset < kSegmentBytes ? s.hidden_row_bytes - offset : kSegmentBytes;
+  const int vectors = static_cast<int>(bytes / 16);
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p.args.hidden) +
+                                                    static_cast<int64_t>(token) * s.hidden_row_bytes + offset);
+  uint4 v[kVectorsPerLane];
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    const int i = u * 32 + lane;
+    if (i < vectors) v[u] = __ldg(src + i);
+  }
+  for (uint64_t rest = dests.mask; rest != 0; rest &= rest - 1) {
+    const int d = lowest_rank(rest);
+    const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests.slot(d);
+    uint4* dst = reinterpret_cast<uint4*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden +
+                                          row * s.hidden_row_bytes + offset);
+#pragma unroll
+    for (int u = 0; u < kVectorsPerLane; ++u) {
+      const int i = u * 32 + lane;
+      if (i < vectors) dst[i] = v[u];
+    }
+  }
+}
+
+// Step 2 for rows of any size and alignment: the whole row, per destination.
+__device__ inline void send_hidden_row_any(const DispatchParams& p, int32_t token, const TokenDestinations& dests,
+                                           int lane) {
+  const GroupShape& s = p.ctx.shape;
+  const char* src = static_cast<const char*>(p.args.hidden) + static_cast<int64_t>(token) * s.hidden_row_bytes;
+  for (uint64_t rest = dests.mask; rest != 0; rest &= rest - 1) {
+    const int d = lowest_rank(rest);
+    const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests.slot(d);
+    warp_copy_bytes(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden + row * s.hidden_row_bytes, src,
+                    s.hidden_row_bytes, lane);
+  }
+}
+
+// Step 2, the small parts of a token: ids rewritten for each destination
+// (picks it does not own become the invalid id), weights (0 without), scales.
+__device__ inline void send_token_meta(const DispatchParams& p, int32_t token, const TokenDestinations& dests,
+                                       int lane) {
+  const GroupShape& s = p.ctx.shape;
+  const int K = s.top_k;
+  const int32_t* ids = p.args.topk_ids + static_cast<int64_t>(token) * K;
+  const float* weights = p.args.topk_weights ? p.args.topk_weights + static_cast<int64_t>(token) * K : nullptr;
+  for (uint64_t rest = dests.mask; rest != 0; rest &= rest - 1) {
+    const int d = lowest_rank(rest);
+    const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests.slot(d);
+    int32_t* ids_dst = p.ctx.remote<int32_t>(d, p.ctx.offsets.recv_ids) + row * K;
+    float* weights_dst = p.ctx.remote<float>(d, p.ctx.offsets.recv_weights) + row * K;
+    for (int k = lane; k < K; k += 32) {
+      const int32_t id = __ldg(ids + k);
+      const bool mine = is_valid_expert(s, id) && owner_of(s, id) == d;
+      ids_dst[k] = mine ? id : s.invalid_expert_id;
+      weights_dst[k] = weights ? __ldg(weights + k) : 0.0f;
+    }
+    if (s.scale_row_bytes > 0) {
+      warp_copy_bytes(p.ctx.rank_base(d) + p.ctx.offsets.recv_scales + row * s.scale_row_bytes,
+                      static_cast<const char*>(p.args.scales) + static_cast<int64_t>(token) * s.scale_row_bytes,
+                      s.scale_row_bytes, lane);
+    }
+  }
+}
+
+__device__ void send_own_tokens(const DispatchParams& p, int t0, int t1) {
+  const GroupShape& s = p.ctx.shape;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool aligned = s.hidden_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.args.hidden) % 16 == 0;
+  const int segments = aligned ? static_cast<int>((s.hidden_row_bytes + kSegmentBytes - 1) / kSegmentBytes) : 1;
+  const int parts = segments + 1;  // + the ids/weights/scales part
+  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
+  const int items = (t1 - t0) * parts;
+  for (int item = warp; item < items; item += kWarpsPerBlock) {
+    const int32_t token = t0 + item / parts;
+    const int part = item % parts;
+    const TokenDestinations dests =
+        TokenDestinations::load(slots + static_cast<int64_t>(token) * s.world_size, s.world_size, lane);
+    if (part == segments) {
+      send_token_meta(p, token, dests, lane);
+    } else if (aligned) {
+      send_hidden_segment(p, token, part, dests, lane);
+    } else {
+      send_hidden_row_any(p, token, dests, lane);
+    }
+  }
+}
+
+// Step 3: rows [totals[d], tpr) of this rank's segment on every rank d get
+// ids = invalid and weights = 0.  Spread over all threads of the grid.
+__device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
+  const GroupShape& s = p.ctx.shape;
+  const int64_t tpr = p.args.tokens_per_rank;
+  const int K = s.top_k;
+  int64_t all = 0;
+  for (int d = 0; d < s.world_size; ++d) all += (tpr - totals[d]) * K;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < all; i += stride) {
+    int64_t rest = i;
+    int d = 0;
+    while (rest >= (tpr - totals[d]) * K) {
+      rest -= (tpr - totals[d]) * K;
+      ++d;
+    }
+    const int64_t element = (static_cast<int64_t>(s.rank) * tpr + totals[d]) * K + rest;
+    p.ctx.remote<int32_t>(d, p.ctx.offsets.recv_ids)[element] = s.invalid_expert_id;
+    p.ctx.remote<float>(d, p.ctx.offsets.recv_weights)[element] = 0.0f;
+  }
+}
+
+// Last block: publish this rank's counts and flag to every rank, wait for
+// every rank's, then produce recv_counts and local_expert_counts.
+__device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, const uint32_t* totals) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  const int world = s.world_size, epr = s.experts_per_rank, E = s.num_experts;
+  int32_t* hist = c.local<int32_t>(c.offsets.expert_hist);
+
+  for (int i = threadIdx.x; i < world * epr; i += blockDim.x) {
+    const int d = i / epr, e = i % epr;
+    c.remote<int32_t>(d, c.offsets.expert_counts_in)[s.rank * epr + e] = load_from_l2(hist + d * epr + e);
+  }
+  if (s.eplb_enabled) {
+    for (int i = threadIdx.x; i < world * E; i += blockDim.x) {
+      const int d = i / E, x = i % E;
+      const int32_t v = p.args.eplb_local ? __ldg(p.args.eplb_local + x) : load_from_l2(hist + x);
+      c.remote<int32_t>(d, c.offsets.eplb_gathered)[static_cast<int64_t>(s.rank) * E + x] = v;
+    }
+  }
+  block_publish_barrier();
+  for (int x = threadIdx.x; x < E; x += blockDim.x) hist[x] = 0;  // ready for the next call
+  for (int d = threadIdx.x; d < world; d += blockDim.x) {
+    FlagSlot* flag = c.remote<FlagSlot>(d, c.offsets.dispatch_flags) + s.rank;
+    store_relaxed_sys(&flag->count, static_cast<int32_t>(totals[d]));
+    store_release_sys(&flag->epoch, epoch);
+  }
+  int32_t* recv_counts = c.local<int32_t>(c.offsets.recv_counts);
+  int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
+  for (int src = threadIdx.x; src < world; src += blockDim.x) {
+    FlagSlot* flag = c.local<FlagSlot>(c.offsets.dispatch_flags) + src;
+    int32_t count = 0;
+    if (wait_for_flag(flag, epoch, c.control(), c.state.mirror, c.state.timeout_ns, kPhaseDispatch, src)) {
+      count = load_relaxed_sys(&flag->count);
+    }
+    recv_counts[src] = count;
+    counts_private[src] = count;
+  }
+  __syncthreads();
+  const int32_t* counts_in = c.local<int32_t>(c.offsets.expert_counts_in);
+  int32_t* local_expert_counts = c.local<int32_t>(c.offsets.local_expert_counts);
+  for (int e = threadIdx.x; e < epr; e += blockDim.x) {
+    int32_t sum = 0;
+    for (int src = 0; src < world; ++src) sum += load_relaxed_sys(counts_in + src * epr + e);
+    local_expert_counts[e] = sum;
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 2) dispatch_kernel(const DispatchParams p) {
+  __shared__ RoutingShared sh;
+  ControlBlock* control = p.ctx.control();
+  if (handle_timed_out(control)) return;
+  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
+  const int T = p.args.num_tokens;
+  const int t0 = static_cast<int>(static_cast<int64_t>(T) * blockIdx.x / gridDim.x);
+  const int t1 = static_cast<int>(static_cast<int64_t>(T) * (blockIdx.x + 1) / gridDim.x);
+
+  route_tokens(p, t0, t1, sh);
+  send_own_tokens(p, t0, t1);
+  write_padding(p, sh.totals);
+  if (!arrive_last(&control->dispatch_arrivals, gridDim.x)) return;
+  finish_dispatch(p, epoch, sh.totals);
+}
+
+}  // namespace
+
+int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tokens_per_rank, int32_t sm_budget) {
+  // About one block per token (rows are large), enough blocks for the padding
+  // when few tokens are sent, never more than the SMs the handle may use.
+  const int64_t padding_blocks = (static_cast<int64_t>(shape.world_size) * tokens_per_rank + 255) / 256;
+  int64_t blocks = num_tokens > padding_blocks ? num_tokens : padding_blocks;
+  if (blocks > sm_budget) blocks = sm_budget;
+  return blocks < 1 ? 1 : static_cast<int32_t>(blocks);
+}
+
+cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
+                            const DispatchLaunch& args, cudaStream_t stream) {
+  DispatchParams p;
+  p.ctx.shape = shape;
+  p.ctx.offsets = offsets;
+  p.ctx.state = state;
+  p.args = args;
+  dispatch_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace moe_ep

@@ -1,0 +1,70 @@
+// Small helpers shared by the dispatch and combine kernels: where a rank's
+// regions are, and the set of ranks a token goes to.
+#pragma once
+
+#include <stdint.h>
+
+#include "moe_ep_kernels.h"
+
+namespace moe_ep {
+namespace kernels {
+
+constexpr int kWarpsPerBlock = kBlockThreads / 32;
+// A warp moves a row in steps of 32 lanes x kVectorsPerLane 16-byte vectors.
+constexpr int kVectorsPerLane = 4;
+constexpr int kSegmentBytes = 32 * kVectorsPerLane * 16;
+
+struct KernelContext {
+  GroupShape shape;
+  WorkspaceOffsets offsets;
+  HandleState state;
+
+  __device__ __forceinline__ ControlBlock* control() const {
+    return reinterpret_cast<ControlBlock*>(state.local_base + offsets.control);
+  }
+  // Base of rank r's workspace as mapped in this process (r == rank: local).
+  __device__ __forceinline__ char* rank_base(int r) const {
+    return reinterpret_cast<char*>(reinterpret_cast<const uint64_t*>(state.local_base + offsets.peer_bases)[r]);
+  }
+  template <typename T>
+  __device__ __forceinline__ T* local(uint64_t offset) const {
+    return reinterpret_cast<T*>(state.local_base + offset);
+  }
+  template <typename T>
+  __device__ __forceinline__ T* remote(int r, uint64_t offset) const {
+    return reinterpret_cast<T*>(rank_base(r) + offset);
+  }
+  // Segment of rank `source`'s rows inside rank `dest`'s combine_in region
+  // (dest keeps no segment for itself).
+  __device__ __forceinline__ int combine_segment(int source, int dest) const {
+    return source < dest ? source : source - 1;
+  }
+};
+
+// The ranks one token goes to, read by a warp from its token_slots row:
+// lane i holds the slot on rank i (and on rank 32 + i), -1 where not sent.
+struct TokenDestinations {
+  uint64_t mask;
+  int32_t slot_low;
+  int32_t slot_high;
+
+  __device__ __forceinline__ static TokenDestinations load(const int32_t* slots_row, int world, int lane) {
+    TokenDestinations d;
+    d.slot_low = lane < world ? slots_row[lane] : -1;
+    d.slot_high = lane + 32 < world ? slots_row[lane + 32] : -1;
+    d.mask = static_cast<uint64_t>(__ballot_sync(0xFFFFFFFFu, d.slot_low >= 0)) |
+             (static_cast<uint64_t>(__ballot_sync(0xFFFFFFFFu, d.slot_high >= 0)) << 32);
+    return d;
+  }
+  // Warp-collective: every lane must call it with the same rank.
+  __device__ __forceinline__ int32_t slot(int rank) const {
+    const int32_t low = __shfl_sync(0xFFFFFFFFu, slot_low, rank & 31);
+    const int32_t high = __shfl_sync(0xFFFFFFFFu, slot_high, rank & 31);
+    return rank < 32 ? low : high;
+  }
+};
+
+__device__ __forceinline__ int lowest_rank(uint64_t mask) { return __ffsll(static_cast<long long>(mask)) - 1; }
+
+}  // namespace kernels
+}  // namespace moe_ep

@@ -1,0 +1,153 @@
+// The one boundary between the host code (src/nvlink) and the CUDA kernels of
+// the NVLINK_TWO_SIDED backend: plain structs of pointers and integers, and
+// launch functions that return a cudaError_t.  No templates cross it, so the
+// host side compiles as ordinary C++.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+namespace moe_ep {
+namespace kernels {
+
+// Largest group the kernels handle: a token's destinations are a 64-bit mask.
+constexpr int kMaxWorldSize = 64;
+
+// Threads per block of every kernel (16 warps).
+constexpr int kBlockThreads = 512;
+
+// Values of combine_dtype.
+enum CombineDtype : int32_t { kCombineBf16 = 0, kCombineFp16 = 1, kCombineFp32 = 2 };
+
+// Phases named in a timeout record.
+enum Phase : uint32_t { kPhaseNone = 0, kPhaseDispatch = 1, kPhaseCombine = 2 };
+
+// Written by the kernels in device memory (atomics), read by the host after a
+// synchronisation.  The first timeout wins and stays; bad ids accumulate until
+// the host clears them.
+struct DeviceErrors {
+  uint32_t timeout_phase;   // Phase of the first timeout, kPhaseNone if none
+  int32_t timeout_peer;     // rank that did not answer
+  uint32_t bad_id_count;    // picks outside [0, E) that are not the invalid id
+  uint32_t reserved;
+  uint64_t bad_id_first;    // min over bad picks of (token*top_k + pick) << 32 | (uint32)id;
+                            // UINT64_MAX when none
+};
+
+// A copy of the timeout record in host-mapped memory, written with plain
+// stores by the thread that won the device-side record, so that the host can
+// refuse further calls without synchronising.
+struct HostTimeoutMirror {
+  volatile uint32_t timeout_phase;
+  volatile int32_t timeout_peer;
+};
+
+// Byte offsets of the regions of one rank's workspace.  The layout is the same
+// on every rank, so a peer's region is peer_base + offset.
+struct WorkspaceOffsets {
+  // Written by peers (shared).
+  uint64_t dispatch_flags;  // [world] FlagSlot, index = source rank
+  uint64_t combine_flags;   // [world] FlagSlot, index = source rank
+  uint64_t expert_counts_in;// [world][experts_per_rank] int32, index = source rank
+  uint64_t eplb_gathered;   // [world][num_experts] int32 (a dispatch result)
+  uint64_t recv_hidden;     // [world*max_tpr][hidden_row_bytes]
+  uint64_t recv_scales;     // [world*max_tpr][scale_row_bytes]
+  uint64_t recv_ids;        // [world*max_tpr][top_k] int32
+  uint64_t recv_weights;    // [world*max_tpr][top_k] fp32
+  uint64_t combine_in;      // [(world-1)*max_tpr][combine_row_bytes]
+  // Private to the rank.
+  uint64_t peer_bases;      // [world] uint64: where each rank's workspace is mapped here
+  uint64_t control;         // ControlBlock
+  uint64_t expert_hist;     // [num_experts] int32, zero between calls
+  uint64_t recv_counts;     // [world] int32 (a dispatch result)
+  uint64_t counts_private;  // [world] int32: recv_counts kept for combine
+  uint64_t local_expert_counts;  // [experts_per_rank] int32 (a dispatch result)
+  uint64_t token_slots;     // [max_tpr][world] int32: slot of my token on each rank, -1 = not sent
+  uint64_t combine_out;     // [max_tpr][combine_row_bytes] library-owned combine output
+  uint64_t total_bytes;     // end of the layout
+};
+
+// One (source, destination) flag: the epoch of the call that published it and,
+// for dispatch, the number of rows the source wrote.  The epoch is stored last,
+// with release semantics; it only ever grows, so flags are never reset.
+struct FlagSlot {
+  uint64_t epoch;
+  int32_t count;
+  int32_t reserved;
+};
+
+// Per-handle device state in the private part of the workspace.
+struct ControlBlock {
+  uint64_t epoch;               // epoch of the next dispatch/combine pair; starts at 1
+  uint32_t dispatch_arrivals;   // blocks of the running dispatch that finished their rows
+  uint32_t combine_arrivals;    // same for combine
+  DeviceErrors errors;
+};
+
+// Everything about the group's shapes the kernels need.
+struct GroupShape {
+  int32_t rank;
+  int32_t world_size;
+  int32_t num_experts;
+  int32_t experts_per_rank;
+  int32_t top_k;
+  int32_t invalid_expert_id;
+  uint32_t owner_magic;  // owner(id) = id / experts_per_rank by multiply-shift
+  uint32_t owner_shift;
+  int32_t max_tokens_per_rank;
+  int32_t hidden_size;            // elements per combine row
+  int32_t combine_dtype;          // CombineDtype
+  int32_t eplb_enabled;
+  int64_t hidden_row_bytes;
+  int64_t scale_row_bytes;
+  int64_t combine_row_bytes;
+};
+
+// Where this rank's state lives (device pointers) and the wait bound.
+struct HandleState {
+  char* local_base;             // this rank's workspace
+  HostTimeoutMirror* mirror;    // device pointer of the host-mapped mirror
+  int64_t timeout_ns;           // bound of every wait for a peer
+};
+
+struct DispatchLaunch {
+  int32_t num_tokens;
+  int32_t tokens_per_rank;
+  const void* hidden;          // [T, hidden_row_bytes]
+  const int32_t* topk_ids;     // [T, top_k]
+  const float* topk_weights;   // [T, top_k] or NULL: zeros are forwarded
+  const void* scales;          // [T, scale_row_bytes] or NULL
+  const int32_t* eplb_local;   // [num_experts] or NULL: counted picks are sent
+  int32_t num_blocks;          // grid size, at most the SMs the handle may use
+};
+
+struct CombineLaunch {
+  int32_t num_tokens;
+  int32_t tokens_per_rank;
+  const void* expert_output;   // [world*tpr, combine_row_bytes]
+  void* output;                // [T, combine_row_bytes]
+  int32_t num_blocks;
+};
+
+// Multiply-shift constants for unsigned division by `divisor` (>= 1), exact
+// for every 32-bit numerator: q = (umulhi(n, magic) + n) >> shift.
+void division_magic(uint32_t divisor, uint32_t* magic, uint32_t* shift);
+
+// Lowest compute capability (major*10+minor) the kernels were compiled for.
+int32_t lowest_compiled_arch();
+
+// Blocks to launch for a dispatch or combine of this size on `sm_budget` SMs.
+int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tokens_per_rank,
+                        int32_t sm_budget);
+int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tokens_per_rank,
+                       int32_t sm_budget);
+
+cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets,
+                            const HandleState& state, const DispatchLaunch& args,
+                            cudaStream_t stream);
+cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets,
+                           const HandleState& state, const CombineLaunch& args,
+                           cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace moe_ep

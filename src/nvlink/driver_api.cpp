@@ -1,0 +1,93 @@
+#include "nvlink/driver_api.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include "error.hpp"
+
+namespace moe_ep {
+
+namespace {
+
+// Driver ABI version the function pointer types above were declared for.
+constexpr unsigned kDriverAbiVersion = 12000;
+
+struct Loaded {
+  DriverApi api;
+  bool ok = false;
+  std::string missing;  // why not ok
+};
+
+template <typename Fn>
+bool load(const char* symbol, Fn* fn, std::string* missing) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t rc = cudaGetDriverEntryPointByVersion(symbol, &p, kDriverAbiVersion, cudaEnableDefault, &found);
+  if (rc != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
+    cudaGetLastError();  // do not leave a sticky runtime error behind
+    if (missing->empty()) {
+      *missing = std::string("driver entry point ") + symbol + " unavailable (" +
+                 (rc != cudaSuccess ? cudaGetErrorString(rc) : "symbol not found or driver too old") + ")";
+    }
+    return false;
+  }
+  *fn = reinterpret_cast<Fn>(p);
+  return true;
+}
+
+const Loaded& loaded() {
+  static Loaded l = [] {
+    Loaded x;
+    DriverApi& a = x.api;
+    std::string& m = x.missing;
+    x.ok = load("cuMemCreate", &a.mem_create, &m) & load("cuMemRelease", &a.mem_release, &m) &
+           load("cuMemExportToShareableHandle", &a.mem_export, &m) &
+           load("cuMemImportFromShareableHandle", &a.mem_import, &m) &
+           load("cuMemAddressReserve", &a.address_reserve, &m) & load("cuMemAddressFree", &a.address_free, &m) &
+           load("cuMemMap", &a.mem_map, &m) & load("cuMemUnmap", &a.mem_unmap, &m) &
+           load("cuMemSetAccess", &a.mem_set_access, &m) &
+           load("cuMemGetAllocationGranularity", &a.granularity, &m) & load("cuDeviceGet", &a.device_get, &m) &
+           load("cuDeviceGetAttribute", &a.device_attribute, &m) & load("cuGetErrorName", &a.error_name, &m) &
+           load("cuGetErrorString", &a.error_string, &m);
+    return x;
+  }();
+  return l;
+}
+
+}  // namespace
+
+const DriverApi& driver_api() {
+  const Loaded& l = loaded();
+  if (!l.ok) fail(MOE_EP_ERROR_UNSUPPORTED, "NVLINK_TWO_SIDED needs the CUDA driver's VMM API: ", l.missing);
+  return l.api;
+}
+
+const DriverApi* try_driver_api() noexcept {
+  try {
+    const Loaded& l = loaded();
+    return l.ok ? &l.api : nullptr;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+std::string driver_error_text(const char* what, CUresult result) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  const DriverApi* api = try_driver_api();
+  if (api) {
+    api->error_name(result, &name);
+    api->error_string(result, &text);
+  }
+  return std::string(what) + ": " + (name ? name : "CUresult " + std::to_string(static_cast<int>(result))) + " (" +
+         (text ? text : "no description") + ")";
+}
+
+void check_driver(CUresult result, const char* what) {
+  if (result == CUDA_SUCCESS) return;
+  fail(result == CUDA_ERROR_OUT_OF_MEMORY ? MOE_EP_ERROR_OUT_OF_MEMORY : MOE_EP_ERROR_CUDA,
+       driver_error_text(what, result));
+}
+
+}  // namespace moe_ep

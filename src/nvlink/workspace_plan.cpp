@@ -1,0 +1,80 @@
+#include "nvlink/workspace_plan.hpp"
+
+#include "dtype.hpp"
+
+namespace moe_ep {
+
+namespace {
+
+// Regions start on 256-byte boundaries: rows of 16-byte multiples stay aligned
+// for vector loads, and no two regions share a cache line.
+constexpr uint64_t kRegionAlignment = 256;
+
+class Planner {
+ public:
+  uint64_t place(uint64_t bytes) {
+    const uint64_t at = next_;
+    next_ = (next_ + bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
+    return at;
+  }
+  uint64_t end() const { return next_; }
+
+ private:
+  uint64_t next_ = 0;
+};
+
+}  // namespace
+
+kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
+  const uint64_t W = static_cast<uint64_t>(l.world_size);
+  const uint64_t M = static_cast<uint64_t>(l.max_tokens_per_rank);
+  const uint64_t K = static_cast<uint64_t>(l.top_k);
+  const uint64_t E = static_cast<uint64_t>(l.num_experts);
+  const uint64_t epr = static_cast<uint64_t>(l.experts_per_rank());
+  Planner p;
+  kernels::WorkspaceOffsets o{};
+  // Shared: written by peers.
+  o.dispatch_flags = p.place(W * sizeof(kernels::FlagSlot));
+  o.combine_flags = p.place(W * sizeof(kernels::FlagSlot));
+  o.expert_counts_in = p.place(W * epr * sizeof(int32_t));
+  o.eplb_gathered = p.place(l.eplb_stats ? W * E * sizeof(int32_t) : 0);
+  o.recv_hidden = p.place(W * M * l.hidden_row_bytes);
+  o.recv_scales = p.place(W * M * l.scale_row_bytes);
+  o.recv_ids = p.place(W * M * K * sizeof(int32_t));
+  o.recv_weights = p.place(W * M * K * sizeof(float));
+  o.combine_in = p.place((W - 1) * M * l.combine_row_bytes);
+  // Private.
+  o.peer_bases = p.place(W * sizeof(uint64_t));
+  o.control = p.place(sizeof(kernels::ControlBlock));
+  o.expert_hist = p.place(E * sizeof(int32_t));
+  o.recv_counts = p.place(W * sizeof(int32_t));
+  o.counts_private = p.place(W * sizeof(int32_t));
+  o.local_expert_counts = p.place(epr * sizeof(int32_t));
+  o.token_slots = p.place(M * W * sizeof(int32_t));
+  o.combine_out = p.place(M * l.combine_row_bytes);
+  o.total_bytes = p.end();
+  return o;
+}
+
+kernels::GroupShape group_shape(const Layout& l) {
+  kernels::GroupShape s{};
+  s.rank = l.rank;
+  s.world_size = l.world_size;
+  s.num_experts = l.num_experts;
+  s.experts_per_rank = l.experts_per_rank();
+  s.top_k = l.top_k;
+  s.invalid_expert_id = l.invalid_expert_id;
+  kernels::division_magic(static_cast<uint32_t>(l.experts_per_rank()), &s.owner_magic, &s.owner_shift);
+  s.max_tokens_per_rank = l.max_tokens_per_rank;
+  s.hidden_size = l.hidden_size;
+  s.combine_dtype = l.combine_dtype == dtype_bf16()   ? kernels::kCombineBf16
+                    : l.combine_dtype == dtype_fp16() ? kernels::kCombineFp16
+                                                      : kernels::kCombineFp32;
+  s.eplb_enabled = l.eplb_stats ? 1 : 0;
+  s.hidden_row_bytes = static_cast<int64_t>(l.hidden_row_bytes);
+  s.scale_row_bytes = static_cast<int64_t>(l.scale_row_bytes);
+  s.combine_row_bytes = static_cast<int64_t>(l.combine_row_bytes);
+  return s;
+}
+
+}  // namespace moe_ep
