@@ -1,0 +1,28 @@
+"""Python bindings for libmoe_ep (MoE expert-parallel dispatch/combine).
+
+Pure ctypes over the stable C ABI (include/moe_ep_c.h): no compiled extension.
+The library is found through $MOE_EP_LIBRARY (a path) or the dynamic loader
+(libmoe_ep.so.0 on LD_LIBRARY_PATH or in the ldconfig cache); the Open MPI
+adapter through $MOE_EP_MPI_LIBRARY, next to libmoe_ep, or the loader.
+
+Tensors go in as any object with __dlpack__ (numpy, torch, cupy, jax) and
+results come back as DLPack-capable Views of library memory.
+"""
+
+from ._errors import MoeEpError, status_string
+from ._lib import (BACKEND_AUTO, BACKEND_HOST, BACKEND_NVLINK_TWO_SIDED, DEVICE_CPU, DEVICE_CUDA,
+                   DEVICE_CUDA_HOST, ERROR_BOOTSTRAP, ERROR_CUDA, ERROR_INTERNAL,
+                   ERROR_INVALID_ARGUMENT, ERROR_INVALID_INPUT, ERROR_INVALID_STATE,
+                   ERROR_OUT_OF_MEMORY, ERROR_TIMEOUT, ERROR_UNSUPPORTED, SUCCESS)
+from ._views import DispatchResult, View
+from .bootstrap import (Bootstrap, CallbackBootstrap, MpiBootstrap, SingleRankBootstrap, from_mpi4py,
+                        from_torch_distributed)
+from .core import MoeEp, dtype_tuple, get_version, is_platform_supported, workspace_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MoeEp", "MoeEpError", "View", "DispatchResult", "Bootstrap", "CallbackBootstrap",
+    "SingleRankBootstrap", "MpiBootstrap", "from_mpi4py", "from_torch_distributed", "get_version",
+    "is_platform_supported", "workspace_size", "status_string", "dtype_tuple",
+]

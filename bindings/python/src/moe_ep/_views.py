@@ -1,0 +1,130 @@
+"""DLPack-capable views of library-owned result memory."""
+
+import ctypes
+from ctypes import c_int64
+
+from . import _dlpack, _lib
+from ._errors import MoeEpError
+
+_DTYPE_NAMES = {
+    (_lib.DTYPE_BFLOAT, 16): "bfloat16",
+    (_lib.DTYPE_FLOAT, 16): "float16",
+    (_lib.DTYPE_FLOAT, 32): "float32",
+    (_lib.DTYPE_FLOAT, 64): "float64",
+    (_lib.DTYPE_FLOAT8_E4M3FN, 8): "float8_e4m3fn",
+    (_lib.DTYPE_FLOAT8_E5M2, 8): "float8_e5m2",
+    (_lib.DTYPE_FLOAT4_E2M1FN, 4): "float4_e2m1fn",
+}
+
+
+def dtype_name(code, bits):
+    if (code, bits) in _DTYPE_NAMES:
+        return _DTYPE_NAMES[(code, bits)]
+    if code == _lib.DTYPE_INT:
+        return f"int{bits}"
+    if code == _lib.DTYPE_UINT:
+        return f"uint{bits}"
+    return f"dtype(code={code},bits={bits})"
+
+
+class View:
+    """A result tensor in library-owned memory (host memory for the HOST
+    backend, device memory for NVLINK_TWO_SIDED).
+
+    Consume it with any DLPack consumer: numpy.from_dlpack(view),
+    torch.from_dlpack(view), cupy.from_dlpack(view).  The consumer's array
+    aliases the library's memory (no copy) and keeps the handle object alive,
+    but its contents follow the library's rules: dispatch results are valid
+    until the matching combine is issued, a library-owned combine output until
+    the next combine, and nothing after destroy().  Exporting a view outside
+    its validity raises MoeEpError(INVALID_STATE).  CUDA views are ready on the
+    stream passed to the call that produced them.
+    """
+
+    __slots__ = ("_handle", "_epoch_name", "_epoch", "data_ptr", "device", "dtype_tuple", "shape",
+                 "_tensor", "_shape_arr", "__weakref__")
+
+    def __init__(self, handle, epoch_name, tensor):
+        self._handle = handle
+        self._epoch_name = epoch_name
+        self._epoch = handle._epochs[epoch_name]
+        self.data_ptr = tensor.data or 0
+        self.device = (tensor.device.device_type, tensor.device.device_id)
+        self.dtype_tuple = (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes)
+        # Copy the shape: the handle's shape arrays are rewritten by later calls.
+        self.shape = tuple(int(tensor.shape[i]) for i in range(tensor.ndim))
+        self._tensor = None
+        self._shape_arr = None
+
+    @property
+    def dtype(self):
+        return dtype_name(self.dtype_tuple[0], self.dtype_tuple[1])
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def valid(self):
+        """Whether the library still guarantees this memory's contents."""
+        h = self._handle
+        return h._ptr.value is not None and h._epochs[self._epoch_name] == self._epoch
+
+    def _check_valid(self):
+        if not self.valid:
+            if self._handle._ptr.value is None:
+                why = "its handle was destroyed"
+            elif self._epoch_name == "dispatch":
+                why = "the combine matching its dispatch was issued"
+            else:
+                why = "a later combine reused the library-owned output"
+            raise MoeEpError(_lib.ERROR_INVALID_STATE, f"this {self.dtype}{list(self.shape)} result view "
+                             f"is no longer valid: {why}")
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        self._check_valid()
+        if copy:
+            raise BufferError("moe_ep: views alias library memory; copy=True is not supported "
+                              "(copy the consumer's array instead)")
+        if dl_device is not None and tuple(dl_device) != self.device:
+            raise BufferError(f"moe_ep: view lives on device {self.device}, asked for {tuple(dl_device)}")
+        versioned = max_version is not None and max_version[0] >= 1
+        return _dlpack.export(self, self.data_ptr, self.device, self.dtype_tuple, self.shape, versioned)
+
+    def _borrow(self):
+        """This view as a DLTensor pointer (to pass it back into the library,
+        e.g. dispatch output straight into combine)."""
+        self._check_valid()
+        if self._tensor is None:
+            self._shape_arr = (c_int64 * max(self.ndim, 1))(*self.shape)
+            t = _lib.Tensor()
+            t.data = self.data_ptr or None
+            t.device.device_type, t.device.device_id = self.device
+            t.ndim = self.ndim
+            t.dtype.code, t.dtype.bits, t.dtype.lanes = self.dtype_tuple
+            t.shape = ctypes.cast(self._shape_arr, ctypes.POINTER(c_int64))
+            self._tensor = t
+        return _dlpack.Borrowed(ctypes.pointer(self._tensor), (self,))
+
+    def __repr__(self):
+        state = "" if self.valid else ", expired"
+        return f"moe_ep.View({self.dtype}{list(self.shape)}, device={self.device}{state})"
+
+
+class DispatchResult:
+    """What moe_ep_dispatch returned.  Every field is a View or None (absent:
+    no weights given, no scales, eplb stats off).  P = world_size *
+    tokens_per_rank receive rows, rank-major (see moe_ep_c.h)."""
+
+    def __init__(self, handle, raw):
+        self.tokens_per_rank = int(raw.tokens_per_rank)
+        for name in _lib.DISPATCH_RESULT_FIELDS:
+            t = getattr(raw, name)
+            setattr(self, name, View(handle, "dispatch", t) if t.data and t.ndim > 0 else None)
+
+    def __repr__(self):
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _lib.DISPATCH_RESULT_FIELDS)
+        return f"moe_ep.DispatchResult(tokens_per_rank={self.tokens_per_rank}, {fields})"

@@ -1,0 +1,309 @@
+"""The handle: create, dispatch, combine, async errors, destroy."""
+
+import ctypes
+import warnings
+
+from . import _dlpack, _lib
+from ._errors import MoeEpError, check
+from ._views import DispatchResult, View
+from .bootstrap import CallbackBootstrap
+
+_DTYPES = {
+    "bfloat16": (_lib.DTYPE_BFLOAT, 16, 1), "bf16": (_lib.DTYPE_BFLOAT, 16, 1),
+    "float16": (_lib.DTYPE_FLOAT, 16, 1), "fp16": (_lib.DTYPE_FLOAT, 16, 1), "half": (_lib.DTYPE_FLOAT, 16, 1),
+    "float32": (_lib.DTYPE_FLOAT, 32, 1), "fp32": (_lib.DTYPE_FLOAT, 32, 1), "float": (_lib.DTYPE_FLOAT, 32, 1),
+    "float64": (_lib.DTYPE_FLOAT, 64, 1),
+    "float8_e4m3fn": (_lib.DTYPE_FLOAT8_E4M3FN, 8, 1),
+    "float8_e5m2": (_lib.DTYPE_FLOAT8_E5M2, 8, 1),
+    "float4_e2m1fn": (_lib.DTYPE_FLOAT4_E2M1FN, 4, 1),
+    "int8": (_lib.DTYPE_INT, 8, 1), "int16": (_lib.DTYPE_INT, 16, 1),
+    "int32": (_lib.DTYPE_INT, 32, 1), "int64": (_lib.DTYPE_INT, 64, 1),
+    "uint8": (_lib.DTYPE_UINT, 8, 1), "uint16": (_lib.DTYPE_UINT, 16, 1),
+    "uint32": (_lib.DTYPE_UINT, 32, 1),
+}
+
+_BACKENDS = {"auto": _lib.BACKEND_AUTO, "nvlink": _lib.BACKEND_NVLINK_TWO_SIDED,
+             "nvlink_two_sided": _lib.BACKEND_NVLINK_TWO_SIDED, "host": _lib.BACKEND_HOST}
+
+
+def dtype_tuple(dtype):
+    """(code, bits, lanes) from a name ("bfloat16"), a numpy dtype or type, a
+    torch dtype, or a (code, bits[, lanes]) tuple."""
+    if isinstance(dtype, tuple):
+        return (int(dtype[0]), int(dtype[1]), int(dtype[2]) if len(dtype) > 2 else 1)
+    if isinstance(getattr(dtype, "name", None), str):  # numpy.dtype
+        name = dtype.name
+    elif isinstance(dtype, type):  # numpy.float32
+        name = dtype.__name__
+    else:  # "float32", torch.bfloat16 -> "torch.bfloat16"
+        name = str(dtype).rsplit(".", 1)[-1]
+    try:
+        return _DTYPES[name.lower()]
+    except KeyError:
+        raise ValueError(f"moe_ep: unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} "
+                         "or a (code, bits, lanes) tuple") from None
+
+
+def _set_dtype(field, dtype):
+    field.code, field.bits, field.lanes = dtype_tuple(dtype)
+
+
+def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dtype=None,
+                hidden_row_elems=None, scale_row_elems=None, scale_dtype=None, invalid_expert_id=None,
+                enable_eplb_stats=None, combine_dtype=None):
+    """A moe_ep_params_t; arguments left as None keep moe_ep_params_init's defaults."""
+    p = _lib.Params()
+    check(_lib.lib().moe_ep_params_init(ctypes.byref(p)))
+    p.num_experts, p.top_k = num_experts, top_k
+    p.max_tokens_per_rank, p.hidden_size = max_tokens_per_rank, hidden_size
+    if hidden_dtype is not None:
+        _set_dtype(p.hidden_dtype, hidden_dtype)
+    if hidden_row_elems is not None:
+        p.hidden_row_elems = hidden_row_elems
+    if scale_row_elems is not None:
+        p.scale_row_elems = scale_row_elems
+    if scale_dtype is not None:
+        _set_dtype(p.scale_dtype, scale_dtype)
+    if invalid_expert_id is not None:
+        p.invalid_expert_id = invalid_expert_id
+    if enable_eplb_stats is not None:
+        p.enable_eplb_stats = int(bool(enable_eplb_stats))
+    if combine_dtype is not None:
+        _set_dtype(p.combine_dtype, combine_dtype)
+    return p
+
+
+def make_config(backend=None, num_sms=None, timeout_ms=None, device=None):
+    """A moe_ep_config_t; None keeps moe_ep_config_init's defaults.  backend:
+    "auto", "host", "nvlink" or a MOE_EP_BACKEND_* int."""
+    c = _lib.Config()
+    check(_lib.lib().moe_ep_config_init(ctypes.byref(c)))
+    if backend is not None:
+        c.backend = _BACKENDS[backend.lower()] if isinstance(backend, str) else int(backend)
+    if num_sms is not None:
+        c.num_sms = num_sms
+    if timeout_ms is not None:
+        c.timeout_ms = timeout_ms
+    if device is not None:
+        c.device = device
+    return c
+
+
+_CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device")
+
+
+def _split_kwargs(kwargs):
+    config = {k: kwargs.pop(k) for k in _CONFIG_KEYS if k in kwargs}
+    return kwargs, config
+
+
+def _stream_int(stream):
+    """cudaStream_t as an int from None/0 (legacy default stream), an int, a
+    torch.cuda.Stream (.cuda_stream) or a cupy stream (.ptr)."""
+    if stream is None:
+        return 0
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    return int(stream)
+
+
+def get_version():
+    """(major, minor, patch) of the loaded library."""
+    v = [ctypes.c_int32() for _ in range(3)]
+    check(_lib.lib().moe_ep_get_version(*(ctypes.byref(x) for x in v)))
+    return tuple(x.value for x in v)
+
+
+def is_platform_supported(device=0):
+    """Whether the NVLINK_TWO_SIDED backend can run on CUDA device `device`
+    (False without a GPU or driver).  Local, no collective."""
+    s = ctypes.c_int32(-1)
+    check(_lib.lib().moe_ep_is_platform_supported(int(device), ctypes.byref(s)))
+    return bool(s.value)
+
+
+def workspace_size(world_size, **kwargs):
+    """Bytes create() would allocate per rank; takes MoeEp's keyword arguments."""
+    params_kw, config_kw = _split_kwargs(dict(kwargs))
+    p = make_params(**params_kw)
+    c = make_config(**config_kw)
+    n = ctypes.c_uint64()
+    check(_lib.lib().moe_ep_workspace_size(ctypes.byref(p), ctypes.byref(c), int(world_size),
+                                           ctypes.byref(n)))
+    return n.value
+
+
+class MoeEp:
+    """One moe_ep handle (collective create and destroy).
+
+        with moe_ep.MoeEp(bootstrap, num_experts=8, top_k=2, max_tokens_per_rank=64,
+                          hidden_size=128, hidden_dtype="float32",
+                          combine_dtype="float32", backend="host") as ep:
+            r = ep.dispatch(x, topk_ids, topk_weights)
+            y = ep.combine(expert_output)
+
+    Keyword arguments are the fields of moe_ep_params_t and moe_ep_config_t
+    (backend, num_sms, timeout_ms, device); omitted ones take the library's
+    defaults.  Tensors are any objects with __dlpack__.
+    """
+
+    def __init__(self, bootstrap, **kwargs):
+        params_kw, config_kw = _split_kwargs(dict(kwargs))
+        self._params = make_params(**params_kw)
+        self._config = make_config(**config_kw)
+        self._bootstrap = bootstrap  # destroy calls back into it
+        self._ptr = _lib.HandlePtr()
+        self._epochs = {"dispatch": 0, "combine": 0}
+        self._keep_dispatch = None
+        self._keep_combine = None
+        status = _lib.lib().moe_ep_create(ctypes.byref(bootstrap.struct), ctypes.byref(self._params),
+                                          ctypes.byref(self._config), ctypes.byref(self._ptr))
+        self._check_with_bootstrap(status)
+
+    def _check_with_bootstrap(self, status):
+        try:
+            check(status)
+        except MoeEpError as e:
+            cause = self._bootstrap.take_exception() if isinstance(self._bootstrap, CallbackBootstrap) else None
+            if cause is not None:
+                raise e from cause
+            raise
+
+    # -- properties ---------------------------------------------------------------
+    @property
+    def rank(self):
+        return self._bootstrap.rank
+
+    @property
+    def world_size(self):
+        return self._bootstrap.world_size
+
+    @property
+    def num_experts(self):
+        return self._params.num_experts
+
+    @property
+    def top_k(self):
+        return self._params.top_k
+
+    @property
+    def hidden_size(self):
+        return self._params.hidden_size
+
+    @property
+    def invalid_expert_id(self):
+        return self._params.invalid_expert_id
+
+    @property
+    def closed(self):
+        return self._ptr.value is None
+
+    def _live(self):
+        if self._ptr.value is None:
+            raise MoeEpError(_lib.ERROR_INVALID_STATE, "this moe_ep handle was destroyed")
+        return self._ptr
+
+    # -- calls ------------------------------------------------------------------------
+    def dispatch(self, hidden_states, topk_ids, topk_weights=None, hidden_states_scale=None,
+                 runtime_max_tokens_per_rank=0, eplb_local_stats=None, stream=None):
+        """Collective.  Returns a DispatchResult of Views (valid until the
+        matching combine is issued)."""
+        handle = self._live()
+        s = _stream_int(stream)
+        args = _lib.DispatchArgs()
+        check(_lib.lib().moe_ep_dispatch_args_init(ctypes.byref(args)))
+        keep = []
+        for name, obj in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
+                          ("topk_weights", topk_weights), ("hidden_states_scale", hidden_states_scale),
+                          ("eplb_local_stats", eplb_local_stats)):
+            if obj is not None:
+                b = _dlpack.borrow(obj, s, name)
+                setattr(args, name, b.ptr)
+                keep.append(b)
+        args.runtime_max_tokens_per_rank = int(runtime_max_tokens_per_rank)
+        result = _lib.DispatchResult()
+        check(_lib.lib().moe_ep_dispatch_result_init(ctypes.byref(result)))
+        self._check_with_bootstrap(
+            _lib.lib().moe_ep_dispatch(handle, ctypes.byref(args), ctypes.byref(result), s))
+        # The library may still read the inputs on `stream` (CUDA backend):
+        # keep their producers alive until the next dispatch replaces them.
+        self._keep_dispatch = keep
+        return DispatchResult(self, result)
+
+    def combine(self, expert_output, output=None, stream=None):
+        """Collective.  Returns `output` if given, else a View of library-owned
+        memory valid until the next combine."""
+        handle = self._live()
+        s = _stream_int(stream)
+        keep = [_dlpack.borrow(expert_output, s, "expert_output")]
+        out_ptr = None
+        if output is not None:
+            b = _dlpack.borrow(output, s, "output")
+            if b.readonly:
+                raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT,
+                                 "output: expected a writable tensor, got a read-only DLPack export")
+            keep.append(b)
+            out_ptr = b.ptr
+        result = _lib.CombineResult()
+        check(_lib.lib().moe_ep_combine_result_init(ctypes.byref(result)))
+        self._check_with_bootstrap(
+            _lib.lib().moe_ep_combine(handle, keep[0].ptr, out_ptr, ctypes.byref(result), s))
+        # Issued: the dispatch views and any earlier library-owned output expire.
+        self._epochs["dispatch"] += 1
+        self._epochs["combine"] += 1
+        self._keep_combine = keep
+        if output is not None:
+            return output
+        return View(self, "combine", result.output)
+
+    def async_error(self):
+        """The first device-side error since the last check (synchronises with
+        the handle's work) as a MoeEpError, or None."""
+        status = ctypes.c_int32(-1)
+        check(_lib.lib().moe_ep_get_async_error(self._live(), ctypes.byref(status)))
+        if status.value == _lib.SUCCESS:
+            return None
+        return MoeEpError(status.value, _lib.lib().moe_ep_last_error().decode(errors="replace"))
+
+    def check_async_error(self):
+        """Raises the first device-side error since the last check, if any."""
+        err = self.async_error()
+        if err is not None:
+            raise err
+
+    def destroy(self):
+        """Collective; idempotent.  Views and arrays made from them must not be
+        used afterwards: their memory is released."""
+        if self._ptr.value is None:
+            return
+        outstanding = _dlpack.live_exports_of(self)
+        status = _lib.lib().moe_ep_destroy(ctypes.byref(self._ptr))
+        self._ptr = _lib.HandlePtr()  # NULL whatever destroy did: it never leaves it usable
+        self._epochs["dispatch"] += 1
+        self._epochs["combine"] += 1
+        self._keep_dispatch = self._keep_combine = None
+        if outstanding:
+            warnings.warn(f"moe_ep: handle destroyed while {outstanding} array(s) made from its "
+                          "views are still alive; their memory is released", ResourceWarning,
+                          stacklevel=2)
+        self._check_with_bootstrap(status)
+
+    close = destroy
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.destroy()
+        return False
+
+    def __del__(self):
+        # destroy is collective: running it from the garbage collector, at a
+        # moment that differs per rank, could pair it with a peer's dispatch.
+        # Leak instead, and say so.
+        ptr = getattr(self, "_ptr", None)
+        if ptr is not None and ptr.value is not None:
+            warnings.warn("moe_ep: MoeEp handle garbage-collected without destroy(); its "
+                          "resources are leaked (use `with` or call destroy() on every rank)",
+                          ResourceWarning)

@@ -1,0 +1,79 @@
+//! Finds libmoe_ep and records the C compiler's view of the header's structs.
+//!
+//! Library: $MOE_EP_LIB_DIR (a directory holding libmoe_ep.so), else
+//! `pkg-config --variable=libdir moe_ep`, else the linker's default path.
+//! Header: $MOE_EP_INCLUDE_DIR, else the repository's include/ (this crate
+//! lives at bindings/rust/moe-ep-sys).
+//!
+//! Layout: the C probe bindings/layout_probe/moe_ep_layout_probe.c is compiled
+//! with $CC (default `cc`) and run; its output lands in $OUT_DIR/layout.txt for
+//! tests/layout.rs.  No `cc` crate: CI cannot download crates.
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn pkg_config_libdir() -> Option<String> {
+    let out = Command::new("pkg-config").args(["--variable=libdir", "moe_ep"]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let dir = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!dir.is_empty()).then_some(dir)
+}
+
+/// Compiles and runs the probe; on any failure the file says why, so that the
+/// layout test fails with that message instead of passing vacuously.
+fn probe_layout(include: &Path, probe_src: &Path, out_dir: &Path) -> String {
+    let cc = env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let exe = out_dir.join("moe_ep_layout_probe");
+    let compiled = Command::new(&cc)
+        .arg("-std=c99")
+        .arg("-I")
+        .arg(include)
+        .arg(probe_src)
+        .arg("-o")
+        .arg(&exe)
+        .output();
+    match compiled {
+        Err(e) => return format!("error cannot run C compiler `{cc}`: {e}\n"),
+        Ok(o) if !o.status.success() => {
+            return format!("error `{cc}` failed on {}: {}\n", probe_src.display(),
+                           String::from_utf8_lossy(&o.stderr).replace('\n', " "))
+        }
+        Ok(_) => {}
+    }
+    match Command::new(&exe).output() {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => format!("error probe exited with {}\n", o.status),
+        Err(e) => format!("error cannot run probe: {e}\n"),
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=MOE_EP_LIB_DIR");
+    println!("cargo:rerun-if-env-changed=MOE_EP_INCLUDE_DIR");
+    println!("cargo:rerun-if-env-changed=CC");
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+
+    let lib_dir = env::var("MOE_EP_LIB_DIR").ok().filter(|s| !s.is_empty()).or_else(pkg_config_libdir);
+    if let Some(dir) = &lib_dir {
+        println!("cargo:rustc-link-search=native={dir}");
+        // Seen by dependents' build scripts as DEP_MOE_EP_LIB_DIR.
+        println!("cargo:lib_dir={dir}");
+        // Let this crate's own test binaries find the library without LD_LIBRARY_PATH.
+        println!("cargo:rustc-link-arg-tests=-Wl,-rpath,{dir}");
+    }
+    println!("cargo:rustc-link-lib=dylib=moe_ep");
+
+    let include = env::var("MOE_EP_INCLUDE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| manifest.join("../../../include"));
+    let probe_src = manifest.join("../../layout_probe/moe_ep_layout_probe.c");
+    println!("cargo:rerun-if-changed={}", include.join("moe_ep_c.h").display());
+    println!("cargo:rerun-if-changed={}", probe_src.display());
+    println!("cargo:include={}", include.display());
+    let layout = probe_layout(&include, &probe_src, &out_dir);
+    fs::write(out_dir.join("layout.txt"), layout).expect("write layout.txt");
+}

@@ -1,0 +1,194 @@
+//! Raw declarations of `include/moe_ep_c.h`, written by hand (no bindgen: CI
+//! cannot download crates).  `tests/layout.rs` checks every struct's size,
+//! alignment and field offsets against the C compiler.
+//!
+//! Enumerations are plain `i32` constants, never Rust `enum`s: the library may
+//! hand back a value this crate does not know yet, and a Rust enum holding an
+//! unlisted value is undefined behaviour.
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_void};
+
+pub type moe_ep_status_t = i32;
+
+pub const MOE_EP_VERSION_MAJOR: i32 = 0;
+pub const MOE_EP_VERSION_MINOR: i32 = 1;
+pub const MOE_EP_VERSION_PATCH: i32 = 0;
+
+pub const MOE_EP_SUCCESS: moe_ep_status_t = 0;
+pub const MOE_EP_ERROR_INVALID_ARGUMENT: moe_ep_status_t = 1;
+pub const MOE_EP_ERROR_UNSUPPORTED: moe_ep_status_t = 2;
+pub const MOE_EP_ERROR_CUDA: moe_ep_status_t = 3;
+pub const MOE_EP_ERROR_BOOTSTRAP: moe_ep_status_t = 4;
+pub const MOE_EP_ERROR_OUT_OF_MEMORY: moe_ep_status_t = 5;
+pub const MOE_EP_ERROR_TIMEOUT: moe_ep_status_t = 6;
+pub const MOE_EP_ERROR_INVALID_STATE: moe_ep_status_t = 7;
+pub const MOE_EP_ERROR_INVALID_INPUT: moe_ep_status_t = 8;
+pub const MOE_EP_ERROR_INTERNAL: moe_ep_status_t = 9;
+
+pub const MOE_EP_DEVICE_CPU: i32 = 1;
+pub const MOE_EP_DEVICE_CUDA: i32 = 2;
+pub const MOE_EP_DEVICE_CUDA_HOST: i32 = 3;
+
+pub const MOE_EP_DTYPE_INT: u8 = 0;
+pub const MOE_EP_DTYPE_UINT: u8 = 1;
+pub const MOE_EP_DTYPE_FLOAT: u8 = 2;
+pub const MOE_EP_DTYPE_BFLOAT: u8 = 4;
+pub const MOE_EP_DTYPE_FLOAT8_E4M3FN: u8 = 10;
+pub const MOE_EP_DTYPE_FLOAT8_E5M2: u8 = 12;
+pub const MOE_EP_DTYPE_FLOAT4_E2M1FN: u8 = 17;
+
+pub const MOE_EP_BACKEND_AUTO: i32 = 0;
+pub const MOE_EP_BACKEND_NVLINK_TWO_SIDED: i32 = 1;
+pub const MOE_EP_BACKEND_HOST: i32 = 2;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct moe_ep_device_t {
+    pub device_type: i32,
+    pub device_id: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct moe_ep_dtype_t {
+    pub code: u8,
+    pub bits: u8,
+    pub lanes: u16,
+}
+
+/// Binary-identical to DLPack's `DLTensor`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moe_ep_tensor_t {
+    pub data: *mut c_void,
+    pub device: moe_ep_device_t,
+    pub ndim: i32,
+    pub dtype: moe_ep_dtype_t,
+    pub shape: *mut i64,
+    pub strides: *mut i64,
+    pub byte_offset: u64,
+}
+
+impl Default for moe_ep_tensor_t {
+    fn default() -> Self {
+        Self {
+            data: std::ptr::null_mut(),
+            device: moe_ep_device_t::default(),
+            ndim: 0,
+            dtype: moe_ep_dtype_t::default(),
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            byte_offset: 0,
+        }
+    }
+}
+
+pub type moe_ep_allgather_fn = Option<
+    unsafe extern "C" fn(ctx: *mut c_void, send: *const c_void, recv: *mut c_void, bytes_per_rank: usize) -> i32,
+>;
+pub type moe_ep_barrier_fn = Option<unsafe extern "C" fn(ctx: *mut c_void) -> i32>;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moe_ep_bootstrap_t {
+    pub struct_size: u32,
+    pub rank: i32,
+    pub world_size: i32,
+    pub ctx: *mut c_void,
+    pub allgather: moe_ep_allgather_fn,
+    pub barrier: moe_ep_barrier_fn,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct moe_ep_params_t {
+    pub struct_size: u32,
+    pub num_experts: i32,
+    pub top_k: i32,
+    pub max_tokens_per_rank: i32,
+    pub hidden_size: i32,
+    pub hidden_dtype: moe_ep_dtype_t,
+    pub hidden_row_elems: i32,
+    pub scale_row_elems: i32,
+    pub scale_dtype: moe_ep_dtype_t,
+    pub invalid_expert_id: i32,
+    pub enable_eplb_stats: i32,
+    pub combine_dtype: moe_ep_dtype_t,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct moe_ep_config_t {
+    pub struct_size: u32,
+    pub backend: i32,
+    pub num_sms: i32,
+    pub timeout_ms: i32,
+    pub device: i32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct moe_ep_dispatch_args_t {
+    pub struct_size: u32,
+    pub hidden_states: *const moe_ep_tensor_t,
+    pub topk_ids: *const moe_ep_tensor_t,
+    pub topk_weights: *const moe_ep_tensor_t,
+    pub hidden_states_scale: *const moe_ep_tensor_t,
+    pub runtime_max_tokens_per_rank: i32,
+    pub eplb_local_stats: *const moe_ep_tensor_t,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct moe_ep_dispatch_result_t {
+    pub struct_size: u32,
+    pub tokens_per_rank: i32,
+    pub hidden_states: moe_ep_tensor_t,
+    pub topk_ids: moe_ep_tensor_t,
+    pub topk_weights: moe_ep_tensor_t,
+    pub hidden_states_scale: moe_ep_tensor_t,
+    pub recv_counts: moe_ep_tensor_t,
+    pub local_expert_counts: moe_ep_tensor_t,
+    pub eplb_gathered_stats: moe_ep_tensor_t,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct moe_ep_combine_result_t {
+    pub struct_size: u32,
+    pub output: moe_ep_tensor_t,
+}
+
+/// Opaque handle.
+#[repr(C)]
+pub struct moe_ep_handle_s {
+    _private: [u8; 0],
+}
+pub type moe_ep_handle_t = *mut moe_ep_handle_s;
+
+unsafe extern "C" {
+    pub fn moe_ep_status_string(status: moe_ep_status_t) -> *const c_char;
+    pub fn moe_ep_last_error() -> *const c_char;
+    pub fn moe_ep_get_version(major: *mut i32, minor: *mut i32, patch: *mut i32) -> moe_ep_status_t;
+
+    pub fn moe_ep_bootstrap_init(bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
+    pub fn moe_ep_params_init(params: *mut moe_ep_params_t) -> moe_ep_status_t;
+    pub fn moe_ep_config_init(config: *mut moe_ep_config_t) -> moe_ep_status_t;
+    pub fn moe_ep_dispatch_args_init(args: *mut moe_ep_dispatch_args_t) -> moe_ep_status_t;
+    pub fn moe_ep_dispatch_result_init(result: *mut moe_ep_dispatch_result_t) -> moe_ep_status_t;
+    pub fn moe_ep_combine_result_init(result: *mut moe_ep_combine_result_t) -> moe_ep_status_t;
+
+    pub fn moe_ep_is_platform_supported(device: i32, supported: *mut i32) -> moe_ep_status_t;
+    pub fn moe_ep_workspace_size(params: *const moe_ep_params_t, config: *const moe_ep_config_t,
+                                 world_size: i32, bytes: *mut u64) -> moe_ep_status_t;
+    pub fn moe_ep_create(bootstrap: *const moe_ep_bootstrap_t, params: *const moe_ep_params_t,
+                         config: *const moe_ep_config_t, handle: *mut moe_ep_handle_t) -> moe_ep_status_t;
+    pub fn moe_ep_dispatch(handle: moe_ep_handle_t, args: *const moe_ep_dispatch_args_t,
+                           result: *mut moe_ep_dispatch_result_t, stream: *mut c_void) -> moe_ep_status_t;
+    pub fn moe_ep_combine(handle: moe_ep_handle_t, expert_output: *const moe_ep_tensor_t,
+                          output: *const moe_ep_tensor_t, result: *mut moe_ep_combine_result_t,
+                          stream: *mut c_void) -> moe_ep_status_t;
+    pub fn moe_ep_get_async_error(handle: moe_ep_handle_t, status: *mut moe_ep_status_t) -> moe_ep_status_t;
+    pub fn moe_ep_destroy(handle: *mut moe_ep_handle_t) -> moe_ep_status_t;
+}

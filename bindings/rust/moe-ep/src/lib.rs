@@ -1,0 +1,362 @@
+//! Safe Rust wrapper over libmoe_ep (MoE expert-parallel dispatch/combine).
+//!
+//! ```no_run
+//! use moe_ep::{Backend, Config, DispatchArgs, DType, MoeEp, Params, SingleRank, TensorRef};
+//! use std::sync::Arc;
+//! # fn main() -> moe_ep::Result<()> {
+//! let params = Params::new(4, 2, 8, 3)?.hidden_dtype(DType::F32).combine_dtype(DType::F32);
+//! let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&Config::new()?.backend(Backend::Host)))?;
+//! let x = vec![1.0f32; 6];
+//! let ids = vec![0i32, 1, 2, 3];
+//! let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 3])?,
+//!                                        TensorRef::from_slice(&ids, &[2, 2])?))?;
+//! let rows = r.hidden_states.as_slice::<f32>()?.to_vec();
+//! drop(r);
+//! let y = ep.combine(&TensorRef::from_slice(&rows, &[8, 3])?)?;
+//! assert_eq!(y.shape(), &[2, 3]);
+//! # Ok(()) }
+//! ```
+//!
+//! Every call checks the library's status and returns `Err(Error { status,
+//! message })`.  The handle is destroyed on `Drop` (or with `destroy()`,
+//! which reports the status); result views borrow the handle, so the borrow
+//! checker enforces the library's validity rules.
+mod bootstrap;
+mod error;
+mod tensor;
+
+pub use bootstrap::{thread_group, Bootstrap, BoxError, SingleRank, ThreadRank};
+pub use error::{Error, Result, Status};
+pub use tensor::{DType, Device, Element, TensorMut, TensorRef, View};
+
+use error::check;
+use moe_ep_sys as sys;
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+
+/// Library version (major, minor, patch).
+pub fn version() -> Result<(i32, i32, i32)> {
+    let (mut a, mut b, mut c) = (0, 0, 0);
+    check(unsafe { sys::moe_ep_get_version(&mut a, &mut b, &mut c) })?;
+    Ok((a, b, c))
+}
+
+/// Whether the NVLINK_TWO_SIDED backend can run on CUDA device `device`.
+/// Local, no collective; false where there is no GPU or driver.
+pub fn is_platform_supported(device: i32) -> Result<bool> {
+    let mut s = 0;
+    check(unsafe { sys::moe_ep_is_platform_supported(device, &mut s) })?;
+    Ok(s != 0)
+}
+
+/// `moe_ep_params_t`, starting from the library's defaults.
+#[derive(Clone, Copy, Debug)]
+pub struct Params(sys::moe_ep_params_t);
+
+impl Params {
+    pub fn new(num_experts: i32, top_k: i32, max_tokens_per_rank: i32, hidden_size: i32) -> Result<Self> {
+        let mut p = sys::moe_ep_params_t::default();
+        check(unsafe { sys::moe_ep_params_init(&mut p) })?;
+        p.num_experts = num_experts;
+        p.top_k = top_k;
+        p.max_tokens_per_rank = max_tokens_per_rank;
+        p.hidden_size = hidden_size;
+        Ok(Params(p))
+    }
+    pub fn hidden_dtype(mut self, d: DType) -> Self {
+        self.0.hidden_dtype = d.raw();
+        self
+    }
+    pub fn hidden_row_elems(mut self, n: i32) -> Self {
+        self.0.hidden_row_elems = n;
+        self
+    }
+    pub fn scales(mut self, row_elems: i32, d: DType) -> Self {
+        self.0.scale_row_elems = row_elems;
+        self.0.scale_dtype = d.raw();
+        self
+    }
+    pub fn invalid_expert_id(mut self, id: i32) -> Self {
+        self.0.invalid_expert_id = id;
+        self
+    }
+    pub fn eplb_stats(mut self, on: bool) -> Self {
+        self.0.enable_eplb_stats = on as i32;
+        self
+    }
+    pub fn combine_dtype(mut self, d: DType) -> Self {
+        self.0.combine_dtype = d.raw();
+        self
+    }
+    pub fn raw(&self) -> &sys::moe_ep_params_t {
+        &self.0
+    }
+}
+
+/// `MOE_EP_BACKEND_*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Auto,
+    NvlinkTwoSided,
+    Host,
+}
+
+/// `moe_ep_config_t`, starting from the library's defaults.
+#[derive(Clone, Copy, Debug)]
+pub struct Config(sys::moe_ep_config_t);
+
+impl Config {
+    pub fn new() -> Result<Self> {
+        let mut c = sys::moe_ep_config_t::default();
+        check(unsafe { sys::moe_ep_config_init(&mut c) })?;
+        Ok(Config(c))
+    }
+    pub fn backend(mut self, b: Backend) -> Self {
+        self.0.backend = match b {
+            Backend::Auto => sys::MOE_EP_BACKEND_AUTO,
+            Backend::NvlinkTwoSided => sys::MOE_EP_BACKEND_NVLINK_TWO_SIDED,
+            Backend::Host => sys::MOE_EP_BACKEND_HOST,
+        };
+        self
+    }
+    pub fn num_sms(mut self, n: i32) -> Self {
+        self.0.num_sms = n;
+        self
+    }
+    pub fn timeout_ms(mut self, ms: i32) -> Self {
+        self.0.timeout_ms = ms;
+        self
+    }
+    pub fn device(mut self, d: i32) -> Self {
+        self.0.device = d;
+        self
+    }
+    pub fn raw(&self) -> &sys::moe_ep_config_t {
+        &self.0
+    }
+}
+
+fn config_ptr(config: Option<&Config>) -> *const sys::moe_ep_config_t {
+    config.map_or(ptr::null(), |c| &c.0 as *const _)
+}
+
+/// Bytes `MoeEp::new` would allocate per rank.  Local, no allocation.
+pub fn workspace_size(params: &Params, config: Option<&Config>, world_size: i32) -> Result<u64> {
+    let mut n = 0u64;
+    check(unsafe { sys::moe_ep_workspace_size(&params.0, config_ptr(config), world_size, &mut n) })?;
+    Ok(n)
+}
+
+/// Inputs of one dispatch (see moe_ep_dispatch_args_t).
+#[derive(Clone, Copy, Debug)]
+pub struct DispatchArgs<'a> {
+    pub hidden_states: TensorRef<'a>,
+    pub topk_ids: TensorRef<'a>,
+    pub topk_weights: Option<TensorRef<'a>>,
+    pub hidden_states_scale: Option<TensorRef<'a>>,
+    /// 0 = max_tokens_per_rank.
+    pub runtime_max_tokens_per_rank: i32,
+    pub eplb_local_stats: Option<TensorRef<'a>>,
+}
+
+impl<'a> DispatchArgs<'a> {
+    pub fn new(hidden_states: TensorRef<'a>, topk_ids: TensorRef<'a>) -> Self {
+        DispatchArgs {
+            hidden_states,
+            topk_ids,
+            topk_weights: None,
+            hidden_states_scale: None,
+            runtime_max_tokens_per_rank: 0,
+            eplb_local_stats: None,
+        }
+    }
+    pub fn weights(mut self, t: TensorRef<'a>) -> Self {
+        self.topk_weights = Some(t);
+        self
+    }
+    pub fn scales(mut self, t: TensorRef<'a>) -> Self {
+        self.hidden_states_scale = Some(t);
+        self
+    }
+    pub fn runtime_max_tokens_per_rank(mut self, n: i32) -> Self {
+        self.runtime_max_tokens_per_rank = n;
+        self
+    }
+    pub fn eplb_local_stats(mut self, t: TensorRef<'a>) -> Self {
+        self.eplb_local_stats = Some(t);
+        self
+    }
+}
+
+/// What dispatch returned: P = world_size * tokens_per_rank receive rows,
+/// rank-major.  Borrows the handle until dropped.
+#[derive(Debug)]
+pub struct DispatchResult<'h> {
+    pub tokens_per_rank: i32,
+    pub hidden_states: View<'h>,
+    pub topk_ids: View<'h>,
+    pub topk_weights: Option<View<'h>>,
+    pub hidden_states_scale: Option<View<'h>>,
+    pub recv_counts: View<'h>,
+    pub local_expert_counts: View<'h>,
+    pub eplb_gathered_stats: Option<View<'h>>,
+}
+
+fn required<'h>(t: &sys::moe_ep_tensor_t, name: &str) -> Result<View<'h>> {
+    View::from_raw(t).ok_or_else(|| Error::new(Status::INTERNAL, format!("dispatch returned no {name}")))
+}
+
+/// One moe_ep handle.  `Send` (a handle is used by one thread at a time) but
+/// not `Sync`.
+pub struct MoeEp {
+    raw: sys::moe_ep_handle_t,
+    // The library calls back into the bootstrap until destroy: boxed so that
+    // the ctx pointer it holds stays valid for the handle's whole life.
+    ctx: Box<bootstrap::Ctx>,
+}
+
+// SAFETY: the library allows a handle to move between threads as long as one
+// thread uses it at a time, which &mut self guarantees; the bootstrap is
+// Send + Sync.
+unsafe impl Send for MoeEp {}
+
+impl MoeEp {
+    /// Collective: every rank of the bootstrap's group calls it.
+    /// `config` None = the library's defaults.
+    pub fn new(bootstrap: Arc<dyn Bootstrap>, params: &Params, config: Option<&Config>) -> Result<Self> {
+        let ctx = bootstrap::Ctx::new(bootstrap);
+        let b = ctx.raw()?;
+        let mut raw: sys::moe_ep_handle_t = ptr::null_mut();
+        let status = unsafe { sys::moe_ep_create(&b, &params.0, config_ptr(config), &mut raw) };
+        Self::with_bootstrap_error(&ctx, check(status))?;
+        Ok(MoeEp { raw, ctx })
+    }
+
+    /// A BOOTSTRAP failure says which callback failed and why.
+    fn with_bootstrap_error<T>(ctx: &bootstrap::Ctx, r: Result<T>) -> Result<T> {
+        r.map_err(|mut e| {
+            if let Some(why) = ctx.take_error() {
+                e.message = format!("{} ({why})", e.message);
+            }
+            e
+        })
+    }
+
+    pub fn rank(&self) -> i32 {
+        self.ctx.inner.rank()
+    }
+    pub fn world_size(&self) -> i32 {
+        self.ctx.inner.world_size()
+    }
+
+    /// Collective dispatch on the legacy default stream (CPU tensors: no stream).
+    pub fn dispatch(&mut self, args: &DispatchArgs<'_>) -> Result<DispatchResult<'_>> {
+        unsafe { self.dispatch_on_stream(args, ptr::null_mut()) }
+    }
+
+    /// # Safety
+    /// `stream` must be a valid `cudaStream_t` of the handle's device, or null.
+    pub unsafe fn dispatch_on_stream(&mut self, args: &DispatchArgs<'_>, stream: *mut c_void)
+                                     -> Result<DispatchResult<'_>> {
+        // The descriptors' shapes point into `args`, which outlives the call.
+        let hidden = args.hidden_states.raw();
+        let ids = args.topk_ids.raw();
+        let weights = args.topk_weights.as_ref().map(|t| t.raw());
+        let scales = args.hidden_states_scale.as_ref().map(|t| t.raw());
+        let eplb = args.eplb_local_stats.as_ref().map(|t| t.raw());
+        let opt = |t: &Option<sys::moe_ep_tensor_t>| t.as_ref().map_or(ptr::null(), |t| t as *const _);
+        let mut a = sys::moe_ep_dispatch_args_t {
+            struct_size: 0,
+            hidden_states: ptr::null(),
+            topk_ids: ptr::null(),
+            topk_weights: ptr::null(),
+            hidden_states_scale: ptr::null(),
+            runtime_max_tokens_per_rank: 0,
+            eplb_local_stats: ptr::null(),
+        };
+        check(unsafe { sys::moe_ep_dispatch_args_init(&mut a) })?;
+        a.hidden_states = &hidden;
+        a.topk_ids = &ids;
+        a.topk_weights = opt(&weights);
+        a.hidden_states_scale = opt(&scales);
+        a.runtime_max_tokens_per_rank = args.runtime_max_tokens_per_rank;
+        a.eplb_local_stats = opt(&eplb);
+        let mut r = sys::moe_ep_dispatch_result_t::default();
+        check(unsafe { sys::moe_ep_dispatch_result_init(&mut r) })?;
+        let status = unsafe { sys::moe_ep_dispatch(self.raw, &a, &mut r, stream) };
+        Self::with_bootstrap_error(&self.ctx, check(status))?;
+        Ok(DispatchResult {
+            tokens_per_rank: r.tokens_per_rank,
+            hidden_states: required(&r.hidden_states, "hidden_states")?,
+            topk_ids: required(&r.topk_ids, "topk_ids")?,
+            topk_weights: View::from_raw(&r.topk_weights),
+            hidden_states_scale: View::from_raw(&r.hidden_states_scale),
+            recv_counts: required(&r.recv_counts, "recv_counts")?,
+            local_expert_counts: required(&r.local_expert_counts, "local_expert_counts")?,
+            eplb_gathered_stats: View::from_raw(&r.eplb_gathered_stats),
+        })
+    }
+
+    /// Collective combine into library-owned memory (valid until the next
+    /// call on this handle, which the borrow enforces).
+    pub fn combine(&mut self, expert_output: &TensorRef<'_>) -> Result<View<'_>> {
+        unsafe { self.combine_on_stream(expert_output, None, ptr::null_mut()) }.map(|v| v.expect("output"))
+    }
+
+    /// Collective combine into the caller's `output` [T, hidden_size].
+    pub fn combine_into(&mut self, expert_output: &TensorRef<'_>, output: &mut TensorMut<'_>) -> Result<()> {
+        unsafe { self.combine_on_stream(expert_output, Some(output), ptr::null_mut()) }.map(|_| ())
+    }
+
+    /// # Safety
+    /// `stream` must be a valid `cudaStream_t` of the handle's device, or null.
+    pub unsafe fn combine_on_stream(&mut self, expert_output: &TensorRef<'_>, output: Option<&mut TensorMut<'_>>,
+                                    stream: *mut c_void) -> Result<Option<View<'_>>> {
+        let eo = expert_output.raw();
+        let out = output.as_ref().map(|t| t.raw());
+        let mut r = sys::moe_ep_combine_result_t::default();
+        check(unsafe { sys::moe_ep_combine_result_init(&mut r) })?;
+        let status = unsafe {
+            sys::moe_ep_combine(self.raw, &eo, out.as_ref().map_or(ptr::null(), |t| t as *const _), &mut r,
+                                stream)
+        };
+        Self::with_bootstrap_error(&self.ctx, check(status))?;
+        if out.is_some() {
+            return Ok(None);
+        }
+        // T == 0 gives data NULL with ndim 2: still a (empty) view.
+        Ok(Some(View::from_raw(&r.output)
+            .ok_or_else(|| Error::new(Status::INTERNAL, "combine returned no output"))?))
+    }
+
+    /// The first device-side error since the last check (synchronises with
+    /// the handle's work), or None.
+    pub fn async_error(&mut self) -> Result<Option<Error>> {
+        let mut s = sys::MOE_EP_SUCCESS;
+        check(unsafe { sys::moe_ep_get_async_error(self.raw, &mut s) })?;
+        if s == sys::MOE_EP_SUCCESS {
+            Ok(None)
+        } else {
+            Ok(Some(Error { status: Status(s), message: error::last_error() }))
+        }
+    }
+
+    /// Collective destroy, reporting its status (Drop does the same silently).
+    pub fn destroy(mut self) -> Result<()> {
+        let status = unsafe { sys::moe_ep_destroy(&mut self.raw) };
+        self.raw = ptr::null_mut();
+        Self::with_bootstrap_error(&self.ctx, check(status))
+    }
+}
+
+impl Drop for MoeEp {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            // Drop cannot return an error; destroy() is there for callers who
+            // want the status.  The library sets the handle to NULL itself.
+            unsafe { sys::moe_ep_destroy(&mut self.raw) };
+            self.raw = ptr::null_mut();
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The safe crate on the HOST backend: one rank, and several ranks as threads,
+//! checked against a small model of SPEC §4 written here.
+use moe_ep::*;
+use std::sync::Arc;
+
+fn host() -> Config {
+    Config::new().unwrap().backend(Backend::Host).timeout_ms(60_000)
+}
+
+/// Deterministic xorshift generator: every rank builds every rank's inputs.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+#[derive(Clone)]
+struct RankInput {
+    t: usize,
+    x: Vec<f32>,
+    ids: Vec<i32>,
+    w: Vec<f32>,
+}
+
+struct Case {
+    world: usize,
+    e: usize,
+    k: usize,
+    h: usize,
+    tpr: usize,
+    inputs: Vec<RankInput>,
+}
+
+impl Case {
+    fn new(seed: u64, world: usize, e: usize, k: usize, h: usize, tpr: usize) -> Case {
+        let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
+        let inputs = (0..world)
+            .map(|s| {
+                let t = if s == world - 1 { 0 } else { rng.below(tpr as u64 + 1) as usize };
+                let mut ids = Vec::new();
+                for _ in 0..t {
+                    let mut picks: Vec<i32> = Vec::new();
+                    while picks.len() < k {
+                        let id = rng.below(e as u64) as i32;
+                        if !picks.contains(&id) {
+                            picks.push(id);
+                        }
+                    }
+                    for p in picks.iter_mut() {
+                        if rng.below(5) == 0 {
+                            *p = -1; // masked pick
+                        }
+                    }
+                    ids.extend(picks);
+                }
+                let x = (0..t * h).map(|_| rng.unit() * 2.0 - 1.0).collect();
+                let w = (0..t * k).map(|_| rng.unit()).collect();
+                RankInput { t, x, ids, w }
+            })
+            .collect();
+        Case { world, e, k, h, tpr, inputs }
+    }
+    fn owner(&self, id: i32) -> Option<usize> {
+        (id >= 0 && (id as usize) < self.e).then(|| id as usize / (self.e / self.world))
+    }
+    fn goes_to(&self, ids: &[i32], dest: usize) -> bool {
+        ids.iter().any(|&id| self.owner(id) == Some(dest))
+    }
+    /// (recv_counts, hidden rows [P*h], ids [P*k], weights [P*k], local counts).
+    fn dispatch(&self, me: usize) -> (Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>) {
+        let p = self.world * self.tpr;
+        let epr = self.e / self.world;
+        let (mut counts, mut hid, mut ids_out, mut w_out, mut local) =
+            (vec![0; self.world], vec![0.0; p * self.h], vec![-1; p * self.k], vec![0.0; p * self.k], vec![0; epr]);
+        for (s, inp) in self.inputs.iter().enumerate() {
+            let mut slot = 0;
+            for t in 0..inp.t {
+                let ids = &inp.ids[t * self.k..(t + 1) * self.k];
+                if !self.goes_to(ids, me) {
+                    continue;
+                }
+                let row = s * self.tpr + slot;
+                slot += 1;
+                hid[row * self.h..(row + 1) * self.h].copy_from_slice(&inp.x[t * self.h..(t + 1) * self.h]);
+                for j in 0..self.k {
+                    if self.owner(ids[j]) == Some(me) {
+                        ids_out[row * self.k + j] = ids[j];
+                        local[ids[j] as usize - me * epr] += 1;
+                    }
+                    w_out[row * self.k + j] = inp.w[t * self.k + j];
+                }
+            }
+            counts[s] = slot as i32;
+        }
+        (counts, hid, ids_out, w_out, local)
+    }
+    /// Rank r's expert output: row * sum over local picks of w * (id + 1).
+    fn expert_output(&self, r: usize) -> Vec<f32> {
+        let (_, hid, ids, w, _) = self.dispatch(r);
+        let mut out = vec![0.0f32; hid.len()];
+        for row in 0..self.world * self.tpr {
+            let mut f = 0.0f32;
+            for j in 0..self.k {
+                if ids[row * self.k + j] >= 0 {
+                    f += w[row * self.k + j] * (ids[row * self.k + j] + 1) as f32;
+                }
+            }
+            for c in 0..self.h {
+                out[row * self.h + c] = hid[row * self.h + c] * f;
+            }
+        }
+        out
+    }
+    /// fp32 sum over ranks in ascending order of the token's slot rows.
+    fn combine(&self, me: usize) -> Vec<f32> {
+        let inp = &self.inputs[me];
+        let mut acc = vec![0.0f32; inp.t * self.h];
+        for r in 0..self.world {
+            let eo = self.expert_output(r);
+            let mut slot = 0;
+            for t in 0..inp.t {
+                if !self.goes_to(&inp.ids[t * self.k..(t + 1) * self.k], r) {
+                    continue;
+                }
+                let row = me * self.tpr + slot;
+                slot += 1;
+                for c in 0..self.h {
+                    acc[t * self.h + c] += eo[row * self.h + c];
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// Runs rank `me` of `case`; returns what the library produced.
+fn run_rank(case: &Case, me: usize, bs: Arc<dyn Bootstrap>)
+            -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>) {
+    let params = Params::new(case.e as i32, case.k as i32, case.tpr as i32, case.h as i32)
+        .unwrap()
+        .hidden_dtype(DType::F32)
+        .combine_dtype(DType::F32);
+    let mut ep = MoeEp::new(bs, &params, Some(&host())).unwrap();
+    let inp = &case.inputs[me];
+    let (t, k, h) = (inp.t as i64, case.k as i64, case.h as i64);
+    let args = DispatchArgs::new(TensorRef::from_slice(&inp.x, &[t, h]).unwrap(),
+                                 TensorRef::from_slice(&inp.ids, &[t, k]).unwrap())
+        .weights(TensorRef::from_slice(&inp.w, &[t, k]).unwrap());
+    let r = ep.dispatch(&args).unwrap();
+    let got = (r.tokens_per_rank, r.recv_counts.as_slice::<i32>().unwrap().to_vec(),
+               r.hidden_states.as_slice::<f32>().unwrap().to_vec(), r.topk_ids.as_slice::<i32>().unwrap().to_vec(),
+               r.topk_weights.as_ref().unwrap().as_slice::<f32>().unwrap().to_vec(),
+               r.local_expert_counts.as_slice::<i32>().unwrap().to_vec());
+    drop(r);
+    let eo = case.expert_output(me);
+    // Odd ranks pass expert_output as [world, tpr, hidden], even ones as [P, hidden].
+    let shape: Vec<i64> = if me % 2 == 1 {
+        vec![case.world as i64, case.tpr as i64, h]
+    } else {
+        vec![(case.world * case.tpr) as i64, h]
+    };
+    let y = ep.combine(&TensorRef::from_slice(&eo, &shape).unwrap()).unwrap();
+    assert_eq!(y.shape(), &[t, h]);
+    let y = y.as_slice::<f32>().unwrap().to_vec();
+    ep.destroy().unwrap();
+    (got.0, got.1, got.2, got.3, got.4, got.5, y)
+}
+
+fn check_rank(case: &Case, me: usize,
+              got: &(i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>)) {
+    let (counts, hid, ids, w, local) = case.dispatch(me);
+    assert_eq!(got.0 as usize, case.tpr, "tokens_per_rank on rank {me}");
+    assert_eq!(got.1, counts, "recv_counts on rank {me}");
+    for s in 0..case.world {
+        let rows = s * case.tpr * case.h..(s * case.tpr + counts[s] as usize) * case.h;
+        assert_eq!(got.2[rows.clone()], hid[rows], "hidden rows from {s} on rank {me}");
+    }
+    assert_eq!(got.3, ids, "topk_ids on rank {me}");
+    assert_eq!(got.4, w, "topk_weights on rank {me}");
+    assert_eq!(got.5, local, "local_expert_counts on rank {me}");
+    let expected = case.combine(me);
+    // Bitwise: the library sums ranks in ascending order in fp32, as the model does.
+    assert_eq!(got.6.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+               expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "combine on rank {me}");
+}
+
+#[test]
+fn version_is_the_headers() {
+    assert_eq!(version().unwrap(), (moe_ep_sys::MOE_EP_VERSION_MAJOR, moe_ep_sys::MOE_EP_VERSION_MINOR,
+                                    moe_ep_sys::MOE_EP_VERSION_PATCH));
+    assert_eq!(Status::TIMEOUT.name(), "MOE_EP_ERROR_TIMEOUT");
+    assert_eq!(format!("{}", Error::new(Status::INVALID_STATE, "x")), "MOE_EP_ERROR_INVALID_STATE: x");
+}
+
+#[test]
+fn single_rank_by_hand() {
+    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
+    let x: Vec<f32> = (0..15).map(|v| v as f32).collect();
+    let ids = vec![0, 1, 2, -1, 3, 3, -1, -1, 1, 2];
+    let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[5, 3]).unwrap(),
+                                           TensorRef::from_slice(&ids, &[5, 2]).unwrap())).unwrap();
+    assert_eq!(r.tokens_per_rank, 8);
+    assert_eq!(r.hidden_states.shape(), &[8, 3]);
+    assert_eq!(r.recv_counts.as_slice::<i32>().unwrap(), &[4]);
+    // Token 3 has no valid pick and is not sent; the others keep their order.
+    assert_eq!(&r.hidden_states.as_slice::<f32>().unwrap()[..12],
+               &[0., 1., 2., 3., 4., 5., 6., 7., 8., 12., 13., 14.]);
+    assert_eq!(r.local_expert_counts.as_slice::<i32>().unwrap(), &[1, 2, 2, 2]);
+    assert!(r.topk_weights.is_none() && r.hidden_states_scale.is_none() && r.eplb_gathered_stats.is_none());
+    // Views check what they are asked for.
+    assert_eq!(r.recv_counts.as_slice::<f32>().unwrap_err().status, Status::INVALID_ARGUMENT);
+    let rows = r.hidden_states.as_slice::<f32>().unwrap().to_vec();
+    drop(r);
+    let y = ep.combine(&TensorRef::from_slice(&rows, &[8, 3]).unwrap()).unwrap();
+    let mut expected = x.clone();
+    expected[9..12].fill(0.0);
+    assert_eq!(y.as_slice::<f32>().unwrap(), &expected[..]);
+}
+
+#[test]
+fn errors_carry_status_and_message_and_the_handle_survives() {
+    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
+    let x = vec![0.0f32; 6];
+    let ids64 = vec![0i64, 1, 2, 3];
+    let e = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 3]).unwrap(),
+                                           TensorRef::from_slice(&ids64, &[2, 2]).unwrap())).unwrap_err();
+    assert_eq!(e.status, Status::INVALID_ARGUMENT);
+    assert!(e.message.contains("topk_ids") && e.message.contains("int32") && e.message.contains("int64"),
+            "{e}");
+    let eo = vec![0.0f32; 24];
+    let e = ep.combine(&TensorRef::from_slice(&eo, &[8, 3]).unwrap()).unwrap_err();
+    assert_eq!(e.status, Status::INVALID_STATE);
+    // Wrong element count is caught on the Rust side, before the library.
+    assert_eq!(TensorRef::from_slice(&x, &[4, 3]).unwrap_err().status, Status::INVALID_ARGUMENT);
+    let ids = vec![0i32, 1, 2, 99];
+    {
+        let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 3]).unwrap(),
+                                               TensorRef::from_slice(&ids, &[2, 2]).unwrap())).unwrap();
+        assert_eq!(r.recv_counts.as_slice::<i32>().unwrap(), &[2]);
+    }
+    let e = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 3]).unwrap(),
+                                           TensorRef::from_slice(&ids, &[2, 2]).unwrap())).unwrap_err();
+    assert_eq!(e.status, Status::INVALID_STATE);
+    ep.combine(&TensorRef::from_slice(&eo, &[8, 3]).unwrap()).unwrap();
+    let async_err = ep.async_error().unwrap().expect("the bad id 99 is reported");
+    assert_eq!(async_err.status, Status::INVALID_INPUT);
+    assert!(async_err.message.contains("99"), "{async_err}");
+    assert!(ep.async_error().unwrap().is_none());
+    let e = MoeEp::new(Arc::new(SingleRank), &Params::new(4, 5, 8, 3).unwrap(), Some(&host())).err().unwrap();
+    assert_eq!(e.status, Status::INVALID_ARGUMENT);
+    assert!(e.message.contains("top_k"), "{e}");
+}
+
+#[test]
+fn combine_into_a_caller_buffer_and_empty_ranks() {
+    let params = Params::new(2, 1, 4, 2).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
+    let x = vec![1.0f32, 2.0, 3.0, 4.0];
+    let ids = vec![1i32, 0];
+    drop(ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 2]).unwrap(),
+                                        TensorRef::from_slice(&ids, &[2, 1]).unwrap())).unwrap());
+    let eo: Vec<f32> = (0..8).map(|v| v as f32 * 10.0).collect();
+    let mut out = vec![-1.0f32; 4];
+    ep.combine_into(&TensorRef::from_slice(&eo, &[4, 2]).unwrap(),
+                    &mut TensorMut::from_slice(&mut out, &[2, 2]).unwrap()).unwrap();
+    assert_eq!(out, vec![0.0, 10.0, 20.0, 30.0]);
+    // T = 0.
+    let none: Vec<f32> = Vec::new();
+    let no_ids: Vec<i32> = Vec::new();
+    let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&none, &[0, 2]).unwrap(),
+                                           TensorRef::from_slice(&no_ids, &[0, 1]).unwrap())).unwrap();
+    assert_eq!(r.recv_counts.as_slice::<i32>().unwrap(), &[0]);
+    drop(r);
+    let y = ep.combine(&TensorRef::from_slice(&eo, &[4, 2]).unwrap()).unwrap();
+    assert_eq!(y.shape(), &[0, 2]);
+    assert!(y.as_slice::<f32>().unwrap().is_empty());
+}
+
+#[test]
+fn drop_releases_the_bootstrap() {
+    let bs: Arc<dyn Bootstrap> = Arc::new(SingleRank);
+    let params = Params::new(2, 1, 4, 2).unwrap();
+    let ep = MoeEp::new(bs.clone(), &params, Some(&host())).unwrap();
+    assert_eq!(Arc::strong_count(&bs), 2);
+    drop(ep);
+    assert_eq!(Arc::strong_count(&bs), 1);
+}
+
+struct Failing;
+impl Bootstrap for Failing {
+    fn rank(&self) -> i32 { 0 }
+    fn world_size(&self) -> i32 { 1 }
+    fn allgather(&self, _: &[u8], _: &mut [u8]) -> std::result::Result<(), BoxError> {
+        Err("the network is down".into())
+    }
+    fn barrier(&self) -> std::result::Result<(), BoxError> {
+        panic!("barrier must not be reached")
+    }
+}
+
+#[test]
+fn bootstrap_errors_are_reported_with_their_cause() {
+    let e = MoeEp::new(Arc::new(Failing), &Params::new(2, 1, 4, 2).unwrap(), Some(&host())).err().unwrap();
+    assert_eq!(e.status, Status::BOOTSTRAP);
+    assert!(e.message.contains("the network is down"), "{e}");
+}
+
+fn run_threads(case: &Arc<Case>) {
+    let ranks = thread_group(case.world as i32);
+    let handles: Vec<_> = ranks
+        .into_iter()
+        .enumerate()
+        .map(|(me, bs)| {
+            let case = case.clone();
+            std::thread::spawn(move || run_rank(&case, me, bs))
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect();
+    for (me, got) in results.iter().enumerate() {
+        check_rank(case, me, got);
+    }
+}
+
+#[test]
+fn threads_two_ranks() {
+    run_threads(&Arc::new(Case::new(1, 2, 8, 3, 5, 6)));
+}
+
+#[test]
+fn threads_three_ranks() {
+    run_threads(&Arc::new(Case::new(2, 3, 9, 2, 4, 7)));
+}
+
+#[test]
+fn threads_four_ranks_top_k_equals_experts() {
+    run_threads(&Arc::new(Case::new(3, 4, 4, 4, 3, 5)));
+}
+
+#[test]
+fn workspace_size_grows_with_tokens() {
+    let small = workspace_size(&Params::new(4, 2, 8, 16).unwrap(), Some(&host()), 2).unwrap();
+    let big = workspace_size(&Params::new(4, 2, 64, 16).unwrap(), Some(&host()), 2).unwrap();
+    assert!(0 < small && small < big, "{small} {big}");
+    let e = workspace_size(&Params::new(4, 2, 8, 16).unwrap(), None, 3).unwrap_err();
+    assert_eq!(e.status, Status::INVALID_ARGUMENT);
+    assert!(is_platform_supported(0).is_ok());
+}
