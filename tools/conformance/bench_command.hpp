@@ -1,0 +1,49 @@
+// `moe_ep_conformance bench`: sweeps tokens per rank and reports dispatch and
+// combine latency and bandwidth next to the peer-copy ceiling and NCCL moving
+// the same routing, in an nccl-tests-like table (and JSON with --json).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "loop_timer.hpp"
+#include "mpi_world.hpp"
+#include "session.hpp"
+#include "stats.hpp"
+#include "traffic.hpp"
+
+namespace moe_ep_tool {
+
+struct BenchOptions {
+  CommonOptions common;
+  int min_tokens = 1, max_tokens = 4096, step_factor = 2;
+  std::vector<int> token_list;  // overrides -b/-e/-f
+  int hidden = 7168, top_k = 8, experts = 256;
+  std::string dtype = "bf16", combine_dtype;
+  std::string routing = "uniform";
+  double zipf_s = 1.2, mask_fraction = 0.0;
+  int warmup = 5, iters = 20, check = 1;
+  bool graph = false, baselines = true;
+  std::string json_path;
+};
+
+// Everything measured at one size.
+struct SizeResult {
+  int tokens = 0;
+  Traffic traffic;
+  int64_t wrong_dispatch = -1, wrong_combine = -1;  // -1: not checked
+  PhaseTiming dispatch, combine;
+  bool gate_expired = false;
+  bool has_ceiling = false;
+  PhaseTiming ceiling_dispatch, ceiling_combine;
+  bool has_nccl = false;
+  PhaseTiming nccl_dispatch, nccl_counts, nccl_payload, nccl_combine;
+  int64_t nccl_wrong_counts = 0;
+};
+
+int run_bench(const World& world, const BenchOptions& options);
+
+// The sizes -b/-e/-f (or -t) select.
+std::vector<int> bench_sizes(const BenchOptions& options);
+
+}  // namespace moe_ep_tool

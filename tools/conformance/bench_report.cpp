@@ -1,0 +1,216 @@
+#include "bench_report.hpp"
+
+#include <cstdio>
+
+#include "dtypes.hpp"
+#include "json_writer.hpp"
+#include "machine_info.hpp"
+#include "nccl_baseline.hpp"
+
+namespace moe_ep_tool {
+
+namespace {
+
+double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }  // bytes/us = MB/s
+
+std::string wrong_text(int64_t wrong) { return wrong < 0 ? "N/A" : std::to_string(wrong); }
+
+void print_phase(double bytes_nvl, double bytes_alg, const PhaseTiming& t, int64_t wrong) {
+  std::printf(" %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f %7.1f %7.1f %6s", bytes_nvl, t.step.avg, t.step.p50, t.step.p99,
+              t.rank_min, t.rank_max, gbps(bytes_alg, t.step.avg), gbps(bytes_nvl, t.step.avg),
+              wrong_text(wrong).c_str());
+}
+
+void write_phase(JsonWriter& j, const std::string& name, const PhaseTiming& t, double nvl_bytes, double alg_bytes) {
+  j.key(name).begin_object();
+  j.field("avg_us", t.step.avg).field("p50_us", t.step.p50).field("p99_us", t.step.p99);
+  j.field("min_us", t.step.min).field("max_us", t.step.max);
+  j.field("rank_min_avg_us", t.rank_min).field("rank_min", t.rank_argmin);
+  j.field("rank_max_avg_us", t.rank_max).field("rank_max", t.rank_argmax);
+  j.key("rank_avg_us").values(t.rank_avg);
+  if (nvl_bytes >= 0) j.field("busbw_GBps", gbps(nvl_bytes, t.step.avg));
+  if (alg_bytes >= 0) j.field("algbw_GBps", gbps(alg_bytes, t.step.avg));
+  j.end_object();
+}
+
+}  // namespace
+
+BenchReport::BenchReport(const Session& s, const BenchOptions& o, const WorkloadSpec& shape, bool graph, bool ceiling,
+                         bool nccl)
+    : s_(s), o_(o), shape_(shape), graph_(graph), ceiling_(ceiling), nccl_(nccl) {}
+
+std::string BenchReport::mode() const { return graph_ ? "CUDA-graph replay" : "eager calls"; }
+
+void BenchReport::print_header() {
+  const std::vector<std::string> lines = s_.rank_lines();
+  if (!s_.world().is_root()) return;
+  const WorkloadSpec& w = shape_;
+  std::printf("# moe_ep_conformance bench: %s, backend %s, %d ranks, NCCL %s\n", Session::version_line().c_str(),
+              s_.backend_label().c_str(), s_.world().size,
+              NcclBaseline::compiled() ? NcclBaseline::version().c_str() : "not built");
+  for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  std::printf("# shape: hidden %d, payload %s x%d + %s, combine %s; top-%d of %d experts; routing %s", w.hidden_size,
+              dtype_name(w.hidden_dtype).c_str(), w.row_elems(),
+              w.scale_row_elems ? (dtype_name(w.scale_dtype) + " x" + std::to_string(w.scale_row_elems) + " scales").c_str()
+                                : "no scales",
+              dtype_name(w.combine_dtype).c_str(), w.top_k, w.num_experts, routing_name(w.routing.kind).c_str());
+  if (w.routing.kind == RoutingKind::zipf) std::printf(" (s = %.2f)", w.routing.zipf_s);
+  if (w.routing.mask_fraction > 0) std::printf(", %.0f%% picks masked", 100 * w.routing.mask_fraction);
+  std::printf("\n# run: %s, num_sms %s, warmup %d, iters %d, max_tokens_per_rank %d (runtime max = tokens), seed %llu\n",
+              mode().c_str(), o_.common.num_sms ? std::to_string(o_.common.num_sms).c_str() : "auto", o_.warmup,
+              o_.iters, w.max_tokens_per_rank, static_cast<unsigned long long>(o_.common.seed));
+  std::printf("# row bytes: B_dispatch %llu, B_combine %llu\n",
+              static_cast<unsigned long long>(w.hidden_row_bytes() + w.scale_row_bytes()),
+              static_cast<unsigned long long>(w.combine_row_bytes()));
+  for (const std::string& f : traffic_formulas()) std::printf("#   %s\n", f.c_str());
+  std::printf("#   %s\n", s_.on_gpu() ? "GPU time: CUDA events around each call on its stream, launches queued ahead"
+                                      : "host time: steady clock around each call, barrier before each iteration");
+  std::printf("#   avg/p50/p99 over iterations; rmin/rmax = min/max over ranks of each rank's own avg\n#\n");
+  std::printf("# %7s |%s |%s\n", "", "                                  dispatch                                      ",
+              "                                  combine");
+  std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "tokens",
+              "nvl_bytes", "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong", "nvl_bytes", "avg", "p50",
+              "p99", "rmin", "rmax", "algbw", "busbw", "#wrong");
+  std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "/rank", "(B)",
+              "(us)", "(us)", "(us)", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(us)", "(us)", "(us)", "(us)",
+              "(us)", "(GB/s)", "(GB/s)", "");
+  std::fflush(stdout);
+}
+
+void BenchReport::print_row(const SizeResult& r) const {
+  if (!s_.world().is_root()) return;
+  const Traffic& t = r.traffic;
+  std::printf("  %7d |", r.tokens);
+  print_phase(t.mean_nvl_bytes(t.dispatch_row_bytes), t.mean_alg_bytes(t.dispatch_row_bytes), r.dispatch,
+              r.wrong_dispatch);
+  std::printf(" |");
+  print_phase(t.mean_nvl_bytes(t.combine_row_bytes), t.mean_alg_bytes(t.combine_row_bytes), r.combine,
+              r.wrong_combine);
+  std::printf("%s\n", r.gate_expired ? "  (launches could not be queued ahead: host-bound times)" : "");
+  std::fflush(stdout);
+}
+
+void BenchReport::print_baselines(const std::vector<SizeResult>& results) const {
+  if (!s_.world().is_root()) return;
+  if (!ceiling_ && !nccl_) {
+    std::printf("#\n# baselines: none (%s)\n",
+                s_.on_gpu() ? (s_.world().size < 2 ? "one rank: nothing crosses NVLink" : "--no-baselines or no NCCL")
+                            : "host backend");
+    return;
+  }
+  std::printf("#\n# baselines, same routing and bytes, same run; ratio = baseline time / moe_ep time (> 1: moe_ep faster)\n");
+  std::printf("#   ceiling: every rank copies its rows(s->d)*B to each peer at once, copy engines, cudaIpc buffers\n");
+  std::printf("#   nccl: dispatch = count exchange + D2H of counts (host round trip not timed) + grouped send/recv of\n"
+              "#         packed rows; combine = grouped send/recv back; no packing, no reduction (a lower bound)\n");
+  std::printf("# %7s | %-37s | %-46s | %-33s\n", "", "ceiling (copy engines, both directions)",
+              "nccl (counts + grouped send/recv)", "moe_ep vs baselines");
+  std::printf("# %7s | %8s %8s %8s %8s | %8s %8s %8s %8s %8s | %7s %7s %7s %7s\n", "tokens", "disp_us", "busbw",
+              "comb_us", "busbw", "disp_us", "counts", "payload", "comb_us", "busbw", "disp/C", "comb/C", "nccl/d",
+              "nccl/c");
+  for (const SizeResult& r : results) {
+    const Traffic& t = r.traffic;
+    const double dn = t.mean_nvl_bytes(t.dispatch_row_bytes), cn = t.mean_nvl_bytes(t.combine_row_bytes);
+    std::printf("  %7d |", r.tokens);
+    if (r.has_ceiling) {
+      std::printf(" %8.2f %8.1f %8.2f %8.1f |", r.ceiling_dispatch.step.avg, gbps(dn, r.ceiling_dispatch.step.avg),
+                  r.ceiling_combine.step.avg, gbps(cn, r.ceiling_combine.step.avg));
+    } else {
+      std::printf(" %8s %8s %8s %8s |", "-", "-", "-", "-");
+    }
+    if (r.has_nccl) {
+      std::printf(" %8.2f %8.2f %8.2f %8.2f %8.1f |", r.nccl_dispatch.step.avg, r.nccl_counts.step.avg,
+                  r.nccl_payload.step.avg, r.nccl_combine.step.avg, gbps(cn, r.nccl_combine.step.avg));
+    } else {
+      std::printf(" %8s %8s %8s %8s %8s |", "-", "-", "-", "-", "-");
+    }
+    auto ratio = [](bool have, double base, double mine) { return have && mine > 0 ? base / mine : 0.0; };
+    std::printf(" %7.2f %7.2f %7.2f %7.2f\n", ratio(r.has_ceiling, r.ceiling_dispatch.step.avg, r.dispatch.step.avg),
+                ratio(r.has_ceiling, r.ceiling_combine.step.avg, r.combine.step.avg),
+                ratio(r.has_nccl, r.nccl_dispatch.step.avg, r.dispatch.step.avg),
+                ratio(r.has_nccl, r.nccl_combine.step.avg, r.combine.step.avg));
+  }
+  std::fflush(stdout);
+}
+
+bool BenchReport::print_footer(const std::vector<SizeResult>& results) const {
+  int64_t wrong = 0;
+  double dispatch_bw = 0, combine_bw = 0;
+  bool checked = false;
+  for (const SizeResult& r : results) {
+    checked = checked || r.wrong_dispatch >= 0;
+    wrong += std::max<int64_t>(r.wrong_dispatch, 0) + std::max<int64_t>(r.wrong_combine, 0) + r.nccl_wrong_counts;
+    dispatch_bw += gbps(r.traffic.mean_nvl_bytes(r.traffic.dispatch_row_bytes), r.dispatch.step.avg);
+    combine_bw += gbps(r.traffic.mean_nvl_bytes(r.traffic.combine_row_bytes), r.combine.step.avg);
+  }
+  if (s_.world().is_root()) {
+    std::printf("#\n# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
+                !checked ? "(not checked: -c 0)" : wrong ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : dispatch %.2f GB/s, combine %.2f GB/s\n#\n", dispatch_bw / results.size(),
+                combine_bw / results.size());
+    std::fflush(stdout);
+  }
+  return wrong == 0;
+}
+
+void BenchReport::write_json(const std::vector<SizeResult>& results, const std::string& path) const {
+  JsonWriter j;
+  j.begin_object();
+  j.field("tool", "moe_ep_conformance bench").field("format", 1);
+  write_machine(j, s_);  // collective
+  if (!s_.world().is_root()) return;
+  const WorkloadSpec& w = shape_;
+  j.key("config").begin_object();
+  j.field("backend", s_.backend_label()).field("ranks", s_.world().size).field("mode", mode());
+  j.field("graph", graph_).field("num_sms", o_.common.num_sms).field("warmup", o_.warmup).field("iters", o_.iters);
+  j.field("hidden", w.hidden_size).field("payload_dtype", dtype_name(w.hidden_dtype)).field("row_elems", w.row_elems());
+  j.field("scale_row_elems", w.scale_row_elems).field("scale_dtype", dtype_name(w.scale_dtype));
+  j.field("combine_dtype", dtype_name(w.combine_dtype)).field("top_k", w.top_k).field("experts", w.num_experts);
+  j.field("routing", routing_name(w.routing.kind)).field("zipf_s", w.routing.zipf_s);
+  j.field("mask_fraction", w.routing.mask_fraction).field("max_tokens_per_rank", w.max_tokens_per_rank);
+  j.field("seed", int64_t(o_.common.seed)).field("timing", s_.on_gpu() ? "cuda events" : "host steady clock");
+  j.field("dispatch_row_bytes", int64_t(w.hidden_row_bytes() + w.scale_row_bytes()));
+  j.field("combine_row_bytes", int64_t(w.combine_row_bytes()));
+  j.end_object();
+  j.key("formulas").values(traffic_formulas());
+  j.key("results").begin_array();
+  for (const SizeResult& r : results) {
+    const Traffic& t = r.traffic;
+    const double dn = t.mean_nvl_bytes(t.dispatch_row_bytes), da = t.mean_alg_bytes(t.dispatch_row_bytes);
+    const double cn = t.mean_nvl_bytes(t.combine_row_bytes), ca = t.mean_alg_bytes(t.combine_row_bytes);
+    j.begin_object();
+    j.field("tokens_per_rank", r.tokens);
+    j.key("bytes").begin_object();
+    j.field("dispatch_nvl", dn).field("dispatch_alg", da).field("dispatch_sel", t.mean_sel_bytes(t.dispatch_row_bytes));
+    j.field("combine_nvl", cn).field("combine_alg", ca).field("combine_sel", t.mean_sel_bytes(t.combine_row_bytes));
+    j.key("rows").values(t.rows).key("valid_picks").values(t.picks);
+    j.end_object();
+    j.key("moe_ep").begin_object();
+    write_phase(j, "dispatch", r.dispatch, dn, da);
+    write_phase(j, "combine", r.combine, cn, ca);
+    j.field("wrong_dispatch", r.wrong_dispatch).field("wrong_combine", r.wrong_combine);
+    j.field("launches_queued_ahead", !r.gate_expired);
+    j.end_object();
+    if (r.has_ceiling) {
+      j.key("ceiling").begin_object();
+      write_phase(j, "dispatch", r.ceiling_dispatch, dn, -1);
+      write_phase(j, "combine", r.ceiling_combine, cn, -1);
+      j.end_object();
+    }
+    if (r.has_nccl) {
+      j.key("nccl").begin_object();
+      write_phase(j, "dispatch", r.nccl_dispatch, dn, da);
+      write_phase(j, "dispatch_counts", r.nccl_counts, -1, -1);
+      write_phase(j, "dispatch_payload", r.nccl_payload, dn, da);
+      write_phase(j, "combine", r.nccl_combine, cn, ca);
+      j.field("wrong_counts", r.nccl_wrong_counts);
+      j.end_object();
+    }
+    j.end_object();
+  }
+  j.end_array();
+  j.end_object();
+  j.save(path);
+  std::printf("# wrote %s\n", path.c_str());
+}
+
+}  // namespace moe_ep_tool

@@ -1,0 +1,237 @@
+#include "check_command.hpp"
+
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "check_cases.hpp"
+#include "counter_rng.hpp"
+#include "dtypes.hpp"
+#include "ep_calls.hpp"
+#include "errors.hpp"
+#include "expected.hpp"
+#include "graph_capture.hpp"
+
+namespace moe_ep_tool {
+
+namespace {
+
+uint64_t name_hash(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: seeds do not move when cases are filtered
+  for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+// Runs one case in one mode on this rank; every rank runs the same sequence.
+class CaseRunner {
+ public:
+  CaseRunner(const Session& session, const CheckOptions& options, const CheckCase& c)
+      : s_(session), o_(options), c_(c), me_(session.world().rank) {}
+
+  // Eager: `rounds` dispatch/combine pairs on one handle with fresh inputs and
+  // token counts each time; results owned by the caller and by the library
+  // alternate, and so do the 2-D and 3-D expert_output forms.
+  void run_eager(Verdict& v) {
+    const WorkloadSpec first = spec(0, false);
+    EpHandle handle(s_.bootstrap(), first.params(), s_.config());
+    Buffers b(first, s_.place());
+    for (int round = 0; round < o_.rounds; ++round) eager_round(handle, b, spec(round, false), round, v);
+  }
+
+  // Graph: dispatch and combine captured once (fixed token counts), replayed
+  // on new inputs twice, then one eager call on the same handle.
+  void run_graph(Verdict& v) {
+    const WorkloadSpec first = spec(100, true);
+    EpHandle handle(s_.bootstrap(), first.params(), s_.config());
+    Buffers b(first, s_.place());
+    b.inputs.load(first, me_, make_routing(first, me_), s_.stream());
+    moe_ep_dispatch_result_t dr;
+    moe_ep_combine_result_t cr;
+    {
+      CapturedCall dispatch(s_.stream(), [&](void* st) { return b.inputs.dispatch(handle.get(), first, &dr, st); });
+      CapturedCall combine(s_.stream(), [&](void* st) {
+        return run_combine(handle.get(), first, s_.place(), b.expert_output, false, &b.output, b.inputs.num_tokens(),
+                           &cr, st);
+      });
+      for (int replay = 0; replay < 2; ++replay) {
+        const WorkloadSpec w = spec(100 + replay, true);
+        const std::vector<RankRouting> all = make_all_routing(w);
+        b.inputs.load(w, me_, all[me_], s_.stream());
+        dispatch.launch(s_.stream());
+        verify_dispatch(w, all, dr, v);
+        b.expert_output.upload(make_expert_output(w, me_), s_.stream());
+        b.output.fill(0xFF, s_.stream());
+        combine.launch(s_.stream());
+        verify_combine(w, all, cr, b.output.data(), b.inputs.num_tokens(), v);
+        verify_async(w, all, handle, v);
+      }
+    }
+    eager_round(handle, b, spec(102, true), 0, v);
+  }
+
+ private:
+  struct Buffers {
+    Buffers(const WorkloadSpec& w, const Place& place)
+        : inputs(w, place),
+          expert_output(place, uint64_t(w.receive_rows()) * w.combine_row_bytes()),
+          output(place, uint64_t(w.max_tokens_per_rank) * w.combine_row_bytes()) {}
+    DispatchInputs inputs;
+    Buffer expert_output, output;
+  };
+
+  WorkloadSpec spec(int round, bool fixed_counts) const {
+    const uint64_t key = derive(derive(s_.options().seed, name_hash(c_.name)), uint64_t(round));
+    const uint64_t count_key = fixed_counts ? derive(key ^ 0x5bd1e995, 0) : key;
+    return instantiate(c_, s_.world().size, key, count_key);
+  }
+
+  void eager_round(EpHandle& handle, Buffers& b, const WorkloadSpec& w, int round, Verdict& v) {
+    const std::vector<RankRouting> all = make_all_routing(w);
+    b.inputs.load(w, me_, all[me_], s_.stream());
+    moe_ep_dispatch_result_t dr;
+    TOOL_CHECK_MOE(b.inputs.dispatch(handle.get(), w, &dr, s_.stream()));
+    verify_dispatch(w, all, dr, v);
+    b.expert_output.upload(make_expert_output(w, me_), s_.stream());
+    const bool caller_output = round % 2 == 0, as_3d = round % 3 == 1;
+    if (caller_output) b.output.fill(0xFF, s_.stream());  // poison: every element must be written
+    moe_ep_combine_result_t cr;
+    TOOL_CHECK_MOE(run_combine(handle.get(), w, s_.place(), b.expert_output, as_3d, caller_output ? &b.output : nullptr,
+                               b.inputs.num_tokens(), &cr, s_.stream()));
+    verify_combine(w, all, cr, caller_output ? b.output.data() : nullptr, b.inputs.num_tokens(), v);
+    verify_async(w, all, handle, v);
+  }
+
+  void verify_dispatch(const WorkloadSpec& w, const std::vector<RankRouting>& all, const moe_ep_dispatch_result_t& dr,
+                       Verdict& v) {
+    const ReceivedDispatch got = read_dispatch(w, s_.place(), dr, s_.stream(), v);
+    v.merge(check_dispatch(w, all, me_, got));
+    if (o_.poison_results) poison_dispatch_payload(w, s_.place(), dr, s_.stream());
+  }
+
+  void verify_combine(const WorkloadSpec& w, const std::vector<RankRouting>& all, const moe_ep_combine_result_t& cr,
+                      const void* caller_output, int num_tokens, Verdict& v) {
+    if (caller_output && num_tokens > 0 && cr.output.data != caller_output) {
+      v.add(1, "combine result: expected a view of the caller's output tensor");
+    }
+    const std::vector<uint8_t> out = read_combine(w, s_.place(), cr, num_tokens, s_.stream(), v);
+    if (num_tokens > 0) v.merge(check_combine(w, all, me_, out));
+  }
+
+  // Bad ids must be reported (INVALID_INPUT) on the rank that passed them;
+  // without bad ids anywhere, nothing may be reported.
+  void verify_async(const WorkloadSpec& w, const std::vector<RankRouting>& all, EpHandle& handle, Verdict& v) {
+    auto has_bad = [&](const RankRouting& r) {
+      for (int32_t id : r.topk_ids) {
+        if (w.owner(id) < 0 && id != w.invalid_expert_id) return true;
+      }
+      return false;
+    };
+    bool any_bad = false;
+    for (const RankRouting& r : all) any_bad = any_bad || has_bad(r);
+    moe_ep_status_t status = MOE_EP_SUCCESS;
+    TOOL_CHECK_MOE(moe_ep_get_async_error(handle.get(), &status));
+    const bool ok = has_bad(all[me_]) ? status == MOE_EP_ERROR_INVALID_INPUT
+                                      : status == MOE_EP_SUCCESS || (any_bad && status == MOE_EP_ERROR_INVALID_INPUT);
+    if (!ok) {
+      v.add(1, std::string("moe_ep_get_async_error: got ") + moe_ep_status_string(status) +
+                   (has_bad(all[me_]) ? ", expected MOE_EP_ERROR_INVALID_INPUT for bad ids" : ", expected SUCCESS") +
+                   (status != MOE_EP_SUCCESS ? std::string(": ") + moe_ep_last_error() : ""));
+    }
+  }
+
+  const Session& s_;
+  const CheckOptions& o_;
+  const CheckCase& c_;
+  int me_;
+};
+
+std::string tokens_text(const std::vector<int>& tokens) {
+  std::string s = "[";
+  for (size_t i = 0; i < tokens.size() && i < 4; ++i) s += (i ? "," : "") + std::to_string(tokens[i]);
+  return s + (tokens.size() > 4 ? ",..]" : "]");
+}
+
+std::string payload_text(const WorkloadSpec& w) {
+  return dtype_name(w.hidden_dtype) + "x" + std::to_string(w.row_elems());
+}
+
+std::string scales_text(const WorkloadSpec& w) {
+  return w.scale_row_elems ? dtype_name(w.scale_dtype) + "x" + std::to_string(w.scale_row_elems) : "-";
+}
+
+void print_header(const Session& s, const CheckOptions& o, size_t cases) {
+  const std::vector<std::string> lines = s.rank_lines();
+  if (!s.world().is_root()) return;
+  std::printf("# moe_ep_conformance check: %s, backend %s, %d ranks, seed %llu, %d eager rounds per case, %zu cases\n",
+              Session::version_line().c_str(), s.backend_label().c_str(), s.world().size,
+              static_cast<unsigned long long>(o.common.seed), o.rounds, cases);
+  for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  std::printf("#\n# %-22s %-6s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "E", "K", "maxT",
+              "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_check(const World& world, const CheckOptions& o) {
+  std::vector<CheckCase> cases;
+  for (const CheckCase& c : check_cases()) {
+    if (c.name.find(o.filter) != std::string::npos) cases.push_back(c);
+  }
+  if (o.list) {
+    if (world.is_root()) {
+      for (const CheckCase& c : cases) std::printf("%s\n", c.name.c_str());
+    }
+    return 0;
+  }
+  Session session(world, o.common);
+  const bool gpu = session.on_gpu();
+  const bool eager = o.modes != "graph", graph = o.modes == "graph" || o.modes == "both" || (o.modes == "auto" && gpu);
+  if (o.modes != "auto" && o.modes != "eager" && o.modes != "graph" && o.modes != "both") {
+    fail("--modes must be eager, graph, both or auto, got '" + o.modes + "'");
+  }
+  if (graph && !gpu) fail("--modes " + o.modes + ": CUDA graphs need the nvlink backend (this run uses host)");
+  print_header(session, o, cases.size());
+
+  int64_t total_wrong = 0;
+  int passed = 0, failed = 0;
+  for (const CheckCase& c : cases) {
+    for (const char* mode : {"eager", "graph"}) {
+      if ((mode[0] == 'e' && !eager) || (mode[0] == 'g' && !graph)) continue;
+      Verdict v;
+      std::string error;
+      CaseRunner runner(session, o, c);
+      try {
+        mode[0] == 'e' ? runner.run_eager(v) : runner.run_graph(v);
+      } catch (const ToolError& e) {
+        error = e.what();
+      }
+      const int64_t wrong = world.sum(v.wrong);
+      const bool any_error = world.any(!error.empty());
+      total_wrong += wrong;
+      const bool ok = wrong == 0 && !any_error;
+      ok ? ++passed : ++failed;
+      std::vector<std::string> notes;
+      if (!ok) notes = world.gather_text(error.empty() ? v.details : "error: " + error + "\n" + v.details);
+      if (!world.is_root()) continue;
+      const WorkloadSpec w = instantiate(c, world.size, 0, derive(derive(o.common.seed, name_hash(c.name)), 0));
+      std::printf("  %-22s %-6s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
+                  w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(), w.hidden_size,
+                  payload_text(w).c_str(), scales_text(w).c_str(), dtype_name(w.combine_dtype).c_str(),
+                  mode[0] == 'e' ? tokens_text(w.tokens).c_str() : "(fixed)", static_cast<long long>(wrong),
+                  ok ? "OK" : any_error ? "ERROR" : "WRONG");
+      for (size_t r = 0; r < notes.size(); ++r) {
+        std::istringstream lines(notes[r]);
+        for (std::string line; std::getline(lines, line);) std::printf("#     rank %zu: %s\n", r, line.c_str());
+      }
+      std::fflush(stdout);
+    }
+  }
+  if (world.is_root()) {
+    std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong), total_wrong ? "FAILED" : "OK");
+    std::printf("# moe_ep_conformance check: %d passed, %d failed\n", passed, failed);
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace moe_ep_tool

@@ -1,0 +1,44 @@
+// Times a loop body on every rank.  The body runs one iteration and calls
+// marks.mark() at each phase boundary (k phases = k + 1 marks); the timer
+// returns, per phase, the duration of every timed iteration in microseconds.
+//   GPU:  CUDA events on the session stream; with `gated`, each batch of
+//         iterations is queued behind a LaunchGate and released at once on
+//         every rank (after an MPI barrier), preceded by one untimed iteration
+//         that lines the ranks up.
+//   host: the steady clock, with an MPI barrier before each iteration.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "session.hpp"
+
+namespace moe_ep_tool {
+
+class Marks {
+ public:
+  virtual ~Marks() = default;
+  virtual void mark() = 0;
+  // For bodies that must wait on the host mid-iteration (the NCCL count
+  // exchange): hold() queues a gate, release() waits for every rank and
+  // opens it.  Only in ungated loops.  No-ops on the host.
+  virtual void hold() = 0;
+  virtual void release() = 0;
+};
+
+struct LoopOptions {
+  int warmup = 5;
+  int iters = 20;
+  bool gated = true;
+  int batch = 16;  // iterations per gate (keeps the launch queue short)
+};
+
+struct LoopResult {
+  std::vector<std::vector<double>> phase_us;  // [phase][iteration]
+  bool gate_expired = false;  // timings were redone without the gate (see LaunchGate)
+};
+
+LoopResult time_loop(const Session& session, const LoopOptions& options, int phases,
+                     const std::function<void(Marks&)>& body);
+
+}  // namespace moe_ep_tool

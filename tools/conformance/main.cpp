@@ -1,0 +1,99 @@
+// moe_ep_conformance: checks that moe_ep works on this machine (`check`) and
+// measures how fast it is next to the copy-engine ceiling and NCCL (`bench`).
+// Launched with mpirun, one process per GPU (or per CPU rank on the host
+// backend).  Flags follow nccl-tests and the OSU benchmarks where they can.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "bench_command.hpp"
+#include "check_command.hpp"
+#include "errors.hpp"
+#include "mpi_world.hpp"
+
+namespace {
+
+using moe_ep_tool::BenchOptions;
+using moe_ep_tool::CheckOptions;
+using moe_ep_tool::CommonOptions;
+
+void add_common(CLI::App* app, CommonOptions& o) {
+  app->add_option("--backend", o.backend, "host | nvlink | auto (nvlink where every rank supports it)")
+      ->check(CLI::IsMember({"host", "nvlink", "auto"}));
+  app->add_option("--num-sms", o.num_sms, "SMs the kernels may use (0 = the library chooses)");
+  app->add_option("--timeout-ms", o.timeout_ms, "bound on every wait for a peer (config.timeout_ms)");
+  app->add_option("--seed", o.seed, "seed of every random input");
+}
+
+void add_check(CLI::App& app, CheckOptions& o) {
+  CLI::App* check = app.add_subcommand("check", "compare every case of the matrix with the host-side expectation");
+  add_common(check, o.common);
+  check->add_option("--rounds", o.rounds, "eager dispatch/combine pairs per case, fresh inputs each")
+      ->check(CLI::Range(1, 1000));
+  check->add_option("--filter", o.filter, "run only the cases whose name contains this");
+  check->add_option("--modes", o.modes, "eager | graph | both | auto (both on GPU, eager on host)")
+      ->check(CLI::IsMember({"eager", "graph", "both", "auto"}));
+  check->add_flag("!--no-poison-results", o.poison_results,
+                  "do not overwrite dispatch payload results before combine");
+  check->add_flag("--list", o.list, "print the case names and exit");
+}
+
+void add_bench(CLI::App& app, BenchOptions& o) {
+  CLI::App* bench = app.add_subcommand("bench", "time dispatch and combine over a sweep of tokens per rank");
+  add_common(bench, o.common);
+  bench->add_option("-b,--min-tokens", o.min_tokens, "smallest tokens per rank")->check(CLI::PositiveNumber);
+  bench->add_option("-e,--max-tokens", o.max_tokens, "largest tokens per rank")->check(CLI::PositiveNumber);
+  bench->add_option("-f,--step-factor", o.step_factor, "multiply tokens per rank by this between sizes")
+      ->check(CLI::Range(2, 1 << 20));
+  bench->add_option("-t,--tokens", o.token_list, "explicit comma-separated list of tokens per rank (overrides -b/-e/-f)")
+      ->delimiter(',');
+  bench->add_option("--hidden", o.hidden, "hidden size (elements per row)")->check(CLI::PositiveNumber);
+  bench->add_option("--topk", o.top_k, "experts per token")->check(CLI::PositiveNumber);
+  bench->add_option("--experts", o.experts, "number of experts (a multiple of the ranks)")->check(CLI::PositiveNumber);
+  bench->add_option("--dtype", o.dtype, "dispatch payload: bf16 | fp16 | fp32 | fp8 (fp8 adds fp32 scales, 1 per 128)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32", "fp8"}));
+  bench->add_option("--combine-dtype", o.combine_dtype, "bf16 | fp16 | fp32 (default: --dtype, bf16 for fp8)")
+      ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  bench->add_option("--routing", o.routing, "uniform | balanced | zipf")
+      ->check(CLI::IsMember({"uniform", "balanced", "zipf"}));
+  bench->add_option("--zipf-s", o.zipf_s, "zipf exponent: expert e drawn with weight 1/(e+1)^s");
+  bench->add_option("--mask", o.mask_fraction, "fraction of picks set to invalid_expert_id")->check(CLI::Range(0.0, 1.0));
+  bench->add_option("-w,--warmup-iters", o.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
+  bench->add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::PositiveNumber);
+  bench->add_option("-c,--check", o.check, "1 = count #wrong once per size before timing, 0 = skip");
+  bench->add_flag("-G,--graph", o.graph, "time CUDA-graph replays of dispatch and of combine (GPU)");
+  bench->add_flag("!--no-baselines", o.baselines, "skip the ceiling and NCCL baselines");
+  bench->add_option("-J,--json", o.json_path, "write every figure, the byte formulas and the machine to this file");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  const moe_ep_tool::World world = moe_ep_tool::World::from_comm(MPI_COMM_WORLD);
+  CLI::App app{"moe_ep_conformance: conformance check and benchmark of moe_ep, launched with mpirun"};
+  app.require_subcommand(1);
+  CheckOptions check;
+  BenchOptions bench;
+  add_check(app, check);
+  add_bench(app, bench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = world.is_root() ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    MPI_Finalize();
+    return rc;
+  }
+  int rc = 0;
+  try {
+    rc = app.got_subcommand("check") ? moe_ep_tool::run_check(world, check) : moe_ep_tool::run_bench(world, bench);
+  } catch (const std::exception& e) {
+    // One rank failing alone would leave the others waiting in a collective.
+    std::fprintf(stderr, "moe_ep_conformance: rank %d: %s\n", world.rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,46 @@
+// NCCL moving the same routing as moe_ep, the way an EP layer built on NCCL
+// does it:
+//   dispatch = count exchange (grouped ncclSend/ncclRecv of one int32 per
+//              peer) + copy of the counts to the host (the host must know them
+//              to post the receives) + grouped ncclSend/ncclRecv of the rows;
+//   combine  = grouped ncclSend/ncclRecv of the same rows back.
+// The rows are already packed per destination and nothing is reduced, so the
+// figures are NCCL's transport alone: a lower bound for an NCCL-based layer.
+// Compiled only where nccl.h was found (MOE_EP_TOOL_HAVE_NCCL).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "loop_timer.hpp"
+#include "session.hpp"
+#include "traffic.hpp"
+
+namespace moe_ep_tool {
+
+struct NcclDispatchTiming {
+  LoopResult counts;   // count exchange + device-to-host copy of the counts
+  LoopResult payload;  // the rows
+  int64_t wrong_counts = 0;  // counts received that differ from the routing
+};
+
+class NcclBaseline {
+ public:
+  static bool compiled();
+  static std::string version();  // "2.28.9", or "" when not compiled
+
+  // Collective.  Buffers for up to max_rows_per_peer rows of max_row_bytes.
+  NcclBaseline(const Session& session, int64_t max_rows_per_peer, uint64_t max_row_bytes);
+  ~NcclBaseline();
+  NcclBaseline(const NcclBaseline&) = delete;
+  NcclBaseline& operator=(const NcclBaseline&) = delete;
+
+  NcclDispatchTiming time_dispatch(const LoopOptions& options, const Traffic& traffic);
+  LoopResult time_combine(const LoopOptions& options, const Traffic& traffic);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace moe_ep_tool

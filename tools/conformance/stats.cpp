@@ -1,0 +1,41 @@
+#include "stats.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace moe_ep_tool {
+
+namespace {
+double percentile(const std::vector<double>& sorted, double p) {
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * double(sorted.size())));
+  return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+}  // namespace
+
+Stats stats_of(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.avg = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
+  s.p50 = percentile(v, 50);
+  s.p99 = percentile(v, 99);
+  s.min = v.front();
+  s.max = v.back();
+  return s;
+}
+
+PhaseTiming reduce_phase(const World& world, const std::vector<double>& iteration_us) {
+  PhaseTiming t;
+  // The step a model takes ends when its slowest rank is done.
+  t.step = stats_of(world.max_each(iteration_us));
+  t.rank_avg = world.allgather(stats_of(iteration_us).avg);
+  const auto [lo, hi] = std::minmax_element(t.rank_avg.begin(), t.rank_avg.end());
+  t.rank_min = *lo;
+  t.rank_max = *hi;
+  t.rank_argmin = int(lo - t.rank_avg.begin());
+  t.rank_argmax = int(hi - t.rank_avg.begin());
+  return t;
+}
+
+}  // namespace moe_ep_tool

@@ -1,0 +1,44 @@
+// What a workload moves, and the byte formulas the benchmark reports.
+//   rows(s->d)   tokens of rank s with at least one valid pick owned by rank d
+//                (what dispatch delivers to d, once per rank, never per expert)
+//   B_dispatch   hidden_row_bytes + scale_row_bytes (payload; the 8*top_k
+//                bytes of ids and weights per row are not counted)
+//   B_combine    hidden_size * sizeof(combine dtype)
+//   nvl bytes    of rank s: sum over d != s of rows(s->d) * B   (cross NVLink)
+//   alg bytes    of rank s: sum over all d of rows(s->d) * B    (local rows too;
+//                DeepEP's "logical" bytes)
+//   sel bytes    of rank s: valid picks of s * B (per expert, not deduplicated;
+//                DeepEP low-latency / NCCL EP bytes)
+//   busbw = mean over ranks of nvl bytes / time, algbw = mean of alg bytes / time.
+// In combine the same rows travel back (rank d to rank s) with B_combine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "workload.hpp"
+
+namespace moe_ep_tool {
+
+struct Traffic {
+  int world = 1;
+  std::vector<int64_t> rows;   // [s * world + d] = rows(s->d)
+  std::vector<int64_t> picks;  // [s] valid picks
+  uint64_t dispatch_row_bytes = 0, combine_row_bytes = 0;
+
+  int64_t rows_between(int s, int d) const { return rows[size_t(s) * world + d]; }
+  int64_t remote_rows(int s) const;
+  int64_t all_rows(int s) const;
+  // Means over ranks, for the given row size.
+  double mean_nvl_bytes(uint64_t row_bytes) const;
+  double mean_alg_bytes(uint64_t row_bytes) const;
+  double mean_sel_bytes(uint64_t row_bytes) const;
+};
+
+Traffic measure_traffic(const WorkloadSpec& spec, const std::vector<RankRouting>& all);
+
+// The formulas above as one-line strings, for the table header and the JSON.
+std::vector<std::string> traffic_formulas();
+
+}  // namespace moe_ep_tool

@@ -1,0 +1,229 @@
+#include "workload.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#include "counter_rng.hpp"
+#include "dtypes.hpp"
+#include "errors.hpp"
+
+namespace moe_ep_tool {
+
+namespace {
+// Purposes of the random streams derived from (seed, rank).
+enum Stream : uint64_t { kRouting = 1, kHidden = 2, kScales = 3, kExpertOutput = 4, kEplb = 5 };
+
+uint64_t stream_key(const WorkloadSpec& s, int rank, Stream purpose) {
+  return derive(derive(s.seed, static_cast<uint64_t>(rank)), purpose);
+}
+
+// Distinct experts for one token, in pick order.
+void pick_uniform(const WorkloadSpec& s, Sequence& seq, int32_t* out) {
+  const int E = s.num_experts, K = s.top_k;
+  if (4 * K <= E) {  // few picks: rejection is cheap
+    for (int k = 0; k < K; ++k) {
+      int32_t e;
+      do e = static_cast<int32_t>(seq.below(E));
+      while (std::find(out, out + k, e) != out + k);
+      out[k] = e;
+    }
+    return;
+  }
+  std::vector<int32_t> all(E);  // many picks: a partial Fisher-Yates shuffle
+  std::iota(all.begin(), all.end(), 0);
+  for (int k = 0; k < K; ++k) {
+    std::swap(all[k], all[k + seq.below(E - k)]);
+    out[k] = all[k];
+  }
+}
+
+// Perfect balance: over any E consecutive tokens every expert is picked K
+// times, and a token's picks are spread E/K apart, so over the ranks too.
+void pick_balanced(const WorkloadSpec& s, int rank, int token, int32_t* out) {
+  const int E = s.num_experts, K = s.top_k;
+  const int64_t global = int64_t(rank) * s.tokens_per_rank() + token;
+  const int stride = std::max(1, E / K);
+  for (int k = 0; k < K; ++k) out[k] = static_cast<int32_t>((global + int64_t(k) * stride) % E);
+}
+
+void pick_zipf(const WorkloadSpec& s, const std::vector<double>& cdf, Sequence& seq, int32_t* out) {
+  const int K = s.top_k;
+  for (int k = 0; k < K; ++k) {
+    int32_t e;
+    do {
+      const double u = seq.unit() * cdf.back();
+      e = static_cast<int32_t>(std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin());
+      e = std::min(e, s.num_experts - 1);
+    } while (std::find(out, out + k, e) != out + k);
+    out[k] = e;
+  }
+}
+
+// An id that is neither valid nor the invalid id: bad device data.
+int32_t bad_id(const WorkloadSpec& s, uint64_t r) {
+  const int32_t candidates[3] = {s.num_experts + static_cast<int32_t>(r % 97), -2 - static_cast<int32_t>(r % 89),
+                                 s.num_experts + 1000};
+  for (int32_t c : candidates) {
+    if (c != s.invalid_expert_id) return c;
+  }
+  return s.num_experts + 1001;
+}
+}  // namespace
+
+RoutingKind parse_routing(const std::string& name) {
+  if (name == "uniform") return RoutingKind::uniform;
+  if (name == "balanced") return RoutingKind::balanced;
+  if (name == "zipf") return RoutingKind::zipf;
+  fail("unknown routing '" + name + "' (expected uniform, balanced or zipf)");
+}
+
+std::string routing_name(RoutingKind kind) {
+  switch (kind) {
+    case RoutingKind::uniform: return "uniform";
+    case RoutingKind::balanced: return "balanced";
+    case RoutingKind::zipf: return "zipf";
+  }
+  return "?";
+}
+
+uint64_t WorkloadSpec::hidden_row_bytes() const { return row_bytes(hidden_dtype, row_elems()); }
+uint64_t WorkloadSpec::scale_row_bytes() const { return scale_row_elems ? row_bytes(scale_dtype, scale_row_elems) : 0; }
+uint64_t WorkloadSpec::combine_row_bytes() const { return row_bytes(combine_dtype, hidden_size); }
+
+moe_ep_params_t WorkloadSpec::params() const {
+  moe_ep_params_t p;
+  TOOL_CHECK_MOE(moe_ep_params_init(&p));
+  p.num_experts = num_experts;
+  p.top_k = top_k;
+  p.max_tokens_per_rank = max_tokens_per_rank;
+  p.hidden_size = hidden_size;
+  p.hidden_dtype = hidden_dtype;
+  p.hidden_row_elems = hidden_row_elems;
+  p.scale_row_elems = scale_row_elems;
+  p.scale_dtype = scale_dtype;
+  p.invalid_expert_id = invalid_expert_id;
+  p.enable_eplb_stats = eplb_stats ? 1 : 0;
+  p.combine_dtype = combine_dtype;
+  return p;
+}
+
+std::string WorkloadSpec::describe() const {
+  std::ostringstream os;
+  os << "E=" << num_experts << " K=" << top_k << " maxT=" << max_tokens_per_rank << " tpr=" << tokens_per_rank()
+     << " H=" << hidden_size << " hidden=" << dtype_name(hidden_dtype) << "x" << row_elems()
+     << " scales=" << scale_row_elems << " combine=" << dtype_name(combine_dtype) << " weights=" << weights
+     << " eplb=" << eplb_stats << (eplb_given ? "(given)" : "") << " invalid=" << invalid_expert_id
+     << " routing=" << routing_name(routing.kind) << " mask=" << routing.mask_fraction
+     << " bad=" << routing.bad_fraction << " seed=" << seed << " tokens=[";
+  for (size_t i = 0; i < tokens.size(); ++i) os << (i ? "," : "") << tokens[i];
+  os << "]";
+  return os.str();
+}
+
+RankRouting make_routing(const WorkloadSpec& s, int rank) {
+  RankRouting r;
+  r.num_tokens = s.tokens.at(rank);
+  const size_t K = s.top_k;
+  r.topk_ids.resize(size_t(r.num_tokens) * K);
+  r.topk_weights.resize(size_t(r.num_tokens) * K);
+  std::vector<double> cdf;
+  if (s.routing.kind == RoutingKind::zipf) {
+    double total = 0;
+    for (int e = 0; e < s.num_experts; ++e) cdf.push_back(total += std::pow(e + 1.0, -s.routing.zipf_s));
+  }
+  const uint64_t key = stream_key(s, rank, kRouting);
+  for (int t = 0; t < r.num_tokens; ++t) {
+    Sequence seq(derive(key, static_cast<uint64_t>(t)));
+    int32_t* ids = &r.topk_ids[size_t(t) * K];
+    switch (s.routing.kind) {
+      case RoutingKind::uniform: pick_uniform(s, seq, ids); break;
+      case RoutingKind::balanced: pick_balanced(s, rank, t, ids); break;
+      case RoutingKind::zipf: pick_zipf(s, cdf, seq, ids); break;
+    }
+    for (size_t k = 0; k < K; ++k) {
+      if (seq.unit() < s.routing.mask_fraction) ids[k] = s.invalid_expert_id;
+      if (seq.unit() < s.routing.bad_fraction) ids[k] = bad_id(s, seq.next());
+      r.topk_weights[size_t(t) * K + k] = static_cast<float>(seq.unit());
+    }
+  }
+  return r;
+}
+
+std::vector<RankRouting> make_all_routing(const WorkloadSpec& s) {
+  std::vector<RankRouting> all;
+  for (int r = 0; r < s.world; ++r) all.push_back(make_routing(s, r));
+  return all;
+}
+
+bool goes_to(const WorkloadSpec& s, const RankRouting& routing, int token, int dest) {
+  const int32_t* ids = &routing.topk_ids[size_t(token) * s.top_k];
+  for (int k = 0; k < s.top_k; ++k) {
+    if (s.owner(ids[k]) == dest) return true;
+  }
+  return false;
+}
+
+namespace {
+void fill_random_bytes(uint64_t key, uint8_t* out, uint64_t bytes) {
+  uint64_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    const uint64_t v = draw(key, i / 8);
+    for (int b = 0; b < 8; ++b) out[i + b] = static_cast<uint8_t>(v >> (8 * b));
+  }
+  const uint64_t v = draw(key, i / 8);
+  for (int b = 0; i + b < bytes; ++b) out[i + b] = static_cast<uint8_t>(v >> (8 * b));
+}
+}  // namespace
+
+void fill_hidden_row(const WorkloadSpec& s, int rank, int token, uint8_t* out) {
+  fill_random_bytes(derive(stream_key(s, rank, kHidden), static_cast<uint64_t>(token)), out, s.hidden_row_bytes());
+}
+
+void fill_scale_row(const WorkloadSpec& s, int rank, int token, uint8_t* out) {
+  fill_random_bytes(derive(stream_key(s, rank, kScales), static_cast<uint64_t>(token)), out, s.scale_row_bytes());
+}
+
+std::vector<uint8_t> make_hidden(const WorkloadSpec& s, int rank) {
+  const int T = s.tokens.at(rank);
+  std::vector<uint8_t> out(size_t(T) * s.hidden_row_bytes());
+  for (int t = 0; t < T; ++t) fill_hidden_row(s, rank, t, out.data() + size_t(t) * s.hidden_row_bytes());
+  return out;
+}
+
+std::vector<uint8_t> make_scales(const WorkloadSpec& s, int rank) {
+  const int T = s.tokens.at(rank);
+  std::vector<uint8_t> out(size_t(T) * s.scale_row_bytes());
+  for (int t = 0; t < T && s.scale_row_bytes(); ++t) fill_scale_row(s, rank, t, out.data() + size_t(t) * s.scale_row_bytes());
+  return out;
+}
+
+std::vector<int32_t> make_eplb_local(const WorkloadSpec& s, int rank) {
+  std::vector<int32_t> out(s.num_experts);
+  const uint64_t key = stream_key(s, rank, kEplb);
+  for (int e = 0; e < s.num_experts; ++e) out[e] = static_cast<int32_t>(draw(key, e) % 100000);
+  return out;
+}
+
+float expert_output_value(const WorkloadSpec& s, int rank, int64_t row, int h) {
+  const uint64_t key = stream_key(s, rank, kExpertOutput);
+  const double u = draw_unit(key, static_cast<uint64_t>(row) * s.hidden_size + h);
+  uint32_t bits[1];
+  float v = static_cast<float>(4.0 * u - 2.0);
+  store_float(s.combine_dtype, bits, 0, v);  // round to what the tensor can hold
+  return load_float(s.combine_dtype, bits, 0);
+}
+
+std::vector<uint8_t> make_expert_output(const WorkloadSpec& s, int rank) {
+  const int64_t P = s.receive_rows();
+  std::vector<uint8_t> out(P * s.combine_row_bytes());
+  for (int64_t row = 0; row < P; ++row) {
+    for (int h = 0; h < s.hidden_size; ++h) {
+      store_float(s.combine_dtype, out.data(), row * s.hidden_size + h, expert_output_value(s, rank, row, h));
+    }
+  }
+  return out;
+}
+
+}  // namespace moe_ep_tool

@@ -1,0 +1,84 @@
+// One dispatch/combine workload: the parameters, the routing of every rank and
+// the payload, all regenerated on demand from the seed (counter_rng.hpp), so
+// that each rank can compute what it must receive without any exchange.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe_ep_c.h"
+
+namespace moe_ep_tool {
+
+enum class RoutingKind { uniform, balanced, zipf };
+
+struct Routing {
+  RoutingKind kind = RoutingKind::uniform;
+  double zipf_s = 1.2;         // zipf: expert e drawn with weight 1/(e+1)^s
+  double mask_fraction = 0.0;  // a pick becomes invalid_expert_id with this probability
+  double bad_fraction = 0.0;   // a pick becomes an out-of-range id (bad device data)
+};
+
+RoutingKind parse_routing(const std::string& name);
+std::string routing_name(RoutingKind kind);
+
+struct WorkloadSpec {
+  int world = 1;
+  int num_experts = 8;
+  int top_k = 2;
+  int max_tokens_per_rank = 16;
+  int runtime_max_tokens_per_rank = 0;  // 0 = not passed
+  int hidden_size = 32;
+  moe_ep_dtype_t hidden_dtype{MOE_EP_DTYPE_BFLOAT, 16, 1};
+  int hidden_row_elems = 0;  // 0 = hidden_size
+  int scale_row_elems = 0;   // 0 = no scales
+  moe_ep_dtype_t scale_dtype{MOE_EP_DTYPE_FLOAT, 32, 1};
+  int invalid_expert_id = -1;
+  bool eplb_stats = false;
+  bool eplb_given = false;  // pass eplb_local_stats (else the library counts)
+  bool weights = true;
+  moe_ep_dtype_t combine_dtype{MOE_EP_DTYPE_BFLOAT, 16, 1};
+  Routing routing;
+  std::vector<int> tokens;  // local_num_tokens of every rank
+  uint64_t seed = 1;
+
+  int tokens_per_rank() const { return runtime_max_tokens_per_rank ? runtime_max_tokens_per_rank : max_tokens_per_rank; }
+  int row_elems() const { return hidden_row_elems ? hidden_row_elems : hidden_size; }
+  int experts_per_rank() const { return num_experts / world; }
+  int64_t receive_rows() const { return int64_t(world) * tokens_per_rank(); }
+  uint64_t hidden_row_bytes() const;
+  uint64_t scale_row_bytes() const;
+  uint64_t combine_row_bytes() const;
+  // The rank that owns expert id, or -1 for the invalid id and bad ids.
+  int owner(int32_t id) const { return id >= 0 && id < num_experts ? id / experts_per_rank() : -1; }
+  moe_ep_params_t params() const;
+  std::string describe() const;
+};
+
+struct RankRouting {
+  int num_tokens = 0;
+  std::vector<int32_t> topk_ids;    // [T, K]
+  std::vector<float> topk_weights;  // [T, K]
+};
+
+RankRouting make_routing(const WorkloadSpec& spec, int rank);
+std::vector<RankRouting> make_all_routing(const WorkloadSpec& spec);
+
+// Whether token t of this routing has a valid pick owned by rank dest.
+bool goes_to(const WorkloadSpec& spec, const RankRouting& routing, int token, int dest);
+
+// Payload of token `token` of rank `rank`: random bytes (rows travel opaque).
+void fill_hidden_row(const WorkloadSpec& spec, int rank, int token, uint8_t* out);
+void fill_scale_row(const WorkloadSpec& spec, int rank, int token, uint8_t* out);
+std::vector<uint8_t> make_hidden(const WorkloadSpec& spec, int rank);  // [T, row bytes]
+std::vector<uint8_t> make_scales(const WorkloadSpec& spec, int rank);  // [T, scale row bytes]
+// The eplb_local_stats rank passes when spec.eplb_given.
+std::vector<int32_t> make_eplb_local(const WorkloadSpec& spec, int rank);
+
+// Element h of row `row` of rank `rank`'s expert_output, already rounded to
+// combine_dtype, in [-2, 2]: padding rows too (combine must ignore them).
+float expert_output_value(const WorkloadSpec& spec, int rank, int64_t row, int h);
+std::vector<uint8_t> make_expert_output(const WorkloadSpec& spec, int rank);  // [P, H] combine_dtype
+
+}  // namespace moe_ep_tool
