@@ -10,6 +10,7 @@
 #include "ep_calls.hpp"
 #include "errors.hpp"
 #include "expected.hpp"
+#include "fault_injection.hpp"
 #include "graph_capture.hpp"
 
 namespace moe_ep_tool {
@@ -26,7 +27,8 @@ uint64_t name_hash(const std::string& name) {
 class CaseRunner {
  public:
   CaseRunner(const Session& session, const CheckOptions& options, const CheckCase& c)
-      : s_(session), o_(options), c_(c), me_(session.world().rank) {}
+      : s_(session), o_(options), c_(c), me_(session.world().rank),
+        fault_(me_ == 0 ? parse_fault(options.inject_fault) : Fault::none) {}
 
   // Eager: `rounds` dispatch/combine pairs on one handle with fresh inputs and
   // token counts each time; results owned by the caller and by the library
@@ -103,7 +105,8 @@ class CaseRunner {
 
   void verify_dispatch(const WorkloadSpec& w, const std::vector<RankRouting>& all, const moe_ep_dispatch_result_t& dr,
                        Verdict& v) {
-    const ReceivedDispatch got = read_dispatch(w, s_.place(), dr, s_.stream(), v);
+    ReceivedDispatch got = read_dispatch(w, s_.place(), dr, s_.stream(), v);
+    inject_fault(fault_, w, got);
     v.merge(check_dispatch(w, all, me_, got));
     if (o_.poison_results) poison_dispatch_payload(w, s_.place(), dr, s_.stream());
   }
@@ -113,7 +116,8 @@ class CaseRunner {
     if (caller_output && num_tokens > 0 && cr.output.data != caller_output) {
       v.add(1, "combine result: expected a view of the caller's output tensor");
     }
-    const std::vector<uint8_t> out = read_combine(w, s_.place(), cr, num_tokens, s_.stream(), v);
+    std::vector<uint8_t> out = read_combine(w, s_.place(), cr, num_tokens, s_.stream(), v);
+    inject_fault(fault_, w, out);
     if (num_tokens > 0) v.merge(check_combine(w, all, me_, out));
   }
 
@@ -143,6 +147,7 @@ class CaseRunner {
   const CheckOptions& o_;
   const CheckCase& c_;
   int me_;
+  Fault fault_;
 };
 
 std::string tokens_text(const std::vector<int>& tokens) {

@@ -16,6 +16,7 @@ struct CheckOptions {
   std::string modes = "auto";  // eager | graph | both | auto (both on GPU, eager on host)
   bool poison_results = true;  // overwrite dispatch payload results before combine
   bool list = false;           // print the case names and exit
+  std::string inject_fault = "none";  // self-test of the checker (fault_injection.hpp)
 };
 
 int run_check(const World& world, const CheckOptions& options);
