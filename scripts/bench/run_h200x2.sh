@@ -51,10 +51,10 @@ run() {  # run NAME SECONDS ARGS...: one step; a failure is logged and the next 
 }
 
 DEEPSEEK="--hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform"
-run check 150 check --backend nvlink
-run bench_eager 120 bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --json "$OUT/bench_eager.json"
-run bench_graph 120 bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --graph --json "$OUT/bench_graph.json"
-run bench_sms16 90 bench --backend nvlink $DEEPSEEK -t 4096 --num-sms 16 -w 10 -n 50 --graph --json "$OUT/bench_sms16.json"
+run check 90 check --backend nvlink
+run bench_eager 75 bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --json "$OUT/bench_eager.json"
+run bench_graph 75 bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --graph --json "$OUT/bench_graph.json"
+run bench_sms16 45 bench --backend nvlink $DEEPSEEK -t 4096 --num-sms 16 -w 10 -n 50 --graph --json "$OUT/bench_sms16.json"
 if python3 -c "import matplotlib" 2>/dev/null; then
   jsons=$(ls "$OUT"/bench_eager.json "$OUT"/bench_graph.json "$OUT"/bench_sms16.json 2>/dev/null)
   [ -n "$jsons" ] && python3 tools/plot_bench.py $jsons -o "$OUT/bench_h200x2.png" 2>&1 | tee -a "$LOG"
