@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# One device call: build the NVLink backend, run its GPU tests with 1 and 2
+# ranks, and time dispatch/combine (hidden 7168, bf16, top-8 of 256, 2 ranks,
+# 4096 and 128 tokens per rank).  Logs go to $OUT (or ./gpu-out).
+#   usage: scripts/gpu/nvlink_check.sh [tests|timing|all] [extra ctest args]
+set -uo pipefail
+what=${1:-all}
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
+export NCCL_NVLS_ENABLE=0
+BUILD=build-device
+
+{ nvidia-smi --query-gpu=index,name,memory.used,memory.total,clocks.sm --format=csv; nvidia-smi topo -m; } \
+  > "$OUT/machine.txt" 2>&1
+
+echo "== build"
+start=$(date +%s)
+cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_PREFIX_PATH="$PWD/.device-deps/usr" -DMOE_EP_BUILD_TOOLS=OFF > "$OUT/build.log" 2>&1 &&
+  ninja -C $BUILD -j32 test_nvlink_host test_nvlink_gpu moe_ep_nvlink_timing >> "$OUT/build.log" 2>&1
+rc=$?
+echo "build rc=$rc in $(( $(date +%s) - start )) s"
+if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi
+
+status=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  echo "== tests"
+  shift || true
+  (cd $BUILD && ctest -R 'nvlink' --output-on-failure --timeout 400 "$@") > "$OUT/ctest.log" 2>&1
+  status=$?
+  grep -E "tests passed|Test +#|All tests|assertions|FAILED|Failed|SKIPPED|Skipped|timeout" "$OUT/ctest.log" | tail -25
+  [ $status -ne 0 ] && grep -B5 -A30 -E "FAILED|REQUIRE|with expansion" "$OUT/ctest.log" | head -120
+fi
+
+if [ "$what" = timing ] || [ "$what" = all ]; then
+  echo "== timing"
+  for t in 4096 128 1; do
+    MOE_EP_LOG=info timeout 300 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
+      --tokens $t --hidden 7168 --experts 256 --topk 8 --iters 200 --warmup 20 2>&1 | tee -a "$OUT/timing.log"
+  done
+  timeout 300 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
+    --tokens 4096 --hidden 7168 --experts 256 --topk 8 --iters 100 --num-sms 16 2>&1 | tee -a "$OUT/timing.log"
+fi
+exit $status

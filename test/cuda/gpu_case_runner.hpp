@@ -1,0 +1,32 @@
+// Runs one CaseSpec through an NVLINK_TWO_SIDED handle and a HOST handle over
+// the same bootstrap, on fresh random inputs every round, with the GPU results
+// poisoned before each round, and compares every output byte for byte.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "moe_ep_c.h"
+#include "random_inputs.hpp"
+
+namespace moe_ep_test {
+
+struct GpuCaseOptions {
+  int rounds = 3;              // dispatch/combine pairs, each on new inputs
+  bool caller_output = false;  // combine into the caller's buffer (else library-owned)
+  bool graph = false;          // capture dispatch+combine once, replay it every round
+  int timeout_ms = 20000;
+  int num_sms = 0;
+  int device = -1;             // -1 = gpu_device()
+  // Edits a rank's inputs after they are drawn (both handles see the edit).
+  std::function<void(int rank, RankData& data)> edit_inputs;
+  // Called (eager rounds only) after the GPU dispatch is issued and before its
+  // combine: e.g. to run a second handle while this one has a dispatch in flight.
+  std::function<void()> between_dispatch_and_combine;
+};
+
+// Collective over `bootstrap`.  Returns "" when every round matched on this
+// rank, else a description of the first differences.
+std::string run_gpu_case(const CaseSpec& spec, const moe_ep_bootstrap_t& bootstrap, const GpuCaseOptions& options);
+
+}  // namespace moe_ep_test

@@ -1,0 +1,403 @@
+// The NVLINK_TWO_SIDED backend on real GPUs, compared byte for byte with the
+// HOST backend on fresh random inputs (gpu_case_runner.cpp), plus the cases
+// that only a GPU has: CUDA graphs, timeouts, bad device data, memory reuse
+// over many create/destroy cycles.  Runs under mpiexec with any number of
+// ranks; every REQUIRE is agreed over all ranks so that they stay in step.
+#include <cuda_runtime_api.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <climits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu_case_runner.hpp"
+#include "gpu_test_env.hpp"
+#include "mpi_test_bootstrap.hpp"
+#include "tensor_helpers.hpp"
+#include "thread_bootstrap.hpp"
+
+using namespace moe_ep_test;
+
+namespace {
+
+const moe_ep_dtype_t kBf16{MOE_EP_DTYPE_BFLOAT, 16, 1};
+const moe_ep_dtype_t kFp16{MOE_EP_DTYPE_FLOAT, 16, 1};
+const moe_ep_dtype_t kFp32{MOE_EP_DTYPE_FLOAT, 32, 1};
+const moe_ep_dtype_t kFp8{MOE_EP_DTYPE_FLOAT8_E4M3FN, 8, 1};
+const moe_ep_dtype_t kFp4{MOE_EP_DTYPE_FLOAT4_E2M1FN, 4, 1};
+
+CaseSpec spec_for_world(int num_experts, int top_k, int hidden, int max_tokens) {
+  CaseSpec s;
+  s.world_size = mpi_world_size();
+  s.num_experts = num_experts;
+  s.top_k = top_k;
+  s.hidden_size = hidden;
+  s.max_tokens_per_rank = max_tokens;
+  return s;
+}
+
+// Runs a case on every rank; passes only if it passed on every rank.
+void check_case(const CaseSpec& spec, const GpuCaseOptions& options = GpuCaseOptions{}) {
+  std::string failure;
+  try {
+    failure = run_gpu_case(spec, world_bootstrap(), options);
+  } catch (const std::exception& e) {
+    failure = std::string("exception: ") + e.what();
+  }
+  INFO(spec.describe());
+  INFO(failure);
+  REQUIRE(mpi_all(failure.empty()));
+}
+
+}  // namespace
+
+TEST_CASE("bf16 rows, hidden 7168, top-8 of 64, weights, unequal token counts", "[gpu]") {
+  CaseSpec s = spec_for_world(64, 8, 7168, 96);
+  s.seed = 11;
+  check_case(s);
+}
+
+TEST_CASE("payload and combine dtypes: fp16 at hidden 2880, fp32 at hidden 100", "[gpu]") {
+  CaseSpec fp16 = spec_for_world(64, 8, 2880, 64);
+  fp16.hidden_dtype = kFp16;
+  fp16.combine_dtype = kFp16;
+  fp16.with_weights = false;
+  fp16.seed = 12;
+  check_case(fp16);
+
+  CaseSpec fp32 = spec_for_world(64, 8, 100, 64);  // rows of 400 and combine rows of 400 bytes
+  fp32.hidden_dtype = kFp32;
+  fp32.combine_dtype = kFp32;
+  fp32.seed = 13;
+  check_case(fp32);
+
+  CaseSpec odd = spec_for_world(64, 4, 100, 33);  // bf16 rows of 200 bytes: not a multiple of 16
+  odd.seed = 14;
+  check_case(odd);
+}
+
+TEST_CASE("quantized payloads travel as bytes with their scales", "[gpu]") {
+  CaseSpec fp8 = spec_for_world(64, 8, 4096, 80);
+  fp8.hidden_dtype = kFp8;
+  fp8.scale_row_elems = 4096 / 128;
+  fp8.scale_dtype = kFp32;
+  fp8.seed = 21;
+  check_case(fp8);
+
+  CaseSpec fp4 = spec_for_world(64, 8, 7168, 80);  // packed: 3584 bytes per row
+  fp4.hidden_dtype = kFp4;
+  fp4.scale_row_elems = 7168 / 16;
+  fp4.scale_dtype = kFp8;
+  fp4.with_weights = false;
+  fp4.seed = 22;
+  check_case(fp4);
+
+  CaseSpec odd_scales = spec_for_world(64, 8, 2880, 40);
+  odd_scales.hidden_dtype = kFp8;
+  odd_scales.scale_row_elems = 23;  // 23 fp32 scales: 92-byte rows
+  odd_scales.scale_dtype = kFp32;
+  odd_scales.seed = 23;
+  check_case(odd_scales);
+}
+
+TEST_CASE("token counts: zero on one rank, runtime_max below the maximum, masked picks", "[gpu]") {
+  CaseSpec zero = spec_for_world(64, 8, 4096, 64);
+  zero.runtime_max_tokens_per_rank = 40;
+  for (int r = 0; r < zero.world_size; ++r) zero.tokens.push_back(r == 0 ? 0 : 40 - 3 * r);
+  zero.seed = 31;
+  check_case(zero);
+
+  CaseSpec all_zero = spec_for_world(64, 8, 256, 16);
+  all_zero.tokens.assign(all_zero.world_size, 0);
+  check_case(all_zero);
+
+  CaseSpec masked = spec_for_world(64, 8, 2880, 64);
+  masked.mask_fraction = 0.35;
+  masked.seed = 32;
+  check_case(masked);
+
+  CaseSpec other_invalid = spec_for_world(64, 6, 512, 48);
+  other_invalid.invalid_expert_id = 1000;
+  other_invalid.mask_fraction = 0.5;
+  other_invalid.seed = 33;
+  check_case(other_invalid);
+}
+
+TEST_CASE("top_k 1, 8 and 32 of 64 experts; 6 experts on 2 ranks", "[gpu]") {
+  for (int k : {1, 8, 32}) {
+    CaseSpec s = spec_for_world(64, k, 1024, 48);
+    s.seed = 40 + k;
+    check_case(s);
+  }
+  const int world = mpi_world_size();
+  CaseSpec six = spec_for_world(6 % world == 0 ? 6 : 3 * world, 2, 768, 40);
+  six.seed = 45;
+  check_case(six);
+  CaseSpec all = spec_for_world(16, 16, 64, 24);  // top_k == num_experts
+  all.seed = 46;
+  check_case(all);
+}
+
+TEST_CASE("EPLB statistics: counted on the device, or passed by the caller", "[gpu]") {
+  CaseSpec counted = spec_for_world(64, 8, 512, 48);
+  counted.eplb_stats = true;
+  counted.mask_fraction = 0.1;
+  counted.seed = 51;
+  check_case(counted);
+  CaseSpec passed = counted;
+  passed.pass_eplb_local = true;
+  passed.seed = 52;
+  check_case(passed);
+}
+
+TEST_CASE("combine into the caller's buffer, and with few SMs", "[gpu]") {
+  CaseSpec s = spec_for_world(64, 8, 2048, 128);
+  s.seed = 61;
+  GpuCaseOptions caller;
+  caller.caller_output = true;
+  check_case(s, caller);
+  GpuCaseOptions few;
+  few.num_sms = 3;
+  few.caller_output = true;
+  check_case(s, few);
+}
+
+TEST_CASE("a CUDA graph of dispatch + combine replays with results identical to eager calls", "[gpu][graph]") {
+  CaseSpec s = spec_for_world(64, 8, 7168, 64);
+  s.seed = 71;
+  GpuCaseOptions graph;
+  graph.graph = true;
+  graph.rounds = 4;
+  check_case(s, graph);
+  graph.caller_output = true;
+  s.seed = 72;
+  s.runtime_max_tokens_per_rank = 50;
+  check_case(s, graph);
+}
+
+TEST_CASE("bad expert ids are dropped and reported as INVALID_INPUT, like the HOST backend", "[gpu][bad_ids]") {
+  CaseSpec s = spec_for_world(64, 8, 512, 48);
+  s.seed = 81;
+  for (int r = 0; r < s.world_size; ++r) s.tokens.push_back(40);
+  GpuCaseOptions bad;
+  bad.edit_inputs = [&](int rank, RankData& d) {
+    if (rank % 2 != 0) return;  // odd ranks stay clean: SUCCESS there
+    d.topk_ids[5 * 8 + 3] = 64;         // one past the last expert
+    d.topk_ids[7 * 8 + 0] = -5;         // negative, not the invalid id
+    d.topk_ids[30 * 8 + 7] = INT_MAX;
+    d.topk_ids[31 * 8 + 1] = INT_MIN;
+  };
+  check_case(s, bad);  // compares the async status and message with HOST's, and that it is cleared once read
+}
+
+TEST_CASE("two handles in one process: a second group runs while the first has a dispatch in flight", "[gpu][handles]") {
+  CaseSpec outer = spec_for_world(64, 8, 1024, 48);
+  outer.seed = 91;
+  CaseSpec inner = spec_for_world(32, 4, 4096, 32);
+  inner.hidden_dtype = kFp16;
+  inner.combine_dtype = kFp16;
+  inner.seed = 92;
+  GpuCaseOptions o;
+  o.rounds = 2;
+  o.between_dispatch_and_combine = [&] {
+    const std::string f = run_gpu_case(inner, world_bootstrap(), GpuCaseOptions{});
+    if (!f.empty()) throw std::runtime_error("inner handle: " + f);
+  };
+  check_case(outer, o);
+}
+
+TEST_CASE("two ranks as two threads of one process, one GPU each", "[gpu][handles]") {
+  if (mpi_world_size() != 1 || gpu_device_count() < 2) {
+    SUCCEED("needs one process and two GPUs");
+    return;
+  }
+  CaseSpec s;
+  s.world_size = 2;
+  s.num_experts = 64;
+  s.top_k = 8;
+  s.hidden_size = 7168;
+  s.max_tokens_per_rank = 64;
+  s.seed = 95;
+  std::vector<std::string> failures(2);
+  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+    GpuCaseOptions o;
+    o.device = rank;
+    try {
+      failures[rank] = run_gpu_case(s, b, o);
+    } catch (const std::exception& e) {
+      failures[rank] = e.what();
+    }
+  });
+  INFO(failures[0] << failures[1]);
+  REQUIRE((failures[0].empty() && failures[1].empty()));
+}
+
+namespace {
+
+// A minimal NVLink handle driven through the C API, for lifecycle tests.
+struct SmallHandle {
+  moe_ep_handle_t h = nullptr;
+  CaseSpec spec;
+  void* hidden = nullptr;
+  void* ids = nullptr;
+  void* expert_output = nullptr;
+  int64_t T = 0;
+
+  SmallHandle(const CaseSpec& s, int timeout_ms) : spec(s) {
+    moe_ep_params_t p = spec.params();
+    moe_ep_config_t c;
+    moe_ep_config_init(&c);
+    c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+    c.timeout_ms = timeout_ms;
+    c.device = gpu_device();
+    const moe_ep_bootstrap_t& b = world_bootstrap();
+    if (moe_ep_create(&b, &p, &c, &h) != MOE_EP_SUCCESS) throw std::runtime_error(moe_ep_last_error());
+    const RankData d = make_rank_data(spec, b.rank);
+    T = d.num_tokens;
+    cuda_ok(cudaMalloc(&hidden, d.hidden.size() + 1), "cudaMalloc");
+    cuda_ok(cudaMalloc(&ids, d.topk_ids.size() * 4 + 4), "cudaMalloc");
+    const size_t eo = size_t(spec.world_size) * spec.tokens_per_rank() * spec.combine_row_bytes();
+    cuda_ok(cudaMalloc(&expert_output, eo), "cudaMalloc");
+    cuda_ok(cudaMemcpy(hidden, d.hidden.data(), d.hidden.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaMemcpy(ids, d.topk_ids.data(), d.topk_ids.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaMemset(expert_output, 0, eo), "cudaMemset");
+  }
+  ~SmallHandle() {
+    moe_ep_destroy(&h);
+    cudaFree(hidden);
+    cudaFree(ids);
+    cudaFree(expert_output);
+  }
+  moe_ep_status_t dispatch() {
+    const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, gpu_device()};
+    TensorRef th(hidden, spec.hidden_dtype, {T, spec.row_elems()}, dev);
+    TensorRef ti(ids, int32_dtype(), {T, spec.top_k}, dev);
+    moe_ep_dispatch_args_t a;
+    moe_ep_dispatch_args_init(&a);
+    a.hidden_states = th.get();
+    a.topk_ids = ti.get();
+    moe_ep_dispatch_result_t r;
+    moe_ep_dispatch_result_init(&r);
+    return moe_ep_dispatch(h, &a, &r, nullptr);
+  }
+  moe_ep_status_t combine() {
+    const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, gpu_device()};
+    TensorRef te(expert_output, spec.combine_dtype,
+                 {int64_t(spec.world_size) * spec.tokens_per_rank(), spec.hidden_size}, dev);
+    moe_ep_combine_result_t r;
+    moe_ep_combine_result_init(&r);
+    return moe_ep_combine(h, te.get(), nullptr, &r, nullptr);
+  }
+  moe_ep_status_t poll(std::string* message) {
+    moe_ep_status_t s = MOE_EP_SUCCESS;
+    if (moe_ep_get_async_error(h, &s) != MOE_EP_SUCCESS) return MOE_EP_ERROR_INTERNAL;
+    *message = s ? moe_ep_last_error() : "";
+    return s;
+  }
+};
+
+// One rank leaves the group mid-sequence; the others must time out, say
+// which phase and which rank, refuse further calls, and destroy promptly.
+void check_timeout(bool skip_dispatch) {
+  const int world = mpi_world_size();
+  const int missing = world - 1;
+  CaseSpec s = spec_for_world(64, 8, 1024, 32);
+  s.seed = 101;
+  bool ok = true;
+  std::string why;
+  {
+    SmallHandle h(s, 400);
+    ok = h.dispatch() == MOE_EP_SUCCESS && h.combine() == MOE_EP_SUCCESS;  // one good round
+    std::string m;
+    ok = ok && h.poll(&m) == MOE_EP_SUCCESS;
+    const bool i_skip = mpi_rank() == missing;
+    if (!i_skip) {
+      ok = ok && h.dispatch() == MOE_EP_SUCCESS;
+      if (!skip_dispatch) ok = ok && h.combine() == MOE_EP_SUCCESS;
+      const moe_ep_status_t st = h.poll(&m);
+      const std::string expected = std::string(skip_dispatch ? "dispatch" : "combine") + " waiting for rank " +
+                                   std::to_string(missing);
+      why = "poll: " + std::string(moe_ep_status_string(st)) + " '" + m + "'";
+      ok = ok && st == MOE_EP_ERROR_TIMEOUT && m.find(expected) != std::string::npos;
+      // Sticky: later calls fail at once with the same status.
+      const moe_ep_status_t again = skip_dispatch ? h.dispatch() : h.dispatch();
+      ok = ok && again == MOE_EP_ERROR_TIMEOUT;
+    } else if (!skip_dispatch) {
+      ok = ok && h.dispatch() == MOE_EP_SUCCESS;  // dispatches, then never combines
+      cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }
+    const auto start = std::chrono::steady_clock::now();
+    moe_ep_destroy(&h.h);  // never waits for a peer
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ok = ok && seconds < 5.0;
+    if (seconds >= 5.0) why += " destroy took " + std::to_string(seconds) + " s";
+  }
+  INFO(why);
+  REQUIRE(mpi_all(ok));
+}
+
+size_t free_device_memory() {
+  size_t free_bytes = 0, total = 0;
+  cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  cuda_ok(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+  return free_bytes;
+}
+
+}  // namespace
+
+TEST_CASE("a rank that skips a dispatch makes the others time out; destroy completes", "[gpu][timeout]") {
+  if (mpi_world_size() < 2) {
+    SUCCEED("needs at least two ranks");
+    return;
+  }
+  check_timeout(true);
+  check_timeout(false);
+  // The group is usable again with fresh handles.
+  CaseSpec s = spec_for_world(64, 8, 1024, 32);
+  s.seed = 102;
+  check_case(s);
+}
+
+TEST_CASE("100 create/destroy cycles leave device memory where it was", "[gpu][lifecycle]") {
+  CaseSpec s = spec_for_world(64, 8, 2048, 64);
+  s.seed = 111;
+  bool ok = true;
+  {
+    SmallHandle warm(s, 20000);
+    ok = warm.dispatch() == MOE_EP_SUCCESS && warm.combine() == MOE_EP_SUCCESS;
+  }
+  const size_t before = free_device_memory();
+  for (int i = 0; i < 100 && ok; ++i) {
+    SmallHandle h(s, 20000);
+    ok = h.dispatch() == MOE_EP_SUCCESS && h.combine() == MOE_EP_SUCCESS;
+  }
+  const size_t after = free_device_memory();
+  INFO("free before " << before << ", after " << after);
+  REQUIRE(mpi_all(ok));
+  REQUIRE(mpi_all(after + (2u << 20) >= before));  // within one allocation granule
+}
+
+TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within SPEC §6", "[gpu][lifecycle]") {
+  CaseSpec s = spec_for_world(256, 8, 7168, 512);
+  moe_ep_params_t p = s.params();
+  moe_ep_config_t c;
+  moe_ep_config_init(&c);
+  c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+  c.device = gpu_device();
+  uint64_t bytes = 0;
+  REQUIRE(moe_ep_workspace_size(&p, &c, s.world_size, &bytes) == MOE_EP_SUCCESS);
+  const uint64_t row = 7168 * 2;
+  const uint64_t bound = 2ull * s.world_size * s.max_tokens_per_rank * row + (64ull << 20);
+  const size_t before = free_device_memory();
+  moe_ep_handle_t h = nullptr;
+  const moe_ep_bootstrap_t& b = world_bootstrap();
+  REQUIRE(mpi_all(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS));
+  const size_t during = free_device_memory();
+  moe_ep_destroy(&h);
+  const uint64_t used = before - during;
+  INFO("workspace_size " << bytes << ", device memory taken " << used << ", SPEC bound " << bound);
+  REQUIRE(mpi_all(bytes <= bound));
+  REQUIRE(mpi_all(used >= bytes && used <= bytes + (4u << 20)));
+}
