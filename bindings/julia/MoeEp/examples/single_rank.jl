@@ -1,0 +1,22 @@
+# One rank, HOST backend: dispatch three tokens, double them in a toy
+# "expert", combine.  Run:
+#   MOE_EP_LIBRARY=/path/to/libmoe_ep.so.0 julia --project=bindings/julia/MoeEp \
+#       bindings/julia/MoeEp/examples/single_rank.jl
+using MoeEp
+
+println("libmoe_ep ", get_version())
+params = Params(2, 1, 4, 2; hidden_dtype=MoeEp.F32, combine_dtype=MoeEp.F32)
+h = create(SingleRankBootstrap(), params, Config(backend=MoeEp.BACKEND_HOST))
+try
+    x = Float32[1 3 5; 2 4 6]        # (hidden=2, T=3): tokens [1,2], [3,4], [5,6]
+    ids = Int32[1 -1 0]              # (top_k=1, T=3): the middle token picks nothing
+    r = dispatch(h, x, ids)
+    @assert r.recv_counts == Int32[2]
+    rows = copy(r.hidden_states)     # (2, 4): copy before combine reuses the memory
+    y = combine(h, 2 .* rows)        # (2, 3)
+    @assert y == Float32[2 0 10; 4 0 12]
+    println("combined: ", y)
+    @assert async_error(h) === nothing
+finally
+    destroy!(h)
+end

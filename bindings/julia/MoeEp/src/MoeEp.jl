@@ -1,0 +1,279 @@
+# MoeEp.jl: a thin ccall mirror of include/moe_ep_c.h.
+#
+# UNTESTED: Julia cannot be installed on the machines this project is built
+# and tested on.  The module is kept small and mechanical (one Julia struct per
+# C struct, one function per C function) so that it can be checked by reading
+# it against the header.  See docs/ffi.md.
+#
+# The library is $MOE_EP_LIBRARY if set, else libmoe_ep.so.0 from the loader's
+# path.  Julia arrays are column-major: a row-major C tensor of shape [T, H] is
+# a Julia array of size (H, T); the helpers below reverse the dimensions.
+module MoeEp
+
+export MoeEpError, get_version, Params, Config, SingleRankBootstrap, Handle, create, dispatch, combine,
+       async_error, destroy!
+
+const libmoe_ep = get(ENV, "MOE_EP_LIBRARY", "libmoe_ep.so.0")
+
+# --- statuses -----------------------------------------------------------------------
+const SUCCESS = Int32(0)
+const ERROR_INVALID_ARGUMENT = Int32(1)
+const ERROR_UNSUPPORTED = Int32(2)
+const ERROR_CUDA = Int32(3)
+const ERROR_BOOTSTRAP = Int32(4)
+const ERROR_OUT_OF_MEMORY = Int32(5)
+const ERROR_TIMEOUT = Int32(6)
+const ERROR_INVALID_STATE = Int32(7)
+const ERROR_INVALID_INPUT = Int32(8)
+const ERROR_INTERNAL = Int32(9)
+
+const DEVICE_CPU = Int32(1)
+const DEVICE_CUDA = Int32(2)
+const BACKEND_AUTO = Int32(0)
+const BACKEND_NVLINK_TWO_SIDED = Int32(1)
+const BACKEND_HOST = Int32(2)
+
+struct MoeEpError <: Exception
+    status::Int32
+    message::String
+end
+Base.showerror(io::IO, e::MoeEpError) = print(io, status_string(e.status), ": ", e.message)
+
+status_string(s::Integer) = unsafe_string(ccall((:moe_ep_status_string, libmoe_ep), Cstring, (Int32,), s))
+last_error() = unsafe_string(ccall((:moe_ep_last_error, libmoe_ep), Cstring, ()))
+
+# Every call goes through here: a non-SUCCESS status throws with the
+# thread-local message, read before any other library call can overwrite it.
+function check(status::Int32)
+    status == SUCCESS || throw(MoeEpError(status, last_error()))
+    return nothing
+end
+
+# --- structs (field order and types exactly as in moe_ep_c.h) -------------------------
+struct Device
+    device_type::Int32
+    device_id::Int32
+end
+
+struct DType
+    code::UInt8
+    bits::UInt8
+    lanes::UInt16
+end
+const F32 = DType(2, 32, 1)
+const F16 = DType(2, 16, 1)
+const BF16 = DType(4, 16, 1)
+const I32 = DType(0, 32, 1)
+
+dtype_of(::Type{Float32}) = F32
+dtype_of(::Type{Float16}) = F16
+dtype_of(::Type{Int32}) = I32
+
+struct Tensor               # == DLTensor
+    data::Ptr{Cvoid}
+    device::Device
+    ndim::Int32
+    dtype::DType
+    shape::Ptr{Int64}
+    strides::Ptr{Int64}
+    byte_offset::UInt64
+end
+const NO_TENSOR = Tensor(C_NULL, Device(0, 0), 0, DType(0, 0, 0), C_NULL, C_NULL, 0)
+
+mutable struct Bootstrap
+    struct_size::UInt32
+    rank::Int32
+    world_size::Int32
+    ctx::Ptr{Cvoid}
+    allgather::Ptr{Cvoid}
+    barrier::Ptr{Cvoid}
+end
+
+mutable struct Params
+    struct_size::UInt32
+    num_experts::Int32
+    top_k::Int32
+    max_tokens_per_rank::Int32
+    hidden_size::Int32
+    hidden_dtype::DType
+    hidden_row_elems::Int32
+    scale_row_elems::Int32
+    scale_dtype::DType
+    invalid_expert_id::Int32
+    enable_eplb_stats::Int32
+    combine_dtype::DType
+end
+
+mutable struct Config
+    struct_size::UInt32
+    backend::Int32
+    num_sms::Int32
+    timeout_ms::Int32
+    device::Int32
+end
+
+mutable struct DispatchArgs
+    struct_size::UInt32
+    hidden_states::Ptr{Tensor}
+    topk_ids::Ptr{Tensor}
+    topk_weights::Ptr{Tensor}
+    hidden_states_scale::Ptr{Tensor}
+    runtime_max_tokens_per_rank::Int32
+    eplb_local_stats::Ptr{Tensor}
+end
+
+mutable struct DispatchResult
+    struct_size::UInt32
+    tokens_per_rank::Int32
+    hidden_states::Tensor
+    topk_ids::Tensor
+    topk_weights::Tensor
+    hidden_states_scale::Tensor
+    recv_counts::Tensor
+    local_expert_counts::Tensor
+    eplb_gathered_stats::Tensor
+end
+
+mutable struct CombineResult
+    struct_size::UInt32
+    output::Tensor
+end
+
+# --- init functions: defaults come from the library, never from here ------------------
+function get_version()
+    a, b, c = Ref{Int32}(0), Ref{Int32}(0), Ref{Int32}(0)
+    check(ccall((:moe_ep_get_version, libmoe_ep), Int32, (Ref{Int32}, Ref{Int32}, Ref{Int32}), a, b, c))
+    return (a[], b[], c[])
+end
+
+function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dtype=nothing, combine_dtype=nothing)
+    p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0))
+    check(ccall((:moe_ep_params_init, libmoe_ep), Int32, (Ref{Params},), p))
+    p.num_experts, p.top_k, p.max_tokens_per_rank, p.hidden_size = num_experts, top_k, max_tokens_per_rank, hidden_size
+    hidden_dtype === nothing || (p.hidden_dtype = hidden_dtype)
+    combine_dtype === nothing || (p.combine_dtype = combine_dtype)
+    return p
+end
+
+function Config(; backend=nothing, timeout_ms=nothing, device=nothing)
+    c = Config(0, 0, 0, 0, 0)
+    check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config},), c))
+    backend === nothing || (c.backend = backend)
+    timeout_ms === nothing || (c.timeout_ms = timeout_ms)
+    device === nothing || (c.device = device)
+    return c
+end
+
+# --- bootstrap: a group of one, with callbacks written in Julia ------------------------
+function _copy_allgather(ctx::Ptr{Cvoid}, send::Ptr{Cvoid}, recv::Ptr{Cvoid}, n::Csize_t)::Int32
+    n == 0 || Base.unsafe_copyto!(Ptr{UInt8}(recv), Ptr{UInt8}(send), n)
+    return Int32(0)
+end
+_no_barrier(ctx::Ptr{Cvoid})::Int32 = Int32(0)
+
+function SingleRankBootstrap()
+    b = Bootstrap(0, 0, 0, C_NULL, C_NULL, C_NULL)
+    check(ccall((:moe_ep_bootstrap_init, libmoe_ep), Int32, (Ref{Bootstrap},), b))
+    b.rank, b.world_size = 0, 1
+    b.allgather = @cfunction(_copy_allgather, Int32, (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Csize_t))
+    b.barrier = @cfunction(_no_barrier, Int32, (Ptr{Cvoid},))
+    return b
+end
+
+# --- handle ----------------------------------------------------------------------------
+mutable struct Handle
+    ptr::Ptr{Cvoid}
+    bootstrap::Bootstrap   # the library calls back into it until destroy
+    keep::Vector{Any}      # inputs and shape arrays in use by the current call
+end
+
+"""Collective.  No finalizer: destroy is collective and must not run at a
+moment the garbage collector picks; call `destroy!` on every rank."""
+function create(bs::Bootstrap, p::Params, c::Union{Config,Nothing}=nothing)
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    if c === nothing
+        check(ccall((:moe_ep_create, libmoe_ep), Int32, (Ref{Bootstrap}, Ref{Params}, Ptr{Cvoid}, Ref{Ptr{Cvoid}}),
+                    bs, p, C_NULL, out))
+    else
+        check(ccall((:moe_ep_create, libmoe_ep), Int32, (Ref{Bootstrap}, Ref{Params}, Ref{Config}, Ref{Ptr{Cvoid}}),
+                    bs, p, c, out))
+    end
+    return Handle(out[], bs, Any[])
+end
+
+# A host array as a row-major C tensor: Julia (H, T) column-major == C [T, H].
+function host_tensor(a::Array{T}, keep::Vector{Any}; dtype::DType=dtype_of(T)) where {T}
+    shape = Int64[reverse(size(a))...]
+    push!(keep, a, shape)
+    return Ref(Tensor(pointer(a), Device(DEVICE_CPU, 0), ndims(a), dtype, pointer(shape), C_NULL, 0))
+end
+
+# A library-owned host view as a Julia array (no copy), dimensions reversed.
+function host_view(t::Tensor, ::Type{T}) where {T}
+    t.data == C_NULL && t.ndim == 0 && return nothing
+    dims = reverse(ntuple(i -> Int(unsafe_load(t.shape, i)), t.ndim))
+    return unsafe_wrap(Array, Ptr{T}(t.data + t.byte_offset), dims)
+end
+
+"""Collective.  hidden: (R, T) array; ids: (K, T) Int32; weights: (K, T) Float32.
+Returns a NamedTuple of arrays aliasing library memory, valid until `combine`."""
+function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing, hidden_type::Type=eltype(hidden))
+    keep = Any[]
+    th = host_tensor(hidden, keep)
+    ti = host_tensor(ids, keep)
+    tw = weights === nothing ? nothing : host_tensor(weights, keep)
+    # The block's value is r: GC.@preserve may wrap its body in a new scope.
+    r = GC.@preserve keep th ti tw begin
+        args = DispatchArgs(0, C_NULL, C_NULL, C_NULL, C_NULL, 0, C_NULL)
+        check(ccall((:moe_ep_dispatch_args_init, libmoe_ep), Int32, (Ref{DispatchArgs},), args))
+        args.hidden_states = Base.unsafe_convert(Ptr{Tensor}, th)
+        args.topk_ids = Base.unsafe_convert(Ptr{Tensor}, ti)
+        tw === nothing || (args.topk_weights = Base.unsafe_convert(Ptr{Tensor}, tw))
+        r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
+        check(ccall((:moe_ep_dispatch_result_init, libmoe_ep), Int32, (Ref{DispatchResult},), r))
+        check(ccall((:moe_ep_dispatch, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{DispatchArgs}, Ref{DispatchResult}, Ptr{Cvoid}),
+                    h.ptr, args, r, C_NULL))
+        r
+    end
+    h.keep = keep
+    return (tokens_per_rank=r.tokens_per_rank,
+            hidden_states=host_view(r.hidden_states, hidden_type),
+            topk_ids=host_view(r.topk_ids, Int32),
+            topk_weights=host_view(r.topk_weights, Float32),
+            recv_counts=host_view(r.recv_counts, Int32),
+            local_expert_counts=host_view(r.local_expert_counts, Int32))
+end
+
+"""Collective.  expert_output: (H, P) array.  Returns an (H, T) array aliasing
+library memory, valid until the next combine."""
+function combine(h::Handle, expert_output::Array{T}) where {T}
+    keep = Any[]
+    te = host_tensor(expert_output, keep)
+    r = CombineResult(0, NO_TENSOR)
+    GC.@preserve keep te begin
+        check(ccall((:moe_ep_combine_result_init, libmoe_ep), Int32, (Ref{CombineResult},), r))
+        check(ccall((:moe_ep_combine, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Tensor}, Ptr{Cvoid}, Ref{CombineResult}, Ptr{Cvoid}),
+                    h.ptr, te, C_NULL, r, C_NULL))
+    end
+    h.keep = keep
+    out = host_view(r.output, T)
+    return out === nothing ? Array{T}(undef, 0, 0) : out
+end
+
+"""The first device-side error since the last check, or nothing."""
+function async_error(h::Handle)
+    s = Ref{Int32}(0)
+    check(ccall((:moe_ep_get_async_error, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int32}), h.ptr, s))
+    return s[] == SUCCESS ? nothing : MoeEpError(s[], last_error())
+end
+
+"""Collective, idempotent."""
+function destroy!(h::Handle)
+    ref = Ref{Ptr{Cvoid}}(h.ptr)
+    status = ccall((:moe_ep_destroy, libmoe_ep), Int32, (Ref{Ptr{Cvoid}},), ref)
+    h.ptr = C_NULL
+    empty!(h.keep)
+    check(status)
+end
+
+end # module

@@ -1,0 +1,133 @@
+/* A program written the way an outside user of the installed library would:
+ * only <moe_ep_c.h> and -lmoe_ep.  It checks the runtime version against the
+ * header it was compiled with, that the library it loaded lives under the
+ * install prefix given as argv[1] (not the build tree), and runs one
+ * single-rank HOST create/dispatch/combine/destroy with known results. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <moe_ep_c.h>
+
+#define CHECK(call)                                                              \
+  do {                                                                           \
+    moe_ep_status_t s_ = (call);                                                 \
+    if (s_ != MOE_EP_SUCCESS) {                                                  \
+      fprintf(stderr, "FAIL %s: %s: %s\n", #call, moe_ep_status_string(s_),     \
+              moe_ep_last_error());                                              \
+      return 1;                                                                  \
+    }                                                                            \
+  } while (0)
+
+#define EXPECT(cond)                                           \
+  do {                                                         \
+    if (!(cond)) {                                             \
+      fprintf(stderr, "FAIL line %d: %s\n", __LINE__, #cond); \
+      return 1;                                                \
+    }                                                          \
+  } while (0)
+
+/* A group of one: allgather is a copy, barrier is nothing. */
+static int32_t one_rank_allgather(void* ctx, const void* send, void* recv, size_t n) {
+  (void)ctx;
+  memcpy(recv, send, n);
+  return 0;
+}
+static int32_t one_rank_barrier(void* ctx) {
+  (void)ctx;
+  return 0;
+}
+
+static moe_ep_tensor_t host_tensor(void* data, moe_ep_dtype_t dtype, int32_t ndim, int64_t* shape) {
+  moe_ep_tensor_t t;
+  memset(&t, 0, sizeof t);
+  t.data = data;
+  t.device.device_type = MOE_EP_DEVICE_CPU;
+  t.ndim = ndim;
+  t.dtype = dtype;
+  t.shape = shape;
+  return t;
+}
+
+int main(int argc, char** argv) {
+  int32_t major = -1, minor = -1, patch = -1;
+  CHECK(moe_ep_get_version(&major, &minor, &patch));
+  printf("moe_ep %d.%d.%d (header %d.%d.%d)\n", major, minor, patch, MOE_EP_VERSION_MAJOR,
+         MOE_EP_VERSION_MINOR, MOE_EP_VERSION_PATCH);
+  EXPECT(major == MOE_EP_VERSION_MAJOR && minor == MOE_EP_VERSION_MINOR && patch == MOE_EP_VERSION_PATCH);
+
+  Dl_info info;
+  EXPECT(dladdr((void*)&moe_ep_get_version, &info) != 0 && info.dli_fname != NULL);
+  printf("loaded from %s\n", info.dli_fname);
+  if (argc > 1) {
+    char* real_lib = realpath(info.dli_fname, NULL);
+    char* real_prefix = realpath(argv[1], NULL);
+    EXPECT(real_lib != NULL && real_prefix != NULL);
+    EXPECT(strncmp(real_lib, real_prefix, strlen(real_prefix)) == 0);
+    free(real_lib);
+    free(real_prefix);
+  }
+
+  moe_ep_bootstrap_t bs;
+  CHECK(moe_ep_bootstrap_init(&bs));
+  bs.rank = 0;
+  bs.world_size = 1;
+  bs.allgather = one_rank_allgather;
+  bs.barrier = one_rank_barrier;
+
+  moe_ep_params_t params;
+  CHECK(moe_ep_params_init(&params));
+  params.num_experts = 2;
+  params.top_k = 1;
+  params.max_tokens_per_rank = 4;
+  params.hidden_size = 2;
+  params.hidden_dtype.code = MOE_EP_DTYPE_FLOAT;
+  params.hidden_dtype.bits = 32;
+  params.combine_dtype = params.hidden_dtype;
+  moe_ep_config_t config;
+  CHECK(moe_ep_config_init(&config));
+  config.backend = MOE_EP_BACKEND_HOST;
+
+  moe_ep_handle_t h = NULL;
+  CHECK(moe_ep_create(&bs, &params, &config, &h));
+  EXPECT(h != NULL);
+
+  /* Three tokens; the middle one picks no expert and is not sent. */
+  float x[6] = {1, 2, 3, 4, 5, 6};
+  int32_t ids[3] = {1, -1, 0};
+  moe_ep_dtype_t i32 = {MOE_EP_DTYPE_INT, 32, 1};
+  int64_t xs[2] = {3, 2}, is[2] = {3, 1};
+  moe_ep_tensor_t tx = host_tensor(x, params.hidden_dtype, 2, xs);
+  moe_ep_tensor_t ti = host_tensor(ids, i32, 2, is);
+  moe_ep_dispatch_args_t args;
+  CHECK(moe_ep_dispatch_args_init(&args));
+  args.hidden_states = &tx;
+  args.topk_ids = &ti;
+  moe_ep_dispatch_result_t r;
+  CHECK(moe_ep_dispatch_result_init(&r));
+  CHECK(moe_ep_dispatch(h, &args, &r, NULL));
+  EXPECT(r.tokens_per_rank == 4 && r.hidden_states.shape[0] == 4);
+  EXPECT(((const int32_t*)r.recv_counts.data)[0] == 2);
+  const float* rows = (const float*)r.hidden_states.data;
+  EXPECT(rows[0] == 1 && rows[1] == 2 && rows[2] == 5 && rows[3] == 6);
+
+  /* Expert output = 10 * row; combine returns it to tokens 0 and 2. */
+  float eo[8];
+  for (int i = 0; i < 8; ++i) eo[i] = 10.0f * rows[i];
+  int64_t es[2] = {4, 2};
+  moe_ep_tensor_t te = host_tensor(eo, params.combine_dtype, 2, es);
+  moe_ep_combine_result_t c;
+  CHECK(moe_ep_combine_result_init(&c));
+  CHECK(moe_ep_combine(h, &te, NULL, &c, NULL));
+  const float* y = (const float*)c.output.data;
+  EXPECT(c.output.shape[0] == 3 && c.output.shape[1] == 2);
+  EXPECT(y[0] == 10 && y[1] == 20 && y[2] == 0 && y[3] == 0 && y[4] == 50 && y[5] == 60);
+
+  CHECK(moe_ep_destroy(&h));
+  EXPECT(h == NULL);
+  CHECK(moe_ep_destroy(&h)); /* idempotent */
+  printf("consumer OK\n");
+  return 0;
+}

@@ -1,0 +1,36 @@
+#!/bin/sh
+# Builds and runs an outside consumer against an install prefix.
+#   run_consumer.sh cmake  PREFIX WORK CMAKE_COMMAND GENERATOR
+#   run_consumer.sh pkgconfig PREFIX WORK
+# The consumer checks that the library it loads lives under PREFIX.
+set -u
+mode=$1; prefix=$2; work=$3
+here=$(cd "$(dirname "$0")" && pwd)
+rm -rf "$work" && mkdir -p "$work" || exit 1
+case "$mode" in
+  cmake)
+    cmake=$4; gen=$5
+    # CMAKE_PREFIX_PATH only: nothing from the build tree is visible.
+    "$cmake" -S "$here/cmake_project" -B "$work" -G "$gen" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF || exit 1
+    "$cmake" --build "$work" || exit 1
+    exec "$work/consumer" "$prefix"
+    ;;
+  pkgconfig)
+    command -v pkg-config >/dev/null 2>&1 || { echo "SKIP: pkg-config not installed"; exit 77; }
+    pcdir=$(dirname "$(find "$prefix" -name moe_ep.pc | head -n 1)")
+    [ -f "$pcdir/moe_ep.pc" ] || { echo "FAIL: no moe_ep.pc under $prefix"; exit 1; }
+    export PKG_CONFIG_PATH="$pcdir"
+    # The .pc must describe where it was installed, not the configure-time prefix.
+    libdir=$(pkg-config --variable=libdir moe_ep)
+    case "$(cd "$libdir" 2>/dev/null && pwd -P)" in
+      "$(cd "$prefix" && pwd -P)"/*) ;;
+      *) echo "FAIL: moe_ep.pc under $prefix says libdir=$libdir (not relocatable;" \
+              "use prefix=\${pcfiledir}/../.. in cmake/moe_ep.pc.in)"; exit 1 ;;
+    esac
+    echo "pkg-config --cflags --libs moe_ep: $(pkg-config --cflags --libs moe_ep)"
+    make -C "$here/pkgconfig_project" OUT="$work" || exit 1
+    exec "$work/consumer" "$prefix"
+    ;;
+esac
+echo "usage: run_consumer.sh cmake|pkgconfig PREFIX WORK ..."; exit 2
