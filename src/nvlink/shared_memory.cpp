@@ -45,8 +45,10 @@ uint64_t granularity(CUdevice device, CUmemAllocationHandleType type) {
 uint64_t common_granularity(CUdevice device) {
   uint64_t g = granularity(device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (device_attribute(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
-    const uint64_t f = granularity(device, CU_MEM_HANDLE_TYPE_FABRIC);
-    if (f > g) g = f;
+    // Where FABRIC cannot be used the query may fail too: then only POSIX counts.
+    const CUmemAllocationProp prop = allocation_prop(device, CU_MEM_HANDLE_TYPE_FABRIC);
+    size_t f = 0;
+    if (driver_api().granularity(&f, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && f > g) g = f;
   }
   return g;
 }
@@ -220,7 +222,8 @@ void SharedMemory::share_posix_fds(const Bootstrap& bootstrap, int timeout_ms) {
 }
 
 void SharedMemory::reserve() {
-  check_driver(driver_api().address_reserve(&va_, size_ * world_, size_, 0, 0), "cuMemAddressReserve");
+  // Alignment 0: the allocation granularity, which size_ is a multiple of.
+  check_driver(driver_api().address_reserve(&va_, size_ * world_, 0, 0, 0), "cuMemAddressReserve");
 }
 
 // Maps one rank's allocation at its place and opens it to this device.

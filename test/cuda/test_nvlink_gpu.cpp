@@ -338,7 +338,10 @@ void check_timeout(bool skip_dispatch) {
   REQUIRE(mpi_all(ok));
 }
 
+// After a barrier: a peer's mapping of this rank's memory keeps it allocated
+// until the peer has destroyed its handle too.
 size_t free_device_memory() {
+  mpi_all(true);
   size_t free_bytes = 0, total = 0;
   cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   cuda_ok(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
