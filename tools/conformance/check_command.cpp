@@ -23,6 +23,18 @@ uint64_t name_hash(const std::string& name) {
   return h;
 }
 
+// The case's workload in a round: fresh routing and payload every round;
+// token counts fresh too, except in graph rounds (a captured graph holds its
+// token counts, so they share one draw).
+WorkloadSpec case_spec(uint64_t seed, const CheckCase& c, int world, int round, bool fixed_counts) {
+  const uint64_t case_key = derive(seed, name_hash(c.name));
+  const uint64_t key = derive(case_key, uint64_t(round));
+  return instantiate(c, world, key, fixed_counts ? derive(case_key, 0x5bd1e995) : key);
+}
+
+// Graph rounds are numbered from here, apart from the eager ones.
+constexpr int kFirstGraphRound = 100;
+
 // Runs one case in one mode on this rank; every rank runs the same sequence.
 class CaseRunner {
  public:
@@ -43,7 +55,7 @@ class CaseRunner {
   // Graph: dispatch and combine captured once (fixed token counts), replayed
   // on new inputs twice, then one eager call on the same handle.
   void run_graph(Verdict& v) {
-    const WorkloadSpec first = spec(100, true);
+    const WorkloadSpec first = spec(kFirstGraphRound, true);
     EpHandle handle(s_.bootstrap(), first.params(), s_.config());
     Buffers b(first, s_.place());
     b.inputs.load(first, me_, make_routing(first, me_), s_.stream());
@@ -56,9 +68,10 @@ class CaseRunner {
                            &cr, st);
       });
       for (int replay = 0; replay < 2; ++replay) {
-        const WorkloadSpec w = spec(100 + replay, true);
+        const WorkloadSpec w = spec(kFirstGraphRound + replay, true);
         const std::vector<RankRouting> all = make_all_routing(w);
         b.inputs.load(w, me_, all[me_], s_.stream());
+        if (b.inputs.num_tokens() != first.tokens[me_]) fail("tool bug: graph replay with a different token count");
         dispatch.launch(s_.stream());
         verify_dispatch(w, all, dr, v);
         b.expert_output.upload(make_expert_output(w, me_), s_.stream());
@@ -68,7 +81,7 @@ class CaseRunner {
         verify_async(w, all, handle, v);
       }
     }
-    eager_round(handle, b, spec(102, true), 0, v);
+    eager_round(handle, b, spec(kFirstGraphRound + 2, true), 0, v);
   }
 
  private:
@@ -82,9 +95,7 @@ class CaseRunner {
   };
 
   WorkloadSpec spec(int round, bool fixed_counts) const {
-    const uint64_t key = derive(derive(s_.options().seed, name_hash(c_.name)), uint64_t(round));
-    const uint64_t count_key = fixed_counts ? derive(key ^ 0x5bd1e995, 0) : key;
-    return instantiate(c_, s_.world().size, key, count_key);
+    return case_spec(s_.options().seed, c_, s_.world().size, round, fixed_counts);
   }
 
   void eager_round(EpHandle& handle, Buffers& b, const WorkloadSpec& w, int round, Verdict& v) {
@@ -219,11 +230,12 @@ int run_check(const World& world, const CheckOptions& o) {
       std::vector<std::string> notes;
       if (!ok) notes = world.gather_text(error.empty() ? v.details : "error: " + error + "\n" + v.details);
       if (!world.is_root()) continue;
-      const WorkloadSpec w = instantiate(c, world.size, 0, derive(derive(o.common.seed, name_hash(c.name)), 0));
+      const bool graph_mode = mode[0] == 'g';
+      const WorkloadSpec w = case_spec(o.common.seed, c, world.size, graph_mode ? kFirstGraphRound : 0, graph_mode);
       std::printf("  %-22s %-6s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
                   w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(), w.hidden_size,
                   payload_text(w).c_str(), scales_text(w).c_str(), dtype_name(w.combine_dtype).c_str(),
-                  mode[0] == 'e' ? tokens_text(w.tokens).c_str() : "(fixed)", static_cast<long long>(wrong),
+                  tokens_text(w.tokens).c_str(), static_cast<long long>(wrong),
                   ok ? "OK" : any_error ? "ERROR" : "WRONG");
       for (size_t r = 0; r < notes.size(); ++r) {
         std::istringstream lines(notes[r]);
