@@ -17,7 +17,14 @@ for m in $modules; do
 done
 # Tests must not write into the source tree (bytecode, pytest cache).
 export PYTHONDONTWRITEBYTECODE=1
+# A fresh directory the ranks share (torch.distributed meets through a file there).
+MOE_EP_TEST_TMPDIR=$(mktemp -d) || exit 1
+export MOE_EP_TEST_TMPDIR
 if [ "$np" = 0 ]; then
-  exec "$py" -m pytest -p no:cacheprovider -rs "$@"
+  "$py" -m pytest -p no:cacheprovider -rs "$@"
+else
+  "${MPIEXEC:-mpiexec}" -n "$np" --oversubscribe "$py" -m pytest -p no:cacheprovider -q -rs "$@"
 fi
-exec "${MPIEXEC:-mpiexec}" -n "$np" --oversubscribe "$py" -m pytest -p no:cacheprovider -q -rs "$@"
+rc=$?
+rm -rf "$MOE_EP_TEST_TMPDIR"
+exit $rc

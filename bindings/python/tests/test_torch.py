@@ -1,26 +1,37 @@
 """torch tensors through the Python bindings, checked against a torch model.
 
-Run as: mpiexec -n 2 python -m pytest bindings/python/tests/test_torch.py
+Run as: MOE_EP_TEST_TMPDIR=$(mktemp -d) mpiexec -n 2 python -m pytest bindings/python/tests/test_torch.py
 
 - CPU: torch.distributed (gloo) bootstrap, HOST backend, bf16 CPU tensors.
 - GPU (skipped without CUDA): NVLINK_TWO_SIDED backend on CUDA tensors, with
   the torch.distributed NCCL bootstrap and with the mpi4py one.
 
+Rank and world size come from the launcher's environment and torch.distributed
+meets through a file in $MOE_EP_TEST_TMPDIR, so that only the mpi4py test
+depends on mpi4py being built against the launcher's MPI.
+
 Every rank builds every rank's inputs from one seed, so each computes its
 expected results locally; assertions follow each test's collective calls."""
 
-import socket
+import os
 
 import pytest
 
 torch = pytest.importorskip("torch")
-MPI = pytest.importorskip("mpi4py.MPI")
 import torch.distributed as dist  # noqa: E402
 
 import moe_ep  # noqa: E402
 
-COMM = MPI.COMM_WORLD
-RANK, WORLD = COMM.Get_rank(), COMM.Get_size()
+
+def _launcher_env(*names, default):
+    for n in names:
+        if n in os.environ:
+            return int(os.environ[n])
+    return default
+
+
+RANK = _launcher_env("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", default=0)
+WORLD = _launcher_env("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE", default=1)
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device visible to torch")
 
@@ -119,18 +130,15 @@ def run_and_compare(ep, case, stream=None, out_buffer=False):
     assert torch.equal(y, expected), f"max |diff| {(y.float() - expected.float()).abs().max()}"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def world_group():
     if HAS_CUDA:
         torch.cuda.set_device(RANK % torch.cuda.device_count())
-    port = COMM.bcast(free_port() if RANK == 0 else None, root=0)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK, world_size=WORLD)
+    tmp = os.environ.get("MOE_EP_TEST_TMPDIR")
+    if not tmp and WORLD > 1:
+        pytest.fail("MOE_EP_TEST_TMPDIR must name a fresh directory shared by the ranks")
+    path = os.path.join(tmp or os.getcwd(), "torch_rendezvous")
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=RANK, world_size=WORLD)
     yield dist.group.WORLD
     dist.destroy_process_group()
 
@@ -176,9 +184,14 @@ def test_gpu_nvlink_with_nccl_bootstrap(nccl_group):
 
 @needs_cuda
 def test_gpu_nvlink_with_mpi4py_bootstrap_on_a_side_stream(world_group):
+    MPI = pytest.importorskip("mpi4py.MPI")
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != WORLD:  # the same on every rank: all skip together
+        pytest.skip(f"mpi4py sees {comm.Get_size()} rank(s), the launcher {WORLD}: "
+                    f"mpi4py is built against another MPI ({MPI.Get_library_version().splitlines()[0]})")
     case = gpu_case(8, dtype=torch.float16, K=2, H=64, tpr=5)
     side = torch.cuda.Stream()
-    with moe_ep.from_mpi4py(COMM) as bs, gpu_ep(bs, case) as ep:
+    with moe_ep.from_mpi4py(comm) as bs, gpu_ep(bs, case) as ep:
         side.wait_stream(torch.cuda.current_stream())  # inputs were made on the current stream
         with torch.cuda.stream(side):
             run_and_compare(ep, case, stream=side)
