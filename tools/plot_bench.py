@@ -36,6 +36,8 @@ def run_label(doc):
     cfg = doc["config"]
     sms = cfg.get("num_sms") or "auto"
     mode = "graph" if cfg.get("graph") else "eager"
+    if cfg.get("launch_gate") is False:
+        mode += ", host-driven"
     return f"moe_ep ({mode}, {sms} SMs)"
 
 
@@ -48,6 +50,11 @@ def series(doc, source, phase, field):
             xs.append(r["tokens_per_rank"])
             ys.append(entry[field])
     return xs, ys
+
+
+def minor_label(value, _position):
+    leading = f"{value:.0e}"[0]
+    return f"{value:g}" if leading in "25" else ""
 
 
 def draw(docs, out, title):
@@ -84,6 +91,8 @@ def draw(docs, out, title):
             ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
+        # Plain numbers on the log axis, with minor labels at 2x and 5x only.
+        lat.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(minor_label))
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -5,7 +5,7 @@
 #   OUT=/some/dir bash scripts/bench/run_h200x2.sh
 # Writes under $OUT: run.log (everything printed), build.log, the JSON of each
 # bench run and, where matplotlib is installed, bench_h200x2.png from
-#   tools/plot_bench.py bench_eager.json bench_graph.json bench_sms16.json
+#   tools/plot_bench.py bench_graph.json bench_eager.json bench_eager_host.json bench_sms16.json
 set -uo pipefail
 OUT=${OUT:-$PWD/bench-out}
 mkdir -p "$OUT"
@@ -53,10 +53,13 @@ run() {  # run NAME SECONDS ARGS...: one step; a failure is logged and the next 
 DEEPSEEK="--hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform"
 run check 90 check --backend nvlink
 run bench_eager 75 bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --json "$OUT/bench_eager.json"
+run bench_eager_host 75 bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --no-launch-gate \
+  --json "$OUT/bench_eager_host.json"
 run bench_graph 75 bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --graph --json "$OUT/bench_graph.json"
 run bench_sms16 45 bench --backend nvlink $DEEPSEEK -t 4096 --num-sms 16 -w 10 -n 50 --graph --json "$OUT/bench_sms16.json"
 if python3 -c "import matplotlib" 2>/dev/null; then
-  jsons=$(ls "$OUT"/bench_eager.json "$OUT"/bench_graph.json "$OUT"/bench_sms16.json 2>/dev/null)
+  jsons=$(ls "$OUT"/bench_graph.json "$OUT"/bench_eager.json "$OUT"/bench_eager_host.json "$OUT"/bench_sms16.json \
+    2>/dev/null)
   [ -n "$jsons" ] && python3 tools/plot_bench.py $jsons -o "$OUT/bench_h200x2.png" 2>&1 | tee -a "$LOG"
 fi
 say "done, exit $rc"

@@ -151,6 +151,7 @@ class Sweep {
     graph_ = o.graph && s.on_gpu();
     loop_.warmup = o.warmup;
     loop_.iters = o.iters;
+    loop_.gated = o.launch_gate;
     const uint64_t row = std::max(largest_.hidden_row_bytes() + largest_.scale_row_bytes(), largest_.combine_row_bytes());
     if (o.baselines && PeerCopyCeiling::available(s)) ceiling_ = std::make_unique<PeerCopyCeiling>(s, largest * row);
     if (o.baselines && NcclBaseline::compiled() && s.on_gpu() && s.world().size > 1) {

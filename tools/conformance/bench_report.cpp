@@ -39,7 +39,11 @@ BenchReport::BenchReport(const Session& s, const BenchOptions& o, const Workload
                          bool nccl)
     : s_(s), o_(o), shape_(shape), graph_(graph), ceiling_(ceiling), nccl_(nccl) {}
 
-std::string BenchReport::mode() const { return graph_ ? "CUDA-graph replay" : "eager calls"; }
+std::string BenchReport::mode() const {
+  std::string m = graph_ ? "CUDA-graph replay" : "eager calls";
+  if (s_.on_gpu()) m += o_.launch_gate ? ", launches queued ahead" : ", host-driven (launch cost included)";
+  return m;
+}
 
 void BenchReport::print_header() {
   const std::vector<std::string> lines = s_.rank_lines();
@@ -63,8 +67,9 @@ void BenchReport::print_header() {
               static_cast<unsigned long long>(w.hidden_row_bytes() + w.scale_row_bytes()),
               static_cast<unsigned long long>(w.combine_row_bytes()));
   for (const std::string& f : traffic_formulas()) std::printf("#   %s\n", f.c_str());
-  std::printf("#   %s\n", s_.on_gpu() ? "GPU time: CUDA events around each call on its stream, launches queued ahead"
-                                      : "host time: steady clock around each call, barrier before each iteration");
+  std::printf("#   %s\n", !s_.on_gpu()     ? "host time: steady clock around each call, barrier before each iteration"
+                          : o_.launch_gate ? "GPU time: CUDA events around each call, launches queued ahead of the GPU"
+                                           : "CUDA events around each call, launched as the host goes (host cost included)");
   std::printf("#   avg/p50/p99 over iterations; rmin/rmax = min/max over ranks of each rank's own avg\n#\n");
   std::printf("# %7s |%s |%s\n", "", "                                  dispatch                                      ",
               "                                  combine");
@@ -161,7 +166,7 @@ void BenchReport::write_json(const std::vector<SizeResult>& results, const std::
   const WorkloadSpec& w = shape_;
   j.key("config").begin_object();
   j.field("backend", s_.backend_label()).field("ranks", s_.world().size).field("mode", mode());
-  j.field("graph", graph_).field("num_sms", o_.common.num_sms).field("warmup", o_.warmup).field("iters", o_.iters);
+  j.field("graph", graph_).field("launch_gate", o_.launch_gate).field("num_sms", o_.common.num_sms).field("warmup", o_.warmup).field("iters", o_.iters);
   j.field("hidden", w.hidden_size).field("payload_dtype", dtype_name(w.hidden_dtype)).field("row_elems", w.row_elems());
   j.field("scale_row_elems", w.scale_row_elems).field("scale_dtype", dtype_name(w.scale_dtype));
   j.field("combine_dtype", dtype_name(w.combine_dtype)).field("top_k", w.top_k).field("experts", w.num_experts);

@@ -50,12 +50,17 @@ PeerCopyCeiling::~PeerCopyCeiling() {
 void PeerCopyCeiling::copy_all(const std::vector<uint64_t>& bytes_to) {
   const auto main = static_cast<cudaStream_t>(s_.stream());
   const int me = s_.world().rank;
+  const bool one_peer = s_.world().size == 2;  // no fork/join: nothing to overlap
   for (int d = 0; d < s_.world().size; ++d) {
     if (d == me || bytes_to[d] == 0) continue;
     if (bytes_to[d] > slot_bytes_) fail("peer-copy ceiling: more bytes than allocated");
+    char* target = static_cast<char*>(peer_receive_[d]) + uint64_t(me) * slot_bytes_;
+    if (one_peer) {
+      TOOL_CHECK_CUDA(cudaMemcpyAsync(target, send_, bytes_to[d], cudaMemcpyDeviceToDevice, main));
+      continue;
+    }
     TOOL_CHECK_CUDA(cudaEventRecord(fork_[d], main));
     TOOL_CHECK_CUDA(cudaStreamWaitEvent(streams_[d], fork_[d], 0));
-    char* target = static_cast<char*>(peer_receive_[d]) + uint64_t(me) * slot_bytes_;
     TOOL_CHECK_CUDA(cudaMemcpyAsync(target, send_, bytes_to[d], cudaMemcpyDeviceToDevice, streams_[d]));
     TOOL_CHECK_CUDA(cudaEventRecord(join_[d], streams_[d]));
     TOOL_CHECK_CUDA(cudaStreamWaitEvent(main, join_[d], 0));
