@@ -1,11 +1,11 @@
 // Memory-ordering primitives and bounded waits shared by the kernels.
 //
 // Protocol in short (docs/nvlink_backend.md has the argument): data rows are
-// written to a peer with plain stores; each writing thread then executes a
-// system-scope fence and the block meets at a barrier, so that the one thread
-// that publishes a flag with a system-scope release store makes every row of
-// the block visible before the flag.  Receivers read flags with system-scope
-// acquire loads.
+// written to a peer with plain stores; the block then meets at a barrier and
+// one thread publishes with a system-scope release (a fence followed by a
+// flag store or a counter add).  The barrier orders every thread's stores
+// before that release (the same reasoning as a cooperative grid sync), so a
+// receiver whose system-scope acquire load sees the flag sees the rows.
 #pragma once
 
 #include <stdint.h>
@@ -62,16 +62,22 @@ __device__ __forceinline__ bool handle_timed_out(const ControlBlock* control) {
   return *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) != kPhaseNone;
 }
 
-// Spins until flag->epoch >= epoch.  Reads the clock only every 256 polls
-// (it is slow to read), gives up at the deadline or as soon as another wait of
-// this handle gave up, and records (phase, peer) on a timeout.
-__device__ inline bool wait_for_flag(const FlagSlot* flag, uint64_t epoch, ControlBlock* control,
-                                     HostTimeoutMirror* mirror, int64_t timeout_ns, uint32_t phase,
-                                     int32_t peer) {
-  if (load_acquire_sys(&flag->epoch) >= epoch) return true;
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+__device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// Spins until *word >= target.  Reads the clock only every 256 polls (it is
+// slow to read), gives up at the deadline or as soon as another wait of this
+// handle gave up, and records (phase, peer) on a timeout.
+__device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target, ControlBlock* control,
+                                           HostTimeoutMirror* mirror, int64_t timeout_ns, uint32_t phase,
+                                           int32_t peer) {
+  if (load_acquire_sys(word) >= target) return true;
   const uint64_t start = global_timer_ns();
   for (uint32_t polls = 1;; ++polls) {
-    if (load_acquire_sys(&flag->epoch) >= epoch) return true;
+    if (load_acquire_sys(word) >= target) return true;
     if ((polls & 255u) == 0) {
       if (handle_timed_out(control)) return false;
       if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns) {
@@ -82,30 +88,15 @@ __device__ inline bool wait_for_flag(const FlagSlot* flag, uint64_t epoch, Contr
   }
 }
 
-// Every thread of the block calls this after its last store to a peer; then
-// thread 0 may publish with a release store (or count the block in).
-__device__ __forceinline__ void block_publish_barrier() {
-  __threadfence_system();
-  __syncthreads();
-}
+// Every block of a kernel adds to a per-source counter at each destination,
+// and the weights of one call sum to kArrivalsPerCall whatever the grid size
+// (block 0 adds the rest), so a receiver knows call N is complete when the
+// counter reaches N * kArrivalsPerCall, without knowing the sender's grid.
+// Counters only grow: 2^44 calls before a 64-bit counter wraps.
+constexpr uint64_t kArrivalsPerCall = uint64_t{1} << 20;
 
-// Counts the block as done with its stores.  Returns true in every thread of
-// the last block to arrive, which then sees all other blocks' writes.
-// The counter is reset by that last block, so it starts at 0 in every launch.
-__device__ inline bool arrive_last(uint32_t* counter, uint32_t num_blocks) {
-  __shared__ uint32_t is_last;
-  block_publish_barrier();
-  if (threadIdx.x == 0) {
-    const uint32_t before = atomicAdd(counter, 1u);
-    is_last = before == num_blocks - 1 ? 1u : 0u;
-    if (is_last) {
-      __threadfence();
-      *counter = 0;  // every block has arrived: no more increments in this launch
-    }
-  }
-  __syncthreads();
-  if (is_last) __threadfence();
-  return is_last != 0;
+__device__ __forceinline__ uint64_t arrival_weight() {
+  return blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1;
 }
 
 }  // namespace kernels

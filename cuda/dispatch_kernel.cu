@@ -2,13 +2,15 @@
 //   1. scans the routing of all local tokens and so knows, for each of its own
 //      tokens, the slot on every destination rank (the number of earlier local
 //      tokens bound there: ascending source order, deterministic, no count
-//      exchange before the data);
+//      exchange before the data), and how many tokens go to each rank;
 //   2. writes its tokens' rows, rewritten ids, weights and scales straight into
-//      the final receive rows of each destination (row = rank*tpr + slot);
-//   3. writes its share of the padding rows (ids = invalid, weights = 0).
-// The last block to finish then publishes, to every rank, the per-expert
-// counts and EPLB row of this rank and one flag carrying (epoch, count), and
-// waits for every rank's flag to produce recv_counts and local_expert_counts.
+//      the final receive rows of each destination (row = rank*tpr + slot), and
+//      its share of the padding rows (ids = invalid, weights = 0);
+//   3. publishes with one release-add per destination (arrival counters).
+// Block 0 also counts this rank's picks per expert and sends every rank its
+// row count, its per-expert counts and this rank's EPLB row before its own
+// release; then it waits for every rank's arrivals and produces recv_counts
+// and local_expert_counts.  No block waits for another block of this grid.
 #include <stdint.h>
 
 #include "device_sync.cuh"
@@ -21,9 +23,21 @@ namespace moe_ep {
 namespace kernels {
 namespace {
 
+// Experts up to this count are counted in shared memory, larger in global.
+constexpr int kSharedHistogram = 4096;
+// Routing rounds (of kBlockThreads tokens) whose ids are loaded before use.
+constexpr int kRoundsPerPass = 4;
+
 struct DispatchParams {
   KernelContext ctx;
   DispatchLaunch args;
+};
+
+struct RoutingShared {
+  uint32_t warp_counts[kWarpsPerBlock][kMaxWorldSize];
+  uint32_t warp_offsets[kWarpsPerBlock][kMaxWorldSize];
+  uint32_t totals[kMaxWorldSize];  // tokens bound to each rank so far; all tokens at the end
+  int32_t histogram[kSharedHistogram];  // block 0: valid picks per expert
 };
 
 __device__ __forceinline__ bool is_valid_expert(const GroupShape& s, int32_t id) {
@@ -37,6 +51,7 @@ __device__ __forceinline__ int owner_of(const GroupShape& s, int32_t id) {
 // Ranks that own at least one valid pick of the token.
 __device__ inline uint64_t token_mask(const GroupShape& s, const int32_t* ids_row) {
   uint64_t mask = 0;
+#pragma unroll 4
   for (int k = 0; k < s.top_k; ++k) {
     const int32_t id = __ldg(ids_row + k);
     if (is_valid_expert(s, id)) mask |= uint64_t{1} << owner_of(s, id);
@@ -44,8 +59,14 @@ __device__ inline uint64_t token_mask(const GroupShape& s, const int32_t* ids_ro
   return mask;
 }
 
-// Counts the valid picks of an own token per expert, and reports bad ids.
-__device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist, DeviceErrors* errors) {
+__device__ __forceinline__ int32_t* histogram_of(const DispatchParams& p, RoutingShared& sh) {
+  return p.ctx.shape.num_experts <= kSharedHistogram ? sh.histogram
+                                                     : p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
+}
+
+// Block 0: counts the valid picks of a token per expert, and reports bad ids
+// (first = lowest (token, pick), as the HOST backend reports it).
+__device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
   const GroupShape& s = p.ctx.shape;
   const int32_t* row = p.args.topk_ids + static_cast<int64_t>(token) * s.top_k;
   for (int k = 0; k < s.top_k; ++k) {
@@ -53,6 +74,7 @@ __device__ inline void count_picks(const DispatchParams& p, int32_t token, int32
     if (is_valid_expert(s, id)) {
       atomicAdd(hist + id, 1);
     } else if (id != s.invalid_expert_id) {
+      DeviceErrors* errors = &p.ctx.control()->errors;
       atomicAdd(&errors->bad_id_count, 1u);
       const uint64_t position = static_cast<uint64_t>(token) * s.top_k + k;
       atomicMin(reinterpret_cast<unsigned long long*>(&errors->bad_id_first),
@@ -61,57 +83,96 @@ __device__ inline void count_picks(const DispatchParams& p, int32_t token, int32
   }
 }
 
-struct RoutingShared {
-  uint32_t warp_counts[kWarpsPerBlock][kMaxWorldSize];
-  uint32_t warp_offsets[kWarpsPerBlock][kMaxWorldSize];
-  uint32_t totals[kMaxWorldSize];  // tokens bound to each rank so far; all tokens at the end
-};
+// One round of kBlockThreads tokens starting at `base`: per-rank counts of
+// the round, then the slots of the own tokens [t0, t1) in it.
+__device__ inline void route_round(const DispatchParams& p, int base, uint64_t mask, int t0, int t1,
+                                   RoutingShared& sh) {
+  const int world = p.ctx.shape.world_size;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = base + static_cast<int>(threadIdx.x);
+  for (int d = 0; d < world; ++d) {
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
+    if (lane == 0) sh.warp_counts[warp][d] = __popc(ballot);
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < world; d += blockDim.x) {
+    uint32_t running = sh.totals[d];
+    for (int w = 0; w < kWarpsPerBlock; ++w) {
+      sh.warp_offsets[w][d] = running;
+      running += sh.warp_counts[w][d];
+    }
+    sh.totals[d] = running;
+  }
+  __syncthreads();
+  if (base >= t1 || base + kBlockThreads <= t0) return;  // block-uniform: no own token in this round
+  const bool own = t >= t0 && t < t1;
+  const uint32_t lanes_below = (1u << lane) - 1u;
+  int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots) + static_cast<int64_t>(t) * world;
+  for (int d = 0; d < world; ++d) {
+    const bool goes = (mask >> d) & 1u;
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, goes);
+    if (own) slots[d] = goes ? static_cast<int32_t>(sh.warp_offsets[warp][d] + __popc(ballot & lanes_below)) : -1;
+  }
+}
 
-// Step 1: slots of the tokens [t0, t1) into token_slots, histogram of their
-// picks; leaves in sh.totals the number of local tokens bound to each rank.
+// Step 1: slots of the tokens [t0, t1) into token_slots; sh.totals = tokens
+// bound to each rank; block 0 also fills its histogram.  The ids of
+// kRoundsPerPass rounds are loaded before the first is used (latency).
 __device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingShared& sh) {
   const GroupShape& s = p.ctx.shape;
-  const int world = s.world_size;
   const int T = p.args.num_tokens;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint32_t lanes_below = (1u << lane) - 1u;
-  int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
-  int32_t* hist = p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
-  DeviceErrors* errors = &p.ctx.control()->errors;
-
-  for (int d = threadIdx.x; d < world; d += blockDim.x) sh.totals[d] = 0;
+  const bool counts_picks = blockIdx.x == 0;
+  int32_t* hist = histogram_of(p, sh);
+  for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) sh.totals[d] = 0;
+  if (counts_picks && hist == sh.histogram) {
+    for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.histogram[x] = 0;
+  }
   __syncthreads();
-  for (int base = 0; base < T; base += kBlockThreads) {
-    const int t = base + static_cast<int>(threadIdx.x);
-    const uint64_t mask = t < T ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
-    for (int d = 0; d < world; ++d) {
-      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
-      if (lane == 0) sh.warp_counts[warp][d] = __popc(ballot);
+  for (int pass = 0; pass < T; pass += kBlockThreads * kRoundsPerPass) {
+    uint64_t masks[kRoundsPerPass];
+#pragma unroll
+    for (int i = 0; i < kRoundsPerPass; ++i) {
+      const int t = pass + i * kBlockThreads + static_cast<int>(threadIdx.x);
+      masks[i] = t < T ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
     }
-    __syncthreads();
-    for (int d = threadIdx.x; d < world; d += blockDim.x) {
-      uint32_t running = sh.totals[d];
-      for (int w = 0; w < kWarpsPerBlock; ++w) {
-        sh.warp_offsets[w][d] = running;
-        running += sh.warp_counts[w][d];
+    if (counts_picks) {
+#pragma unroll
+      for (int i = 0; i < kRoundsPerPass; ++i) {
+        const int t = pass + i * kBlockThreads + static_cast<int>(threadIdx.x);
+        if (t < T) count_picks(p, t, hist);
       }
-      sh.totals[d] = running;
     }
-    __syncthreads();
-    if (base < t1 && base + kBlockThreads > t0) {  // block-uniform: this round holds own tokens
-      const bool own = t >= t0 && t < t1;
-      for (int d = 0; d < world; ++d) {
-        const bool goes = (mask >> d) & 1u;
-        const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, goes);
-        if (own) {
-          slots[static_cast<int64_t>(t) * world + d] =
-              goes ? static_cast<int32_t>(sh.warp_offsets[warp][d] + __popc(ballot & lanes_below)) : -1;
-        }
-      }
-      if (own) count_picks(p, t, hist, errors);
+#pragma unroll
+    for (int i = 0; i < kRoundsPerPass; ++i) {
+      const int base = pass + i * kBlockThreads;
+      if (base < T) route_round(p, base, masks[i], t0, t1, sh);
     }
   }
-  __syncthreads();  // totals final; own token_slots rows visible to the whole block
+  __syncthreads();  // totals and histogram final; own token_slots rows visible to the whole block
+}
+
+// Block 0, step 1b: what every destination needs besides rows: how many rows
+// this rank sends it, this rank's picks per expert it owns, this rank's EPLB
+// row.  Plain stores; block 0's release covers them.
+__device__ void send_counts(const DispatchParams& p, RoutingShared& sh) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  const int world = s.world_size, epr = s.experts_per_rank, E = s.num_experts;
+  const int32_t* hist = histogram_of(p, sh);
+  for (int d = threadIdx.x; d < world; d += blockDim.x) {
+    c.remote<int32_t>(d, c.offsets.dispatch_counts_in)[s.rank] = static_cast<int32_t>(sh.totals[d]);
+  }
+  for (int i = threadIdx.x; i < world * epr; i += blockDim.x) {
+    const int d = i / epr, e = i % epr;
+    c.remote<int32_t>(d, c.offsets.expert_counts_in)[s.rank * epr + e] = hist[d * epr + e];
+  }
+  if (s.eplb_enabled) {
+    for (int i = threadIdx.x; i < world * E; i += blockDim.x) {
+      const int d = i / E, x = i % E;
+      const int32_t v = p.args.eplb_local ? __ldg(p.args.eplb_local + x) : hist[x];
+      c.remote<int32_t>(d, c.offsets.eplb_gathered)[static_cast<int64_t>(s.rank) * E + x] = v;
+    }
+  }
 }
 
 // Step 2, one 2 KiB segment of a hidden row (16-byte aligned rows): loaded once,
@@ -206,7 +267,7 @@ __device__ void send_own_tokens(const DispatchParams& p, int t0, int t1) {
   }
 }
 
-// Step 3: rows [totals[d], tpr) of this rank's segment on every rank d get
+// Step 2b: rows [totals[d], tpr) of this rank's segment on every rank d get
 // ids = invalid and weights = 0.  Spread over all threads of the grid.
 __device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
   const GroupShape& s = p.ctx.shape;
@@ -228,67 +289,71 @@ __device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
   }
 }
 
-// Last block: publish this rank's counts and flag to every rank, wait for
-// every rank's, then produce recv_counts and local_expert_counts.
-__device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, const uint32_t* totals) {
+// Step 3: after the barrier, one thread makes every store of the block
+// visible and counts the block in at every destination.
+__device__ void publish_arrival(const DispatchParams& p) {
   const KernelContext& c = p.ctx;
-  const GroupShape& s = c.shape;
-  const int world = s.world_size, epr = s.experts_per_rank, E = s.num_experts;
-  int32_t* hist = c.local<int32_t>(c.offsets.expert_hist);
-
-  for (int i = threadIdx.x; i < world * epr; i += blockDim.x) {
-    const int d = i / epr, e = i % epr;
-    c.remote<int32_t>(d, c.offsets.expert_counts_in)[s.rank * epr + e] = load_from_l2(hist + d * epr + e);
-  }
-  if (s.eplb_enabled) {
-    for (int i = threadIdx.x; i < world * E; i += blockDim.x) {
-      const int d = i / E, x = i % E;
-      const int32_t v = p.args.eplb_local ? __ldg(p.args.eplb_local + x) : load_from_l2(hist + x);
-      c.remote<int32_t>(d, c.offsets.eplb_gathered)[static_cast<int64_t>(s.rank) * E + x] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fence_acq_rel_sys();
+    const uint64_t weight = arrival_weight();
+    for (int d = 0; d < c.shape.world_size; ++d) {
+      red_release_sys_add(c.remote<uint64_t>(d, c.offsets.dispatch_arrivals) + c.shape.rank, weight);
     }
   }
-  block_publish_barrier();
-  for (int x = threadIdx.x; x < E; x += blockDim.x) hist[x] = 0;  // ready for the next call
-  for (int d = threadIdx.x; d < world; d += blockDim.x) {
-    FlagSlot* flag = c.remote<FlagSlot>(d, c.offsets.dispatch_flags) + s.rank;
-    store_relaxed_sys(&flag->count, static_cast<int32_t>(totals[d]));
-    store_release_sys(&flag->epoch, epoch);
-  }
+}
+
+// Block 0, last: wait until every rank's blocks have all arrived here, then
+// produce recv_counts and local_expert_counts.
+__device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  const int world = s.world_size, epr = s.experts_per_rank;
   int32_t* recv_counts = c.local<int32_t>(c.offsets.recv_counts);
   int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
+  const int32_t* counts_in = c.local<int32_t>(c.offsets.dispatch_counts_in);
   for (int src = threadIdx.x; src < world; src += blockDim.x) {
-    FlagSlot* flag = c.local<FlagSlot>(c.offsets.dispatch_flags) + src;
+    const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
     int32_t count = 0;
-    if (wait_for_flag(flag, epoch, c.control(), c.state.mirror, c.state.timeout_ns, kPhaseDispatch, src)) {
-      count = load_relaxed_sys(&flag->count);
+    if (wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror, c.state.timeout_ns,
+                            kPhaseDispatch, src)) {
+      count = load_relaxed_sys(counts_in + src);
     }
     recv_counts[src] = count;
     counts_private[src] = count;
   }
+  if (s.num_experts > kSharedHistogram) {  // the global histogram starts the next call at zero
+    int32_t* hist = histogram_of(p, sh);
+    for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
+  }
   __syncthreads();
-  const int32_t* counts_in = c.local<int32_t>(c.offsets.expert_counts_in);
+  const int32_t* experts_in = c.local<int32_t>(c.offsets.expert_counts_in);
   int32_t* local_expert_counts = c.local<int32_t>(c.offsets.local_expert_counts);
   for (int e = threadIdx.x; e < epr; e += blockDim.x) {
     int32_t sum = 0;
-    for (int src = 0; src < world; ++src) sum += load_relaxed_sys(counts_in + src * epr + e);
+    for (int src = 0; src < world; ++src) sum += load_relaxed_sys(experts_in + src * epr + e);
     local_expert_counts[e] = sum;
   }
+  if (threadIdx.x == 0) c.control()->epoch = epoch;  // combine reads it; the next dispatch advances it
 }
 
-__global__ void __launch_bounds__(kBlockThreads, 2) dispatch_kernel(const DispatchParams p) {
+__global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const DispatchParams p) {
   __shared__ RoutingShared sh;
   ControlBlock* control = p.ctx.control();
   if (handle_timed_out(control)) return;
-  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
   const int T = p.args.num_tokens;
   const int t0 = static_cast<int>(static_cast<int64_t>(T) * blockIdx.x / gridDim.x);
   const int t1 = static_cast<int>(static_cast<int64_t>(T) * (blockIdx.x + 1) / gridDim.x);
 
   route_tokens(p, t0, t1, sh);
+  if (blockIdx.x == 0) send_counts(p, sh);
   send_own_tokens(p, t0, t1);
   write_padding(p, sh.totals);
-  if (!arrive_last(&control->dispatch_arrivals, gridDim.x)) return;
-  finish_dispatch(p, epoch, sh.totals);
+  publish_arrival(p);
+  if (blockIdx.x == 0) {
+    const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1;
+    finish_dispatch(p, epoch, sh);
+  }
 }
 
 }  // namespace

@@ -45,42 +45,35 @@ struct HostTimeoutMirror {
 // Byte offsets of the regions of one rank's workspace.  The layout is the same
 // on every rank, so a peer's region is peer_base + offset.
 struct WorkspaceOffsets {
-  // Written by peers (shared).
-  uint64_t dispatch_flags;  // [world] FlagSlot, index = source rank
-  uint64_t combine_flags;   // [world] FlagSlot, index = source rank
-  uint64_t expert_counts_in;// [world][experts_per_rank] int32, index = source rank
-  uint64_t eplb_gathered;   // [world][num_experts] int32 (a dispatch result)
-  uint64_t recv_hidden;     // [world*max_tpr][hidden_row_bytes]
-  uint64_t recv_scales;     // [world*max_tpr][scale_row_bytes]
-  uint64_t recv_ids;        // [world*max_tpr][top_k] int32
-  uint64_t recv_weights;    // [world*max_tpr][top_k] fp32
-  uint64_t combine_in;      // [(world-1)*max_tpr][combine_row_bytes]
+  // Written by peers (shared).  Counters and flags only ever grow (epochs),
+  // so they are never reset.
+  uint64_t dispatch_arrivals;   // [world] uint64, index = source: blocks' release-adds
+  uint64_t dispatch_counts_in;  // [world] int32: rows the source wrote here
+  uint64_t expert_counts_in;    // [world][experts_per_rank] int32: the source's picks per local expert
+  uint64_t eplb_gathered;       // [world][num_experts] int32 (a dispatch result)
+  uint64_t recv_hidden;         // [world*max_tpr][hidden_row_bytes]
+  uint64_t recv_scales;         // [world*max_tpr][scale_row_bytes]
+  uint64_t recv_ids;            // [world*max_tpr][top_k] int32
+  uint64_t recv_weights;        // [world*max_tpr][top_k] fp32
+  uint64_t combine_started;     // [world] uint64: epoch of the source's running combine
+  uint64_t combine_chunk_flags; // [world][max_tpr] uint64: epoch at which a chunk of rows landed
+  uint64_t combine_in;          // [(world-1)*max_tpr][combine_row_bytes]
   // Private to the rank.
-  uint64_t peer_bases;      // [world] uint64: where each rank's workspace is mapped here
-  uint64_t control;         // ControlBlock
-  uint64_t expert_hist;     // [num_experts] int32, zero between calls
-  uint64_t recv_counts;     // [world] int32 (a dispatch result)
-  uint64_t counts_private;  // [world] int32: recv_counts kept for combine
-  uint64_t local_expert_counts;  // [experts_per_rank] int32 (a dispatch result)
-  uint64_t token_slots;     // [max_tpr][world] int32: slot of my token on each rank, -1 = not sent
-  uint64_t combine_out;     // [max_tpr][combine_row_bytes] library-owned combine output
-  uint64_t total_bytes;     // end of the layout
-};
-
-// One (source, destination) flag: the epoch of the call that published it and,
-// for dispatch, the number of rows the source wrote.  The epoch is stored last,
-// with release semantics; it only ever grows, so flags are never reset.
-struct FlagSlot {
-  uint64_t epoch;
-  int32_t count;
-  int32_t reserved;
+  uint64_t peer_bases;          // [world] uint64: where each rank's workspace is mapped here
+  uint64_t control;             // ControlBlock
+  uint64_t expert_hist;         // [num_experts] int32, zero between calls (large E only)
+  uint64_t recv_counts;         // [world] int32 (a dispatch result)
+  uint64_t counts_private;      // [world] int32: recv_counts kept for combine
+  uint64_t local_expert_counts; // [experts_per_rank] int32 (a dispatch result)
+  uint64_t token_slots;         // [max_tpr][world] int32: slot of my token on each rank, -1 = not sent
+  uint64_t combine_out;         // [max_tpr][combine_row_bytes] library-owned combine output
+  uint64_t total_bytes;         // end of the layout
 };
 
 // Per-handle device state in the private part of the workspace.
 struct ControlBlock {
-  uint64_t epoch;               // epoch of the next dispatch/combine pair; starts at 1
-  uint32_t dispatch_arrivals;   // blocks of the running dispatch that finished their rows
-  uint32_t combine_arrivals;    // same for combine
+  uint64_t epoch;  // number of the last dispatch (set by dispatch, read by combine); 0 at create
+  uint64_t reserved;
   DeviceErrors errors;
 };
 
@@ -128,6 +121,10 @@ struct CombineLaunch {
   void* output;                // [T, combine_row_bytes]
   int32_t num_blocks;
 };
+
+// Rows per combine chunk (one flag each): a function of group-wide values
+// only, since sender and receiver must agree on it.
+int32_t combine_chunk_rows(const GroupShape& shape, int32_t tokens_per_rank);
 
 // Multiply-shift constants for unsigned division by `divisor` (>= 1), exact
 // for every 32-bit numerator: q = (umulhi(n, magic) + n) >> shift.

@@ -27,9 +27,9 @@ status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   echo "== tests"
   shift || true
-  (cd $BUILD && ctest -R 'nvlink' --output-on-failure --timeout 200 "$@") > "$OUT/ctest.log" 2>&1
+  (cd $BUILD && ctest -R 'nvlink' -V --timeout 200 "$@") > "$OUT/ctest.log" 2>&1
   status=$?
-  grep -E "tests passed|Test +#|All tests|assertions|FAILED|Failed|SKIPPED|Skipped|timeout" "$OUT/ctest.log" | tail -25
+  grep -E "tests passed|Test +#|All tests passed|test cases|FAILED|Failed|SKIPPED|Skipped|skipping|timeout" "$OUT/ctest.log" | tail -25
   [ $status -ne 0 ] && grep -B5 -A30 -E "FAILED|REQUIRE|with expansion" "$OUT/ctest.log" | head -120
 fi
 

@@ -218,7 +218,7 @@ class NvlinkBackend final : public Backend {
                                cudaMemcpyHostToDevice, private_stream_),
                "writing the peer table");
     kernels::ControlBlock control{};
-    control.epoch = 1;
+    control.epoch = 0;  // the first dispatch is epoch 1; flags and counters start at 0
     control.errors.timeout_peer = -1;
     control.errors.bad_id_first = ~uint64_t{0};
     check_cuda(cudaMemcpyAsync(control_device(), &control, sizeof(control), cudaMemcpyHostToDevice, private_stream_),

@@ -34,19 +34,21 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   Planner p;
   kernels::WorkspaceOffsets o{};
   // Shared: written by peers.
-  o.dispatch_flags = p.place(W * sizeof(kernels::FlagSlot));
-  o.combine_flags = p.place(W * sizeof(kernels::FlagSlot));
+  o.dispatch_arrivals = p.place(W * sizeof(uint64_t));
+  o.dispatch_counts_in = p.place(W * sizeof(int32_t));
   o.expert_counts_in = p.place(W * epr * sizeof(int32_t));
   o.eplb_gathered = p.place(l.eplb_stats ? W * E * sizeof(int32_t) : 0);
   o.recv_hidden = p.place(W * M * l.hidden_row_bytes);
   o.recv_scales = p.place(W * M * l.scale_row_bytes);
   o.recv_ids = p.place(W * M * K * sizeof(int32_t));
   o.recv_weights = p.place(W * M * K * sizeof(float));
+  o.combine_started = p.place(W * sizeof(uint64_t));
+  o.combine_chunk_flags = p.place(W * M * sizeof(uint64_t));
   o.combine_in = p.place((W - 1) * M * l.combine_row_bytes);
   // Private.
   o.peer_bases = p.place(W * sizeof(uint64_t));
   o.control = p.place(sizeof(kernels::ControlBlock));
-  o.expert_hist = p.place(E * sizeof(int32_t));
+  o.expert_hist = p.place(E * sizeof(int32_t));  // used only beyond the kernels' shared histogram
   o.recv_counts = p.place(W * sizeof(int32_t));
   o.counts_private = p.place(W * sizeof(int32_t));
   o.local_expert_counts = p.place(epr * sizeof(int32_t));
