@@ -45,6 +45,9 @@ fn main() {
     for (rank, t) in threads.into_iter().enumerate() {
         let y = t.join().unwrap().unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         // Token 0 picked experts 0 and 2 (weights 0.5 + 0.25), token 1 expert 1 (1.0).
+        let x: Vec<f32> = (0..6).map(|v| (v + 10 * rank) as f32).collect();
+        let expected: Vec<f32> = x.iter().enumerate().map(|(i, v)| if i < 3 { v * 0.75 } else { *v }).collect();
+        assert_eq!(y, expected, "rank {rank}");
         println!("rank {rank}: {y:?}");
     }
 }
