@@ -11,6 +11,23 @@ namespace moe_ep_tool {
 
 namespace {
 
+// What create allocates per rank, next to SPEC §6's bound:
+// 2 * ep_size * max_tokens_per_rank * row bytes + 64 MiB.
+struct Workspace {
+  uint64_t bytes = 0, bound = 0;
+  moe_ep_status_t status = MOE_EP_SUCCESS;
+};
+
+Workspace workspace_of(const Session& s, const WorkloadSpec& w) {
+  Workspace ws;
+  const moe_ep_params_t params = w.params();
+  const moe_ep_config_t config = s.config();
+  ws.status = moe_ep_workspace_size(&params, &config, s.world().size, &ws.bytes);
+  ws.bound = 2ull * w.world * uint64_t(w.max_tokens_per_rank) * (w.hidden_row_bytes() + w.scale_row_bytes()) +
+             (64ull << 20);
+  return ws;
+}
+
 double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }  // bytes/us = MB/s
 
 std::string wrong_text(int64_t wrong) { return wrong < 0 ? "N/A" : std::to_string(wrong); }
@@ -66,6 +83,13 @@ void BenchReport::print_header() {
   std::printf("# row bytes: B_dispatch %llu, B_combine %llu\n",
               static_cast<unsigned long long>(w.hidden_row_bytes() + w.scale_row_bytes()),
               static_cast<unsigned long long>(w.combine_row_bytes()));
+  const Workspace ws = workspace_of(s_, w);
+  if (ws.status == MOE_EP_SUCCESS) {
+    std::printf("# workspace per rank: %.1f MiB (moe_ep_workspace_size); SPEC bound 2*ep*max_tokens*B_dispatch + 64 MiB = "
+                "%.1f MiB\n", double(ws.bytes) / (1 << 20), double(ws.bound) / (1 << 20));
+  } else {
+    std::printf("# workspace per rank: moe_ep_workspace_size returned %s\n", moe_ep_status_string(ws.status));
+  }
   for (const std::string& f : traffic_formulas()) std::printf("#   %s\n", f.c_str());
   std::printf("#   %s\n", !s_.on_gpu()     ? "host time: steady clock around each call, barrier before each iteration"
                           : o_.launch_gate ? "GPU time: CUDA events around each call, launches queued ahead of the GPU"
@@ -175,6 +199,9 @@ void BenchReport::write_json(const std::vector<SizeResult>& results, const std::
   j.field("seed", int64_t(o_.common.seed)).field("timing", s_.on_gpu() ? "cuda events" : "host steady clock");
   j.field("dispatch_row_bytes", int64_t(w.hidden_row_bytes() + w.scale_row_bytes()));
   j.field("combine_row_bytes", int64_t(w.combine_row_bytes()));
+  const Workspace ws = workspace_of(s_, w);
+  if (ws.status == MOE_EP_SUCCESS) j.field("workspace_bytes", int64_t(ws.bytes));
+  j.field("workspace_bound_bytes", int64_t(ws.bound));
   j.end_object();
   j.key("formulas").values(traffic_formulas());
   j.key("results").begin_array();

@@ -78,7 +78,7 @@ JsonWriter& JsonWriter::value(double v) {
     return *this;
   }
   char text[32];
-  std::snprintf(text, sizeof text, "%.6g", v);
+  std::snprintf(text, sizeof text, "%.12g", v);  // byte counts stay exact
   out_ += text;
   return *this;
 }
