@@ -25,10 +25,10 @@ export MOE_EP_LIBRARY=$PWD/$B/src/libmoe_ep.so.0 MOE_EP_MPI_LIBRARY=$PWD/$B/src/
 export PYTHONPATH=$PWD/bindings/python/src MOE_EP_LAYOUT_PROBE_OUTPUT=$PWD/$B/layout.txt
 rc=0
 echo "== torch, 2 ranks"
-timeout 150 bash $R python3 2 "pytest torch" $T/test_torch.py -vv 2>&1 | tee "$OUT/torch.log" || rc=1
+timeout 90 bash $R python3 2 "pytest torch" $T/test_torch.py -vv 2>&1 | tee "$OUT/torch.log" || rc=1
 echo "== single process"
-timeout 60 bash $R python3 0 "numpy pytest" $T/test_api.py $T/test_threads.py -q 2>&1 | tee "$OUT/single.log" | tail -6 || rc=1
+timeout 30 bash $R python3 0 "numpy pytest" $T/test_api.py $T/test_threads.py -q 2>&1 | tee "$OUT/single.log" | tail -6 || rc=1
 echo "== mpi4py, 2 ranks"
-timeout 60 bash $R python3 2 "numpy pytest mpi4py" $T/test_mpi.py 2>&1 | tee "$OUT/mpi.log" | tail -8 || rc=1
+timeout 30 bash $R python3 2 "numpy pytest mpi4py" $T/test_mpi.py 2>&1 | tee "$OUT/mpi.log" | tail -8 || rc=1
 echo "rc=$rc"
 exit $rc
