@@ -101,9 +101,17 @@ class MoeEpRunner {
     if (graph) capture();
     return time_loop(s_, o, 2, [&](Marks& m) {
       m.mark();
-      graph ? dispatch_graph_->launch(s_.stream()) : TOOL_CHECK_MOE(dispatch(s_.stream()));
+      if (graph) {
+        dispatch_graph_->launch(s_.stream());
+      } else {
+        TOOL_CHECK_MOE(dispatch(s_.stream()));
+      }
       m.mark();
-      graph ? combine_graph_->launch(s_.stream()) : TOOL_CHECK_MOE(combine(s_.stream()));
+      if (graph) {
+        combine_graph_->launch(s_.stream());
+      } else {
+        TOOL_CHECK_MOE(combine(s_.stream()));
+      }
       m.mark();
     });
   }
