@@ -28,8 +28,8 @@ struct CombineParams {
   int32_t chunk_rows;  // rows per chunk flag, combine_chunk_rows()
 };
 
-// The reduce moves 32 lanes x 2 vectors per step: fp32 accumulators stay in registers.
-constexpr int kReduceVectorsPerLane = 2;
+// The reduce moves 32 lanes x 4 vectors per step and source (2 KiB).
+constexpr int kReduceVectorsPerLane = 4;
 constexpr int kReduceSegmentBytes = 32 * kReduceVectorsPerLane * 16;
 
 __device__ __forceinline__ bool combine_rows_aligned(const CombineParams& p) {
@@ -65,37 +65,40 @@ struct Roles {
   }
 };
 
-// One chunk: rows [first, last) received from `peer`, pushed back to it.
-__device__ void push_chunk(const CombineParams& p, int peer, int64_t first, int64_t last, bool aligned) {
+// One segment of row j received from `peer`, pushed back to it (warp).
+__device__ inline void push_row_segment(const CombineParams& p, int peer, int64_t j, int segment, bool aligned) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32;
   const int64_t tpr = p.args.tokens_per_rank;
   const int64_t row_bytes = s.combine_row_bytes;
+  const char* src = static_cast<const char*>(p.args.expert_output) + (peer * tpr + j) * row_bytes;
+  char* dst = c.rank_base(peer) + c.offsets.combine_in + (c.combine_segment(s.rank, peer) * tpr + j) * row_bytes;
+  if (!aligned) {
+    warp_copy_bytes(dst, src, row_bytes, lane);
+    return;
+  }
+  const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
+  const int vectors = static_cast<int>((row_bytes - offset < kSegmentBytes ? row_bytes - offset : kSegmentBytes) / 16);
+  const uint4* src_v = reinterpret_cast<const uint4*>(src + offset);
+  uint4* dst_v = reinterpret_cast<uint4*>(dst + offset);
+  uint4 v[kVectorsPerLane];
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    if (u * 32 + lane < vectors) v[u] = __ldg(src_v + u * 32 + lane);
+  }
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    if (u * 32 + lane < vectors) dst_v[u * 32 + lane] = v[u];
+  }
+}
+
+// One chunk: rows [first, last) received from `peer`, pushed back to it.
+__device__ void push_chunk(const CombineParams& p, int peer, int64_t first, int64_t last, bool aligned) {
   const int segments = combine_segments(p, aligned);
   const int64_t items = (last - first) * segments;
-  for (int64_t item = warp; item < items; item += kWarpsPerBlock) {
-    const int64_t j = first + item / segments;
-    const int segment = static_cast<int>(item % segments);
-    const char* src = static_cast<const char*>(p.args.expert_output) + (peer * tpr + j) * row_bytes;
-    char* dst = c.rank_base(peer) + c.offsets.combine_in + (c.combine_segment(s.rank, peer) * tpr + j) * row_bytes;
-    if (!aligned) {
-      warp_copy_bytes(dst, src, row_bytes, lane);
-      continue;
-    }
-    const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
-    const int vectors = static_cast<int>((row_bytes - offset < kSegmentBytes ? row_bytes - offset : kSegmentBytes) / 16);
-    const uint4* src_v = reinterpret_cast<const uint4*>(src + offset);
-    uint4* dst_v = reinterpret_cast<uint4*>(dst + offset);
-    uint4 v[kVectorsPerLane];
-#pragma unroll
-    for (int u = 0; u < kVectorsPerLane; ++u) {
-      if (u * 32 + lane < vectors) v[u] = __ldg(src_v + u * 32 + lane);
-    }
-#pragma unroll
-    for (int u = 0; u < kVectorsPerLane; ++u) {
-      if (u * 32 + lane < vectors) dst_v[u * 32 + lane] = v[u];
-    }
+  for (int64_t item = threadIdx.x / 32; item < items; item += kWarpsPerBlock) {
+    push_row_segment(p, peer, first + item / segments, static_cast<int>(item % segments), aligned);
   }
 }
 
@@ -140,7 +143,7 @@ __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q
   return c.state.local_base + c.offsets.combine_in + (c.combine_segment(q, c.shape.rank) * tpr + slot) * row_bytes;
 }
 
-// One 1 KiB segment of an output row, 16-byte vectors.
+// One 2 KiB segment of an output row, 16-byte vectors.
 template <typename Element>
 __device__ void reduce_segment(const CombineParams& p, int32_t token, int segment, const TokenDestinations& srcs,
                                int lane) {
@@ -229,7 +232,8 @@ __device__ __forceinline__ bool wait_for_partials(const CombineParams& p, const 
 // Reduce role: (token, segment) items in ascending token order over the
 // reduce warps of the grid.
 template <typename Element>
-__device__ void reduce_tokens(const CombineParams& p, const Roles& roles, bool aligned, uint64_t epoch) {
+__device__ void reduce_tokens(const CombineParams& p, const Roles& roles, bool aligned, uint64_t epoch,
+                              bool wait_chunks) {
   const GroupShape& s = p.ctx.shape;
   const int lane = threadIdx.x % 32;
   const int segments = reduce_segments(p, aligned);
@@ -242,7 +246,7 @@ __device__ void reduce_tokens(const CombineParams& p, const Roles& roles, bool a
     const int32_t token = static_cast<int32_t>(item / segments);
     const TokenDestinations srcs =
         TokenDestinations::load(slots + static_cast<int64_t>(token) * s.world_size, s.world_size, lane);
-    if (!wait_for_partials(p, srcs, lane, &ready_low, &ready_high, epoch)) return;
+    if (wait_chunks && !wait_for_partials(p, srcs, lane, &ready_low, &ready_high, epoch)) return;
     if (aligned) {
       reduce_segment<Element>(p, token, static_cast<int>(item % segments), srcs, lane);
     } else {
@@ -262,6 +266,72 @@ __device__ void wait_for_peers_started(const CombineParams& p, uint64_t epoch) {
   }
 }
 
+// Serial schedule, push part: rows numbered over the peers in rank order,
+// (row, segment) items dealt to every warp of the grid.
+__device__ void push_rows_interleaved(const CombineParams& p, const int32_t* counts, bool aligned) {
+  const GroupShape& s = p.ctx.shape;
+  const int segments = combine_segments(p, aligned);
+  int64_t rows = 0;
+  for (int r = 0; r < s.world_size; ++r) rows += r == s.rank ? 0 : counts[r];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; item < rows * segments;
+       item += warps) {
+    int64_t j = item / segments;
+    int peer = 0;
+    while (peer == s.rank || j >= counts[peer]) {
+      if (peer != s.rank) j -= counts[peer];
+      ++peer;
+    }
+    push_row_segment(p, peer, j, static_cast<int>(item % segments), aligned);
+  }
+}
+
+template <typename Element>
+__device__ void combine_serial(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
+  const KernelContext& c = p.ctx;
+  push_rows_interleaved(p, counts, aligned);
+  publish_block_arrival(c, c.offsets.combine_arrivals);
+  __shared__ int32_t failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  for (int q = threadIdx.x; q < c.shape.world_size; q += blockDim.x) {
+    if (q == c.shape.rank) continue;
+    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_arrivals) + q, epoch * kArrivalsPerCall,
+                             c.control(), c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
+      failed = 1;
+    }
+  }
+  __syncthreads();
+  if (failed) return;
+  reduce_tokens<Element>(p, Roles(1, gridDim.x), aligned, epoch, false);
+}
+
+template <typename Element>
+__device__ void combine_overlapped(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  if (blockIdx.x == 0) {  // nothing to order before it: a plain release store
+    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
+      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
+    }
+  }
+  const Roles roles(s.world_size, gridDim.x);
+  if (static_cast<int>(blockIdx.x) < roles.push) push_rows(p, counts, roles.push, aligned, epoch);
+  if (static_cast<int>(blockIdx.x) >= static_cast<int>(gridDim.x) - roles.reduce) {
+    reduce_tokens<Element>(p, roles, aligned, epoch, true);
+  }
+  if (blockIdx.x == gridDim.x - 1) wait_for_peers_started(p, epoch);
+}
+
+template <typename Element>
+__device__ void combine_body(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
+  if (p.args.schedule == kCombineOverlapped) {
+    combine_overlapped<Element>(p, counts, aligned, epoch);
+  } else {
+    combine_serial<Element>(p, counts, aligned, epoch);
+  }
+}
+
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const CombineParams p) {
   __shared__ int32_t counts[kMaxWorldSize];
   const KernelContext& c = p.ctx;
@@ -269,26 +339,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   ControlBlock* control = c.control();
   if (handle_timed_out(control)) return;
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
-  if (blockIdx.x == 0) {  // nothing to order before it: a plain release store
-    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
-      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
-    }
-  }
   const int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
   for (int r = threadIdx.x; r < s.world_size; r += blockDim.x) counts[r] = counts_private[r];
   __syncthreads();
-
-  const Roles roles(s.world_size, gridDim.x);
   const bool aligned = combine_rows_aligned(p);
-  if (static_cast<int>(blockIdx.x) < roles.push) push_rows(p, counts, roles.push, aligned, epoch);
-  if (static_cast<int>(blockIdx.x) >= static_cast<int>(gridDim.x) - roles.reduce) {
-    switch (s.combine_dtype) {
-      case kCombineBf16: reduce_tokens<Bf16Element>(p, roles, aligned, epoch); break;
-      case kCombineFp16: reduce_tokens<Fp16Element>(p, roles, aligned, epoch); break;
-      default: reduce_tokens<Fp32Element>(p, roles, aligned, epoch); break;
-    }
+  switch (s.combine_dtype) {
+    case kCombineBf16: combine_body<Bf16Element>(p, counts, aligned, epoch); break;
+    case kCombineFp16: combine_body<Fp16Element>(p, counts, aligned, epoch); break;
+    default: combine_body<Fp32Element>(p, counts, aligned, epoch); break;
   }
-  if (blockIdx.x == gridDim.x - 1) wait_for_peers_started(p, epoch);
 }
 
 }  // namespace

@@ -78,6 +78,7 @@ __device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target
   const uint64_t start = global_timer_ns();
   for (uint32_t polls = 1;; ++polls) {
     if (load_acquire_sys(word) >= target) return true;
+    if (polls > 64) __nanosleep(32);  // many waiters: leave the memory system to the data
     if ((polls & 255u) == 0) {
       if (handle_timed_out(control)) return false;
       if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns) {

@@ -289,20 +289,6 @@ __device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
   }
 }
 
-// Step 3: after the barrier, one thread makes every store of the block
-// visible and counts the block in at every destination.
-__device__ void publish_arrival(const DispatchParams& p) {
-  const KernelContext& c = p.ctx;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    fence_acq_rel_sys();
-    const uint64_t weight = arrival_weight();
-    for (int d = 0; d < c.shape.world_size; ++d) {
-      red_release_sys_add(c.remote<uint64_t>(d, c.offsets.dispatch_arrivals) + c.shape.rank, weight);
-    }
-  }
-}
-
 // Block 0, last: wait until every rank's blocks have all arrived here, then
 // produce recv_counts and local_expert_counts.
 __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh) {
@@ -349,7 +335,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   if (blockIdx.x == 0) send_counts(p, sh);
   send_own_tokens(p, t0, t1);
   write_padding(p, sh.totals);
-  publish_arrival(p);
+  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
   if (blockIdx.x == 0) {
     const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1;
     finish_dispatch(p, epoch, sh);

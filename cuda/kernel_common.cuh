@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "device_sync.cuh"
 #include "moe_ep_kernels.h"
 
 namespace moe_ep {
@@ -11,7 +12,7 @@ namespace kernels {
 
 constexpr int kWarpsPerBlock = kBlockThreads / 32;
 // A warp moves a row in steps of 32 lanes x kVectorsPerLane 16-byte vectors.
-constexpr int kVectorsPerLane = 4;
+constexpr int kVectorsPerLane = 8;
 constexpr int kSegmentBytes = 32 * kVectorsPerLane * 16;
 
 struct KernelContext {
@@ -63,6 +64,20 @@ struct TokenDestinations {
     return rank < 32 ? low : high;
   }
 };
+
+// After a barrier, one thread makes every store of the block visible and
+// counts the block in at every rank: counters[this rank] in each rank's
+// region at `counters_offset` (see arrival_weight).
+__device__ inline void publish_block_arrival(const KernelContext& c, uint64_t counters_offset) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fence_acq_rel_sys();
+    const uint64_t weight = arrival_weight();
+    for (int d = 0; d < c.shape.world_size; ++d) {
+      red_release_sys_add(c.remote<uint64_t>(d, counters_offset) + c.shape.rank, weight);
+    }
+  }
+}
 
 __device__ __forceinline__ int lowest_rank(uint64_t mask) { return __ffsll(static_cast<long long>(mask)) - 1; }
 

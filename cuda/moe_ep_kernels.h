@@ -55,6 +55,7 @@ struct WorkspaceOffsets {
   uint64_t recv_scales;         // [world*max_tpr][scale_row_bytes]
   uint64_t recv_ids;            // [world*max_tpr][top_k] int32
   uint64_t recv_weights;        // [world*max_tpr][top_k] fp32
+  uint64_t combine_arrivals;    // [world] uint64, index = source: blocks' release-adds (serial combine)
   uint64_t combine_started;     // [world] uint64: epoch of the source's running combine
   uint64_t combine_chunk_flags; // [world][max_tpr] uint64: epoch at which a chunk of rows landed
   uint64_t combine_in;          // [(world-1)*max_tpr][combine_row_bytes]
@@ -114,12 +115,23 @@ struct DispatchLaunch {
   int32_t num_blocks;          // grid size, at most the SMs the handle may use
 };
 
+// How combine schedules its reduction.
+enum CombineSchedule : int32_t {
+  // Every block pushes its share of rows, counts in at every peer, waits for
+  // every peer, then reduces its share of tokens.
+  kCombineSerial = 0,
+  // Push blocks and reduce blocks at once; a token is reduced as soon as the
+  // chunks holding its rows have landed (per-chunk flags).
+  kCombineOverlapped = 1
+};
+
 struct CombineLaunch {
   int32_t num_tokens;
   int32_t tokens_per_rank;
   const void* expert_output;   // [world*tpr, combine_row_bytes]
   void* output;                // [T, combine_row_bytes]
   int32_t num_blocks;
+  int32_t schedule;            // CombineSchedule
 };
 
 // Rows per combine chunk (one flag each): a function of group-wide values

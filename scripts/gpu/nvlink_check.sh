@@ -35,11 +35,15 @@ fi
 
 if [ "$what" = timing ] || [ "$what" = all ]; then
   echo "== timing"
-  for t in 4096 128 1; do
-    MOE_EP_LOG=info timeout 300 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
-      --tokens $t --hidden 7168 --experts 256 --topk 8 --iters 200 --warmup 20 2>&1 | tee -a "$OUT/timing.log"
+  timing() {  # schedule, then timing-tool arguments
+    MOE_EP_COMBINE_SCHEDULE=$1 timeout 120 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
+      --hidden 7168 --experts 256 --topk 8 --warmup 20 "${@:2}" 2>&1 | grep -v "^\[moe_ep\]" | tee -a "$OUT/timing.log"
+  }
+  MOE_EP_LOG=info timeout 120 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
+    --tokens 128 --iters 20 --warmup 2 2>&1 | grep "^\[moe_ep\]" | tee -a "$OUT/timing.log"
+  for schedule in serial overlapped; do
+    for t in 4096 128 1; do timing $schedule --tokens $t --iters 200; done
+    timing $schedule --tokens 4096 --iters 100 --num-sms 16
   done
-  timeout 300 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
-    --tokens 4096 --hidden 7168 --experts 256 --topk 8 --iters 100 --num-sms 16 2>&1 | tee -a "$OUT/timing.log"
 fi
 exit $status

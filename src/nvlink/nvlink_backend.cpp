@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -35,6 +36,15 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
   return value;
 }
 
+// MOE_EP_COMBINE_SCHEDULE=serial|overlapped picks how combine overlaps its
+// reduction with the NVLink traffic (a tuning knob; both give identical
+// results).  Every rank must choose the same; create checks it.
+int32_t combine_schedule_from_environment() {
+  const char* v = std::getenv("MOE_EP_COMBINE_SCHEDULE");
+  if (v != nullptr && std::strcmp(v, "overlapped") == 0) return kernels::kCombineOverlapped;
+  return kernels::kCombineSerial;
+}
+
 std::string phase_name(uint32_t phase) {
   return phase == kernels::kPhaseCombine ? "combine" : "dispatch";
 }
@@ -52,6 +62,13 @@ class NvlinkBackend final : public Backend {
       message = e.what();
     }
     bootstrap.agree(status, message);
+    const std::vector<int32_t> schedules = bootstrap.allgather_value(combine_schedule_);
+    for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
+      if (schedules[r] != schedules[0]) {
+        fail(MOE_EP_ERROR_INVALID_ARGUMENT, "MOE_EP_COMBINE_SCHEDULE: expected the same value on every rank, got ",
+             schedules[0], " on rank 0 and ", schedules[r], " on rank ", r);
+      }
+    }
 
     {
       const DeviceGuard guard(device_);
@@ -71,7 +88,8 @@ class NvlinkBackend final : public Backend {
     }
     log_info("rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
              " SMs, workspace ", memory_->size(), " bytes (", offsets_.total_bytes, " used), timeout ",
-             config_.timeout_ms, " ms");
+             config_.timeout_ms, " ms, combine schedule ",
+             combine_schedule_ == kernels::kCombineOverlapped ? "overlapped" : "serial");
   }
 
   ~NvlinkBackend() override { shutdown(); }
@@ -116,6 +134,7 @@ class NvlinkBackend final : public Backend {
     a.expert_output = call.expert_output;
     a.output = call.output ? call.output : memory_->local() + offsets_.combine_out;
     a.num_blocks = kernels::combine_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    a.schedule = combine_schedule_;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
     note_launch(s);
@@ -193,6 +212,7 @@ class NvlinkBackend final : public Backend {
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sm_count_ ? config_.num_sms : sm_count_;
     shape_ = group_shape(layout_);
     offsets_ = plan_workspace(layout_);
+    combine_schedule_ = combine_schedule_from_environment();
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -300,6 +320,7 @@ class NvlinkBackend final : public Backend {
   kernels::HostTimeoutMirror* mirror_ = nullptr;
   cudaStream_t private_stream_ = nullptr;
   cudaEvent_t last_launch_ = nullptr;
+  int32_t combine_schedule_ = kernels::kCombineSerial;
   bool captured_ = false;
   bool released_ = false;
 };

@@ -42,6 +42,7 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.recv_scales = p.place(W * M * l.scale_row_bytes);
   o.recv_ids = p.place(W * M * K * sizeof(int32_t));
   o.recv_weights = p.place(W * M * K * sizeof(float));
+  o.combine_arrivals = p.place(W * sizeof(uint64_t));
   o.combine_started = p.place(W * sizeof(uint64_t));
   o.combine_chunk_flags = p.place(W * M * sizeof(uint64_t));
   o.combine_in = p.place((W - 1) * M * l.combine_row_bytes);

@@ -1,6 +1,9 @@
 // Times dispatch and combine of the NVLINK_TWO_SIDED backend with CUDA events:
 // median over many back-to-back iterations (eager), and over CUDA-graph
 // replays (one graph for dispatch, one for combine, replayed alternately).
+// Iterations are queued in batches behind a hold kernel and then released, so
+// the GPU runs them back to back and the events time the GPU, not the host's
+// launch rate.
 // Uniform random routing, every rank with the same token count.  Prints the
 // slowest rank's medians and the NVLink bytes each phase moves per rank.
 //
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "moe_ep_c.h"
+#include "hold_kernel.hpp"
 #include "mpi_test_bootstrap.hpp"
 #include "random_inputs.hpp"
 #include "tensor_helpers.hpp"
@@ -57,6 +61,33 @@ double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
+
+// Queues `count` iterations behind a hold kernel on every rank, then releases
+// them at once (after a barrier, so that the ranks start together).
+class Batches {
+ public:
+  explicit Batches(cudaStream_t stream) : stream_(stream) {
+    ok(cudaHostAlloc(reinterpret_cast<void**>(&release_), sizeof(int), cudaHostAllocMapped), "cudaHostAlloc");
+    ok(cudaHostGetDevicePointer(reinterpret_cast<void**>(&release_device_), release_, 0), "cudaHostGetDevicePointer");
+  }
+  ~Batches() { cudaFreeHost(release_); }
+  template <typename Enqueue>
+  void run(int count, int batch, Enqueue enqueue) {
+    for (int first = 0; first < count; first += batch) {
+      *reinterpret_cast<volatile int*>(release_) = 0;
+      MPI_Barrier(MPI_COMM_WORLD);
+      ok(moe_ep_test::launch_hold(stream_, release_device_, 500000000LL), "launch_hold");
+      for (int i = first; i < first + batch && i < count; ++i) enqueue(i);
+      *reinterpret_cast<volatile int*>(release_) = 1;
+      ok(cudaStreamSynchronize(stream_), "sync");
+    }
+  }
+
+ private:
+  cudaStream_t stream_;
+  int* release_ = nullptr;
+  int* release_device_ = nullptr;
+};
 
 double max_over_ranks(double v) {
   double m = 0;
@@ -171,16 +202,17 @@ void run(const Options& o) {
   ok(cudaStreamSynchronize(stream), "sync");
   MPI_Barrier(MPI_COMM_WORLD);
 
+  Batches batches(stream);
+  constexpr int kBatch = 40;
   Timer eager_d(o.iters), eager_c(o.iters);
-  for (int i = 0; i < o.iters; ++i) {
+  batches.run(o.iters, kBatch, [&](int i) {
     ok(cudaEventRecord(eager_d.start(i), stream), "record");
     ok(moe_ep_dispatch(h, &a, &dr, stream), "dispatch");
     ok(cudaEventRecord(eager_d.end(i), stream), "record");
     ok(cudaEventRecord(eager_c.start(i), stream), "record");
     ok(moe_ep_combine(h, te.get(), nullptr, &cr, stream), "combine");
     ok(cudaEventRecord(eager_c.end(i), stream), "record");
-  }
-  ok(cudaStreamSynchronize(stream), "sync");
+  });
   const double ed = max_over_ranks(median(eager_d.microseconds()));
   const double ec = max_over_ranks(median(eager_c.microseconds()));
 
@@ -201,15 +233,14 @@ void run(const Options& o) {
   ok(cudaStreamSynchronize(stream), "sync");
   MPI_Barrier(MPI_COMM_WORLD);
   Timer graph_d(o.iters), graph_c(o.iters);
-  for (int i = 0; i < o.iters; ++i) {
+  batches.run(o.iters, kBatch, [&](int i) {
     ok(cudaEventRecord(graph_d.start(i), stream), "record");
     ok(cudaGraphLaunch(xd, stream), "launch");
     ok(cudaEventRecord(graph_d.end(i), stream), "record");
     ok(cudaEventRecord(graph_c.start(i), stream), "record");
     ok(cudaGraphLaunch(xc, stream), "launch");
     ok(cudaEventRecord(graph_c.end(i), stream), "record");
-  }
-  ok(cudaStreamSynchronize(stream), "sync");
+  });
   const double gdm = max_over_ranks(median(graph_d.microseconds()));
   const double gcm = max_over_ranks(median(graph_c.microseconds()));
 
@@ -218,8 +249,10 @@ void run(const Options& o) {
   if (async != MOE_EP_SUCCESS) throw std::runtime_error(std::string("async error: ") + moe_ep_last_error());
 
   if (rank == 0) {
-    std::printf("tokens/rank %d hidden %d bf16 top-%d of %d, %d ranks, num_sms %d, %d iterations (median, slowest rank)\n",
-                o.tokens, o.hidden, o.topk, o.experts, world, o.num_sms, o.iters);
+    const char* schedule = std::getenv("MOE_EP_COMBINE_SCHEDULE");
+    std::printf("tokens/rank %d hidden %d bf16 top-%d of %d, %d ranks, num_sms %d, combine schedule %s, %d iterations "
+                "(median, slowest rank)\n",
+                o.tokens, o.hidden, o.topk, o.experts, world, o.num_sms, schedule ? schedule : "default", o.iters);
     std::printf("  NVLink bytes per rank and direction: dispatch %.2f MB, combine %.2f MB\n", dispatch_bytes / 1e6,
                 combine_bytes / 1e6);
     std::printf("  eager:  dispatch %8.1f us (%6.1f GB/s)   combine %8.1f us (%6.1f GB/s)\n", ed,
