@@ -98,12 +98,21 @@ class TorchCase:
 
 
 def run_and_compare(ep, case, stream=None, out_buffer=False):
-    """All collective calls first, then the assertions."""
+    """All collective calls first, then the assertions.  A local failure
+    between dispatch and combine is held back until combine was issued, so
+    that the peers' combine is not left without this rank's data."""
     x, ids, w = case.inputs[RANK]
     r = ep.dispatch(x, ids, w, stream=stream)
-    got = {name: torch.from_dlpack(getattr(r, name)).clone()
-           for name in ("hidden_states", "topk_ids", "topk_weights", "recv_counts", "local_expert_counts")}
-    view_device = r.hidden_states.device
+    held = None
+    got = {}
+    try:
+        for name in ("hidden_states", "topk_ids", "topk_weights", "recv_counts", "local_expert_counts"):
+            view = getattr(r, name)
+            assert view is not None, f"dispatch returned no {name} (T = {x.shape[0]} on rank {RANK})"
+            got[name] = torch.from_dlpack(view).clone()
+        view_device = r.hidden_states.device
+    except Exception as e:  # raised below, after combine
+        held = e
     eo = case.expert_output(RANK)
     if out_buffer:
         out = torch.full((x.shape[0], case.H), 7.0, dtype=case.dtype, device=x.device)
@@ -114,6 +123,8 @@ def run_and_compare(ep, case, stream=None, out_buffer=False):
     if x.is_cuda:
         torch.cuda.synchronize()
     err = ep.async_error()
+    if held is not None:
+        raise held
 
     assert err is None, err
     assert view_device == ((moe_ep.DEVICE_CUDA, x.device.index) if x.is_cuda else (moe_ep.DEVICE_CPU, 0))
@@ -128,6 +139,19 @@ def run_and_compare(ep, case, stream=None, out_buffer=False):
     assert y.dtype == case.dtype and tuple(y.shape) == (x.shape[0], case.H)
     expected = case.combine(RANK)
     assert torch.equal(y, expected), f"max |diff| {(y.float() - expected.float()).abs().max()}"
+
+
+def run_rounds(ep, cases, stream=None, out_buffer_rounds=()):
+    """Several dispatch/combine rounds on one handle.  Every rank runs every
+    round even when one fails (a rank that left early would leave its peers
+    waiting), and the failures are reported at the end."""
+    failures = []
+    for i, case in enumerate(cases):
+        try:
+            run_and_compare(ep, case, stream=stream, out_buffer=i in out_buffer_rounds)
+        except AssertionError as e:
+            failures.append(f"round {i}: {e}")
+    assert not failures, "\n".join(failures)
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +180,7 @@ def test_cpu_host_backend_with_gloo_bootstrap(world_group):
     assert (bs.rank, bs.world_size) == (RANK, WORLD)
     with moe_ep.MoeEp(bs, num_experts=case.E, top_k=case.K, max_tokens_per_rank=case.tpr, hidden_size=case.H,
                       hidden_dtype=torch.bfloat16, combine_dtype=torch.bfloat16, backend="host") as ep:
-        run_and_compare(ep, case)
-        run_and_compare(ep, TorchCase(seed=4, world=WORLD, E=4 * WORLD, K=3, H=33, tpr=9), out_buffer=True)
+        run_rounds(ep, [case, TorchCase(seed=4, world=WORLD, E=4 * WORLD, K=3, H=33, tpr=9)], out_buffer_rounds=(1,))
 
 
 def gpu_case(seed, **kw):
@@ -177,9 +200,10 @@ def gpu_ep(bs, case):
 def test_gpu_nvlink_with_nccl_bootstrap(nccl_group):
     case = gpu_case(5)
     with gpu_ep(moe_ep.from_torch_distributed(nccl_group), case) as ep:
-        stream = torch.cuda.current_stream()
-        for seed in (5, 6, 7):  # several rounds on one handle
-            run_and_compare(ep, gpu_case(seed), stream=stream, out_buffer=seed == 6)
+        # Seed 5 gives the last rank no tokens (T = 0: an empty CUDA tensor,
+        # whose data pointer may be NULL); seed 6 combines into a caller buffer.
+        run_rounds(ep, [gpu_case(seed) for seed in (5, 6, 7)], stream=torch.cuda.current_stream(),
+                   out_buffer_rounds=(1,))
 
 
 @needs_cuda
@@ -194,4 +218,4 @@ def test_gpu_nvlink_with_mpi4py_bootstrap_on_a_side_stream(world_group):
     with moe_ep.from_mpi4py(comm) as bs, gpu_ep(bs, case) as ep:
         side.wait_stream(torch.cuda.current_stream())  # inputs were made on the current stream
         with torch.cuda.stream(side):
-            run_and_compare(ep, case, stream=side)
+            run_rounds(ep, [case, gpu_case(9, dtype=torch.float16, K=2, H=64, tpr=5)], stream=side)
