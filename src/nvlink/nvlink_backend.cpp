@@ -117,7 +117,7 @@ class NvlinkBackend final : public Backend {
     DispatchBuffers b;
     b.hidden = base + offsets_.recv_hidden;
     b.topk_ids = reinterpret_cast<int32_t*>(base + offsets_.recv_ids);
-    b.topk_weights = call.topk_weights ? reinterpret_cast<float*>(base + offsets_.recv_weights) : nullptr;
+    b.topk_weights = call.has_weights ? reinterpret_cast<float*>(base + offsets_.recv_weights) : nullptr;
     b.scales = layout_.scale_row_bytes ? base + offsets_.recv_scales : nullptr;
     b.recv_counts = reinterpret_cast<int32_t*>(base + offsets_.recv_counts);
     b.local_expert_counts = reinterpret_cast<int32_t*>(base + offsets_.local_expert_counts);
