@@ -145,42 +145,63 @@ __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q
 
 // One 2 KiB segment of an output row, 16-byte vectors.
 template <typename Element>
+__device__ __forceinline__ void accumulate(float (&acc)[kReduceVectorsPerLane][16 / sizeof(typename Element::Bits)],
+                                           const uint4 (&v)[kReduceVectorsPerLane]) {
+  using Bits = typename Element::Bits;
+#pragma unroll
+  for (int u = 0; u < kReduceVectorsPerLane; ++u) {
+    const Bits* b = reinterpret_cast<const Bits*>(&v[u]);
+#pragma unroll
+    for (int e = 0; e < static_cast<int>(16 / sizeof(Bits)); ++e) acc[u][e] += Element::load(b[e]);
+  }
+}
+
+// One 2 KiB segment of an output row, 16-byte vectors.  The partials are
+// loaded two ranks at a time before either is added (more bytes in flight per
+// warp), and added strictly in ascending rank order.
+template <typename Element>
 __device__ void reduce_segment(const CombineParams& p, int32_t token, int segment, const TokenDestinations& srcs,
                                int lane) {
   using Bits = typename Element::Bits;
   constexpr int kPerVector = 16 / sizeof(Bits);
   const int64_t row_bytes = p.ctx.shape.combine_row_bytes;
   const int64_t offset = static_cast<int64_t>(segment) * kReduceSegmentBytes;
-  const int vectors = static_cast<int>((row_bytes - offset < kReduceSegmentBytes ? row_bytes - offset : kReduceSegmentBytes) / 16);
+  const int vectors =
+      static_cast<int>((row_bytes - offset < kReduceSegmentBytes ? row_bytes - offset : kReduceSegmentBytes) / 16);
   float acc[kReduceVectorsPerLane][kPerVector];
 #pragma unroll
   for (int u = 0; u < kReduceVectorsPerLane; ++u) {
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) acc[u][e] = 0.0f;
   }
-  for (uint64_t rest = srcs.mask; rest != 0; rest &= rest - 1) {  // ascending rank order
-    const int q = lowest_rank(rest);
-    const uint4* src = reinterpret_cast<const uint4*>(partial_row(p, q, srcs.slot(q)) + offset);
-    uint4 v[kReduceVectorsPerLane];
+  uint64_t rest = srcs.mask;  // ascending rank order
+  while (rest != 0) {
+    const int q0 = lowest_rank(rest);
+    rest &= rest - 1;
+    const int q1 = rest != 0 ? lowest_rank(rest) : -1;
+    if (q1 >= 0) rest &= rest - 1;
+    const uint4* a = reinterpret_cast<const uint4*>(partial_row(p, q0, srcs.slot(q0)) + offset);
+    const int32_t slot1 = srcs.slot(q1 >= 0 ? q1 : q0);
+    const uint4* b = q1 >= 0 ? reinterpret_cast<const uint4*>(partial_row(p, q1, slot1) + offset) : nullptr;
+    uint4 va[kReduceVectorsPerLane] = {}, vb[kReduceVectorsPerLane] = {};
 #pragma unroll
     for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-      if (u * 32 + lane < vectors) v[u] = __ldcg(src + u * 32 + lane);
+      if (u * 32 + lane < vectors) {
+        va[u] = __ldcg(a + u * 32 + lane);
+        if (b) vb[u] = __ldcg(b + u * 32 + lane);
+      }
     }
-#pragma unroll
-    for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-      const Bits* b = reinterpret_cast<const Bits*>(&v[u]);
-#pragma unroll
-      for (int e = 0; e < kPerVector; ++e) acc[u][e] += Element::load(b[e]);
-    }
+    accumulate<Element>(acc, va);
+    if (b) accumulate<Element>(acc, vb);
   }
   uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) + token * row_bytes + offset);
 #pragma unroll
   for (int u = 0; u < kReduceVectorsPerLane; ++u) {
     if (u * 32 + lane >= vectors) continue;
     uint4 out;
-    Bits* b = reinterpret_cast<Bits*>(&out);
+    Bits* o = reinterpret_cast<Bits*>(&out);
 #pragma unroll
-    for (int e = 0; e < kPerVector; ++e) b[e] = Element::store(acc[u][e]);
+    for (int e = 0; e < kPerVector; ++e) o[e] = Element::store(acc[u][e]);
     dst[u * 32 + lane] = out;
   }
 }

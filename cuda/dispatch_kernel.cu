@@ -175,22 +175,32 @@ __device__ void send_counts(const DispatchParams& p, RoutingShared& sh) {
   }
 }
 
-// Step 2, one 2 KiB segment of a hidden row (16-byte aligned rows): loaded once,
-// stored to every destination.
-__device__ inline void send_hidden_segment(const DispatchParams& p, int32_t token, int segment,
-                                           const TokenDestinations& dests, int lane) {
-  const GroupShape& s = p.ctx.shape;
+// Step 2, hidden rows that are 16-byte aligned: a segment of kSegmentBytes is
+// loaded once into registers, then stored to every destination.
+__device__ __forceinline__ int segment_vectors(const GroupShape& s, int segment) {
   const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
-  const int64_t bytes = s.hidden_row_bytes - offset < kSegmentBytes ? s.hidden_row_bytes - offset : kSegmentBytes;
-  const int vectors = static_cast<int>(bytes / 16);
+  return static_cast<int>((s.hidden_row_bytes - offset < kSegmentBytes ? s.hidden_row_bytes - offset : kSegmentBytes) /
+                          16);
+}
+
+__device__ __forceinline__ void load_segment(const DispatchParams& p, int32_t token, int segment, int lane,
+                                             uint4 (&v)[kVectorsPerLane]) {
+  const GroupShape& s = p.ctx.shape;
+  const int vectors = segment_vectors(s, segment);
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p.args.hidden) +
-                                                    static_cast<int64_t>(token) * s.hidden_row_bytes + offset);
-  uint4 v[kVectorsPerLane];
+                                                    static_cast<int64_t>(token) * s.hidden_row_bytes +
+                                                    static_cast<int64_t>(segment) * kSegmentBytes);
 #pragma unroll
   for (int u = 0; u < kVectorsPerLane; ++u) {
-    const int i = u * 32 + lane;
-    if (i < vectors) v[u] = __ldg(src + i);
+    if (u * 32 + lane < vectors) v[u] = __ldg(src + u * 32 + lane);
   }
+}
+
+__device__ __forceinline__ void store_segment(const DispatchParams& p, int segment, const TokenDestinations& dests,
+                                              int lane, const uint4 (&v)[kVectorsPerLane]) {
+  const GroupShape& s = p.ctx.shape;
+  const int vectors = segment_vectors(s, segment);
+  const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
   for (uint64_t rest = dests.mask; rest != 0; rest &= rest - 1) {
     const int d = lowest_rank(rest);
     const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests.slot(d);
@@ -198,8 +208,7 @@ __device__ inline void send_hidden_segment(const DispatchParams& p, int32_t toke
                                           row * s.hidden_row_bytes + offset);
 #pragma unroll
     for (int u = 0; u < kVectorsPerLane; ++u) {
-      const int i = u * 32 + lane;
-      if (i < vectors) dst[i] = v[u];
+      if (u * 32 + lane < vectors) dst[u * 32 + lane] = v[u];
     }
   }
 }
@@ -244,25 +253,56 @@ __device__ inline void send_token_meta(const DispatchParams& p, int32_t token, c
   }
 }
 
-__device__ void send_own_tokens(const DispatchParams& p, int t0, int t1) {
+// How a block's own tokens split into warp items: per token, the hidden row
+// in segments (aligned rows) or whole (any other), then one item for ids,
+// weights and scales.
+struct OwnItems {
+  bool aligned;
+  int segments;
+  int parts;
+  int count;
+  __device__ OwnItems(const DispatchParams& p, int t0, int t1) {
+    const GroupShape& s = p.ctx.shape;
+    aligned = s.hidden_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.args.hidden) % 16 == 0;
+    segments = aligned ? static_cast<int>((s.hidden_row_bytes + kSegmentBytes - 1) / kSegmentBytes) : 1;
+    parts = segments + 1;
+    count = (t1 - t0) * parts;
+  }
+  __device__ bool is_segment(int item) const { return aligned && item < count && item % parts < segments; }
+};
+
+// The first segment of each warp does not depend on the routing: load it
+// before routing so that its latency hides behind the scan.
+__device__ __forceinline__ bool prefetch_first_segment(const DispatchParams& p, int t0, int t1,
+                                                       uint4 (&v)[kVectorsPerLane]) {
+  const OwnItems items(p, t0, t1);
+  const int item = threadIdx.x / 32;
+  if (!items.is_segment(item)) return false;
+  load_segment(p, t0 + item / items.parts, item % items.parts, threadIdx.x % 32, v);
+  return true;
+}
+
+__device__ __forceinline__ void send_own_tokens(const DispatchParams& p, int t0, int t1, bool prefetched,
+                                                const uint4 (&first)[kVectorsPerLane]) {
   const GroupShape& s = p.ctx.shape;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool aligned = s.hidden_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.args.hidden) % 16 == 0;
-  const int segments = aligned ? static_cast<int>((s.hidden_row_bytes + kSegmentBytes - 1) / kSegmentBytes) : 1;
-  const int parts = segments + 1;  // + the ids/weights/scales part
+  const OwnItems items(p, t0, t1);
   const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
-  const int items = (t1 - t0) * parts;
-  for (int item = warp; item < items; item += kWarpsPerBlock) {
-    const int32_t token = t0 + item / parts;
-    const int part = item % parts;
+  for (int item = warp; item < items.count; item += kWarpsPerBlock) {
+    const int32_t token = t0 + item / items.parts;
+    const int part = item % items.parts;
     const TokenDestinations dests =
         TokenDestinations::load(slots + static_cast<int64_t>(token) * s.world_size, s.world_size, lane);
-    if (part == segments) {
+    if (part == items.segments) {
       send_token_meta(p, token, dests, lane);
-    } else if (aligned) {
-      send_hidden_segment(p, token, part, dests, lane);
-    } else {
+    } else if (!items.aligned) {
       send_hidden_row_any(p, token, dests, lane);
+    } else if (item == warp && prefetched) {
+      store_segment(p, part, dests, lane, first);
+    } else {
+      uint4 v[kVectorsPerLane];
+      load_segment(p, token, part, lane, v);
+      store_segment(p, part, dests, lane, v);
     }
   }
 }
@@ -331,9 +371,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   const int t0 = static_cast<int>(static_cast<int64_t>(T) * blockIdx.x / gridDim.x);
   const int t1 = static_cast<int>(static_cast<int64_t>(T) * (blockIdx.x + 1) / gridDim.x);
 
+  uint4 first[kVectorsPerLane];
+  const bool prefetched = prefetch_first_segment(p, t0, t1, first);
   route_tokens(p, t0, t1, sh);
   if (blockIdx.x == 0) send_counts(p, sh);
-  send_own_tokens(p, t0, t1);
+  send_own_tokens(p, t0, t1, prefetched, first);
   write_padding(p, sh.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
   if (blockIdx.x == 0) {
