@@ -37,13 +37,6 @@ __device__ __forceinline__ int32_t load_relaxed_sys(const int32_t* p) {
   return v;
 }
 
-__device__ __forceinline__ void store_relaxed_sys(int32_t* p, int32_t v) {
-  asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Reads a value another block of this grid wrote (through L2, not L1).
-__device__ __forceinline__ int32_t load_from_l2(const int32_t* p) { return __ldcg(p); }
-
 // Records the first timeout of the handle: device record (the host reads it
 // after synchronising) and host-mapped mirror (read without synchronising).
 __device__ inline void record_timeout(ControlBlock* control, HostTimeoutMirror* mirror, uint32_t phase,
