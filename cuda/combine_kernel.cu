@@ -355,14 +355,19 @@ __device__ void combine_body(const CombineParams& p, const int32_t* counts, bool
 
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const CombineParams p) {
   __shared__ int32_t counts[kMaxWorldSize];
+  __shared__ uint32_t timed_out;
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   ControlBlock* control = c.control();
-  if (handle_timed_out(control)) return;
+  // Independent loads first, all in flight at once: the timeout record, the
+  // epoch and the row counts.
+  if (threadIdx.x == 0) timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
-  const int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
-  for (int r = threadIdx.x; r < s.world_size; r += blockDim.x) counts[r] = counts_private[r];
+  const volatile int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
+  const int32_t my_count = static_cast<int>(threadIdx.x) < s.world_size ? counts_private[threadIdx.x] : 0;
+  if (static_cast<int>(threadIdx.x) < s.world_size) counts[threadIdx.x] = my_count;
   __syncthreads();
+  if (timed_out != kPhaseNone) return;  // block-uniform
   const bool aligned = combine_rows_aligned(p);
   switch (s.combine_dtype) {
     case kCombineBf16: combine_body<Bf16Element>(p, counts, aligned, epoch); break;

@@ -61,6 +61,14 @@ __device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
+// Relaxed add at system scope.  After a fence.acq_rel.sys by the same thread
+// it is a release pattern (PTX memory model): several of them after one fence
+// publish to several ranks at the price of one fence, where each
+// red.release would fence again (and wait for the previous add's round trip).
+__device__ __forceinline__ void red_relaxed_sys_add(uint64_t* p, uint64_t v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
 // Spins until *word >= target.  Reads the clock only every 256 polls (it is
 // slow to read), gives up at the deadline or as soon as another wait of this
 // handle gave up, and records (phase, peer) on a timeout.

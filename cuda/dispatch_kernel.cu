@@ -38,6 +38,7 @@ struct RoutingShared {
   uint32_t warp_offsets[kWarpsPerBlock][kMaxWorldSize];
   uint32_t totals[kMaxWorldSize];  // tokens bound to each rank so far; all tokens at the end
   int32_t histogram[kSharedHistogram];  // block 0: valid picks per expert
+  uint32_t timed_out;                   // the handle's timeout record at kernel start
 };
 
 __device__ __forceinline__ bool is_valid_expert(const GroupShape& s, int32_t id) {
@@ -332,6 +333,7 @@ __device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
 // Block 0, last: wait until every rank's blocks have all arrived here, then
 // produce recv_counts and local_expert_counts.
 __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh) {
+  // (epoch was read at kernel start: only this block of the previous call wrote it.)
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   const int world = s.world_size, epr = s.experts_per_rank;
@@ -366,22 +368,25 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const DispatchParams p) {
   __shared__ RoutingShared sh;
   ControlBlock* control = p.ctx.control();
-  if (handle_timed_out(control)) return;
   const int T = p.args.num_tokens;
   const int t0 = static_cast<int>(static_cast<int64_t>(T) * blockIdx.x / gridDim.x);
   const int t1 = static_cast<int>(static_cast<int64_t>(T) * (blockIdx.x + 1) / gridDim.x);
 
+  // The timeout record and the epoch are read now, in flight with the first
+  // row segment and the routing loads; nothing leaves the rank before the
+  // check (routing writes only private memory).
+  if (threadIdx.x == 0) sh.timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
+  const uint64_t epoch =
+      blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
   uint4 first[kVectorsPerLane];
   const bool prefetched = prefetch_first_segment(p, t0, t1, first);
-  route_tokens(p, t0, t1, sh);
+  route_tokens(p, t0, t1, sh);  // ends with a barrier
+  if (sh.timed_out != kPhaseNone) return;  // block-uniform
   if (blockIdx.x == 0) send_counts(p, sh);
   send_own_tokens(p, t0, t1, prefetched, first);
   write_padding(p, sh.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
-  if (blockIdx.x == 0) {
-    const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1;
-    finish_dispatch(p, epoch, sh);
-  }
+  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh);
 }
 
 }  // namespace

@@ -71,10 +71,12 @@ struct TokenDestinations {
 __device__ inline void publish_block_arrival(const KernelContext& c, uint64_t counters_offset) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    fence_acq_rel_sys();
+    fence_acq_rel_sys();  // one fence, then relaxed adds: peers first, this rank last
     const uint64_t weight = arrival_weight();
-    for (int d = 0; d < c.shape.world_size; ++d) {
-      red_release_sys_add(c.remote<uint64_t>(d, counters_offset) + c.shape.rank, weight);
+    const int world = c.shape.world_size;
+    for (int i = 1; i <= world; ++i) {
+      const int d = (c.shape.rank + i) % world;
+      red_relaxed_sys_add(c.remote<uint64_t>(d, counters_offset) + c.shape.rank, weight);
     }
   }
 }
