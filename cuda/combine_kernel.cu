@@ -1,13 +1,15 @@
-// Combine: one kernel per call, with two kinds of blocks working at once.
-//   push blocks: every row this rank received from a peer s (rows s*tpr + j,
-//     j < recv_count[s]) goes back to s's combine_in region (segment of this
-//     rank, row j), in chunks of chunk_rows rows taken in ascending order; a
-//     chunk is published with one release store of the epoch to its flag;
-//   reduce blocks: each local token sums its partials over ranks in ascending
-//     rank order, in fp32 starting from 0.0f exactly as the HOST backend does,
-//     as soon as the chunks holding its rows have landed, so the reduction
+// Combine: one kernel per call.  Every row this rank received from a peer s
+// (rows s*tpr + j, j < recv_count[s]) goes back to s's combine_in region
+// (segment of this rank, row j); each local token then sums its partials over
+// ranks in ascending rank order, in fp32 starting from 0.0f exactly as the
+// HOST backend does.  Two schedules:
+//   serial: every block pushes its share, counts in at every peer, waits for
+//     every peer, then reduces its share of tokens;
+//   overlapped: push blocks send the rows in a few phases (slot ranges), each
+//     published by per-block counter adds, while reduce blocks sum a token as
+//     soon as the phases holding its rows have landed, so the reduction
 //     overlaps the NVLink traffic instead of following it.
-// Block 0 also tells every peer at once that this combine has started: a rank
+// Overlapped: block 0 also tells every peer at once that this combine has started: a rank
 // finishes its combine only after every peer's "started" flag, which is what
 // lets the next dispatch reuse the single receive region (docs/nvlink_backend.md).
 #include <stdint.h>
@@ -25,7 +27,8 @@ namespace {
 struct CombineParams {
   KernelContext ctx;
   CombineLaunch args;
-  int32_t chunk_rows;  // rows per chunk flag, combine_chunk_rows()
+  int32_t chunk_rows;  // rows per publication phase, combine_phase_rows()
+  int32_t phases;      // publication phases of every call (a constant of the handle)
 };
 
 // The reduce moves 32 lanes x 4 vectors per step and source (2 KiB).
@@ -51,7 +54,7 @@ __device__ __forceinline__ int reduce_segments(const CombineParams& p, bool alig
 struct Roles {
   int push;
   int reduce;
-  __device__ Roles(int world, int grid) {
+  __device__ Roles(int world, int grid, int reduce_blocks) {
     if (world == 1) {
       push = 0;
       reduce = grid;
@@ -59,7 +62,9 @@ struct Roles {
       push = 1;
       reduce = 1;
     } else {
-      reduce = grid / 3 > 1 ? grid / 3 : 1;
+      reduce = reduce_blocks > 0 ? reduce_blocks : grid * 5 / 11;  // 60 of 132 (measured: 33, 44, 60)
+      if (reduce > grid - 1) reduce = grid - 1;
+      if (reduce < 1) reduce = 1;
       push = grid - reduce;
     }
   }
@@ -93,40 +98,65 @@ __device__ inline void push_row_segment(const CombineParams& p, int peer, int64_
   }
 }
 
-// One chunk: rows [first, last) received from `peer`, pushed back to it.
-__device__ void push_chunk(const CombineParams& p, int peer, int64_t first, int64_t last, bool aligned) {
-  const int segments = combine_segments(p, aligned);
-  const int64_t items = (last - first) * segments;
-  for (int64_t item = threadIdx.x / 32; item < items; item += kWarpsPerBlock) {
-    push_row_segment(p, peer, first + item / segments, static_cast<int>(item % segments), aligned);
-  }
-}
-
-// Push role.  Chunks are numbered chunk-major over the peers (chunk 0 of every
-// peer, then chunk 1, ...) and dealt round-robin to the push blocks, so they
-// land roughly in ascending order, the order in which the peers reduce.
-__device__ void push_rows(const CombineParams& p, const int32_t* counts, int push_blocks, bool aligned,
-                          uint64_t epoch) {
+// Push role.  The rows go back in phases: phase c holds the rows of slots
+// [c*R, (c+1)*R) received from every peer (R = chunk_rows, chosen so that
+// the same number of phases covers any tokens_per_rank), dealt as
+// (row, segment) items to the push warps of every push block.  After each
+// phase a block counts in at every peer (barrier, one system fence, one add
+// per peer on counters[this rank][c]; the weights of the push blocks sum to
+// kArrivalsPerCall, see arrival_weight), so a peer reduces the tokens of phase
+// c while phase c+1 is on its way.  Every phase is published, empty or not,
+// in every call: a counter reaches epoch * kArrivalsPerCall after call epoch.
+// In a grid of several blocks, warp 0 of a push block only publishes: its
+// fence never holds back the stores of the next phase.
+__device__ void push_rows(const CombineParams& p, const int32_t* counts, int push_blocks, bool aligned) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
-  const int64_t chunk_rows = p.chunk_rows;
-  int64_t most = 0;
-  for (int r = 0; r < s.world_size; ++r) most = r != s.rank && counts[r] > most ? counts[r] : most;
-  const int64_t max_chunks = (most + chunk_rows - 1) / chunk_rows;
-  int64_t index = 0;
-  for (int64_t chunk = 0; chunk < max_chunks; ++chunk) {
-    for (int peer = 0; peer < s.world_size; ++peer) {
-      const int64_t first = chunk * chunk_rows;
-      if (peer == s.rank || first >= counts[peer]) continue;
-      if (index++ % push_blocks != blockIdx.x) continue;
-      const int64_t last = first + chunk_rows < counts[peer] ? first + chunk_rows : counts[peer];
-      push_chunk(p, peer, first, last, aligned);
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        fence_acq_rel_sys();
-        uint64_t* flag = c.remote<uint64_t>(peer, c.offsets.combine_chunk_flags) +
-                         static_cast<int64_t>(s.rank) * s.max_tokens_per_rank + chunk;
-        store_release_sys(flag, epoch);
+  const int64_t rows_per_phase = p.chunk_rows;
+  const int64_t phases = p.phases;
+  const int segments = combine_segments(p, aligned);
+  const int first_warp = gridDim.x > 1 ? 1 : 0;
+  const int warps_per_block = kWarpsPerBlock - first_warp;
+  const int warp = static_cast<int>(threadIdx.x / 32) - first_warp;
+  const uint64_t weight =
+      blockIdx.x == 0 ? kArrivalsPerCall - static_cast<uint64_t>(push_blocks - 1) : uint64_t{1};
+  for (int64_t phase = 0; phase < phases; ++phase) {
+    const int64_t first = phase * rows_per_phase;
+    if (warp >= 0) {
+      int64_t rows = 0;
+      for (int r = 0; r < s.world_size; ++r) {
+        if (r == s.rank) continue;
+        const int64_t n = counts[r] - first;
+        rows += n <= 0 ? 0 : (n < rows_per_phase ? n : rows_per_phase);
+      }
+      const int64_t step = static_cast<int64_t>(push_blocks) * warps_per_block;
+      for (int64_t item = static_cast<int64_t>(blockIdx.x) * warps_per_block + warp; item < rows * segments;
+           item += step) {
+        int64_t j = item / segments;
+        int peer = 0;
+        for (;; ++peer) {
+          if (peer == s.rank) continue;
+          int64_t n = counts[peer] - first;
+          n = n <= 0 ? 0 : (n < rows_per_phase ? n : rows_per_phase);
+          if (j < n) break;
+          j -= n;
+        }
+        push_row_segment(p, peer, first + j, static_cast<int>(item % segments), aligned);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      fence_acq_rel_sys();
+      for (int q = 0; q < s.world_size; ++q) {
+        if (q == s.rank) continue;
+        red_relaxed_sys_add(c.remote<uint64_t>(q, c.offsets.combine_chunk_flags) +
+                                static_cast<int64_t>(s.rank) * s.max_tokens_per_rank + phase,
+                            weight);
+        // After the last phase, also the serial schedule's counter, which
+        // thus advances by kArrivalsPerCall in every call whatever the schedule.
+        if (phase == phases - 1) {
+          red_relaxed_sys_add(c.remote<uint64_t>(q, c.offsets.combine_arrivals) + s.rank, weight);
+        }
       }
     }
   }
@@ -224,9 +254,9 @@ __device__ void reduce_row_any(const CombineParams& p, int32_t token, const Toke
   }
 }
 
-// Lane q waits for the chunk holding this token's row from rank q (and lane
-// q for rank q + 32).  Chunks seen landed are remembered per lane: a warp's
-// tokens ascend, so the chunk it needs from a rank never goes back.
+// Lane q waits for the phase holding this token's row from rank q (and lane
+// q for rank q + 32).  Phases seen landed are remembered per lane: a warp's
+// tokens ascend, so the phase it needs from a rank never goes back.
 __device__ __forceinline__ bool wait_one_partial(const CombineParams& p, int q, int32_t slot, int64_t* ready, uint64_t epoch) {
   const KernelContext& c = p.ctx;
   if (q >= c.shape.world_size || q == c.shape.rank || slot < 0) return true;
@@ -234,7 +264,8 @@ __device__ __forceinline__ bool wait_one_partial(const CombineParams& p, int q, 
   if (chunk == *ready) return true;
   const uint64_t* flag = c.local<uint64_t>(c.offsets.combine_chunk_flags) +
                          static_cast<int64_t>(q) * c.shape.max_tokens_per_rank + chunk;
-  if (!wait_until_at_least(flag, epoch, c.control(), c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
+  if (!wait_until_at_least(flag, epoch * kArrivalsPerCall, c.control(), c.state.mirror, c.state.timeout_ns,
+                           kPhaseCombine, q)) {
     return false;
   }
   *ready = chunk;
@@ -307,11 +338,34 @@ __device__ void push_rows_interleaved(const CombineParams& p, const int32_t* cou
   }
 }
 
+// Serial schedule, publication: after a barrier, one fence, then the block
+// counts in at every peer.  Block 0 also advances every phase counter of the
+// overlapped schedule by kArrivalsPerCall, so that both kinds of counters
+// advance by that much in every call whatever the schedule (every rank runs
+// the same schedule in a call, so no peer reads the phase counters now).
+__device__ void publish_serial_arrival(const CombineParams& p) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fence_acq_rel_sys();
+    const uint64_t weight = arrival_weight();
+    for (int i = 1; i < s.world_size; ++i) {
+      const int q = (s.rank + i) % s.world_size;
+      red_relaxed_sys_add(c.remote<uint64_t>(q, c.offsets.combine_arrivals) + s.rank, weight);
+      if (blockIdx.x != 0) continue;
+      uint64_t* phase_counters =
+          c.remote<uint64_t>(q, c.offsets.combine_chunk_flags) + static_cast<int64_t>(s.rank) * s.max_tokens_per_rank;
+      for (int phase = 0; phase < p.phases; ++phase) red_relaxed_sys_add(phase_counters + phase, kArrivalsPerCall);
+    }
+  }
+}
+
 template <typename Element>
 __device__ void combine_serial(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
   const KernelContext& c = p.ctx;
   push_rows_interleaved(p, counts, aligned);
-  publish_block_arrival(c, c.offsets.combine_arrivals);
+  publish_serial_arrival(p);
   __shared__ int32_t failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
@@ -324,20 +378,14 @@ __device__ void combine_serial(const CombineParams& p, const int32_t* counts, bo
   }
   __syncthreads();
   if (failed) return;
-  reduce_tokens<Element>(p, Roles(1, gridDim.x), aligned, epoch, false);
+  reduce_tokens<Element>(p, Roles(1, gridDim.x, 0), aligned, epoch, false);
 }
 
 template <typename Element>
 __device__ void combine_overlapped(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
-  const KernelContext& c = p.ctx;
-  const GroupShape& s = c.shape;
-  if (blockIdx.x == 0) {  // nothing to order before it: a plain release store
-    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
-      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
-    }
-  }
-  const Roles roles(s.world_size, gridDim.x);
-  if (static_cast<int>(blockIdx.x) < roles.push) push_rows(p, counts, roles.push, aligned, epoch);
+  const GroupShape& s = p.ctx.shape;
+  const Roles roles(s.world_size, gridDim.x, p.args.reduce_blocks);
+  if (static_cast<int>(blockIdx.x) < roles.push) push_rows(p, counts, roles.push, aligned);
   if (static_cast<int>(blockIdx.x) >= static_cast<int>(gridDim.x) - roles.reduce) {
     reduce_tokens<Element>(p, roles, aligned, epoch, true);
   }
@@ -346,7 +394,7 @@ __device__ void combine_overlapped(const CombineParams& p, const int32_t* counts
 
 template <typename Element>
 __device__ void combine_body(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
-  if (p.args.schedule == kCombineOverlapped) {
+  if (p.args.schedule == kCombineOverlapped) {  // resolved by launch_combine: never kCombineAuto here
     combine_overlapped<Element>(p, counts, aligned, epoch);
   } else {
     combine_serial<Element>(p, counts, aligned, epoch);
@@ -365,10 +413,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
   const volatile int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
   const int32_t my_count = static_cast<int>(threadIdx.x) < s.world_size ? counts_private[threadIdx.x] : 0;
+  const bool aligned = combine_rows_aligned(p);
   if (static_cast<int>(threadIdx.x) < s.world_size) counts[threadIdx.x] = my_count;
   __syncthreads();
   if (timed_out != kPhaseNone) return;  // block-uniform
-  const bool aligned = combine_rows_aligned(p);
+  if (blockIdx.x == 0 && p.args.schedule == kCombineOverlapped) {  // "started"; nothing to order before it
+    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
+      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
+    }
+  }
   switch (s.combine_dtype) {
     case kCombineBf16: combine_body<Bf16Element>(p, counts, aligned, epoch); break;
     case kCombineFp16: combine_body<Fp16Element>(p, counts, aligned, epoch); break;
@@ -378,14 +431,30 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
 
 }  // namespace
 
-int32_t combine_chunk_rows(const GroupShape& shape, int32_t tokens_per_rank) {
-  // About 64 KiB per chunk at large batches (a flag per chunk costs a fence),
-  // single rows at small ones (more chunks in flight, earlier reductions).
-  int64_t rows = 65536 / (shape.combine_row_bytes > 0 ? shape.combine_row_bytes : 1);
-  const int64_t by_batch = tokens_per_rank / 256;
-  if (rows > by_batch) rows = by_batch;
-  if (rows > 1024) rows = 1024;
+int32_t combine_phases(const GroupShape& shape, int32_t requested) {
+  // A few large phases: each costs every push block a system fence, which
+  // waits for the block's stores in flight over a loaded NVLink.  At most one
+  // per row of max_tokens_per_rank (the counters' region).
+  int32_t phases = requested > 0 ? requested : kDefaultCombinePhases;
+  if (phases > shape.max_tokens_per_rank) phases = shape.max_tokens_per_rank;
+  return phases < 1 ? 1 : phases;
+}
+
+int32_t combine_phase_rows(int32_t tokens_per_rank, int32_t phases) {
+  const int64_t rows = (static_cast<int64_t>(tokens_per_rank) + phases - 1) / phases;
   return rows < 1 ? 1 : static_cast<int32_t>(rows);
+}
+
+int32_t resolve_combine_schedule(int32_t requested, int32_t world_size, int32_t tokens_per_rank,
+                                 int32_t group_min_sm_budget) {
+  if (requested == kCombineSerial || requested == kCombineOverlapped) return requested;
+  // Overlap pays when there are many rows and enough blocks to push at NVLink
+  // speed with part of them; small calls are latency-bound, and a small SM
+  // budget leaves too few blocks to reduce.  Only group-wide values decide:
+  // every rank must run the same schedule in a call.
+  return world_size > 1 && group_min_sm_budget >= kOverlapMinBlocks && tokens_per_rank >= kOverlapMinTokens
+             ? kCombineOverlapped
+             : kCombineSerial;
 }
 
 int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tokens_per_rank, int32_t sm_budget) {
@@ -404,7 +473,8 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.ctx.offsets = offsets;
   p.ctx.state = state;
   p.args = args;
-  p.chunk_rows = combine_chunk_rows(shape, args.tokens_per_rank);
+  p.phases = combine_phases(shape, args.phases);
+  p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
   combine_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

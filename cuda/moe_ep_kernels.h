@@ -57,7 +57,7 @@ struct WorkspaceOffsets {
   uint64_t recv_weights;        // [world*max_tpr][top_k] fp32
   uint64_t combine_arrivals;    // [world] uint64, index = source: blocks' release-adds (serial combine)
   uint64_t combine_started;     // [world] uint64: epoch of the source's running combine
-  uint64_t combine_chunk_flags; // [world][max_tpr] uint64: epoch at which a chunk of rows landed
+  uint64_t combine_chunk_flags; // [world][max_tpr] uint64, index = source, phase: push blocks' counter adds
   uint64_t combine_in;          // [(world-1)*max_tpr][combine_row_bytes]
   // Private to the rank.
   uint64_t peer_bases;          // [world] uint64: where each rank's workspace is mapped here
@@ -120,10 +120,24 @@ enum CombineSchedule : int32_t {
   // Every block pushes its share of rows, counts in at every peer, waits for
   // every peer, then reduces its share of tokens.
   kCombineSerial = 0,
-  // Push blocks and reduce blocks at once; a token is reduced as soon as the
-  // chunks holding its rows have landed (per-chunk flags).
-  kCombineOverlapped = 1
+  // Push blocks and reduce blocks at once: the rows go back in a few phases
+  // (slot ranges), every push block counts in per phase at every peer, and a
+  // token is reduced as soon as the phases holding its rows have landed.
+  kCombineOverlapped = 1,
+  // Overlapped for large calls on many SMs, serial otherwise
+  // (resolve_combine_schedule, from group-wide values: every rank of a call
+  // runs the same schedule).  Both schedules advance every counter either
+  // one waits for, so consecutive calls may use different schedules.
+  kCombineAuto = 2
 };
+
+// Auto picks the overlapped schedule from this smallest SM budget in the group
+// and this many tokens per rank.
+constexpr int32_t kOverlapMinBlocks = 64;
+constexpr int32_t kOverlapMinTokens = 1024;
+
+// Publication phases of the overlapped schedule when CombineLaunch::phases is 0.
+constexpr int32_t kDefaultCombinePhases = 16;
 
 struct CombineLaunch {
   int32_t num_tokens;
@@ -131,12 +145,20 @@ struct CombineLaunch {
   const void* expert_output;   // [world*tpr, combine_row_bytes]
   void* output;                // [T, combine_row_bytes]
   int32_t num_blocks;
-  int32_t schedule;            // CombineSchedule
+  int32_t schedule;            // CombineSchedule, resolved (never kCombineAuto); the same on every rank
+  int32_t phases;              // overlapped: publication phases (same on every rank), 0 = default
+  int32_t reduce_blocks;       // overlapped: blocks that reduce, 0 = 5/11 of the grid
 };
 
-// Rows per combine chunk (one flag each): a function of group-wide values
-// only, since sender and receiver must agree on it.
-int32_t combine_chunk_rows(const GroupShape& shape, int32_t tokens_per_rank);
+// Publication phases of the overlapped combine (one counter each per source)
+// and rows per phase: functions of group-wide values only, since sender and
+// receiver must agree; the number of phases is the same in every call.
+int32_t combine_phases(const GroupShape& shape, int32_t requested);
+// The schedule a call runs (kCombineAuto resolved), from group-wide values:
+// the smallest SM budget of the group (agreed at create).
+int32_t resolve_combine_schedule(int32_t requested, int32_t world_size, int32_t tokens_per_rank,
+                                 int32_t group_min_sm_budget);
+int32_t combine_phase_rows(int32_t tokens_per_rank, int32_t phases);
 
 // Multiply-shift constants for unsigned division by `divisor` (>= 1), exact
 // for every 32-bit numerator: q = (umulhi(n, magic) + n) >> shift.

@@ -41,8 +41,8 @@ if [ "$what" = timing ] || [ "$what" = all ]; then
   }
   MOE_EP_LOG=info timeout 120 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
     --tokens 128 --iters 20 --warmup 2 2>&1 | grep "^\[moe_ep\]" | tee -a "$OUT/timing.log"
-  for t in 4096 128 1; do timing serial --tokens $t --iters 200; done
-  timing serial --tokens 4096 --iters 100 --num-sms 16
-  timing overlapped --tokens 4096 --iters 100
+  for t in 4096 128 1; do timing auto --tokens $t --iters 200; done
+  timing auto --tokens 4096 --iters 100 --num-sms 16
+  timing serial --tokens 4096 --iters 100
 fi
 exit $status

@@ -36,13 +36,25 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
   return value;
 }
 
-// MOE_EP_COMBINE_SCHEDULE=serial|overlapped picks how combine overlaps its
-// reduction with the NVLink traffic (a tuning knob; both give identical
-// results).  Every rank must choose the same; create checks it.
+// MOE_EP_COMBINE_SCHEDULE=serial|overlapped|auto (default auto: decided per
+// call from tokens_per_rank and the group's smallest SM budget) picks how
+// combine overlaps its reduction with the NVLink traffic.  A tuning knob: all
+// give identical results; every rank must choose the same (create checks).
 int32_t combine_schedule_from_environment() {
   const char* v = std::getenv("MOE_EP_COMBINE_SCHEDULE");
   if (v != nullptr && std::strcmp(v, "overlapped") == 0) return kernels::kCombineOverlapped;
-  return kernels::kCombineSerial;
+  if (v != nullptr && std::strcmp(v, "serial") == 0) return kernels::kCombineSerial;
+  return kernels::kCombineAuto;
+}
+
+// Tuning knobs of the overlapped combine: MOE_EP_COMBINE_PHASES (publication
+// phases, every rank the same; create checks) and MOE_EP_COMBINE_REDUCE_BLOCKS
+// (blocks that reduce while the others push).  0 or unset = the defaults.
+int32_t int_from_environment(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return 0;
+  const long n = std::strtol(v, nullptr, 10);
+  return n > 0 && n < 65536 ? static_cast<int32_t>(n) : 0;
 }
 
 std::string phase_name(uint32_t phase) {
@@ -62,12 +74,17 @@ class NvlinkBackend final : public Backend {
       message = e.what();
     }
     bootstrap.agree(status, message);
-    const std::vector<int32_t> schedules = bootstrap.allgather_value(combine_schedule_);
+    // Every rank of a call runs the same combine schedule with the same
+    // number of phases; auto decides from the group's smallest SM budget.
+    const std::vector<int32_t> knobs = bootstrap.allgather_value(combine_schedule_ + 4 * combine_phases_);
+    const std::vector<int32_t> budgets = bootstrap.allgather_value(static_cast<int32_t>(sm_budget_));
     for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
-      if (schedules[r] != schedules[0]) {
-        fail(MOE_EP_ERROR_INVALID_ARGUMENT, "MOE_EP_COMBINE_SCHEDULE: expected the same value on every rank, got ",
-             schedules[0], " on rank 0 and ", schedules[r], " on rank ", r);
+      if (knobs[r] != knobs[0]) {
+        fail(MOE_EP_ERROR_INVALID_ARGUMENT,
+             "MOE_EP_COMBINE_SCHEDULE / MOE_EP_COMBINE_PHASES: expected the same value on every rank, got ",
+             knobs[0], " on rank 0 and ", knobs[r], " on rank ", r);
       }
+      group_min_sm_budget_ = r == 0 || budgets[r] < group_min_sm_budget_ ? budgets[r] : group_min_sm_budget_;
     }
 
     {
@@ -89,7 +106,9 @@ class NvlinkBackend final : public Backend {
     log_info("rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
              " SMs, workspace ", memory_->size(), " bytes (", offsets_.total_bytes, " used), timeout ",
              config_.timeout_ms, " ms, combine schedule ",
-             combine_schedule_ == kernels::kCombineOverlapped ? "overlapped" : "serial");
+             combine_schedule_ == kernels::kCombineOverlapped ? "overlapped"
+             : combine_schedule_ == kernels::kCombineAuto     ? "auto"
+                                                              : "serial");
   }
 
   ~NvlinkBackend() override { shutdown(); }
@@ -134,7 +153,10 @@ class NvlinkBackend final : public Backend {
     a.expert_output = call.expert_output;
     a.output = call.output ? call.output : memory_->local() + offsets_.combine_out;
     a.num_blocks = kernels::combine_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
-    a.schedule = combine_schedule_;
+    a.schedule = kernels::resolve_combine_schedule(combine_schedule_, layout_.world_size, call.tokens_per_rank,
+                                                   group_min_sm_budget_);
+    a.phases = combine_phases_;
+    a.reduce_blocks = combine_reduce_blocks_;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
     note_launch(s);
@@ -213,6 +235,8 @@ class NvlinkBackend final : public Backend {
     shape_ = group_shape(layout_);
     offsets_ = plan_workspace(layout_);
     combine_schedule_ = combine_schedule_from_environment();
+    combine_phases_ = int_from_environment("MOE_EP_COMBINE_PHASES");
+    combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -320,7 +344,10 @@ class NvlinkBackend final : public Backend {
   kernels::HostTimeoutMirror* mirror_ = nullptr;
   cudaStream_t private_stream_ = nullptr;
   cudaEvent_t last_launch_ = nullptr;
-  int32_t combine_schedule_ = kernels::kCombineSerial;
+  int32_t combine_schedule_ = kernels::kCombineAuto;
+  int32_t combine_phases_ = 0;
+  int32_t combine_reduce_blocks_ = 0;
+  int32_t group_min_sm_budget_ = 0;
   bool captured_ = false;
   bool released_ = false;
 };
