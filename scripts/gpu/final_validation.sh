@@ -50,12 +50,12 @@ DEEPSEEK="--hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform"
 TAIL=4 step check 90 $TOOL check --backend nvlink
 TAIL=12 step bench_graph 75 $TOOL bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --graph \
   --json "$OUT/bench_graph.json"
-TAIL=12 step bench_eager 75 $TOOL bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 \
-  --json "$OUT/bench_eager.json"
+[ -n "${EAGER:-}" ] && TAIL=12 step bench_eager 75 $TOOL bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 \
+  -n 50 --json "$OUT/bench_eager.json"
 TAIL=8 step bench_sms16 45 $TOOL bench --backend nvlink $DEEPSEEK -t 4096 --num-sms 16 -w 10 -n 50 --graph \
   --json "$OUT/bench_sms16.json"
 if python3 -c "import matplotlib" 2>/dev/null; then
-  python3 tools/plot_bench.py "$OUT/bench_graph.json" "$OUT/bench_eager.json" "$OUT/bench_sms16.json" \
+  python3 tools/plot_bench.py "$OUT"/bench_*.json \
     -o "$OUT/bench_h200x2.png" >> "$LOG" 2>&1 || say "plot failed"
 fi
 TAIL=6 step python_torch 120 env OUT="$LOGS/python" bash test/bindings/run_gpu_check.sh
