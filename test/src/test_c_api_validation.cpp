@@ -10,6 +10,7 @@
 
 #include "moe_ep_c.h"
 #include "tensor_helpers.hpp"
+#include "test_params.hpp"
 #include "thread_bootstrap.hpp"
 
 using Catch::Matchers::Contains;
@@ -35,21 +36,9 @@ moe_ep_bootstrap_t solo_bootstrap() {
 }
 
 moe_ep_params_t small_params() {
-  moe_ep_params_t p;
-  moe_ep_params_init(&p);
-  p.num_experts = 4;
-  p.top_k = 2;
-  p.max_tokens_per_rank = 4;
-  p.hidden_size = 8;
+  moe_ep_params_t p = make_params(4, 2, 4, 8);
   p.scale_row_elems = 2;
   return p;
-}
-
-moe_ep_config_t host_config() {
-  moe_ep_config_t c;
-  moe_ep_config_init(&c);
-  c.backend = MOE_EP_BACKEND_HOST;
-  return c;
 }
 
 // A 1-rank HOST handle and a valid set of inputs that tests then spoil one at a time.

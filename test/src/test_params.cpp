@@ -6,29 +6,20 @@
 
 #include "moe_ep_c.h"
 #include "params.hpp"
+#include "test_params.hpp"
 
 using Catch::Matchers::Contains;
 
 namespace {
 
-moe_ep_params_t valid_params() {
-  moe_ep_params_t p;
-  moe_ep_params_init(&p);
-  p.num_experts = 8;
-  p.top_k = 2;
-  p.max_tokens_per_rank = 4;
-  p.hidden_size = 16;
-  return p;
-}
+moe_ep_params_t valid_params() { return moe_ep_test::make_params(8, 2, 4, 16); }
 
 // The status and message of workspace_size on params changed by `edit`.
 std::pair<moe_ep_status_t, std::string> try_params(const std::function<void(moe_ep_params_t&)>& edit,
                                                    int32_t world_size = 2) {
   moe_ep_params_t p = valid_params();
   edit(p);
-  moe_ep_config_t c;
-  moe_ep_config_init(&c);
-  c.backend = MOE_EP_BACKEND_HOST;
+  const moe_ep_config_t c = moe_ep_test::host_config();
   uint64_t bytes = 0;
   const moe_ep_status_t s = moe_ep_workspace_size(&p, &c, world_size, &bytes);
   return {s, moe_ep_last_error()};
@@ -114,9 +105,7 @@ TEST_CASE("host workspace size grows with every dimension it depends on", "[para
   auto size = [](const std::function<void(moe_ep_params_t&)>& edit, int world) {
     moe_ep_params_t p = valid_params();
     edit(p);
-    moe_ep_config_t c;
-    moe_ep_config_init(&c);
-    c.backend = MOE_EP_BACKEND_HOST;
+    const moe_ep_config_t c = moe_ep_test::host_config();
     uint64_t bytes = 0;
     REQUIRE(moe_ep_workspace_size(&p, &c, world, &bytes) == MOE_EP_SUCCESS);
     return bytes;

@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include "moe_ep_c.h"
+#include "test_params.hpp"
 
 TEST_CASE("is_platform_supported answers SUCCESS, and 0 without a driver", "[platform]") {
   int32_t supported = -1;
@@ -27,17 +28,10 @@ TEST_CASE("AUTO falls back to HOST where the NVLink backend is unsupported", "[p
   int32_t supported = 0;
   REQUIRE(moe_ep_is_platform_supported(-1, &supported) == MOE_EP_SUCCESS);
   if (supported) return;  // AUTO picks NVLink there; covered by the GPU tests
-  moe_ep_params_t p;
-  moe_ep_params_init(&p);
-  p.num_experts = 2;
-  p.top_k = 1;
-  p.max_tokens_per_rank = 2;
-  p.hidden_size = 4;
+  const moe_ep_params_t p = moe_ep_test::make_params(2, 1, 2, 4);
   uint64_t auto_bytes = 0, host_bytes = 0;
   REQUIRE(moe_ep_workspace_size(&p, nullptr, 1, &auto_bytes) == MOE_EP_SUCCESS);
-  moe_ep_config_t c;
-  moe_ep_config_init(&c);
-  c.backend = MOE_EP_BACKEND_HOST;
+  const moe_ep_config_t c = moe_ep_test::host_config();
   REQUIRE(moe_ep_workspace_size(&p, &c, 1, &host_bytes) == MOE_EP_SUCCESS);
   CHECK(auto_bytes == host_bytes);
 }

@@ -9,20 +9,13 @@
 
 #include "moe_ep_c.h"
 #include "params.hpp"
+#include "test_params.hpp"
 #include "versioned_struct.hpp"
 
 using Catch::Matchers::Contains;
 
 namespace {
-moe_ep_params_t valid_params() {
-  moe_ep_params_t p;
-  moe_ep_params_init(&p);
-  p.num_experts = 8;
-  p.top_k = 2;
-  p.max_tokens_per_rank = 4;
-  p.hidden_size = 16;
-  return p;
-}
+moe_ep_params_t valid_params() { return moe_ep_test::make_params(8, 2, 4, 16); }
 }  // namespace
 
 TEST_CASE("init functions fill struct_size and documented defaults", "[versioning]") {
