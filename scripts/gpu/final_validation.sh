@@ -6,7 +6,7 @@
 #   3. moe_ep_conformance check on the NVLink backend;
 #   4. bench, DeepSeek shape, graph and eager, plus 16 SMs at 4096 tokens; the plot;
 #   5. the Python torch tests on CUDA tensors.
-#   usage: OUT=/some/dir bash scripts/gpu/final_validation.sh
+#   usage: OUT=/some/dir [NP=2] bash scripts/gpu/final_validation.sh   (NP: ranks for check and bench)
 set -uo pipefail
 # $OUT gets few files (the device tool brings back at most 8): final.log, the bench
 # JSONs, the plot and logs.tar.gz with every step's full log.
@@ -45,7 +45,7 @@ say "build: exit $s in $(( $(date +%s) - start )) s"
 # GPU suites one at a time: they measure device memory and must not share the GPUs.
 TAIL=12 step ctest_cpu 180 ctest --test-dir $BUILD --output-on-failure -LE gpu -j8 --timeout 150
 TAIL=12 step ctest_gpu 240 ctest --test-dir $BUILD --output-on-failure -L gpu -j1 --timeout 200
-TOOL="mpirun -np 2 --bind-to none $BUILD/tools/moe_ep_conformance"
+TOOL="mpirun -np ${NP:-2} --bind-to none $BUILD/tools/moe_ep_conformance"  # NP=4 or 8 on larger machines
 DEEPSEEK="--hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform"
 TAIL=4 step check 90 $TOOL check --backend nvlink
 TAIL=12 step bench_graph 75 $TOOL bench --backend nvlink $DEEPSEEK -t 1,128,512,4096 -w 10 -n 50 --graph \
