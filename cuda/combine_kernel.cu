@@ -429,6 +429,148 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   }
 }
 
+// ---- Small-batch kernel (serial schedule, tokens_per_rank <= kSmallBatchMaxTokens) ----
+// The serial schedule's protocol and results (same counters, same weights:
+// publish_serial_arrival), with two dependent loads taken off the path of a
+// small call (docs/nvlink_backend.md, v5): push items are mapped statically
+// over (peer, slot < tpr, segment), so a warp's first row segment is loaded at
+// kernel start together with the row counts (and skipped when that slot is not
+// used); and a warp loads its first reduce token's slots row before waiting
+// for the peers, so that after the wait the partials are loaded at once.
+struct SmallPushItem {
+  int peer;
+  int64_t j;
+  int segment;
+};
+
+__device__ __forceinline__ SmallPushItem small_push_item(const CombineParams& p, int64_t item, int segments) {
+  const int64_t tpr = p.args.tokens_per_rank;
+  const int64_t row = item / segments;
+  const int index = static_cast<int>(row / tpr);  // peers in rank order, this rank skipped
+  SmallPushItem it;
+  it.segment = static_cast<int>(item % segments);
+  it.j = row % tpr;
+  it.peer = index < p.ctx.shape.rank ? index : index + 1;
+  return it;
+}
+
+__device__ __forceinline__ int push_segment_vectors(const CombineParams& p, int segment) {
+  const int64_t row_bytes = p.ctx.shape.combine_row_bytes;
+  const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
+  return static_cast<int>((row_bytes - offset < kSegmentBytes ? row_bytes - offset : kSegmentBytes) / 16);
+}
+
+// Aligned rows only.
+__device__ __forceinline__ void load_push_segment(const CombineParams& p, const SmallPushItem& it, int lane,
+                                                  uint4 (&v)[kVectorsPerLane]) {
+  const int64_t row_bytes = p.ctx.shape.combine_row_bytes;
+  const int vectors = push_segment_vectors(p, it.segment);
+  const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p.args.expert_output) +
+                                                    (it.peer * p.args.tokens_per_rank + it.j) * row_bytes +
+                                                    static_cast<int64_t>(it.segment) * kSegmentBytes);
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    if (u * 32 + lane < vectors) v[u] = __ldg(src + u * 32 + lane);
+  }
+}
+
+__device__ __forceinline__ void store_push_segment(const CombineParams& p, const SmallPushItem& it, int lane,
+                                                   const uint4 (&v)[kVectorsPerLane]) {
+  const KernelContext& c = p.ctx;
+  const int64_t row_bytes = c.shape.combine_row_bytes;
+  const int vectors = push_segment_vectors(p, it.segment);
+  uint4* dst = reinterpret_cast<uint4*>(c.rank_base(it.peer) + c.offsets.combine_in +
+                                        (c.combine_segment(c.shape.rank, it.peer) * p.args.tokens_per_rank + it.j) *
+                                            row_bytes +
+                                        static_cast<int64_t>(it.segment) * kSegmentBytes);
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    if (u * 32 + lane < vectors) dst[u * 32 + lane] = v[u];
+  }
+}
+
+template <typename Element>
+__device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t* timed_out_shared, int32_t* failed) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  const int world = s.world_size;
+  const int lane = threadIdx.x % 32;
+  ControlBlock* control = c.control();
+  // Every load that needs nothing from a peer first, all in flight at once.
+  const uint32_t timed_out =
+      threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
+  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
+  const volatile int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
+  const int32_t my_count = static_cast<int>(threadIdx.x) < world ? counts_private[threadIdx.x] : 0;
+  const bool aligned = combine_rows_aligned(p);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  const int64_t first_item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int segments = combine_segments(p, aligned);
+  const int64_t push_items = static_cast<int64_t>(world - 1) * p.args.tokens_per_rank * segments;
+  uint4 pushed[kVectorsPerLane];
+  if (aligned && first_item < push_items) load_push_segment(p, small_push_item(p, first_item, segments), lane, pushed);
+  const int rsegments = reduce_segments(p, aligned);
+  const int64_t reduce_items = static_cast<int64_t>(p.args.num_tokens) * rsegments;
+  const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
+  TokenDestinations first_srcs{};
+  if (first_item < reduce_items) {  // warp-uniform
+    first_srcs = TokenDestinations::load(slots + first_item / rsegments * world, world, lane);
+  }
+  if (threadIdx.x == 0) {
+    *timed_out_shared = timed_out;
+    *failed = 0;
+  }
+  if (static_cast<int>(threadIdx.x) < world) counts[threadIdx.x] = my_count;
+  __syncthreads();
+  if (*timed_out_shared != kPhaseNone) return;  // block-uniform
+
+  if (first_item < push_items) {  // the prefetched item, peeled off: its registers die here
+    const SmallPushItem it = small_push_item(p, first_item, segments);
+    if (it.j < counts[it.peer]) {  // warp-uniform
+      if (aligned) {
+        store_push_segment(p, it, lane, pushed);
+      } else {
+        push_row_segment(p, it.peer, it.j, it.segment, aligned);
+      }
+    }
+  }
+  for (int64_t item = first_item + warps; item < push_items; item += warps) {
+    const SmallPushItem it = small_push_item(p, item, segments);
+    if (it.j < counts[it.peer]) push_row_segment(p, it.peer, it.j, it.segment, aligned);
+  }
+  publish_serial_arrival(p);  // starts with a barrier
+  for (int q = threadIdx.x; q < world; q += blockDim.x) {
+    if (q == s.rank) continue;
+    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_arrivals) + q, epoch * kArrivalsPerCall, control,
+                             c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
+      *failed = 1;
+    }
+  }
+  __syncthreads();
+  if (*failed) return;
+  for (int64_t item = first_item; item < reduce_items; item += warps) {
+    const int32_t token = static_cast<int32_t>(item / rsegments);
+    const TokenDestinations srcs =
+        item == first_item ? first_srcs : TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
+    if (aligned) {
+      reduce_segment<Element>(p, token, static_cast<int>(item % rsegments), srcs, lane);
+    } else {
+      reduce_row_any<Element>(p, token, srcs, lane);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 1) combine_small_kernel(const CombineParams p) {
+  __shared__ int32_t counts[kMaxWorldSize];
+  __shared__ uint32_t timed_out;
+  __shared__ int32_t failed;
+  switch (p.ctx.shape.combine_dtype) {
+    case kCombineBf16: combine_small<Bf16Element>(p, counts, &timed_out, &failed); break;
+    case kCombineFp16: combine_small<Fp16Element>(p, counts, &timed_out, &failed); break;
+    default: combine_small<Fp32Element>(p, counts, &timed_out, &failed); break;
+  }
+}
+
 }  // namespace
 
 int32_t combine_phases(const GroupShape& shape, int32_t requested) {
@@ -467,7 +609,7 @@ int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t toke
 }
 
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
-                           const CombineLaunch& args, cudaStream_t stream) {
+                           const CombineLaunch& args, cudaStream_t stream, int32_t small_batch) {
   CombineParams p;
   p.ctx.shape = shape;
   p.ctx.offsets = offsets;
@@ -475,7 +617,11 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.args = args;
   p.phases = combine_phases(shape, args.phases);
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
-  combine_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+  if (small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallBatchMaxTokens) {
+    combine_small_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+  } else {
+    combine_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

@@ -389,6 +389,176 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   if (blockIdx.x == 0) finish_dispatch(p, epoch, sh);
 }
 
+// ---- Small-batch kernel (tokens_per_rank <= kSmallBatchMaxTokens) ----------
+// The same work, protocol, counters and results as dispatch_kernel, with fewer
+// dependent steps on the path of a small call (docs/nvlink_backend.md, v5):
+// the routing is one round (T <= kBlockThreads); a token's slots are derived
+// from the shared ballots instead of being read back from token_slots (which
+// is still written: combine reads it); the timeout record waits in a register
+// instead of holding up routing's first barrier; the own tokens' weight rows
+// are prefetched; block 0 owns no token when the grid has several blocks, so
+// its counts are not queued behind a row; and block 0's count loads after the
+// waits are issued in one round.
+static_assert(kSmallBatchMaxTokens <= kBlockThreads, "the small-batch routing is one round");
+
+struct SmallShared {
+  RoutingShared r;                 // r.warp_counts holds each warp's ballots (bit per token)
+  uint64_t masks[kBlockThreads];   // destinations of every local token
+  uint32_t wait_ok[kMaxWorldSize];
+};
+
+// Block 0 owns no token when there are other blocks.
+__device__ __forceinline__ void small_own_range(int T, int* t0, int* t1) {
+  if (gridDim.x == 1) {
+    *t0 = 0;
+    *t1 = T;
+  } else if (blockIdx.x == 0) {
+    *t0 = 0;
+    *t1 = 0;
+  } else {
+    const int64_t n = gridDim.x - 1, b = blockIdx.x - 1;
+    *t0 = static_cast<int>(static_cast<int64_t>(T) * b / n);
+    *t1 = static_cast<int>(static_cast<int64_t>(T) * (b + 1) / n);
+  }
+}
+
+// Slot of local token `token` on rank d, -1 when it does not go there.
+__device__ __forceinline__ int32_t small_slot(const SmallShared& sh, int token, int d) {
+  const int w = token / 32;
+  const uint32_t below = (1u << (token % 32)) - 1u;
+  return ((sh.masks[token] >> d) & 1u) != 0
+             ? static_cast<int32_t>(sh.r.warp_offsets[w][d] + __popc(sh.r.warp_counts[w][d] & below))
+             : -1;
+}
+
+__device__ __forceinline__ TokenDestinations small_destinations(const SmallShared& sh, int token, int world,
+                                                                int lane) {
+  TokenDestinations d;
+  d.slot_low = lane < world ? small_slot(sh, token, lane) : -1;
+  d.slot_high = lane + 32 < world ? small_slot(sh, token, lane + 32) : -1;
+  d.mask = sh.masks[token];
+  return d;
+}
+
+// Step 1 in one round: thread t routes token t.  Ends with a barrier after
+// which sh.r.totals, the slots and sh.r.timed_out are final.
+__device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t timed_out, SmallShared& sh) {
+  const GroupShape& s = p.ctx.shape;
+  const int T = p.args.num_tokens, world = s.world_size;
+  const int t = threadIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool counts_picks = blockIdx.x == 0;
+  int32_t* hist = histogram_of(p, sh.r);
+  const uint64_t mask = t < T ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
+  if (counts_picks && hist == sh.r.histogram) {
+    for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.r.histogram[x] = 0;
+  }
+  __syncthreads();
+  if (counts_picks && t < T) count_picks(p, t, hist);
+  sh.masks[t] = mask;
+  for (int d = 0; d < world; ++d) {
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
+    if (lane == 0) sh.r.warp_counts[warp][d] = ballot;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < world; d += blockDim.x) {
+    uint32_t running = 0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) {
+      sh.r.warp_offsets[w][d] = running;
+      running += __popc(sh.r.warp_counts[w][d]);
+    }
+    sh.r.totals[d] = running;
+  }
+  if (threadIdx.x == 0) sh.r.timed_out = timed_out;
+  __syncthreads();
+  if (t >= t0 && t < t1) {  // kept for combine
+    int32_t* row = p.ctx.local<int32_t>(p.ctx.offsets.token_slots) + static_cast<int64_t>(t) * world;
+    for (int d = 0; d < world; ++d) row[d] = small_slot(sh, t, d);
+  }
+}
+
+__device__ void send_own_tokens_small(const DispatchParams& p, int t0, int t1, bool prefetched,
+                                      const uint4 (&first)[kVectorsPerLane], const SmallShared& sh) {
+  const int world = p.ctx.shape.world_size;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const OwnItems items(p, t0, t1);
+  for (int item = warp; item < items.count; item += kWarpsPerBlock) {
+    const int32_t token = t0 + item / items.parts;
+    const int part = item % items.parts;
+    const TokenDestinations dests = small_destinations(sh, token, world, lane);
+    if (part == items.segments) {
+      send_token_meta(p, token, dests, lane);
+    } else if (!items.aligned) {
+      send_hidden_row_any(p, token, dests, lane);
+    } else if (item == warp && prefetched) {
+      store_segment(p, part, dests, lane, first);
+    } else {
+      uint4 v[kVectorsPerLane];
+      load_segment(p, token, part, lane, v);
+      store_segment(p, part, dests, lane, v);
+    }
+  }
+}
+
+// Block 0, last: one barrier after every wait, then every count load in one
+// round (L2 loads, ordered after the waits' acquires by the barrier).
+__device__ void finish_dispatch_small(const DispatchParams& p, uint64_t epoch, SmallShared& sh) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  const int world = s.world_size, epr = s.experts_per_rank;
+  for (int src = threadIdx.x; src < world; src += blockDim.x) {
+    const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
+    sh.wait_ok[src] = wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror,
+                                          c.state.timeout_ns, kPhaseDispatch, src)
+                          ? 1u
+                          : 0u;
+  }
+  if (s.num_experts > kSharedHistogram) {  // the global histogram starts the next call at zero
+    int32_t* hist = histogram_of(p, sh.r);
+    for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
+  }
+  __syncthreads();
+  const int32_t* counts_in = c.local<int32_t>(c.offsets.dispatch_counts_in);
+  const int32_t* experts_in = c.local<int32_t>(c.offsets.expert_counts_in);
+  const int src = threadIdx.x;  // world <= kMaxWorldSize < kBlockThreads
+  const int32_t count = src < world && sh.wait_ok[src] != 0 ? __ldcg(counts_in + src) : 0;
+  int32_t* local_expert_counts = c.local<int32_t>(c.offsets.local_expert_counts);
+  for (int e = threadIdx.x; e < epr; e += blockDim.x) {
+    int32_t sum = 0;
+    for (int q = 0; q < world; ++q) sum += __ldcg(experts_in + q * epr + e);
+    local_expert_counts[e] = sum;
+  }
+  if (src < world) {
+    c.local<int32_t>(c.offsets.recv_counts)[src] = count;
+    c.local<int32_t>(c.offsets.counts_private)[src] = count;
+  }
+  if (threadIdx.x == 0) c.control()->epoch = epoch;
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const DispatchParams p) {
+  __shared__ SmallShared sh;
+  ControlBlock* control = p.ctx.control();
+  int t0, t1;
+  small_own_range(p.args.num_tokens, &t0, &t1);
+  const uint32_t timed_out =
+      threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
+  const uint64_t epoch =
+      blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
+  uint4 first[kVectorsPerLane];
+  const bool prefetched = prefetch_first_segment(p, t0, t1, first);
+  if (p.args.topk_weights != nullptr) {
+    for (int t = t0 + static_cast<int>(threadIdx.x); t < t1; t += blockDim.x) {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(p.args.topk_weights + static_cast<int64_t>(t) * p.ctx.shape.top_k));
+    }
+  }
+  route_small(p, t0, t1, timed_out, sh);  // ends with a barrier
+  if (sh.r.timed_out != kPhaseNone) return;  // block-uniform
+  if (blockIdx.x == 0) send_counts(p, sh.r);
+  send_own_tokens_small(p, t0, t1, prefetched, first, sh);
+  write_padding(p, sh.r.totals);
+  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
+  if (blockIdx.x == 0) finish_dispatch_small(p, epoch, sh);
+}
+
 }  // namespace
 
 int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tokens_per_rank, int32_t sm_budget) {
@@ -407,7 +577,11 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
   p.ctx.offsets = offsets;
   p.ctx.state = state;
   p.args = args;
-  dispatch_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+  if (args.small_batch != 0 && args.tokens_per_rank <= kSmallBatchMaxTokens) {
+    dispatch_small_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+  } else {
+    dispatch_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 

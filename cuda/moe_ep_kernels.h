@@ -113,7 +113,15 @@ struct DispatchLaunch {
   const void* scales;          // [T, scale_row_bytes] or NULL
   const int32_t* eplb_local;   // [num_experts] or NULL: counted picks are sent
   int32_t num_blocks;          // grid size, at most the SMs the handle may use
+  int32_t small_batch;         // nonzero: the small-batch kernel (tokens_per_rank <= kSmallBatchMaxTokens)
 };
+
+// Calls of at most this many tokens per rank may run the small-batch kernels:
+// the same protocol, counters and results as the general kernels, with a
+// shorter chain of dependent steps (docs/nvlink_backend.md, v5).  Each rank
+// chooses by itself (MOE_EP_SMALL_BATCH=0 turns them off): nothing a peer
+// sees differs.
+constexpr int32_t kSmallBatchMaxTokens = 128;
 
 // How combine schedules its reduction.
 enum CombineSchedule : int32_t {
@@ -176,9 +184,12 @@ int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t toke
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets,
                             const HandleState& state, const DispatchLaunch& args,
                             cudaStream_t stream);
+// small_batch nonzero: the small-batch kernel where it applies (serial schedule,
+// tokens_per_rank <= kSmallBatchMaxTokens).  A separate argument, so that the
+// general kernel's parameters are laid out as before.
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets,
                            const HandleState& state, const CombineLaunch& args,
-                           cudaStream_t stream);
+                           cudaStream_t stream, int32_t small_batch);
 
 }  // namespace kernels
 }  // namespace moe_ep

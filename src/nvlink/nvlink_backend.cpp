@@ -57,6 +57,14 @@ int32_t int_from_environment(const char* name) {
   return n > 0 && n < 65536 ? static_cast<int32_t>(n) : 0;
 }
 
+// MOE_EP_SMALL_BATCH=0 turns the small-batch kernels off (default on: calls
+// of at most kSmallBatchMaxTokens tokens per rank run them).  They keep the
+// protocol of the general kernels, so ranks may differ in this setting.
+bool small_batch_from_environment() {
+  const char* v = std::getenv("MOE_EP_SMALL_BATCH");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 std::string phase_name(uint32_t phase) {
   return phase == kernels::kPhaseCombine ? "combine" : "dispatch";
 }
@@ -108,7 +116,8 @@ class NvlinkBackend final : public Backend {
              config_.timeout_ms, " ms, combine schedule ",
              combine_schedule_ == kernels::kCombineOverlapped ? "overlapped"
              : combine_schedule_ == kernels::kCombineAuto     ? "auto"
-                                                              : "serial");
+                                                              : "serial",
+             ", small-batch kernels ", small_batch_ ? "on" : "off");
   }
 
   ~NvlinkBackend() override { shutdown(); }
@@ -128,6 +137,7 @@ class NvlinkBackend final : public Backend {
     a.scales = call.scales;
     a.eplb_local = call.eplb_local;
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
     note_launch(s);
@@ -157,8 +167,12 @@ class NvlinkBackend final : public Backend {
                                                    group_min_sm_budget_);
     a.phases = combine_phases_;
     a.reduce_blocks = combine_reduce_blocks_;
+    const int32_t small = small_batch_ && a.schedule == kernels::kCombineSerial &&
+                                  call.tokens_per_rank <= kernels::kSmallBatchMaxTokens
+                              ? 1
+                              : 0;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
+    check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s, small), "launching the combine kernel");
     note_launch(s);
     return a.output;
   }
@@ -237,6 +251,7 @@ class NvlinkBackend final : public Backend {
     combine_schedule_ = combine_schedule_from_environment();
     combine_phases_ = int_from_environment("MOE_EP_COMBINE_PHASES");
     combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
+    small_batch_ = small_batch_from_environment();
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -348,6 +363,7 @@ class NvlinkBackend final : public Backend {
   int32_t combine_phases_ = 0;
   int32_t combine_reduce_blocks_ = 0;
   int32_t group_min_sm_budget_ = 0;
+  bool small_batch_ = true;
   bool captured_ = false;
   bool released_ = false;
 };

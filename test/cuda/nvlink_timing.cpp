@@ -250,9 +250,11 @@ void run(const Options& o) {
 
   if (rank == 0) {
     const char* schedule = std::getenv("MOE_EP_COMBINE_SCHEDULE");
-    std::printf("tokens/rank %d hidden %d bf16 top-%d of %d, %d ranks, num_sms %d, combine schedule %s, %d iterations "
-                "(median, slowest rank)\n",
-                o.tokens, o.hidden, o.topk, o.experts, world, o.num_sms, schedule ? schedule : "default", o.iters);
+    const char* small = std::getenv("MOE_EP_SMALL_BATCH");
+    std::printf("tokens/rank %d hidden %d bf16 top-%d of %d, %d ranks, num_sms %d, combine schedule %s, "
+                "MOE_EP_SMALL_BATCH %s, %d iterations (median, slowest rank)\n",
+                o.tokens, o.hidden, o.topk, o.experts, world, o.num_sms, schedule ? schedule : "default",
+                small ? small : "unset", o.iters);
     std::printf("  NVLink bytes per rank and direction: dispatch %.2f MB, combine %.2f MB\n", dispatch_bytes / 1e6,
                 combine_bytes / 1e6);
     std::printf("  eager:  dispatch %8.1f us (%6.1f GB/s)   combine %8.1f us (%6.1f GB/s)\n", ed,
