@@ -83,6 +83,12 @@ MOE_EP_API const char* moe_ep_status_string(moe_ep_status_t status);
  * The pointer stays valid until the next moe_ep call on this thread. */
 MOE_EP_API const char* moe_ep_last_error(void);
 
+/* Sets this thread's last-error message (NULL or "" clears it); always SUCCESS.
+ * For bootstrap callbacks and companion libraries: a callback that fails may
+ * call it before returning non-zero, and moe_ep appends the message to its own
+ * ("bootstrap->allgather(...) returned 5 on rank 1: <your message>"). */
+MOE_EP_API moe_ep_status_t moe_ep_set_last_error(const char* message);
+
 /* Runtime library version; any pointer may be NULL. */
 MOE_EP_API moe_ep_status_t moe_ep_get_version(int32_t* major, int32_t* minor, int32_t* patch);
 

@@ -25,28 +25,42 @@ Bootstrap::Bootstrap(const moe_ep_bootstrap_t* user) {
   if (b_.barrier == nullptr) fail_argument("bootstrap->barrier", "a callback", "NULL");
 }
 
-void Bootstrap::allgather(const void* send, void* recv, size_t bytes_per_rank) const {
-  // The callback is user code: never let anything it throws cross into us.
+namespace {
+
+// Runs a user callback: nothing it throws crosses into us, and a message it
+// left with moe_ep_set_last_error is returned for ours to quote.
+template <typename Call>
+int32_t run_callback(Call&& call, std::string* callback_message) {
+  clear_last_error();
   int32_t rc = 0;
   try {
-    rc = b_.allgather(b_.ctx, send, recv, bytes_per_rank);
+    rc = call();
   } catch (...) {
     rc = -1;
   }
+  *callback_message = last_error();
+  return rc;
+}
+
+std::string quoted(const std::string& callback_message) {
+  return callback_message.empty() ? "" : ": " + callback_message;
+}
+
+}  // namespace
+
+void Bootstrap::allgather(const void* send, void* recv, size_t bytes_per_rank) const {
+  std::string message;
+  const int32_t rc = run_callback([&] { return b_.allgather(b_.ctx, send, recv, bytes_per_rank); }, &message);
   if (rc != 0) {
-    fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->allgather(", bytes_per_rank,
-         " bytes per rank) returned ", rc, " on rank ", b_.rank);
+    fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->allgather(", bytes_per_rank, " bytes per rank) returned ", rc,
+         " on rank ", b_.rank, quoted(message));
   }
 }
 
 void Bootstrap::barrier() const {
-  int32_t rc = 0;
-  try {
-    rc = b_.barrier(b_.ctx);
-  } catch (...) {
-    rc = -1;
-  }
-  if (rc != 0) fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->barrier returned ", rc, " on rank ", b_.rank);
+  std::string message;
+  const int32_t rc = run_callback([&] { return b_.barrier(b_.ctx); }, &message);
+  if (rc != 0) fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->barrier returned ", rc, " on rank ", b_.rank, quoted(message));
 }
 
 void Bootstrap::agree(moe_ep_status_t local_status, const std::string& local_message) const {

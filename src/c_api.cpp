@@ -64,6 +64,15 @@ const char* moe_ep_status_string(moe_ep_status_t status) { return moe_ep::status
 
 const char* moe_ep_last_error(void) { return moe_ep::last_error(); }
 
+moe_ep_status_t moe_ep_set_last_error(const char* message) {
+  if (message == nullptr) {
+    moe_ep::clear_last_error();
+  } else {
+    moe_ep::set_last_error(message);
+  }
+  return MOE_EP_SUCCESS;
+}
+
 moe_ep_status_t moe_ep_get_version(int32_t* major, int32_t* minor, int32_t* patch) {
   return guarded([&] {
     if (major) *major = MOE_EP_VERSION_MAJOR;

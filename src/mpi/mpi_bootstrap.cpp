@@ -11,38 +11,73 @@
 
 namespace {
 
-// Errors here are few and simple; the core's thread-local message is not
-// reachable from this library, so messages go to stderr only when MPI fails.
+// Failures carry a message through the core's moe_ep_set_last_error, read
+// with moe_ep_last_error() like any other moe_ep call.
+moe_ep_status_t failure(moe_ep_status_t status, const std::string& message) {
+  moe_ep_set_last_error(message.c_str());
+  return status;
+}
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(text, static_cast<size_t>(length));
+}
+
 struct MpiContext {
   MPI_Comm comm = MPI_COMM_NULL;
 };
 
 int32_t allgather(void* ctx, const void* send, void* recv, size_t bytes_per_rank) {
   auto* c = static_cast<MpiContext*>(ctx);
-  if (bytes_per_rank > static_cast<size_t>(INT32_MAX)) return -2;  // MPI counts are int
-  return MPI_Allgather(send, static_cast<int>(bytes_per_rank), MPI_BYTE, recv,
-                       static_cast<int>(bytes_per_rank), MPI_BYTE, c->comm) == MPI_SUCCESS
-             ? 0
-             : -1;
+  if (bytes_per_rank > static_cast<size_t>(INT32_MAX)) {  // MPI counts are int
+    failure(MOE_EP_ERROR_BOOTSTRAP, "MPI adapter: bytes_per_rank above INT32_MAX (" +
+                                        std::to_string(bytes_per_rank) + ") does not fit an MPI count");
+    return -2;
+  }
+  const int rc = MPI_Allgather(send, static_cast<int>(bytes_per_rank), MPI_BYTE, recv,
+                               static_cast<int>(bytes_per_rank), MPI_BYTE, c->comm);
+  if (rc != MPI_SUCCESS) {
+    failure(MOE_EP_ERROR_BOOTSTRAP, "MPI_Allgather failed: " + mpi_error_text(rc));
+    return -1;
+  }
+  return 0;
 }
 
 int32_t barrier(void* ctx) {
-  return MPI_Barrier(static_cast<MpiContext*>(ctx)->comm) == MPI_SUCCESS ? 0 : -1;
+  const int rc = MPI_Barrier(static_cast<MpiContext*>(ctx)->comm);
+  if (rc != MPI_SUCCESS) {
+    failure(MOE_EP_ERROR_BOOTSTRAP, "MPI_Barrier failed: " + mpi_error_text(rc));
+    return -1;
+  }
+  return 0;
+}
+
+moe_ep_status_t require_initialized() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) {
+    return failure(MOE_EP_ERROR_INVALID_STATE, std::string("MPI: expected an initialised MPI, got ") +
+                                                   (finalized ? "a finalised one" : "MPI_Init not called yet"));
+  }
+  return MOE_EP_SUCCESS;
 }
 
 moe_ep_status_t init_from(MPI_Comm comm, moe_ep_bootstrap_t* b) {
-  if (b == nullptr) return MOE_EP_ERROR_INVALID_ARGUMENT;
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) return MOE_EP_ERROR_INVALID_STATE;
-  if (comm == MPI_COMM_NULL) return MOE_EP_ERROR_INVALID_ARGUMENT;
+  if (b == nullptr) return failure(MOE_EP_ERROR_INVALID_ARGUMENT, "bootstrap: expected a non-NULL pointer, got NULL");
+  if (comm == MPI_COMM_NULL) {
+    return failure(MOE_EP_ERROR_INVALID_ARGUMENT, "mpi_comm: expected a valid communicator, got MPI_COMM_NULL");
+  }
   auto* ctx = new (std::nothrow) MpiContext;
-  if (ctx == nullptr) return MOE_EP_ERROR_OUT_OF_MEMORY;
+  if (ctx == nullptr) return failure(MOE_EP_ERROR_OUT_OF_MEMORY, "MPI adapter: out of host memory");
   int rank = 0, size = 0;
-  if (MPI_Comm_dup(comm, &ctx->comm) != MPI_SUCCESS || MPI_Comm_rank(ctx->comm, &rank) != MPI_SUCCESS ||
+  const int rc = MPI_Comm_dup(comm, &ctx->comm);
+  if (rc != MPI_SUCCESS || MPI_Comm_rank(ctx->comm, &rank) != MPI_SUCCESS ||
       MPI_Comm_size(ctx->comm, &size) != MPI_SUCCESS) {
     delete ctx;
-    return MOE_EP_ERROR_BOOTSTRAP;
+    return failure(MOE_EP_ERROR_BOOTSTRAP, "MPI_Comm_dup failed: " + mpi_error_text(rc));
   }
   moe_ep_bootstrap_init(b);
   b->rank = rank;
@@ -58,14 +93,19 @@ moe_ep_status_t init_from(MPI_Comm comm, moe_ep_bootstrap_t* b) {
 extern "C" {
 
 moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm, moe_ep_bootstrap_t* bootstrap) {
-  if (mpi_comm == nullptr) return MOE_EP_ERROR_INVALID_ARGUMENT;
+  moe_ep_set_last_error(nullptr);
+  if (mpi_comm == nullptr) {
+    return failure(MOE_EP_ERROR_INVALID_ARGUMENT, "mpi_comm: expected a pointer to an MPI_Comm, got NULL");
+  }
+  const moe_ep_status_t s = require_initialized();
+  if (s != MOE_EP_SUCCESS) return s;
   return init_from(*static_cast<const MPI_Comm*>(mpi_comm), bootstrap);
 }
 
 moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint, moe_ep_bootstrap_t* bootstrap) {
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) return MOE_EP_ERROR_INVALID_STATE;
+  moe_ep_set_last_error(nullptr);
+  const moe_ep_status_t s = require_initialized();
+  if (s != MOE_EP_SUCCESS) return s;
   return init_from(MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_fint)), bootstrap);
 }
 

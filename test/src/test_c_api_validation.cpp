@@ -24,6 +24,10 @@ int32_t solo_allgather(void*, const void* send, void* recv, size_t bytes) {
 }
 int32_t solo_barrier(void*) { return 0; }
 int32_t failing_allgather(void*, const void*, void*, size_t) { return 5; }
+int32_t explaining_allgather(void*, const void*, void*, size_t) {
+  moe_ep_set_last_error("peer 3 closed the store");
+  return 6;
+}
 
 moe_ep_bootstrap_t solo_bootstrap() {
   moe_ep_bootstrap_t b;
@@ -268,6 +272,11 @@ TEST_CASE("create: bad bootstrap, params and backend are reported", "[validation
   SECTION("allgather failing") {
     b.allgather = failing_allgather;
     expect_error(moe_ep_create(&b, &p, &c, &h), MOE_EP_ERROR_BOOTSTRAP, {"bootstrap->allgather", "returned 5"});
+  }
+  SECTION("allgather failing with its own message") {
+    b.allgather = explaining_allgather;
+    expect_error(moe_ep_create(&b, &p, &c, &h), MOE_EP_ERROR_BOOTSTRAP,
+                 {"bootstrap->allgather", "returned 6", "on rank 0: peer 3 closed the store"});
   }
   SECTION("NULL params") {
     expect_error(moe_ep_create(&b, nullptr, &c, &h), MOE_EP_ERROR_INVALID_ARGUMENT, {"params", "got NULL"});

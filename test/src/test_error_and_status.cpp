@@ -45,3 +45,13 @@ TEST_CASE("version query matches the header and accepts NULL", "[status]") {
   CHECK(patch == MOE_EP_VERSION_PATCH);
   CHECK(moe_ep_get_version(nullptr, nullptr, nullptr) == MOE_EP_SUCCESS);
 }
+
+TEST_CASE("set_last_error sets and clears this thread's message", "[status]") {
+  CHECK(moe_ep_set_last_error("from a callback") == MOE_EP_SUCCESS);
+  CHECK(std::string(moe_ep_last_error()) == "from a callback");
+  std::string other = "unset";
+  std::thread([&] { other = moe_ep_last_error(); }).join();
+  CHECK(other.empty());
+  CHECK(moe_ep_set_last_error(nullptr) == MOE_EP_SUCCESS);
+  CHECK(std::string(moe_ep_last_error()).empty());
+}

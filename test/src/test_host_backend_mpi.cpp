@@ -81,8 +81,14 @@ TEST_CASE("mpi adapter: Fortran handle entry point, release, and bad input", "[m
   CHECK(moe_ep_mpi_bootstrap_release(&b) == MOE_EP_SUCCESS);  // twice is fine
   CHECK(moe_ep_mpi_bootstrap_release(nullptr) == MOE_EP_SUCCESS);
   CHECK(moe_ep_mpi_bootstrap_init(nullptr, &b) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_ep_last_error()) == "mpi_comm: expected a pointer to an MPI_Comm, got NULL");
   MPI_Comm null_comm = MPI_COMM_NULL;
   CHECK(moe_ep_mpi_bootstrap_init(&null_comm, &b) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_ep_last_error()) == "mpi_comm: expected a valid communicator, got MPI_COMM_NULL");
   MPI_Comm world = MPI_COMM_WORLD;
   CHECK(moe_ep_mpi_bootstrap_init(&world, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(moe_ep_last_error()) == "bootstrap: expected a non-NULL pointer, got NULL");
+  REQUIRE(moe_ep_mpi_bootstrap_init(&world, &b) == MOE_EP_SUCCESS);
+  CHECK(std::string(moe_ep_last_error()).empty());
+  CHECK(moe_ep_mpi_bootstrap_release(&b) == MOE_EP_SUCCESS);
 }
