@@ -8,25 +8,22 @@
 #include "dtype.hpp"
 #include "params.hpp"
 #include "reference_model.hpp"
+#include "test_params.hpp"
 
 using namespace moe_ep;
 
 namespace {
 // 2 ranks, 4 experts (rank 0 owns 0-1, rank 1 owns 2-3), top-2, hidden 1 fp32
 // payload (one float per row = the token's tag), invalid id -1.
-Layout small_layout(int rank) {
-  moe_ep_params_t p{};
-  p.struct_size = sizeof(p);
-  p.num_experts = 4;
-  p.top_k = 2;
-  p.max_tokens_per_rank = 4;
-  p.hidden_size = 1;
+// fp32 rows and fp32 combine over the library's other defaults.
+moe_ep_params_t fp32_params(int32_t experts, int32_t top_k, int32_t max_tokens) {
+  moe_ep_params_t p = moe_ep_test::make_params(experts, top_k, max_tokens, 1);
   p.hidden_dtype = dtype_fp32();
-  p.scale_dtype = dtype_fp32();
-  p.invalid_expert_id = -1;
   p.combine_dtype = dtype_fp32();
-  return make_layout(p, 2, rank);
+  return p;
 }
+
+Layout small_layout(int rank) { return make_layout(fp32_params(4, 2, 4), 2, rank); }
 }  // namespace
 
 TEST_CASE("destination slots are running counts in ascending token order", "[model]") {
@@ -84,17 +81,7 @@ TEST_CASE("bad ids are counted and never routed", "[model]") {
 TEST_CASE("combine sums partials in ascending rank order with fp32 accumulation", "[model]") {
   // Three ranks contribute 1, 1e8 and -1e8.  In ascending order (1 + 1e8) - 1e8 = 0 in fp32,
   // because 1 is below half an ulp of 1e8; any other order gives 1.
-  moe_ep_params_t p{};
-  p.struct_size = sizeof(p);
-  p.num_experts = 3;
-  p.top_k = 3;
-  p.max_tokens_per_rank = 1;
-  p.hidden_size = 1;
-  p.hidden_dtype = dtype_bf16();
-  p.scale_dtype = dtype_fp32();
-  p.invalid_expert_id = -1;
-  p.combine_dtype = dtype_fp32();
-  const Layout l = make_layout(p, 3, 0);
+  const Layout l = make_layout(fp32_params(3, 3, 1), 3, 0);
   const int32_t ids[] = {2, 0, 1};  // the token goes to all three ranks, slot 0 on each
   // Each rank's expert output has world * tpr = 3 rows; source 0's row is row 0.
   const float out0[] = {1.0f, 0, 0};
