@@ -2,7 +2,11 @@
 # Builds and runs an outside consumer against an install prefix.
 #   run_consumer.sh cmake  PREFIX WORK CMAKE_COMMAND GENERATOR
 #   run_consumer.sh pkgconfig PREFIX WORK
-# The consumer checks that the library it loads lives under PREFIX.
+#   run_consumer.sh tool PREFIX WORK MPIEXEC
+# The consumer checks that the library it loads lives under PREFIX.  The tool
+# mode runs the installed prefix/bin/moe_ep_conformance `check` on the HOST
+# backend, 2 ranks, in an environment holding only PATH, HOME and Open MPI's
+# OMPI_* settings: the run paths ($ORIGIN) must find the libraries.
 set -u
 mode=$1; prefix=$2; work=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -31,6 +35,27 @@ case "$mode" in
     echo "pkg-config --cflags --libs moe_ep: $(pkg-config --cflags --libs moe_ep)"
     make -C "$here/pkgconfig_project" OUT="$work" || exit 1
     exec "$work/consumer" "$prefix"
+    ;;
+  tool)
+    mpiexec=$4
+    tool="$prefix/bin/moe_ep_conformance"
+    [ -x "$tool" ] || { echo "SKIP: moe_ep_conformance was not built (needs CLI11 and MPI C++)"; exit 77; }
+    command -v readelf >/dev/null 2>&1 || { echo "FAIL: readelf (binutils) not found"; exit 1; }
+    for f in "$tool" "$(dirname "$(find "$prefix" -name 'libmoe_ep_mpi.so.*' | head -n 1)")/libmoe_ep_mpi.so"; do
+      runpath=$(readelf -d "$f" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
+      echo "$f: RUNPATH $runpath"
+      case "$runpath" in
+        '$ORIGIN'*) ;;
+        *) echo "FAIL: $f has no \$ORIGIN run path"; exit 1 ;;
+      esac
+    done
+    set --
+    for var in $(env | sed -n 's/^\(OMPI_[A-Za-z0-9_]*\)=.*/\1/p'); do
+      set -- "$@" "$var=$(printenv "$var")"
+    done
+    cd "$work" || exit 1
+    exec env -i PATH="$(dirname "$mpiexec"):/usr/bin:/bin" HOME="${HOME:-/}" "$@" \
+      "$mpiexec" -n 2 --oversubscribe "$tool" check --backend host
     ;;
 esac
 echo "usage: run_consumer.sh cmake|pkgconfig PREFIX WORK ..."; exit 2
