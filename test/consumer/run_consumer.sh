@@ -3,6 +3,7 @@
 #   run_consumer.sh cmake  PREFIX WORK CMAKE_COMMAND GENERATOR
 #   run_consumer.sh pkgconfig PREFIX WORK
 #   run_consumer.sh tool PREFIX WORK MPIEXEC
+#   run_consumer.sh rust PREFIX WORK CARGO BINDINGS
 # The consumer checks that the library it loads lives under PREFIX.  The tool
 # mode runs the installed prefix/bin/moe_ep_conformance `check` on the HOST
 # backend, 2 ranks, in an environment holding only PATH, HOME and Open MPI's
@@ -35,6 +36,20 @@ case "$mode" in
     echo "pkg-config --cflags --libs moe_ep: $(pkg-config --cflags --libs moe_ep)"
     make -C "$here/pkgconfig_project" OUT="$work" || exit 1
     exec "$work/consumer" "$prefix"
+    ;;
+  rust)
+    # An application crate outside the tree (rust_app/, copied to WORK) that
+    # finds the installed library through pkg-config only, and whose binary
+    # runs with no LD_LIBRARY_PATH (its build.rs records the run path).
+    cargo=$4; bindings=$5
+    command -v "$cargo" >/dev/null 2>&1 || { echo "SKIP: cargo not found"; exit 77; }
+    command -v pkg-config >/dev/null 2>&1 || { echo "SKIP: pkg-config not installed"; exit 77; }
+    cp -r "$here/rust_app/." "$work/" || exit 1
+    sed "s|@BINDINGS@|$bindings|g" "$work/Cargo.toml.in" > "$work/Cargo.toml" && rm "$work/Cargo.toml.in" || exit 1
+    pcdir=$(dirname "$(find "$prefix" -name moe_ep.pc | head -n 1)")
+    (cd "$work" && unset MOE_EP_LIB_DIR && PKG_CONFIG_PATH="$pcdir" CARGO_TARGET_DIR="$work/target" \
+       "$cargo" build --offline --quiet) || { echo "FAIL: cargo build of the outside crate"; exit 1; }
+    exec env -u LD_LIBRARY_PATH "$work/target/debug/moe_ep_rust_app"
     ;;
   tool)
     mpiexec=$4
