@@ -9,6 +9,14 @@ cargo=$1; lib_dir=$2; target_dir=$3; manifest=$4; mpiexec=${5:-}
 if ! command -v "$cargo" >/dev/null 2>&1; then
   echo "SKIP: cargo not found"; exit 77
 fi
+# Where neither MOE_EP_LIB_DIR nor pkg-config finds the library, the build
+# warns, naming both (and still tries the linker's default path).
+out=$(env -u MOE_EP_LIB_DIR PKG_CONFIG_PATH= PKG_CONFIG_LIBDIR=/nonexistent CARGO_TARGET_DIR="$target_dir/no-lib" \
+      "$cargo" check --offline --manifest-path "$manifest" -p moe-ep-sys 2>&1)
+case "$out" in
+  *"MOE_EP_LIB_DIR is not set and \`pkg-config --variable=libdir moe_ep\` found nothing"*) ;;
+  *) echo "$out"; echo "FAIL: no build warning naming MOE_EP_LIB_DIR and pkg-config"; exit 1 ;;
+esac
 export MOE_EP_LIB_DIR="$lib_dir" CARGO_TARGET_DIR="$target_dir"
 # The safe crate's doc example only compiles (no_run); its examples run here.
 "$cargo" test --offline --manifest-path "$manifest" --workspace || exit 1
