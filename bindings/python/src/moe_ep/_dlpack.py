@@ -194,7 +194,8 @@ def borrow(obj, stream=0, name="tensor", expect=None):
     try:
         b = _borrow_dlpack(obj, stream, name)
     except BufferError:
-        if not (hasattr(obj, "__array_interface__") and not obj.flags.writeable):
+        writeable = getattr(getattr(obj, "flags", None), "writeable", True)
+        if writeable or not hasattr(obj, "__array_interface__"):
             raise
         b = _from_array_interface(obj, name)
     if ml_dtype is not None:

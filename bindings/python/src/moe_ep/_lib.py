@@ -223,9 +223,10 @@ def _load(env_var, soname, dirs=()):
             return ctypes.CDLL(name), name
         except OSError as e:
             errors.append(str(e))
-    raise OSError(f"moe_ep: cannot load {soname}: it is not bundled in {PACKAGE_DIR} (a wheel "
-                  f"built without it?); set {env_var} to its path or add its directory to "
-                  f"LD_LIBRARY_PATH ({'; '.join(errors)})")
+    raise OSError(f"moe_ep: cannot load {soname}: not found in {', '.join(dirs)} nor by the "
+                  f"dynamic loader; install the wheel (pip install bindings/python), set {env_var} "
+                  f"to the library's path, or add its directory to LD_LIBRARY_PATH "
+                  f"({'; '.join(errors)})")
 
 
 def lib():
