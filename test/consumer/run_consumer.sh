@@ -7,7 +7,8 @@
 # The consumer checks that the library it loads lives under PREFIX.  The tool
 # mode runs the installed prefix/bin/moe_ep_conformance `check` on the HOST
 # backend, 2 ranks, in an environment holding only PATH, HOME and Open MPI's
-# OMPI_* settings: the run paths ($ORIGIN) must find the libraries.
+# OMPI_* settings, from a copy of the prefix moved elsewhere: the run paths
+# ($ORIGIN) must find the libraries.
 set -u
 mode=$1; prefix=$2; work=$3
 here=$(cd "$(dirname "$0")" && pwd)
@@ -53,8 +54,12 @@ case "$mode" in
     ;;
   tool)
     mpiexec=$4
+    [ -x "$prefix/bin/moe_ep_conformance" ] ||
+      { echo "SKIP: moe_ep_conformance was not built (needs CLI11 and MPI C++)"; exit 77; }
+    # Relocatable: run a copy of the whole prefix, moved after installation.
+    cp -a "$prefix" "$work/moved_prefix" || exit 1
+    prefix="$work/moved_prefix"
     tool="$prefix/bin/moe_ep_conformance"
-    [ -x "$tool" ] || { echo "SKIP: moe_ep_conformance was not built (needs CLI11 and MPI C++)"; exit 77; }
     command -v readelf >/dev/null 2>&1 || { echo "FAIL: readelf (binutils) not found"; exit 1; }
     for f in "$tool" "$(dirname "$(find "$prefix" -name 'libmoe_ep_mpi.so.*' | head -n 1)")/libmoe_ep_mpi.so"; do
       runpath=$(readelf -d "$f" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p')
