@@ -54,6 +54,12 @@ fn run() -> Result<()> {
 }
 
 fn main() {
+    // Before MPI_Init the adapter refuses, and says why.
+    match MpiBootstrap::from_fortran_handle(OPEN_MPI_COMM_WORLD_FINT) {
+        Err(e) => assert!(e.status == Status::INVALID_STATE && e.message.contains("MPI_Init not called yet"),
+                          "unexpected error before MPI_Init: {e}"),
+        Ok(_) => panic!("the MPI adapter accepted a communicator before MPI_Init"),
+    }
     unsafe { MPI_Init(std::ptr::null_mut(), std::ptr::null_mut()) };
     let r = run();
     // The bootstrap (its duplicated communicator) is released inside run().
