@@ -152,16 +152,46 @@ __device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingSha
   __syncthreads();  // totals and histogram final; own token_slots rows visible to the whole block
 }
 
+// What a source publishes with its rows, in one 64-bit store: its call's
+// tokens_per_rank and how many rows it wrote to the destination.
+__device__ __forceinline__ uint64_t published_rows(int32_t tokens_per_rank, uint32_t rows) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(tokens_per_rank)) << 32) | rows;
+}
+
+__device__ __noinline__ void record_peer_count_error(ControlBlock* control, const PeerCountError& error) {
+  DeviceErrors* e = &control->errors;
+  if (atomicAdd(&e->peer_count_errors, 1u) == 0) e->first_peer_count_error = error;
+}
+
+// The rows this rank takes from `source`: all it published, if its call had
+// this rank's tokens_per_rank and the rows fit in it; else none, and the
+// refusal is recorded for the host (INVALID_INPUT on every rank, since every
+// rank of a mismatched call sees a peer that differs).  So recv_counts, and
+// combine's rows read from the caller's expert_output, stay within this
+// rank's own tokens_per_rank whatever a peer sends.  A compare on a value
+// already loaded: nothing is added to the path.
+__device__ __forceinline__ int32_t accepted_rows(const KernelContext& c, int32_t source, uint64_t published,
+                                                 int32_t tokens_per_rank) {
+  const int32_t source_tokens_per_rank = static_cast<int32_t>(published >> 32);
+  const uint32_t rows = static_cast<uint32_t>(published);
+  if (source_tokens_per_rank == tokens_per_rank && rows <= static_cast<uint32_t>(tokens_per_rank)) {
+    return static_cast<int32_t>(rows);
+  }
+  record_peer_count_error(c.control(), PeerCountError{source, source_tokens_per_rank, static_cast<int32_t>(rows),
+                                                       tokens_per_rank});
+  return 0;
+}
+
 // Block 0, step 1b: what every destination needs besides rows: how many rows
-// this rank sends it, this rank's picks per expert it owns, this rank's EPLB
-// row.  Plain stores; block 0's release covers them.
+// this rank sends it (with its tokens_per_rank), this rank's picks per expert
+// it owns, this rank's EPLB row.  Plain stores; block 0's release covers them.
 __device__ void send_counts(const DispatchParams& p, RoutingShared& sh) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   const int world = s.world_size, epr = s.experts_per_rank, E = s.num_experts;
   const int32_t* hist = histogram_of(p, sh);
   for (int d = threadIdx.x; d < world; d += blockDim.x) {
-    c.remote<int32_t>(d, c.offsets.dispatch_counts_in)[s.rank] = static_cast<int32_t>(sh.totals[d]);
+    c.remote<uint64_t>(d, c.offsets.dispatch_counts_in)[s.rank] = published_rows(p.args.tokens_per_rank, sh.totals[d]);
   }
   for (int i = threadIdx.x; i < world * epr; i += blockDim.x) {
     const int d = i / epr, e = i % epr;
@@ -339,13 +369,13 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
   const int world = s.world_size, epr = s.experts_per_rank;
   int32_t* recv_counts = c.local<int32_t>(c.offsets.recv_counts);
   int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
-  const int32_t* counts_in = c.local<int32_t>(c.offsets.dispatch_counts_in);
+  const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
   for (int src = threadIdx.x; src < world; src += blockDim.x) {
     const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
     int32_t count = 0;
     if (wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror, c.state.timeout_ns,
                             kPhaseDispatch, src)) {
-      count = load_relaxed_sys(counts_in + src);
+      count = accepted_rows(c, src, load_relaxed_sys(counts_in + src), p.args.tokens_per_rank);
     }
     recv_counts[src] = count;
     counts_private[src] = count;
@@ -517,10 +547,11 @@ __device__ void finish_dispatch_small(const DispatchParams& p, uint64_t epoch, S
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
   }
   __syncthreads();
-  const int32_t* counts_in = c.local<int32_t>(c.offsets.dispatch_counts_in);
+  const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
   const int32_t* experts_in = c.local<int32_t>(c.offsets.expert_counts_in);
   const int src = threadIdx.x;  // world <= kMaxWorldSize < kBlockThreads
-  const int32_t count = src < world && sh.wait_ok[src] != 0 ? __ldcg(counts_in + src) : 0;
+  const int32_t count =
+      src < world && sh.wait_ok[src] != 0 ? accepted_rows(c, src, __ldcg(counts_in + src), p.args.tokens_per_rank) : 0;
   int32_t* local_expert_counts = c.local<int32_t>(c.offsets.local_expert_counts);
   for (int e = threadIdx.x; e < epr; e += blockDim.x) {
     int32_t sum = 0;
