@@ -158,6 +158,7 @@ __device__ __forceinline__ uint64_t published_rows(int32_t tokens_per_rank, uint
   return (static_cast<uint64_t>(static_cast<uint32_t>(tokens_per_rank)) << 32) | rows;
 }
 
+// Off the path: called only for a refused count.
 __device__ __noinline__ void record_peer_count_error(ControlBlock* control, const PeerCountError& error) {
   DeviceErrors* e = &control->errors;
   if (atomicAdd(&e->peer_count_errors, 1u) == 0) e->first_peer_count_error = error;
@@ -313,17 +314,20 @@ __device__ __forceinline__ bool prefetch_first_segment(const DispatchParams& p, 
   return true;
 }
 
+// Step 2: the own tokens [t0, t1) as warp items (OwnItems), each sent to the
+// ranks `destinations_of(token, lane)` names.  One code path for both
+// kernels: the general kernel reads a token's slots back from token_slots,
+// the small-batch kernel derives them from its shared ballots.
+template <typename DestinationsOf>
 __device__ __forceinline__ void send_own_tokens(const DispatchParams& p, int t0, int t1, bool prefetched,
-                                                const uint4 (&first)[kVectorsPerLane]) {
-  const GroupShape& s = p.ctx.shape;
+                                                const uint4 (&first)[kVectorsPerLane],
+                                                const DestinationsOf& destinations_of) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const OwnItems items(p, t0, t1);
-  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   for (int item = warp; item < items.count; item += kWarpsPerBlock) {
     const int32_t token = t0 + item / items.parts;
     const int part = item % items.parts;
-    const TokenDestinations dests =
-        TokenDestinations::load(slots + static_cast<int64_t>(token) * s.world_size, s.world_size, lane);
+    const TokenDestinations dests = destinations_of(token, lane);
     if (part == items.segments) {
       send_token_meta(p, token, dests, lane);
     } else if (!items.aligned) {
@@ -413,7 +417,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   route_tokens(p, t0, t1, sh);  // ends with a barrier
   if (sh.timed_out != kPhaseNone) return;  // block-uniform
   if (blockIdx.x == 0) send_counts(p, sh);
-  send_own_tokens(p, t0, t1, prefetched, first);
+  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
+  const int world = p.ctx.shape.world_size;
+  send_own_tokens(p, t0, t1, prefetched, first, [&](int32_t token, int lane) {
+    return TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
+  });
   write_padding(p, sh.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
   if (blockIdx.x == 0) finish_dispatch(p, epoch, sh);
@@ -506,29 +514,6 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   }
 }
 
-__device__ void send_own_tokens_small(const DispatchParams& p, int t0, int t1, bool prefetched,
-                                      const uint4 (&first)[kVectorsPerLane], const SmallShared& sh) {
-  const int world = p.ctx.shape.world_size;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const OwnItems items(p, t0, t1);
-  for (int item = warp; item < items.count; item += kWarpsPerBlock) {
-    const int32_t token = t0 + item / items.parts;
-    const int part = item % items.parts;
-    const TokenDestinations dests = small_destinations(sh, token, world, lane);
-    if (part == items.segments) {
-      send_token_meta(p, token, dests, lane);
-    } else if (!items.aligned) {
-      send_hidden_row_any(p, token, dests, lane);
-    } else if (item == warp && prefetched) {
-      store_segment(p, part, dests, lane, first);
-    } else {
-      uint4 v[kVectorsPerLane];
-      load_segment(p, token, part, lane, v);
-      store_segment(p, part, dests, lane, v);
-    }
-  }
-}
-
 // Block 0, last: one barrier after every wait, then every count load in one
 // round (L2 loads, ordered after the waits' acquires by the barrier).
 __device__ void finish_dispatch_small(const DispatchParams& p, uint64_t epoch, SmallShared& sh) {
@@ -584,7 +569,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   route_small(p, t0, t1, timed_out, sh);  // ends with a barrier
   if (sh.r.timed_out != kPhaseNone) return;  // block-uniform
   if (blockIdx.x == 0) send_counts(p, sh.r);
-  send_own_tokens_small(p, t0, t1, prefetched, first, sh);
+  const int world = p.ctx.shape.world_size;
+  send_own_tokens(p, t0, t1, prefetched, first,
+                  [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
   write_padding(p, sh.r.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
   if (blockIdx.x == 0) finish_dispatch_small(p, epoch, sh);

@@ -11,7 +11,8 @@
 #      unrelated device work;
 #   5. compute-sanitizer memcheck, racecheck and synccheck around each of 2
 #      ranks on a representative subset of the GPU suite;
-#   6. the GPU CTest suites, as far as the budget goes.
+#   6. the GPU CTest suites, as far as the budget goes;
+#   7. a short bench (graph replay) to compare with docs/performance.md.
 #   usage: OUT=/some/dir [DEPS=.device-deps/usr] [BUDGET=280] bash scripts/gpu/trust_validation.sh
 set -uo pipefail
 OUT=${OUT:-$PWD/trust-out}
@@ -54,9 +55,9 @@ GPU_TEST=$BUILD/test/cuda/test_nvlink_gpu
 
 say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '(copy)'); deps $DEPS"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$LOG"
-# Only the programs these steps run (the tool and the bindings are validated elsewhere).
+# Only the programs these steps run (the bindings are validated elsewhere).
 TAIL=5 step build 150 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DCMAKE_PREFIX_PATH='$DEPS' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_kill_peer_probe test_nvlink_host"
+  -DCMAKE_PREFIX_PATH='$DEPS' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_kill_peer_probe test_nvlink_host moe_ep_conformance"
 [ -x "$GPU_TEST" ] || { cat "$SUMMARY"; exit 1; }
 
 TAIL=4 step fd_exchange 30 $BUILD/test/cuda/test_nvlink_host "[fd_exchange]"
@@ -71,6 +72,10 @@ TAIL=6 step racecheck 60 $MPIRUN $SAN --tool racecheck $GPU_TEST "[peer_counts]"
 TAIL=6 step synccheck 60 $MPIRUN $SAN --tool synccheck $GPU_TEST "[peer_counts]"
 
 TAIL=25 step ctest_gpu 150 ctest --test-dir $BUILD --output-on-failure -L gpu -E python -j1 --timeout 120
+
+# Speed after the checks: compare with docs/performance.md (graph replay, slower rank).
+TAIL=12 step bench 40 $MPIRUN $BUILD/tools/moe_ep_conformance bench --backend nvlink --hidden 7168 --topk 8 \
+  --experts 256 --dtype bf16 --routing uniform -t 1,128,4096 -w 10 -n 50 --graph
 
 say "sanitizer summaries"
 grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT"/memcheck.log "$OUT"/racecheck.log "$OUT"/synccheck.log 2>/dev/null |
