@@ -62,7 +62,7 @@ TAIL=5 step build 150 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=
 
 TAIL=4 step fd_exchange 30 $BUILD/test/cuda/test_nvlink_host "[fd_exchange]"
 TAIL=8 step kill_peer 40 $BUILD/test/cuda/moe_ep_kill_peer_probe
-TAIL=8 step fresh_mpirun_peer_counts_destroy_scope 40 $MPIRUN $GPU_TEST "[peer_counts],[.destroy_scope]" -s -r compact
+TAIL=8 step fresh_mpirun_peer_counts_destroy_scope 40 $MPIRUN $GPU_TEST "[peer_counts],[destroy_scope]" -s -r compact
 
 # Sanitizers: a representative subset (mismatched peer counts, bad ids: both
 # kernels of each phase, the error paths), small shapes so that each tool
@@ -78,8 +78,9 @@ TAIL=12 step bench 40 $MPIRUN $BUILD/tools/moe_ep_conformance bench --backend nv
   --experts 256 --dtype bf16 --routing uniform -t 1,128,4096 -w 10 -n 50 --graph
 
 say "sanitizer summaries"
-grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT"/memcheck.log "$OUT"/racecheck.log "$OUT"/synccheck.log 2>/dev/null |
-  sort | uniq -c | tee -a "$SUMMARY"
+for tool in memcheck racecheck synccheck; do
+  grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/$tool.log" 2>/dev/null | sed "s/^/$tool: /" | tee -a "$SUMMARY"
+done
 say "kill probe and timings"
 grep -h "survivor\|fresh group\|kill round\|destroy took" "$OUT"/kill_peer.log "$OUT"/fresh_mpirun_peer_counts_destroy_scope.log \
   2>/dev/null | tee -a "$SUMMARY"
