@@ -62,7 +62,10 @@ TAIL=5 step build 150 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=
 
 TAIL=4 step fd_exchange 30 $BUILD/test/cuda/test_nvlink_host "[fd_exchange]"
 TAIL=8 step kill_peer 40 $BUILD/test/cuda/moe_ep_kill_peer_probe
-TAIL=8 step fresh_mpirun_peer_counts_destroy_scope 40 $MPIRUN $GPU_TEST "[peer_counts],[destroy_scope]" -s -r compact
+TAIL=8 step fresh_mpirun_peer_counts 40 $MPIRUN $GPU_TEST "[peer_counts]" -s -r compact
+# Known to fail at b6efdf6 (destroy took 3.0 s with 3 s of unrelated work in flight): the driver's teardown
+# calls wait for the device although the handle's own wait no longer does (docs/nvlink_backend.md).
+TAIL=8 step destroy_scope 30 $MPIRUN $GPU_TEST "[destroy_scope]" -r compact
 
 # Sanitizers: a representative subset (mismatched peer counts, bad ids: both
 # kernels of each phase, the error paths), small shapes so that each tool
@@ -82,7 +85,7 @@ for tool in memcheck racecheck synccheck; do
   grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$OUT/$tool.log" 2>/dev/null | sed "s/^/$tool: /" | tee -a "$SUMMARY"
 done
 say "kill probe and timings"
-grep -h "survivor\|fresh group\|kill round\|destroy took" "$OUT"/kill_peer.log "$OUT"/fresh_mpirun_peer_counts_destroy_scope.log \
+grep -h "survivor\|fresh group\|kill round\|destroy took" "$OUT"/kill_peer.log "$OUT"/destroy_scope.log \
   2>/dev/null | tee -a "$SUMMARY"
 say "summary (exit $rc, $(( $(date +%s) - START )) s)"
 cat "$SUMMARY"
