@@ -276,8 +276,17 @@ std::vector<UniqueFd> exchange_fds(const Bootstrap& bootstrap, int my_fd, int ti
     mine.pid = static_cast<int32_t>(getpid());
     mine.uid = static_cast<uint32_t>(getuid());
   });
-  Exchange exchange(bootstrap, bootstrap.allgather_value(mine), my_fd);
-  run_then_agree(bootstrap, [&] { exchange.bind_socket(); });  // every socket exists before anyone sends
+  const std::vector<Invitation> invitations = bootstrap.allgather_value(mine);
+  Exchange exchange(bootstrap, invitations, my_fd);
+  run_then_agree(bootstrap, [&] {  // every socket exists before anyone sends
+    for (int r = 0; r < world; ++r) {
+      if (invitations[r].uid != mine.uid) {  // its messages would be dropped: say why now
+        fail(MOE_EP_ERROR_UNSUPPORTED, "fd exchange: rank ", r, " runs as uid ", invitations[r].uid, ", rank ",
+             bootstrap.rank(), " as uid ", mine.uid, "; descriptors are accepted only from the same user");
+      }
+    }
+    exchange.bind_socket();
+  });
   run_then_agree(bootstrap, [&] { exchange.send_and_receive(timeout_ms); });
   run_then_agree(bootstrap, [&] { exchange.check_nothing_more_from_the_group(); });
   return exchange.take_fds();

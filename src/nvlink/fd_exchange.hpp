@@ -47,7 +47,7 @@ struct Invitation {
   Random name;    // makes the socket names of this exchange unique
   Random secret;  // carried in every message, never in a name
   int32_t pid;    // the pid this rank's messages must carry
-  uint32_t uid;   // informational: every message must carry the receiver's uid
+  uint32_t uid;   // every rank must run as the same user (checked before any socket is bound)
 };
 
 // One datagram: this, plus exactly one descriptor in SCM_RIGHTS.

@@ -150,6 +150,7 @@ class Intruder {
 struct InjectingBootstrap {
   moe_ep_bootstrap_t inner{};
   std::function<void(const wire::Invitation&)>* inject = nullptr;
+  std::function<void(wire::Invitation*)>* edit_invitations = nullptr;  // what the bootstrap delivers
   wire::Invitation group{};
   int stage = 0;  // 0: before the invitation, 1: invitation seen, 2: injected
 
@@ -158,6 +159,7 @@ struct InjectingBootstrap {
     const int32_t rc = self->inner.allgather(self->inner.ctx, send, recv, bytes);
     if (rc != 0) return rc;
     if (self->stage == 0 && bytes == sizeof(wire::Invitation)) {
+      if (self->edit_invitations) (*self->edit_invitations)(static_cast<wire::Invitation*>(recv));
       std::memcpy(&self->group, recv, sizeof(self->group));  // rank 0's name and secret
       self->stage = 1;
     } else if (self->stage == 1) {
@@ -189,7 +191,8 @@ struct RankOutcome {
 // One exchange among `world` thread ranks, with `inject` run by rank 0 once
 // every socket is bound.  Checks that every descriptor received is the
 // genuine one of its rank (same file, same content).
-std::vector<RankOutcome> exchange_with_injection(int world, std::function<void(const wire::Invitation&)> inject) {
+std::vector<RankOutcome> exchange_with_injection(int world, std::function<void(const wire::Invitation&)> inject,
+                                                std::function<void(wire::Invitation*)> edit_invitations = nullptr) {
   std::vector<RankOutcome> outcomes(world);
   std::vector<int> genuine(world);
   std::vector<FileId> genuine_ids(world);
@@ -201,6 +204,7 @@ std::vector<RankOutcome> exchange_with_injection(int world, std::function<void(c
     InjectingBootstrap spy;
     spy.inner = b;
     spy.inject = &inject;
+    if (edit_invitations) spy.edit_invitations = &edit_invitations;
     const moe_ep_bootstrap_t viewed = spy.view();
     const moe_ep::Bootstrap bootstrap(&viewed);
     RankOutcome& out = outcomes[rank];
@@ -322,4 +326,15 @@ TEST_CASE("a malformed message from a group member fails the exchange on every r
   CHECK(outcomes[1].status == MOE_EP_ERROR_BOOTSTRAP);
   CHECK(outcomes[1].error.find("unexpected message") != std::string::npos);
   CHECK(outcomes[0].error.find("rank 1 failed") != std::string::npos);
+}
+
+TEST_CASE("ranks of different users are refused before any socket is bound, on every rank", "[fd_exchange][trust]") {
+  const int world = 3;
+  const auto outcomes = exchange_with_injection(
+      world, [](const wire::Invitation&) {}, [](wire::Invitation* all) { all[2].uid += 1; });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << ": " << outcomes[r].error);
+    CHECK(outcomes[r].status == MOE_EP_ERROR_UNSUPPORTED);
+    CHECK(outcomes[r].error.find("rank 2 runs as uid") != std::string::npos);
+  }
 }
