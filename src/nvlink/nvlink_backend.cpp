@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "moe_ep_kernels.h"
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/driver_api.hpp"
+#include "nvlink/mirror_pool.hpp"
 #include "nvlink/nvlink_log.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/workspace_plan.hpp"
@@ -60,6 +62,26 @@ bool small_batch_from_environment() {
   const char* v = std::getenv("MOE_EP_SMALL_BATCH");
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
+
+// Milliseconds per named step, for the destroy log line.
+class TeardownClock {
+ public:
+  void step(const char* name) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+    try {
+      if (!summary_.empty()) summary_ += ", ";
+      summary_ += std::string(name) + " " + std::to_string(ms) + " ms";
+    } catch (...) {  // a log line is not worth failing a teardown for
+    }
+  }
+  const std::string& summary() const { return summary_; }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  std::string summary_;
+};
 
 std::string phase_name(uint32_t phase) {
   return phase == kernels::kPhaseCombine ? "combine" : "dispatch";
@@ -199,13 +221,23 @@ class NvlinkBackend final : public Backend {
       // Only this handle's own work: its last kernel, eager or replayed from
       // a graph (note_launch).  Our kernels end by themselves (every wait is
       // bounded), so this returns.
+      // Each step is timed for MOE_EP_LOG=info: a step that waits for the
+      // whole device (a driver's implicit synchronisation) shows up there.
+      TeardownClock clock;
       wait_for_own_work_noexcept();
+      clock.step("own work");
       memory_.reset();
+      clock.step("unmap and release the workspace");
       if (last_launch_) cudaEventDestroy(last_launch_);
       if (graph_done_) cudaEventDestroy(graph_done_);
       if (private_stream_) cudaStreamDestroy(private_stream_);
-      if (mirror_) cudaFreeHost(mirror_);
+      clock.step("stream and events");
+      release_mirror_slot(mirror_);  // back to the pool: cudaFreeHost would wait for the device
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
+      try {
+        log_info("rank ", layout_.rank, ": destroy ", clock.summary());
+      } catch (...) {
+      }
     }
     memory_.reset();
     last_launch_ = nullptr;
@@ -251,14 +283,8 @@ class NvlinkBackend final : public Backend {
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&graph_done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    void* mirror = nullptr;
-    check_cuda(cudaHostAlloc(&mirror, sizeof(kernels::HostTimeoutMirror), cudaHostAllocMapped),
-               "cudaHostAlloc(timeout mirror)");
-    mirror_ = static_cast<kernels::HostTimeoutMirror*>(mirror);
-    mirror_->timeout_phase = kernels::kPhaseNone;
-    mirror_->timeout_peer = -1;
-    void* mirror_device = nullptr;
-    check_cuda(cudaHostGetDevicePointer(&mirror_device, mirror, 0), "cudaHostGetDevicePointer");
+    const MirrorSlot mirror = acquire_mirror_slot();
+    mirror_ = mirror.host;
 
     char* base = memory_->local();
     check_cuda(cudaMemsetAsync(base, 0, memory_->size(), private_stream_), "zeroing the workspace");
@@ -277,7 +303,7 @@ class NvlinkBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(private_stream_), "initialising the workspace");
 
     state_.local_base = base;
-    state_.mirror = static_cast<kernels::HostTimeoutMirror*>(mirror_device);
+    state_.mirror = mirror.device;
     state_.timeout_ns = static_cast<int64_t>(config_.timeout_ms) * 1000000;
   }
 

@@ -1,6 +1,7 @@
 #include "nvlink/shared_memory.hpp"
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "collective_step.hpp"
@@ -90,6 +91,14 @@ SharedMemory::~SharedMemory() { release_all(); }
 // Returns false, with fabric_note_ saying why, where this rank cannot.
 bool SharedMemory::export_fabric(CUmemFabricHandle* handle) {
   const DriverApi& api = driver_api();
+  // MOE_EP_FABRIC=0 skips the attempt, where it is known to be refused (no IMEX
+  // channel): the refusal is harmless, but tools such as compute-sanitizer
+  // report the failed cuMemCreate.  One rank saying no is enough (try_fabric).
+  const char* fabric = std::getenv("MOE_EP_FABRIC");
+  if (fabric != nullptr && std::strcmp(fabric, "0") == 0) {
+    fabric_note_ = "MOE_EP_FABRIC=0";
+    return false;
+  }
   if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, "HANDLE_TYPE_FABRIC_SUPPORTED")) {
     fabric_note_ = "device attribute HANDLE_TYPE_FABRIC_SUPPORTED is 0";
     return false;
