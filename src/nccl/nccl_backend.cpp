@@ -414,16 +414,17 @@ class NcclBackend final : public Backend {
 
 bool nccl_platform_supported(int32_t device, std::string* why) {
   std::string reason;
+  const bool loaded = nccl::load(&reason) != nullptr;
   int count = 0;
+  std::string gpu;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
-    reason = "no CUDA device or driver in this process";
+    gpu = "no CUDA device or driver in this process";
   } else if (device < -1 || device >= count) {
-    reason = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " devices)";
-  } else if (nccl::load(&reason) != nullptr) {
-    return true;
+    gpu = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " devices)";
   }
-  if (why != nullptr) *why = reason;
+  if (loaded && gpu.empty()) return true;
+  if (why != nullptr) *why = gpu.empty() ? reason : reason.empty() ? gpu : gpu + "; " + reason;
   return false;
 }
 

@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -66,7 +67,9 @@ std::unique_ptr<Api> open_library(const std::string& name, std::string* why) {
 }
 
 std::mutex g_mutex;
-std::unique_ptr<Api> g_api;
+// Every library loaded so far, by the name dlopen was given: a process may
+// point MOE_EP_NCCL_LIBRARY elsewhere between creates.  Never unloaded.
+std::map<std::string, std::unique_ptr<Api>> g_loaded;
 
 }  // namespace
 
@@ -105,11 +108,16 @@ std::string library_name() {
 
 const Api* load(std::string* why) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_api) return g_api.get();
+  const std::string name = library_name();
+  const auto found = g_loaded.find(name);
+  if (found != g_loaded.end()) return found->second.get();
   std::string message;
-  g_api = open_library(library_name(), &message);
-  if (!g_api && why != nullptr) *why = message;
-  return g_api.get();
+  std::unique_ptr<Api> api = open_library(name, &message);
+  if (!api) {
+    if (why != nullptr) *why = message;
+    return nullptr;
+  }
+  return (g_loaded[name] = std::move(api)).get();
 }
 
 }  // namespace nccl

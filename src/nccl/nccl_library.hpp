@@ -73,8 +73,8 @@ struct Api {
 
 // The process-wide NCCL, loaded on first use; NULL where it cannot be loaded,
 // with *why naming the path tried, the loader's message and how to install
-// NCCL.  Thread safe; never throws.  A failed load is retried on the next call
-// (MOE_EP_NCCL_LIBRARY may have changed).
+// NCCL.  Thread safe; never throws.  MOE_EP_NCCL_LIBRARY is read at every
+// call; a library once loaded stays loaded, a failed load is retried.
 const Api* load(std::string* why);
 
 // The name dlopen is given: MOE_EP_NCCL_LIBRARY if set and not empty, else "libnccl.so.2".
