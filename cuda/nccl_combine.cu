@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_kernel(GroupShape s, Ncc
   const int warps = gridDim.x * kWarpsPerBlock;
   const int64_t tpr = a.tokens_per_rank;
   const char* own = static_cast<const char*>(a.expert_output);
-  for (int32_t t = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; t < a.num_tokens; t += warps) {
+  for (int32_t t = a.token_begin + blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; t < a.token_end; t += warps) {
     const TokenDestinations dests =
         TokenDestinations::load(b.token_slots + static_cast<int64_t>(t) * s.world_size, s.world_size, lane);
     // Row pointers of the token's contributions, in ascending rank order (at most 64).
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_kernel(GroupShape s, Ncc
 
 template <typename Element>
 cudaError_t launch_for(const GroupShape& s, const NcclBuffers& b, const NcclCombineLaunch& a, cudaStream_t stream) {
-  int64_t blocks = (a.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (a.max_blocks > 0 && blocks > 4 * a.max_blocks) blocks = 4 * a.max_blocks;
+  int64_t blocks = (a.token_end - a.token_begin + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (a.max_blocks > 0 && blocks > a.max_blocks) blocks = a.max_blocks;
   if (blocks < 1) return cudaSuccess;  // no token on this rank
   // 16-byte vectors when every row of every source is 16-byte aligned.
   const uintptr_t bases = reinterpret_cast<uintptr_t>(a.expert_output) | reinterpret_cast<uintptr_t>(a.output) |

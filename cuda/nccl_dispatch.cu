@@ -87,6 +87,18 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(GroupShape s, Nccl
   }
 }
 
+// Final slots: the chunk's prefix (after scan) plus the slot inside the chunk;
+// kept for combine.  Before any pack, so that two packs can run at once.
+__global__ void __launch_bounds__(kBlockThreads) slots_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a) {
+  const int64_t n = static_cast<int64_t>(a.num_tokens) * s.world_size;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t t = static_cast<int32_t>(i / s.world_size);
+    const int d = static_cast<int>(i % s.world_size);
+    if (b.token_slots[i] >= 0) b.token_slots[i] += b.chunk_offsets[static_cast<int64_t>(t / kNcclRouteChunk) * s.world_size + d];
+  }
+}
+
 // Where this rank's header for destination d goes.
 __device__ __forceinline__ int32_t* header_for(const GroupShape& s, const NcclBuffers& b, int d) {
   const int64_t H = nccl_header_ints(s);
@@ -142,18 +154,18 @@ __device__ __forceinline__ SegmentRow segment_row(const GroupShape& s, const Ncc
   return r;
 }
 
-__global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a) {
+__device__ __forceinline__ bool packs(int32_t rows, int d, int rank) {
+  return rows == kPackAll || ((rows == kPackOwn) == (d == rank));
+}
+
+__global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a,
+                                                             int32_t which) {
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * kWarpsPerBlock;
   const int first_warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int tpr = a.tokens_per_rank;
   for (int32_t t = first_warp; t < a.num_tokens; t += warps) {
-    int32_t* slots = b.token_slots + static_cast<int64_t>(t) * s.world_size;
-    const int32_t* base = b.chunk_offsets + static_cast<int64_t>(t / kNcclRouteChunk) * s.world_size;
-    // Final slots: the chunk's prefix plus the slot inside the chunk (kept for combine).
-    if (lane < s.world_size && slots[lane] >= 0) slots[lane] += base[lane];
-    if (lane + 32 < s.world_size && slots[lane + 32] >= 0) slots[lane + 32] += base[lane + 32];
-    __syncwarp();
+    const int32_t* slots = b.token_slots + static_cast<int64_t>(t) * s.world_size;
     const TokenDestinations dests = TokenDestinations::load(slots, s.world_size, lane);
     const char* src = static_cast<const char*>(a.hidden) + static_cast<int64_t>(t) * s.hidden_row_bytes;
     const char* src_scales =
@@ -162,6 +174,7 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
     const float* weights = a.topk_weights ? a.topk_weights + static_cast<int64_t>(t) * s.top_k : nullptr;
     for (uint64_t m = dests.mask; m != 0; m &= m - 1) {
       const int d = lowest_rank(m);
+      if (!packs(which, d, s.rank)) continue;
       const SegmentRow r = segment_row(s, b, tpr, d, dests.slot(d));
       warp_copy_bytes(r.hidden, src, s.hidden_row_bytes, lane);
       if (src_scales) warp_copy_bytes(r.scales, src_scales, s.scale_row_bytes, lane);
@@ -179,7 +192,7 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
     const int64_t row = i / s.top_k;
     const int d = static_cast<int>(row / tpr);
     const int32_t slot = static_cast<int32_t>(row % tpr);
-    if (slot < b.dest_rows[d]) continue;
+    if (slot < b.dest_rows[d] || !packs(which, d, s.rank)) continue;
     const SegmentRow r = segment_row(s, b, tpr, d, slot);
     const int k = static_cast<int>(i % s.top_k);
     r.ids[k] = s.invalid_expert_id;
@@ -240,23 +253,34 @@ int32_t blocks_for(int64_t work, int64_t per_block, int32_t max_blocks) {
 
 }  // namespace
 
-cudaError_t launch_nccl_dispatch_prepare(const GroupShape& shape, const NcclBuffers& buffers,
-                                         const NcclDispatchLaunch& args, cudaStream_t stream) {
+cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffers& buffers,
+                                       const NcclDispatchLaunch& args, cudaStream_t stream) {
   cudaError_t rc = cudaMemsetAsync(buffers.expert_hist, 0, sizeof(int32_t) * shape.num_experts, stream);
   if (rc != cudaSuccess) return rc;
+  const int32_t chunks = (args.num_tokens + kNcclRouteChunk - 1) / kNcclRouteChunk;
   if (args.num_tokens > 0) {
-    const int32_t chunks = (args.num_tokens + kNcclRouteChunk - 1) / kNcclRouteChunk;
     route_kernel<<<chunks, kBlockThreads, 0, stream>>>(shape, buffers, args);
     if ((rc = cudaGetLastError()) != cudaSuccess) return rc;
   }
   scan_kernel<<<1, kBlockThreads, 0, stream>>>(shape, buffers, args);
   if ((rc = cudaGetLastError()) != cudaSuccess) return rc;
+  if (args.num_tokens > 0) {
+    const int64_t entries = static_cast<int64_t>(args.num_tokens) * shape.world_size;
+    slots_kernel<<<blocks_for(entries, kBlockThreads, args.max_blocks), kBlockThreads, 0, stream>>>(shape, buffers,
+                                                                                                    args);
+    rc = cudaGetLastError();
+  }
+  return rc;
+}
+
+cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
+                                      const NcclDispatchLaunch& args, int32_t rows, cudaStream_t stream) {
   // A warp per token; at least enough blocks to write the padding quickly.
   const int64_t padding = static_cast<int64_t>(shape.world_size) * args.tokens_per_rank * shape.top_k;
   int32_t blocks = blocks_for(args.num_tokens, kWarpsPerBlock, args.max_blocks);
   const int32_t padding_blocks = blocks_for(padding, 4 * kBlockThreads, args.max_blocks);
   if (padding_blocks > blocks) blocks = padding_blocks;
-  pack_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, args);
+  pack_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, args, rows);
   return cudaGetLastError();
 }
 

@@ -80,24 +80,36 @@ struct NcclDispatchLaunch {
   int32_t max_blocks;          // SM budget of the pack kernel
 };
 
+// Which rows a pack launch writes: this rank's own rows (into the results) can
+// be packed on a second stream while the peers' rows go to NCCL.
+enum NcclPackRows : int32_t { kPackAll = 0, kPackOwn = 1, kPackPeers = 2 };
+
 struct NcclCombineLaunch {
   int32_t num_tokens;
   int32_t tokens_per_rank;
+  int32_t token_begin;         // reduce tokens [token_begin, token_end) of [0, num_tokens)
+  int32_t token_end;
   const void* expert_output;   // [world*tpr, combine_row_bytes]
   void* output;                // [T, combine_row_bytes]
   int32_t max_blocks;
 };
 
-// Before the NCCL exchange: routing, headers, packed send segments and this
-// rank's own rows in place.  Stream-ordered, no host synchronisation.
-cudaError_t launch_nccl_dispatch_prepare(const GroupShape& shape, const NcclBuffers& buffers,
-                                         const NcclDispatchLaunch& args, cudaStream_t stream);
+// Before the NCCL exchange: routing and headers (route + scan).
+// Stream-ordered, no host synchronisation.
+cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffers& buffers,
+                                       const NcclDispatchLaunch& args, cudaStream_t stream);
+// After route: rows, rewritten ids, weights, scales and padding rows into the
+// send segments (peers) and the result rows (own), as `rows` selects.
+cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
+                                      const NcclDispatchLaunch& args, int32_t rows, cudaStream_t stream);
 // After the NCCL exchange: checks every received header, then recv_counts,
 // local_expert_counts and the gathered EPLB statistics.
 cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers,
                                         int32_t tokens_per_rank, cudaStream_t stream);
-// After combine's NCCL exchange: the sum over ranks in ascending rank order,
-// fp32 accumulation (bitwise equal to the HOST backend).
+// After combine's NCCL exchange of the slots the tokens [token_begin,
+// token_end) use (a token's slot on any rank is at most its index): the sum
+// over ranks in ascending rank order, fp32 accumulation (bitwise equal to the
+// HOST backend).
 cudaError_t launch_nccl_combine_reduce(const GroupShape& shape, const NcclBuffers& buffers,
                                        const NcclCombineLaunch& args, cudaStream_t stream);
 

@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -61,6 +63,21 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
   }
 }
 
+// Combine moves its rows in this many NCCL groups, each followed by the
+// reduction of the tokens it completes, overlapping the next transfer.
+// MOE_EP_NCCL_COMBINE_CHUNKS (1..16) overrides; it changes no result, but
+// every rank must issue the same NCCL calls: create checks it is the same
+// everywhere.
+constexpr int kMaxCombineChunks = 16;
+constexpr int kDefaultCombineChunks = 4;
+
+int32_t combine_chunks_from_environment() {
+  const char* v = std::getenv("MOE_EP_NCCL_COMBINE_CHUNKS");
+  if (v == nullptr) return kDefaultCombineChunks;
+  const long n = std::strtol(v, nullptr, 10);
+  return n >= 1 && n <= kMaxCombineChunks ? static_cast<int32_t>(n) : kDefaultCombineChunks;
+}
+
 class NcclBackend final : public Backend {
  public:
   NcclBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
@@ -74,6 +91,13 @@ class NcclBackend final : public Backend {
       message = e.what();
     }
     bootstrap.agree(status, message);
+    const std::vector<int32_t> chunks = bootstrap.allgather_value(combine_chunks_);
+    for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
+      if (chunks[r] != chunks[0]) {
+        fail(MOE_EP_ERROR_INVALID_ARGUMENT, "MOE_EP_NCCL_COMBINE_CHUNKS: expected the same value on every rank, got ",
+             chunks[0], " on rank 0 and ", chunks[r], " on rank ", r);
+      }
+    }
     {
       const DeviceGuard guard(device_);
       try {
@@ -100,7 +124,7 @@ class NcclBackend final : public Backend {
     }
     log_info("rank ", layout_.rank, ": NCCL ", api_->version(), " (", api_->path, ") on device ", device_, ", ",
              sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ",
-             config_.timeout_ms, " ms");
+             config_.timeout_ms, " ms, combine in ", combine_chunks_, " chunk(s)");
   }
 
   ~NcclBackend() override { shutdown(); }
@@ -122,8 +146,17 @@ class NcclBackend final : public Backend {
     a.scales = call.scales;
     a.eplb_local = call.eplb_local;
     a.max_blocks = sm_budget_;
-    check_cuda(kernels::launch_nccl_dispatch_prepare(shape_, buffers_, a, s), "launching the NCCL dispatch kernels");
+    check_cuda(kernels::launch_nccl_dispatch_route(shape_, buffers_, a, s), "launching the NCCL dispatch routing");
+    // The own rows are packed on the side stream while the peers' rows go to NCCL.
+    fork(s, 0);
+    kernels::NcclDispatchLaunch own = a;
+    own.max_blocks = side_blocks();
+    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, side_stream_),
+               "launching the NCCL dispatch pack (own rows)");
+    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, s),
+               "launching the NCCL dispatch pack (peer rows)");
     exchange_dispatch_segments(tpr, s);
+    join(s);
     check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, s), "launching the NCCL dispatch finish");
     note_launch(s);
 
@@ -142,22 +175,40 @@ class NcclBackend final : public Backend {
     refuse_when_broken();
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const uint64_t segment = static_cast<uint64_t>(call.tokens_per_rank) * layout_.combine_row_bytes;
+    const int64_t tpr = call.tokens_per_rank;
+    const uint64_t row_bytes = layout_.combine_row_bytes;
     const char* expert_output = static_cast<const char*>(call.expert_output);
-    group_start();
-    for (int32_t p = 0; p < layout_.world_size; ++p) {
-      if (p == layout_.rank) continue;  // the own rows are read in place by the reduction
-      send(expert_output + p * segment, segment, p, s);
-      recv(buffers_.combine_in + p * segment, segment, p, s);
-    }
-    group_end();
     kernels::NcclCombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
     a.expert_output = call.expert_output;
     a.output = call.output ? call.output : buffers_.combine_out;
-    a.max_blocks = sm_budget_;
-    check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, s), "launching the NCCL combine reduction");
+    a.max_blocks = side_blocks();
+    // Chunk c moves slots [c*q, (c+1)*q) of every segment; a token's slot on
+    // any rank is at most its index, so tokens [c*q, (c+1)*q) can be summed
+    // (on the side stream) while the next chunks are in flight.
+    const int64_t chunks = layout_.world_size > 1 ? combine_chunks_ : 1;
+    const int64_t q = (tpr + chunks - 1) / chunks;
+    bool forked = false;
+    for (int64_t c = 0; c < chunks && c * q < tpr; ++c) {
+      const int64_t first = c * q, rows = std::min(q, tpr - first);
+      group_start();
+      for (int32_t p = 0; p < layout_.world_size; ++p) {
+        if (p == layout_.rank) continue;  // the own rows are read in place by the reduction
+        send(expert_output + (p * tpr + first) * row_bytes, rows * row_bytes, p, s);
+        recv(buffers_.combine_in + (p * tpr + first) * row_bytes, rows * row_bytes, p, s);
+      }
+      group_end();
+      a.token_begin = static_cast<int32_t>(std::min<int64_t>(first, call.num_tokens));
+      a.token_end = static_cast<int32_t>(c + 1 == chunks || first + rows >= tpr ? call.num_tokens
+                                                                               : std::min<int64_t>(first + rows, call.num_tokens));
+      if (a.token_begin >= a.token_end) continue;
+      fork(s, static_cast<int>(c));
+      forked = true;
+      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, side_stream_),
+                 "launching the NCCL combine reduction");
+    }
+    if (forked) join(s);  // (a capture may only wait for what it forked)
     note_launch(s);
     return a.output;
   }
@@ -198,6 +249,11 @@ class NcclBackend final : public Backend {
       if (comm_) comm_->close(healthy && !comm_->aborted());
       if (workspace_ != nullptr) cudaFree(workspace_);
       if (last_launch_) cudaEventDestroy(last_launch_);
+      for (cudaEvent_t e : fork_events_) {
+        if (e) cudaEventDestroy(e);
+      }
+      if (join_event_) cudaEventDestroy(join_event_);
+      if (side_stream_) cudaStreamDestroy(side_stream_);
       if (private_stream_) cudaStreamDestroy(private_stream_);
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
     }
@@ -205,6 +261,9 @@ class NcclBackend final : public Backend {
     workspace_ = nullptr;
     last_launch_ = nullptr;
     private_stream_ = nullptr;
+    side_stream_ = nullptr;
+    join_event_ = nullptr;
+    for (cudaEvent_t& e : fork_events_) e = nullptr;
     if (have_previous) cudaSetDevice(previous);
   }
 
@@ -233,12 +292,18 @@ class NcclBackend final : public Backend {
     shape_ = group_shape(layout_);
     plan_ = plan_nccl_workspace(layout_);
     header_bytes_ = static_cast<uint64_t>(kernels::nccl_header_ints(shape_)) * sizeof(int32_t);
+    combine_chunks_ = combine_chunks_from_environment();
   }
 
   void allocate() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    check_cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    for (cudaEvent_t& e : fork_events_) {
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    }
+    check_cuda(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     void* p = nullptr;
     check_cuda(cudaMalloc(&p, plan_.total_bytes), "cudaMalloc(NCCL backend workspace)");
     workspace_ = static_cast<char*>(p);
@@ -289,6 +354,20 @@ class NcclBackend final : public Backend {
     group_end();
   }
 
+  // The side stream waits for `stream`'s work so far (event `index`); join
+  // makes `stream` wait for everything issued on the side stream.  Events, so
+  // that a CUDA graph capture follows the fork and the join.
+  void fork(cudaStream_t stream, int index) {
+    check_cuda(cudaEventRecord(fork_events_[index], stream), "cudaEventRecord(fork)");
+    check_cuda(cudaStreamWaitEvent(side_stream_, fork_events_[index], 0), "cudaStreamWaitEvent(fork)");
+  }
+  void join(cudaStream_t stream) {
+    check_cuda(cudaEventRecord(join_event_, side_stream_), "cudaEventRecord(join)");
+    check_cuda(cudaStreamWaitEvent(stream, join_event_, 0), "cudaStreamWaitEvent(join)");
+  }
+  // Blocks of the kernels that run next to NCCL's: leave it SMs.
+  int32_t side_blocks() const { return sm_budget_ > 4 ? sm_budget_ / 2 : sm_budget_; }
+
   void group_start() { comm_->complete("ncclGroupStart", api_->GroupStart()); }
   void group_end() { comm_->complete("ncclGroupEnd", api_->GroupEnd()); }
   void send(const void* data, uint64_t bytes, int32_t peer, cudaStream_t s) {
@@ -326,7 +405,10 @@ class NcclBackend final : public Backend {
     std::thread device_waiter;
     const bool whole_device = captured_;
     if (whole_device) {  // graph replays: no event of ours to query
-      device_waiter = std::thread([done] { done->store(cudaDeviceSynchronize() == cudaSuccess ? 1 : 2); });
+      const int device = device_;
+      device_waiter = std::thread([done, device] {
+        done->store(cudaSetDevice(device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess ? 1 : 2);
+      });
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
     while (true) {
@@ -404,6 +486,10 @@ class NcclBackend final : public Backend {
   kernels::NcclBuffers buffers_{};
   cudaStream_t private_stream_ = nullptr;
   cudaEvent_t last_launch_ = nullptr;
+  cudaStream_t side_stream_ = nullptr;          // own-row packing, combine reductions
+  cudaEvent_t fork_events_[kMaxCombineChunks] = {};
+  cudaEvent_t join_event_ = nullptr;
+  int32_t combine_chunks_ = kDefaultCombineChunks;
   moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;
   std::string broken_message_;
   bool captured_ = false;

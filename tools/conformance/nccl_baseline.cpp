@@ -1,5 +1,7 @@
 #include "nccl_baseline.hpp"
 
+#include <cuda_runtime.h>  // the typed cudaMalloc overloads
+
 #include <cstdlib>
 #include <functional>
 
