@@ -7,7 +7,8 @@
 # the tool must say so and skip); `bench --backend nccl` next to NCCL's own
 # grouped send/recv on both transports; a 4-rank bench whose NCCL baseline must
 # be skipped; compute-sanitizer memcheck on a short NCCL case; a summary.
-# Run from the repository root; logs go to $OUT (default ./gpu-out).
+# Run from the repository root; logs go to $OUT (default ./gpu-out); DEPS = the
+# prefix with CLI11, Catch2 and dlpack (default ./.device-deps/usr).
 #   usage: scripts/gpu/nccl_validation.sh [stage ...]   stages: build suite check bench memcheck (default: all)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -36,7 +37,7 @@ has() { case " $stages " in *" $1 "*) return 0;; *) return 1;; esac; }
 if has build; then
   start=$(date +%s)
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DCMAKE_PREFIX_PATH="$PWD/.device-deps/usr" > "$OUT/build.log" 2>&1 &&
+    -DCMAKE_PREFIX_PATH="${DEPS:-$PWD/.device-deps/usr}" > "$OUT/build.log" 2>&1 &&
     ninja -C $BUILD -j32 test_nvlink_gpu test_nccl_gpu moe_ep_conformance >> "$OUT/build.log" 2>&1
   rc=$?
   note "build rc=$rc in $(( $(date +%s) - start )) s"
