@@ -32,15 +32,20 @@ __device__ __forceinline__ int owner(const GroupShape& s, int32_t id) {
   return static_cast<int>(divide_by_magic(static_cast<uint32_t>(id), s.owner_magic, s.owner_shift));
 }
 
-// Ranks owning a valid pick of the token; counts the picks, records bad ids.
-__device__ uint64_t route_token(const GroupShape& s, const NcclBuffers& b, const int32_t* ids, int32_t token) {
+// Experts up to this count are counted in shared memory first (one global
+// atomic per expert and block instead of one per pick).
+constexpr int kSharedHistogram = 4096;
+
+// Ranks owning a valid pick of the token; counts the picks into `hist`, records bad ids.
+__device__ uint64_t route_token(const GroupShape& s, const NcclBuffers& b, const int32_t* ids, int32_t token,
+                                int32_t* hist) {
   uint64_t mask = 0;
   const int32_t* row = ids + static_cast<int64_t>(token) * s.top_k;
   for (int k = 0; k < s.top_k; ++k) {
     const int32_t id = __ldg(row + k);
     if (valid_expert(s, id)) {
       mask |= uint64_t{1} << owner(s, id);
-      atomicAdd(b.expert_hist + id, 1);
+      atomicAdd(hist + id, 1);
     } else if (id != s.invalid_expert_id) {
       atomicAdd(&b.errors->bad_id_count, 1u);
       const uint64_t position = static_cast<uint64_t>(token) * s.top_k + k;
@@ -53,10 +58,16 @@ __device__ uint64_t route_token(const GroupShape& s, const NcclBuffers& b, const
 
 __global__ void __launch_bounds__(kBlockThreads) route_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a) {
   __shared__ uint32_t warp_counts[kWarpsPerBlock][kMaxWorldSize];
+  __shared__ int32_t shared_hist[kSharedHistogram];
+  const bool shared = s.num_experts <= kSharedHistogram;
+  if (shared) {
+    for (int e = threadIdx.x; e < s.num_experts; e += blockDim.x) shared_hist[e] = 0;
+    __syncthreads();
+  }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t t = blockIdx.x * kNcclRouteChunk + static_cast<int32_t>(threadIdx.x);
   const bool here = t < a.num_tokens;
-  const uint64_t mask = here ? route_token(s, b, a.topk_ids, t) : 0;
+  const uint64_t mask = here ? route_token(s, b, a.topk_ids, t, shared ? shared_hist : b.expert_hist) : 0;
   const uint32_t below = (1u << lane) - 1u;
   for (int d = 0; d < s.world_size; ++d) {
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
@@ -68,6 +79,11 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(GroupShape s, Nccl
     }
   }
   __syncthreads();
+  if (shared) {
+    for (int e = threadIdx.x; e < s.num_experts; e += blockDim.x) {
+      if (shared_hist[e] != 0) atomicAdd(b.expert_hist + e, shared_hist[e]);
+    }
+  }
   // Warp offsets inside the chunk, and the chunk's rows per destination.
   for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) {
     uint32_t running = 0;

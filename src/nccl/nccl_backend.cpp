@@ -68,8 +68,10 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
 // MOE_EP_NCCL_COMBINE_CHUNKS (1..16) overrides; it changes no result, but
 // every rank must issue the same NCCL calls: create checks it is the same
 // everywhere.
+// Default 1: on NVLink each extra NCCL group costs about 20 us of GPU time,
+// more than the reduction it hides (docs/nccl_backend.md, measurements).
 constexpr int kMaxCombineChunks = 16;
-constexpr int kDefaultCombineChunks = 4;
+constexpr int kDefaultCombineChunks = 1;
 
 int32_t combine_chunks_from_environment() {
   const char* v = std::getenv("MOE_EP_NCCL_COMBINE_CHUNKS");
@@ -299,7 +301,11 @@ class NcclBackend final : public Backend {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check_cuda(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    // Lowest priority: the side stream's kernels must not keep SMs from NCCL's.
+    int lowest = 0, greatest = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&lowest, &greatest), "cudaDeviceGetStreamPriorityRange");
+    check_cuda(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, lowest),
+               "cudaStreamCreateWithPriority");
     for (cudaEvent_t& e : fork_events_) {
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     }
