@@ -18,7 +18,7 @@ template <typename Element>
 constexpr int kPerVector = 16 / sizeof(typename Element::Bits);
 
 template <typename Element, bool kVector>
-__global__ void __launch_bounds__(kBlockThreads) reduce_kernel(GroupShape s, NcclBuffers b, NcclCombineLaunch a) {
+__global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, NcclBuffers b, NcclCombineLaunch a) {
   using Bits = typename Element::Bits;
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * kWarpsPerBlock;
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kBlockThreads) reduce_kernel(GroupShape s, Ncc
 template <typename Element>
 cudaError_t launch_for(const GroupShape& s, const NcclBuffers& b, const NcclCombineLaunch& a, cudaStream_t stream) {
   int64_t blocks = (a.token_end - a.token_begin + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (a.max_blocks > 0 && blocks > a.max_blocks) blocks = a.max_blocks;
+  if (a.max_blocks > 0 && blocks > 2 * a.max_blocks) blocks = 2 * a.max_blocks;  // two blocks fit an SM
   if (blocks < 1) return cudaSuccess;  // no token on this rank
   // 16-byte vectors when every row of every source is 16-byte aligned.
   const uintptr_t bases = reinterpret_cast<uintptr_t>(a.expert_output) | reinterpret_cast<uintptr_t>(a.output) |

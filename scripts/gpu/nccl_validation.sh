@@ -74,7 +74,10 @@ if has bench; then
     "$(per_rank_host $TOOL bench --backend nccl --hidden 7168 --experts 256 --topk 8 -t 128,4096 -w 2 -n 10)" \
     > "$OUT/bench_nccl_network.txt" 2>&1
   note "bench nccl (network transport) rc=$?"
-  for chunks in 2 4; do
+  MOE_EP_LOG=info MOE_EP_NCCL_PROFILE=1 timeout 60 mpirun -np 2 --bind-to none -x MOE_EP_LOG -x MOE_EP_NCCL_PROFILE \
+    $TOOL bench --backend nccl --hidden 7168 --experts 256 --topk 8 -t 4096 -w 5 -n 30 > "$OUT/bench_nccl_profile.txt" 2>&1
+  note "bench nccl stage profile rc=$?: $(grep -E 'stages, mean' "$OUT/bench_nccl_profile.txt" | sed 's/^\[moe_ep\] //' | tr '\n' ' ')"
+  for chunks in 2; do
     timeout 60 mpirun -np 2 --bind-to none -x MOE_EP_NCCL_COMBINE_CHUNKS=$chunks $TOOL bench --backend nccl \
       --hidden 7168 --experts 256 --topk 8 -t 4096 -w 5 -n 30 > "$OUT/bench_nccl_chunks$chunks.txt" 2>&1
     note "bench nccl combine chunks=$chunks rc=$?: $(grep -E '^ +4096 ' "$OUT/bench_nccl_chunks$chunks.txt" | tr -s ' ' | tr '\n' ' ')"

@@ -22,6 +22,7 @@
 #include "error.hpp"
 #include "nccl/nccl_communicator.hpp"
 #include "nccl/nccl_library.hpp"
+#include "nccl/nccl_stage_profile.hpp"
 #include "nccl/nccl_workspace.hpp"
 #include "nccl_kernels.h"
 #include "nvlink/cuda_check.hpp"
@@ -148,7 +149,9 @@ class NcclBackend final : public Backend {
     a.scales = call.scales;
     a.eplb_local = call.eplb_local;
     a.max_blocks = sm_budget_;
+    if (dispatch_profile_) dispatch_profile_->begin(s);
     check_cuda(kernels::launch_nccl_dispatch_route(shape_, buffers_, a, s), "launching the NCCL dispatch routing");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
     // The own rows are packed on the side stream while the peers' rows go to NCCL.
     fork(s, 0);
     kernels::NcclDispatchLaunch own = a;
@@ -157,9 +160,12 @@ class NcclBackend final : public Backend {
                "launching the NCCL dispatch pack (own rows)");
     check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, s),
                "launching the NCCL dispatch pack (peer rows)");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
     exchange_dispatch_segments(tpr, s);
+    if (dispatch_profile_) dispatch_profile_->mark(s);
     join(s);
     check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, s), "launching the NCCL dispatch finish");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
     note_launch(s);
 
     DispatchBuffers b;
@@ -185,12 +191,15 @@ class NcclBackend final : public Backend {
     a.tokens_per_rank = call.tokens_per_rank;
     a.expert_output = call.expert_output;
     a.output = call.output ? call.output : buffers_.combine_out;
-    a.max_blocks = side_blocks();
+    if (combine_profile_) combine_profile_->begin(s);
     // Chunk c moves slots [c*q, (c+1)*q) of every segment; a token's slot on
     // any rank is at most its index, so tokens [c*q, (c+1)*q) can be summed
     // (on the side stream) while the next chunks are in flight.
     const int64_t chunks = layout_.world_size > 1 ? combine_chunks_ : 1;
     const int64_t q = (tpr + chunks - 1) / chunks;
+    // One chunk: the reduction runs alone after NCCL, on the caller's stream, with every SM.
+    a.max_blocks = chunks > 1 ? side_blocks() : sm_budget_;
+    const cudaStream_t reduce_stream = chunks > 1 ? side_stream_ : s;
     bool forked = false;
     for (int64_t c = 0; c < chunks && c * q < tpr; ++c) {
       const int64_t first = c * q, rows = std::min(q, tpr - first);
@@ -201,16 +210,20 @@ class NcclBackend final : public Backend {
         recv(buffers_.combine_in + (p * tpr + first) * row_bytes, rows * row_bytes, p, s);
       }
       group_end();
+      if (combine_profile_ && chunks == 1) combine_profile_->mark(s);
       a.token_begin = static_cast<int32_t>(std::min<int64_t>(first, call.num_tokens));
       a.token_end = static_cast<int32_t>(c + 1 == chunks || first + rows >= tpr ? call.num_tokens
                                                                                : std::min<int64_t>(first + rows, call.num_tokens));
       if (a.token_begin >= a.token_end) continue;
-      fork(s, static_cast<int>(c));
-      forked = true;
-      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, side_stream_),
+      if (chunks > 1) {
+        fork(s, static_cast<int>(c));
+        forked = true;
+      }
+      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, reduce_stream),
                  "launching the NCCL combine reduction");
     }
     if (forked) join(s);  // (a capture may only wait for what it forked)
+    if (combine_profile_ && chunks == 1) combine_profile_->mark(s);
     note_launch(s);
     return a.output;
   }
@@ -248,6 +261,12 @@ class NcclBackend final : public Backend {
           healthy = false;
         }
       }
+      if (healthy && dispatch_profile_) {
+        log_info("rank ", layout_.rank, ": ", dispatch_profile_->summary());
+        log_info("rank ", layout_.rank, ": ", combine_profile_->summary(), " (combine in one chunk only)");
+      }
+      dispatch_profile_.reset();
+      combine_profile_.reset();
       if (comm_) comm_->close(healthy && !comm_->aborted());
       if (workspace_ != nullptr) cudaFree(workspace_);
       if (last_launch_) cudaEventDestroy(last_launch_);
@@ -295,6 +314,11 @@ class NcclBackend final : public Backend {
     plan_ = plan_nccl_workspace(layout_);
     header_bytes_ = static_cast<uint64_t>(kernels::nccl_header_ints(shape_)) * sizeof(int32_t);
     combine_chunks_ = combine_chunks_from_environment();
+    if (NcclStageProfile::enabled()) {
+      dispatch_profile_ = std::make_unique<NcclStageProfile>(
+          "dispatch", std::vector<std::string>{"route", "pack", "nccl", "join+finish"});
+      combine_profile_ = std::make_unique<NcclStageProfile>("combine", std::vector<std::string>{"nccl", "reduce"});
+    }
   }
 
   void allocate() {
@@ -496,6 +520,7 @@ class NcclBackend final : public Backend {
   cudaEvent_t fork_events_[kMaxCombineChunks] = {};
   cudaEvent_t join_event_ = nullptr;
   int32_t combine_chunks_ = kDefaultCombineChunks;
+  std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
   moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;
   std::string broken_message_;
   bool captured_ = false;
