@@ -20,6 +20,9 @@ BUILD=${BUILD:-build-nccl}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
+# Few files come back from a device call, and a call cut short must keep what
+# ran: every log is appended to logs.txt as soon as its step ends.
+keep() { for f in "$@"; do [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; } >> "$OUT/logs.txt" && rm -f "$f"; done; }
 
 # NCCL from pip (nvidia-nccl-cu13) when the loader cannot find libnccl.so.2 by itself.
 if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
@@ -41,7 +44,8 @@ if has build; then
     ninja -C $BUILD -j32 test_nvlink_gpu test_nccl_gpu moe_ep_conformance >> "$OUT/build.log" 2>&1
   rc=$?
   note "build rc=$rc in $(( $(date +%s) - start )) s"
-  if [ $rc -ne 0 ]; then grep -B2 -A12 -E "error|FAILED" "$OUT/build.log" | head -60; exit $rc; fi
+  keep "$OUT/build.log"
+  if [ $rc -ne 0 ]; then grep -B2 -A12 -E "error|FAILED" "$OUT/logs.txt" | head -60; exit $rc; fi
 fi
 
 if has suite; then
@@ -51,18 +55,25 @@ if has suite; then
     rc=$?
     note "ctest $t rc=$rc in $(( $(date +%s) - start )) s: $(grep -E 'All tests passed|test cases.*failed|tests passed' "$OUT/ctest_$t.log" | tr '\n' ' ')"
     [ $rc -ne 0 ] && grep -B3 -A25 -E "FAILED|with expansion|exception" "$OUT/ctest_$t.log" | head -80
+    keep "$OUT/ctest_$t.log"
   done
+  # The chunked combine (two streams, fork/join) inside a CUDA graph, and eager.
+  timeout 60 mpirun -np 2 --bind-to none -x MOE_EP_TEST_GPU_BACKEND=nccl -x MOE_EP_NCCL_COMBINE_CHUNKS=4 \
+    $BUILD/test/cuda/test_nvlink_gpu "[graph],[bad_ids]" \
+    > "$OUT/suite_chunks4.txt" 2>&1
+  note "suite [graph],[bad_ids] with combine chunks=4 rc=$?: $(grep -E 'All tests passed|test cases' "$OUT/suite_chunks4.txt" | head -1)"
+  keep "$OUT/suite_chunks4.txt"
 fi
 
 if has check; then
   timeout 100 mpirun -np 2 --bind-to none $TOOL check --backend nccl > "$OUT/check_nccl_nvlink.txt" 2>&1
-  note "check nccl (default transports) rc=$?: $(tail -1 "$OUT/check_nccl_nvlink.txt")"
+  note "check nccl (default transports) rc=$?: $(tail -1 "$OUT/check_nccl_nvlink.txt")"; keep "$OUT/check_nccl_nvlink.txt"
   timeout 60 mpirun -np 2 --bind-to none "${NET_ENV[@]}" sh -c "$(per_rank_host $TOOL check --backend nccl)" \
     > "$OUT/check_nccl_network.txt" 2>&1
-  note "check nccl (network transport) rc=$?: $(tail -1 "$OUT/check_nccl_network.txt")"
+  note "check nccl (network transport) rc=$?: $(tail -1 "$OUT/check_nccl_network.txt")"; keep "$OUT/check_nccl_network.txt"
   timeout 60 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nccl --filter basic \
     > "$OUT/check_nccl_4ranks.txt" 2>&1
-  note "check nccl 4 ranks on 2 GPUs rc=$?: $(tail -1 "$OUT/check_nccl_4ranks.txt")"
+  note "check nccl 4 ranks on 2 GPUs rc=$?: $(tail -1 "$OUT/check_nccl_4ranks.txt")"; keep "$OUT/check_nccl_4ranks.txt"
 fi
 
 if has bench; then
@@ -74,21 +85,25 @@ if has bench; then
     "$(per_rank_host $TOOL bench --backend nccl --hidden 7168 --experts 256 --topk 8 -t 128,4096 -w 2 -n 10)" \
     > "$OUT/bench_nccl_network.txt" 2>&1
   note "bench nccl (network transport) rc=$?"
+  for f in bench_nccl_nvlink bench_nccl_network; do
+    echo "--- $f" >> "$SUMMARY"
+    grep -vE '^#  Rank' "$OUT/$f.txt" | head -40 >> "$SUMMARY"
+    keep "$OUT/$f.txt"
+  done
   MOE_EP_LOG=info MOE_EP_NCCL_PROFILE=1 timeout 60 mpirun -np 2 --bind-to none -x MOE_EP_LOG -x MOE_EP_NCCL_PROFILE \
     $TOOL bench --backend nccl --hidden 7168 --experts 256 --topk 8 -t 4096 -w 5 -n 30 > "$OUT/bench_nccl_profile.txt" 2>&1
   note "bench nccl stage profile rc=$?: $(grep -E 'stages, mean' "$OUT/bench_nccl_profile.txt" | sed 's/^\[moe_ep\] //' | tr '\n' ' ')"
+  keep "$OUT/bench_nccl_profile.txt"
   for chunks in 2; do
     timeout 60 mpirun -np 2 --bind-to none -x MOE_EP_NCCL_COMBINE_CHUNKS=$chunks $TOOL bench --backend nccl \
       --hidden 7168 --experts 256 --topk 8 -t 4096 -w 5 -n 30 > "$OUT/bench_nccl_chunks$chunks.txt" 2>&1
     note "bench nccl combine chunks=$chunks rc=$?: $(grep -E '^ +4096 ' "$OUT/bench_nccl_chunks$chunks.txt" | tr -s ' ' | tr '\n' ' ')"
+    keep "$OUT/bench_nccl_chunks$chunks.txt"
   done
   timeout 60 mpirun -np 4 --oversubscribe --bind-to none $TOOL bench --backend nvlink -t 128 -w 2 -n 5 \
     > "$OUT/bench_nvlink_4ranks.txt" 2>&1
   note "bench nvlink 4 ranks on 2 GPUs rc=$?: $(grep -E 'NCCL baseline skipped' "$OUT/bench_nvlink_4ranks.txt")"
-  for f in bench_nccl_nvlink bench_nccl_network; do
-    echo "--- $f" >> "$SUMMARY"
-    grep -vE '^#  Rank' "$OUT/$f.txt" | head -40 >> "$SUMMARY"
-  done
+  keep "$OUT/bench_nvlink_4ranks.txt"
 fi
 
 if has memcheck; then
@@ -96,12 +111,6 @@ if has memcheck; then
   timeout 75 mpirun -np 2 --bind-to none compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 \
     $TOOL check --backend nccl --filter basic --modes eager --rounds 1 > "$OUT/memcheck_nccl.txt" 2>&1
   note "memcheck nccl rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck_nccl.txt" | tr '\n' ' ')"
+  keep "$OUT/memcheck_nccl.txt"
 fi
-# Few files come back from a device call: every log goes into logs.txt.
-for f in "$OUT"/*.log "$OUT"/*.txt; do
-  case "$f" in */summary.txt|*/logs.txt) continue;; esac
-  [ -f "$f" ] || continue
-  { echo "===== $(basename "$f")"; cat "$f"; } >> "$OUT/logs.txt"
-  rm -f "$f"
-done
 cat "$SUMMARY"
