@@ -189,9 +189,15 @@ typedef struct moe_ep_params_t {
 MOE_EP_API moe_ep_status_t moe_ep_params_init(moe_ep_params_t* params);
 
 enum {
-  MOE_EP_BACKEND_AUTO = 0,             /* NVLINK_TWO_SIDED if supported, else HOST */
+  MOE_EP_BACKEND_AUTO = 0,             /* NVLINK_TWO_SIDED when every rank supports
+                                          it on one host, else NCCL when it loads on
+                                          every rank with a GPU, else HOST; agreed
+                                          over all ranks (MOE_EP_LOG=info logs it)  */
   MOE_EP_BACKEND_NVLINK_TWO_SIDED = 1, /* GPUs of one NVLink domain                */
-  MOE_EP_BACKEND_HOST = 2              /* CPU tensors over the bootstrap           */
+  MOE_EP_BACKEND_HOST = 2,             /* CPU tensors over the bootstrap           */
+  MOE_EP_BACKEND_NCCL = 3              /* CUDA tensors over NCCL, loaded at run time
+                                          (libnccl.so.2, or MOE_EP_NCCL_LIBRARY):
+                                          several nodes, GPUs without NVLink       */
 };
 
 typedef struct moe_ep_config_t {

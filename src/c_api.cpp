@@ -8,6 +8,7 @@
 #include "handle.hpp"
 #include "host_backend.hpp"
 #include "moe_ep_c.h"
+#include "nccl/nccl_backend.hpp"
 #include "nvlink/nvlink_backend.hpp"
 #include "params.hpp"
 
@@ -145,9 +146,10 @@ moe_ep_status_t moe_ep_workspace_size(const moe_ep_params_t* params, const moe_e
     const moe_ep_params_t p = moe_ep::read_params(params);
     const moe_ep_config_t c = moe_ep::read_config(config);
     const moe_ep::Layout layout = moe_ep::make_layout(p, world_size, 0);
-    *bytes = moe_ep::resolve_backend_locally(c) == MOE_EP_BACKEND_NVLINK_TWO_SIDED
-                 ? moe_ep::nvlink_workspace_bytes(layout, c)
-                 : moe_ep::host_workspace_bytes(layout);
+    const int32_t backend = moe_ep::resolve_backend_locally(c);
+    *bytes = backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED ? moe_ep::nvlink_workspace_bytes(layout, c)
+             : backend == MOE_EP_BACKEND_NCCL           ? moe_ep::nccl_workspace_bytes(layout)
+                                                        : moe_ep::host_workspace_bytes(layout);
   });
 }
 

@@ -7,7 +7,10 @@
 #include "dtype.hpp"
 #include "error.hpp"
 #include "host_backend.hpp"
+#include "nccl/nccl_backend.hpp"
+#include "nvlink/host_identity.hpp"
 #include "nvlink/nvlink_backend.hpp"
+#include "nvlink/nvlink_log.hpp"
 #include "tensor_check.hpp"
 #include "versioned_struct.hpp"
 
@@ -15,12 +18,21 @@ namespace moe_ep {
 
 int32_t resolve_backend_locally(const moe_ep_config_t& config) {
   if (config.backend == MOE_EP_BACKEND_HOST) return MOE_EP_BACKEND_HOST;
+  if (config.backend == MOE_EP_BACKEND_NCCL) {
+    std::string why;
+    if (!nccl_platform_supported(config.device, &why)) {
+      fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NCCL is not usable on device ", config.device,
+           " of this process: ", why);
+    }
+    return MOE_EP_BACKEND_NCCL;
+  }
   const bool supported = nvlink_platform_supported(config.device);
   if (config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED && !supported) {
     fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NVLINK_TWO_SIDED is not supported on device ",
          config.device, " of this process (no CUDA driver, no GPU, or no backend in this build)");
   }
-  return supported ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : MOE_EP_BACKEND_HOST;
+  if (supported) return MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+  return nccl_platform_supported(config.device, nullptr) ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
 }
 
 namespace {
@@ -100,6 +112,51 @@ void check_same_on_every_rank(const Bootstrap& b, const GroupFingerprint& mine) 
   }
 }
 
+// What one rank can run, for AUTO: the NVLink backend, NCCL, and where it is.
+struct BackendView {
+  int32_t local_choice;  // resolve_backend_locally's answer
+  int32_t nccl_usable;
+  HostIdentity host;
+};
+
+const char* backend_name(int32_t backend) {
+  switch (backend) {
+    case MOE_EP_BACKEND_NVLINK_TWO_SIDED: return "NVLINK_TWO_SIDED";
+    case MOE_EP_BACKEND_NCCL: return "NCCL";
+    default: return "HOST";
+  }
+}
+
+// Collective.  AUTO: NVLINK_TWO_SIDED when every rank supports it and all run
+// on one host (one NVLink domain with peer access), else NCCL when it loads on
+// every rank with a GPU, else HOST.  Explicit choices were checked locally;
+// NVLINK_TWO_SIDED must also hold on every rank.
+int32_t agree_on_backend(const Bootstrap& bootstrap, int32_t asked, const moe_ep_config_t& config) {
+  BackendView mine{};
+  mine.local_choice = config.backend;
+  mine.nccl_usable = asked == MOE_EP_BACKEND_AUTO && config.backend != MOE_EP_BACKEND_HOST &&
+                     (config.backend == MOE_EP_BACKEND_NCCL || nccl_platform_supported(config.device, nullptr));
+  mine.host = local_host_identity();
+  const std::vector<BackendView> all = bootstrap.allgather_value(mine);
+  bool all_nvlink = true, all_nccl = true, one_host = true;
+  for (const BackendView& v : all) {
+    all_nvlink = all_nvlink && v.local_choice == MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+    all_nccl = all_nccl && v.nccl_usable != 0;
+    one_host = one_host && same_host(v.host, all[0].host);
+  }
+  if (asked == MOE_EP_BACKEND_NVLINK_TWO_SIDED && !all_nvlink) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NVLINK_TWO_SIDED is not supported on every rank");
+  }
+  if (asked != MOE_EP_BACKEND_AUTO) return config.backend;
+  const int32_t chosen = all_nvlink && one_host ? MOE_EP_BACKEND_NVLINK_TWO_SIDED
+                         : all_nccl             ? MOE_EP_BACKEND_NCCL
+                                                : MOE_EP_BACKEND_HOST;
+  log_info("rank ", bootstrap.rank(), ": backend AUTO chose ", backend_name(chosen), " (every rank NVLink-capable: ",
+           all_nvlink ? "yes" : "no", ", one host: ", one_host ? "yes" : "no", ", NCCL usable on every rank: ",
+           all_nccl ? "yes" : "no", ")");
+  return chosen;
+}
+
 }  // namespace
 
 moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const moe_ep_params_t* params_arg,
@@ -118,24 +175,17 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
     mine = fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms);
   });
 
-  // AUTO may resolve differently per rank (one rank without a GPU): all ranks
-  // take the NVLink backend only if all of them can.
-  const bool all_nvlink = [&] {
-    const std::vector<int32_t> choices = bootstrap.allgather_value(handle->config.backend);
-    for (int32_t c : choices) {
-      if (c != MOE_EP_BACKEND_NVLINK_TWO_SIDED) return false;
-    }
-    return true;
-  }();
-  if (!all_nvlink && config_arg && read_config(config_arg).backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
-    fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NVLINK_TWO_SIDED is not supported on every rank");
-  }
-  handle->config.backend = all_nvlink ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : MOE_EP_BACKEND_HOST;
+  // AUTO may resolve differently per rank (one rank without a GPU, ranks on
+  // several hosts): the group agrees on one backend from every rank's view.
+  const int32_t asked = config_arg ? read_config(config_arg).backend : MOE_EP_BACKEND_AUTO;
+  handle->config.backend = agree_on_backend(bootstrap, asked, handle->config);
   mine.backend = handle->config.backend;
   check_same_on_every_rank(bootstrap, mine);
 
   if (handle->config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
     handle->backend = make_nvlink_backend(handle->layout, handle->config, bootstrap);
+  } else if (handle->config.backend == MOE_EP_BACKEND_NCCL) {
+    handle->backend = make_nccl_backend(handle->layout, handle->config, bootstrap);
   } else {
     handle->backend = make_host_backend(handle->layout, bootstrap);
   }

@@ -81,8 +81,8 @@ moe_ep_config_t read_config(const moe_ep_config_t* user) {
   if (user == nullptr) return default_config();
   moe_ep_config_t c = read_versioned(user, default_config(), "config");
   if (c.backend != MOE_EP_BACKEND_AUTO && c.backend != MOE_EP_BACKEND_NVLINK_TWO_SIDED &&
-      c.backend != MOE_EP_BACKEND_HOST) {
-    fail_argument("config->backend", "MOE_EP_BACKEND_AUTO (0), NVLINK_TWO_SIDED (1) or HOST (2)",
+      c.backend != MOE_EP_BACKEND_HOST && c.backend != MOE_EP_BACKEND_NCCL) {
+    fail_argument("config->backend", "MOE_EP_BACKEND_AUTO (0), NVLINK_TWO_SIDED (1), HOST (2) or NCCL (3)",
                   c.backend);
   }
   if (c.num_sms < 0) fail_argument("config->num_sms", ">= 0 (0 = choose)", c.num_sms);

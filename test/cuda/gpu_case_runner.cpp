@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -216,6 +217,11 @@ void poison_results(const moe_ep_dispatch_result_t& r, const moe_ep_tensor_t& ou
 
 }  // namespace
 
+int32_t gpu_backend_under_test() {
+  const char* v = std::getenv("MOE_EP_TEST_GPU_BACKEND");
+  return v != nullptr && std::strcmp(v, "nccl") == 0 ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+}
+
 std::string run_gpu_case(const CaseSpec& spec_in, const moe_ep_bootstrap_t& b, const GpuCaseOptions& o) {
   const int rank = b.rank;
   const int device = o.device >= 0 ? o.device : gpu_device();
@@ -224,7 +230,7 @@ std::string run_gpu_case(const CaseSpec& spec_in, const moe_ep_bootstrap_t& b, c
   if (o.graph && spec.tokens.empty()) {  // a graph has fixed shapes: fix every rank's T
     for (int r = 0; r < spec.world_size; ++r) spec.tokens.push_back(make_rank_data(spec, r).num_tokens);
   }
-  Handle nv(b, spec, MOE_EP_BACKEND_NVLINK_TWO_SIDED, o, device);
+  Handle nv(b, spec, o.backend, o, device);
   Handle host(b, spec, MOE_EP_BACKEND_HOST, o, device);
   const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, device};
   cudaStream_t stream = nullptr;

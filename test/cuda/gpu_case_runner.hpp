@@ -1,4 +1,4 @@
-// Runs one CaseSpec through an NVLINK_TWO_SIDED handle and a HOST handle over
+// Runs one CaseSpec through a GPU backend's handle and a HOST handle over
 // the same bootstrap, on fresh random inputs every round, with the GPU results
 // poisoned before each round, and compares every output byte for byte.
 #pragma once
@@ -11,7 +11,12 @@
 
 namespace moe_ep_test {
 
+// The GPU backend a suite tests: MOE_EP_TEST_GPU_BACKEND=nccl selects
+// MOE_EP_BACKEND_NCCL, anything else (or unset) NVLINK_TWO_SIDED.
+int32_t gpu_backend_under_test();
+
 struct GpuCaseOptions {
+  int32_t backend = gpu_backend_under_test();  // compared with the HOST backend
   int rounds = 3;              // dispatch/combine pairs, each on new inputs
   bool caller_output = false;  // combine into the caller's buffer (else library-owned)
   bool graph = false;          // capture dispatch+combine once, replay it every round

@@ -162,8 +162,9 @@ class Sweep {
     loop_.gated = o.launch_gate;
     const uint64_t row = std::max(largest_.hidden_row_bytes() + largest_.scale_row_bytes(), largest_.combine_row_bytes());
     if (o.baselines && PeerCopyCeiling::available(s)) ceiling_ = std::make_unique<PeerCopyCeiling>(s, largest * row);
-    if (o.baselines && NcclBaseline::compiled() && s.on_gpu() && s.world().size > 1) {
-      nccl_ = std::make_unique<NcclBaseline>(s, largest, row);
+    if (o.baselines && s.on_gpu() && s.world().size > 1) {
+      nccl_skipped_ = NcclBaseline::group_refusal(s);
+      if (nccl_skipped_.empty()) nccl_ = std::make_unique<NcclBaseline>(s, largest, row);
     }
   }
 
@@ -171,6 +172,7 @@ class Sweep {
   bool graph() const { return graph_; }
   bool has_ceiling() const { return ceiling_ != nullptr; }
   bool has_nccl() const { return nccl_ != nullptr; }
+  const std::string& nccl_skipped() const { return nccl_skipped_; }  // why the NCCL baseline is absent
   const std::vector<int>& sizes() const { return sizes_; }
 
   SizeResult measure(MoeEpRunner& moe, int tokens) {
@@ -226,6 +228,7 @@ class Sweep {
   LoopOptions loop_;
   std::unique_ptr<PeerCopyCeiling> ceiling_;
   std::unique_ptr<NcclBaseline> nccl_;
+  std::string nccl_skipped_;
 };
 
 }  // namespace
@@ -233,7 +236,14 @@ class Sweep {
 int run_bench(const World& world, const BenchOptions& o) {
   if (bench_sizes(o).empty()) fail("no sizes: -b must be <= -e");
   Session session(world, o.common);
+  if (!session.skip_reason().empty()) {
+    if (world.is_root()) std::printf("# moe_ep_conformance bench: skipped: %s\n", session.skip_reason().c_str());
+    return 0;
+  }
   Sweep sweep(session, o);
+  if (!sweep.nccl_skipped().empty() && world.is_root()) {
+    std::printf("# NCCL baseline skipped: %s\n", sweep.nccl_skipped().c_str());
+  }
   BenchReport report(session, o, sweep.largest(), sweep.graph(), sweep.has_ceiling(), sweep.has_nccl());
   report.print_header();
   std::vector<SizeResult> results;

@@ -68,7 +68,7 @@ void BenchReport::print_header() {
   const WorkloadSpec& w = shape_;
   std::printf("# moe_ep_conformance bench: %s, backend %s, %d ranks, NCCL %s\n", Session::version_line().c_str(),
               s_.backend_label().c_str(), s_.world().size,
-              NcclBaseline::compiled() ? NcclBaseline::version().c_str() : "not built");
+              NcclBaseline::version().c_str());
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   std::printf("# shape: hidden %d, payload %s x%d + %s, combine %s; top-%d of %d experts; routing %s", w.hidden_size,
               dtype_name(w.hidden_dtype).c_str(), w.row_elems(),

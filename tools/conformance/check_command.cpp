@@ -201,6 +201,10 @@ int run_check(const World& world, const CheckOptions& o) {
     return 0;
   }
   Session session(world, o.common);
+  if (!session.skip_reason().empty()) {
+    if (world.is_root()) std::printf("# moe_ep_conformance check: skipped: %s\n", session.skip_reason().c_str());
+    return 0;
+  }
   const bool gpu = session.on_gpu();
   const bool eager = o.modes != "graph", graph = o.modes == "graph" || o.modes == "both" || (o.modes == "auto" && gpu);
   if (o.modes != "auto" && o.modes != "eager" && o.modes != "graph" && o.modes != "both") {

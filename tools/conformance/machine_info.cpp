@@ -69,7 +69,7 @@ void write_machine(JsonWriter& json, const Session& s) {
   json.field("mpi", mpi_library());
   json.field("cuda_driver", s.gpu().driver_version);
   json.field("cuda_runtime", s.gpu().runtime_version);
-  json.field("nccl", NcclBaseline::compiled() ? NcclBaseline::version() : std::string("not built"));
+  json.field("nccl", NcclBaseline::version());
   json.key("per_rank").begin_array();
   for (size_t r = 0; r < ranks.size(); ++r) {
     const std::vector<std::string> f = split(ranks[r], '|');

@@ -19,8 +19,9 @@ using moe_ep_tool::CheckOptions;
 using moe_ep_tool::CommonOptions;
 
 void add_common(CLI::App* app, CommonOptions& o) {
-  app->add_option("--backend", o.backend, "host | nvlink | auto (nvlink where every rank supports it)")
-      ->check(CLI::IsMember({"host", "nvlink", "auto"}));
+  app->add_option("--backend", o.backend,
+                  "host | nvlink | nccl | auto (nvlink where every rank supports it, else host)")
+      ->check(CLI::IsMember({"host", "nvlink", "nccl", "auto"}));
   app->add_option("--num-sms", o.num_sms, "SMs the kernels may use (0 = the library chooses)");
   app->add_option("--timeout-ms", o.timeout_ms, "bound on every wait for a peer (config.timeout_ms)");
   app->add_option("--seed", o.seed, "seed of every random input");

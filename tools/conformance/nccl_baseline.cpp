@@ -1,26 +1,38 @@
 #include "nccl_baseline.hpp"
 
-#include <nccl.h>
+#include <cuda_runtime.h>  // the typed cudaMalloc overloads
 
 #include <cstdlib>
+#include <functional>
 
 #include "cuda_check.hpp"
+#include "nccl/nccl_library.hpp"
 
 namespace moe_ep_tool {
 
 namespace {
 
-void check_nccl(ncclResult_t rc, const char* call) {
-  if (rc == ncclSuccess || rc == ncclInProgress) return;
-  throw ToolError(std::string(call) + " failed: " + ncclGetErrorString(rc));
+namespace nccl = moe_ep::nccl;
+
+const nccl::Api& api() {
+  std::string why;
+  const nccl::Api* a = nccl::load(&why);
+  if (a == nullptr) throw ToolError(why);
+  return *a;
+}
+
+void check_nccl(nccl::Result rc, const char* call) {
+  if (rc == nccl::kSuccess || rc == nccl::kInProgress) return;
+  throw ToolError(std::string(call) + " failed: " + api().GetErrorString(rc));
 }
 #define TOOL_CHECK_NCCL(call) check_nccl((call), #call)
+
 
 }  // namespace
 
 struct NcclBaseline::State {
   const Session* s = nullptr;
-  ncclComm_t comm = nullptr;
+  nccl::CommHandle comm = nullptr;
   char* send = nullptr;  // world segments of max_rows_per_peer rows, packed per peer
   char* receive = nullptr;
   int32_t* send_counts = nullptr;  // device [world]
@@ -29,13 +41,31 @@ struct NcclBaseline::State {
   uint64_t segment_bytes = 0;
 };
 
-bool NcclBaseline::compiled() { return true; }
+bool NcclBaseline::available(std::string* why) { return nccl::load(why) != nullptr; }
 
 std::string NcclBaseline::version() {
-  int v = 0;
-  if (ncclGetVersion(&v) != ncclSuccess) return "?";
-  // NCCL_VERSION_CODE is X*10000 + Y*100 + Z since 2.9.
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+  std::string why;
+  const nccl::Api* a = nccl::load(&why);
+  return a ? a->version() : "not loaded: " + why;
+}
+
+std::string NcclBaseline::group_refusal(const Session& s) {
+  const World& w = s.world();
+  std::string why;
+  const bool loads = available(&why);
+  if (!w.all(loads)) return loads ? "NCCL does not load on every rank" : why;
+  // NCCL allows one rank per GPU: find two ranks on one GPU of one host.
+  const int64_t place = int64_t(std::hash<std::string>{}(w.host + "/" + s.gpu().pci_bus_id) >> 1);
+  const std::vector<int64_t> places = w.allgather(place);
+  for (int a = 0; a < w.size; ++a) {
+    for (int b = a + 1; b < w.size; ++b) {
+      if (places[a] == places[b]) {
+        return "ranks " + std::to_string(a) + " and " + std::to_string(b) +
+               " share a GPU, and NCCL allows one rank per GPU";
+      }
+    }
+  }
+  return "";
 }
 
 NcclBaseline::NcclBaseline(const Session& s, int64_t max_rows_per_peer, uint64_t max_row_bytes)
@@ -45,10 +75,10 @@ NcclBaseline::NcclBaseline(const Session& s, int64_t max_rows_per_peer, uint64_t
   const World& w = s.world();
   // NVLink multicast (NVLS) must stay off on the test machines; p2p never needs it.
   setenv("NCCL_NVLS_ENABLE", "0", 1);
-  ncclUniqueId id;
-  if (w.is_root()) TOOL_CHECK_NCCL(ncclGetUniqueId(&id));
+  nccl::UniqueId id{};
+  if (w.is_root()) TOOL_CHECK_NCCL(api().GetUniqueId(&id));
   w.broadcast(&id, sizeof id, 0);
-  TOOL_CHECK_NCCL(ncclCommInitRank(&st.comm, w.size, id, w.rank));
+  TOOL_CHECK_NCCL(api().CommInitRank(&st.comm, w.size, id, w.rank));
   st.segment_bytes = uint64_t(max_rows_per_peer) * max_row_bytes;
   const uint64_t bytes = st.segment_bytes * w.size + 1;
   TOOL_CHECK_CUDA(cudaMalloc(&st.send, bytes));
@@ -62,7 +92,7 @@ NcclBaseline::NcclBaseline(const Session& s, int64_t max_rows_per_peer, uint64_t
 NcclBaseline::~NcclBaseline() {
   State& st = *state_;
   cudaDeviceSynchronize();
-  if (st.comm) ncclCommDestroy(st.comm);
+  if (st.comm) api().CommDestroy(st.comm);
   cudaFree(st.send);
   cudaFree(st.receive);
   cudaFree(st.send_counts);
@@ -84,25 +114,25 @@ NcclDispatchTiming NcclBaseline::time_dispatch(const LoopOptions& options, const
   ungated.gated = false;  // the host waits for the counts inside every iteration
   const LoopResult r = time_loop(*st.s, ungated, 3, [&](Marks& m) {
     m.mark();
-    TOOL_CHECK_NCCL(ncclGroupStart());
+    TOOL_CHECK_NCCL(api().GroupStart());
     for (int p = 0; p < w.size; ++p) {
-      TOOL_CHECK_NCCL(ncclSend(st.send_counts + p, 1, ncclInt32, p, st.comm, stream));
-      TOOL_CHECK_NCCL(ncclRecv(st.recv_counts + p, 1, ncclInt32, p, st.comm, stream));
+      TOOL_CHECK_NCCL(api().Send(st.send_counts + p, 1, nccl::kInt32, p, st.comm, stream));
+      TOOL_CHECK_NCCL(api().Recv(st.recv_counts + p, 1, nccl::kInt32, p, st.comm, stream));
     }
-    TOOL_CHECK_NCCL(ncclGroupEnd());
+    TOOL_CHECK_NCCL(api().GroupEnd());
     TOOL_CHECK_CUDA(cudaMemcpyAsync(st.host_counts, st.recv_counts, sizeof(int32_t) * w.size, cudaMemcpyDeviceToHost,
                                     stream));
     m.mark();
     TOOL_CHECK_CUDA(cudaStreamSynchronize(stream));
     m.hold();  // queue the payload behind a gate, so its time is not the host's launch time
     m.mark();
-    TOOL_CHECK_NCCL(ncclGroupStart());
+    TOOL_CHECK_NCCL(api().GroupStart());
     for (int p = 0; p < w.size; ++p) {
-      TOOL_CHECK_NCCL(ncclSend(st.send + p * st.segment_bytes, counts[p] * B, ncclChar, p, st.comm, stream));
-      TOOL_CHECK_NCCL(ncclRecv(st.receive + p * st.segment_bytes, uint64_t(st.host_counts[p]) * B, ncclChar, p,
+      TOOL_CHECK_NCCL(api().Send(st.send + p * st.segment_bytes, counts[p] * B, nccl::kInt8, p, st.comm, stream));
+      TOOL_CHECK_NCCL(api().Recv(st.receive + p * st.segment_bytes, uint64_t(st.host_counts[p]) * B, nccl::kInt8, p,
                                st.comm, stream));
     }
-    TOOL_CHECK_NCCL(ncclGroupEnd());
+    TOOL_CHECK_NCCL(api().GroupEnd());
     m.mark();
     m.release();
   });
@@ -119,14 +149,14 @@ LoopResult NcclBaseline::time_combine(const LoopOptions& options, const Traffic&
   const uint64_t B = t.combine_row_bytes;
   return time_loop(*st.s, options, 1, [&](Marks& m) {
     m.mark();
-    TOOL_CHECK_NCCL(ncclGroupStart());
+    TOOL_CHECK_NCCL(api().GroupStart());
     for (int p = 0; p < w.size; ++p) {  // rows received from p go back to p
-      TOOL_CHECK_NCCL(ncclSend(st.receive + p * st.segment_bytes, t.rows_between(p, w.rank) * B, ncclChar, p, st.comm,
+      TOOL_CHECK_NCCL(api().Send(st.receive + p * st.segment_bytes, t.rows_between(p, w.rank) * B, nccl::kInt8, p, st.comm,
                                stream));
-      TOOL_CHECK_NCCL(ncclRecv(st.send + p * st.segment_bytes, t.rows_between(w.rank, p) * B, ncclChar, p, st.comm,
+      TOOL_CHECK_NCCL(api().Recv(st.send + p * st.segment_bytes, t.rows_between(w.rank, p) * B, nccl::kInt8, p, st.comm,
                                stream));
     }
-    TOOL_CHECK_NCCL(ncclGroupEnd());
+    TOOL_CHECK_NCCL(api().GroupEnd());
     m.mark();
   });
 }

@@ -6,7 +6,10 @@
 //   combine  = grouped ncclSend/ncclRecv of the same rows back.
 // The rows are already packed per destination and nothing is reduced, so the
 // figures are NCCL's transport alone: a lower bound for an NCCL-based layer.
-// Compiled only where nccl.h was found (MOE_EP_TOOL_HAVE_NCCL).
+// NCCL is loaded at run time through the library's own loader
+// (src/nccl/nccl_library.cpp, compiled into the tool too): the tool never
+// links libnccl, and a run without NCCL, or whose ranks share a GPU (NCCL
+// refuses that), skips the baseline and says why.
 #pragma once
 
 #include <memory>
@@ -26,8 +29,12 @@ struct NcclDispatchTiming {
 
 class NcclBaseline {
  public:
-  static bool compiled();
-  static std::string version();  // "2.28.9", or "" when not compiled
+  // Whether NCCL loads here; *why says why not.  Local.
+  static bool available(std::string* why);
+  static std::string version();  // "2.28.9", or "not loaded: <why>"
+  // Collective: "" when every rank can join an NCCL communicator, else why not
+  // (two ranks on one GPU, NCCL missing on a rank).
+  static std::string group_refusal(const Session& session);
 
   // Collective.  Buffers for up to max_rows_per_peer rows of max_row_bytes.
   NcclBaseline(const Session& session, int64_t max_rows_per_peer, uint64_t max_row_bytes);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "cuda_check.hpp"
 
@@ -18,7 +19,11 @@ int32_t resolve_backend(const std::string& asked, const World& world, const GpuI
     if (!gpu.present) fail("--backend nvlink: rank " + std::to_string(world.rank) + " has no GPU (" + gpu.why_absent + ")");
     return MOE_EP_BACKEND_NVLINK_TWO_SIDED;
   }
-  if (asked != "auto") fail("--backend must be host, nvlink or auto, got '" + asked + "'");
+  if (asked == "nccl") {
+    if (!gpu.present) fail("--backend nccl: rank " + std::to_string(world.rank) + " has no GPU (" + gpu.why_absent + ")");
+    return MOE_EP_BACKEND_NCCL;
+  }
+  if (asked != "auto") fail("--backend must be host, nvlink, nccl or auto, got '" + asked + "'");
   int32_t supported = 0;
   if (gpu.present) TOOL_CHECK_MOE(moe_ep_is_platform_supported(gpu.device, &supported));
   *resolved = true;
@@ -37,6 +42,26 @@ Session::Session(const World& world, const CommonOptions& options)
     TOOL_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     stream_ = s;
   }
+  if (backend_ == MOE_EP_BACKEND_NCCL) skip_reason_ = probe_refusal();
+}
+
+// Creates and destroys one small handle: UNSUPPORTED (NCCL refusing this
+// group, e.g. two ranks on one GPU) becomes the reason to skip; any other
+// failure is an error.
+std::string Session::probe_refusal() const {
+  moe_ep_params_t p;
+  TOOL_CHECK_MOE(moe_ep_params_init(&p));
+  p.num_experts = world_.size;
+  p.top_k = 1;
+  p.max_tokens_per_rank = 1;
+  p.hidden_size = 8;
+  const moe_ep_config_t c = config();
+  moe_ep_handle_t h = nullptr;
+  const moe_ep_status_t s = moe_ep_create(&bootstrap_, &p, &c, &h);
+  if (s == MOE_EP_ERROR_UNSUPPORTED) return std::string("backend nccl refuses this group: ") + moe_ep_last_error();
+  TOOL_CHECK_MOE(s);
+  TOOL_CHECK_MOE(moe_ep_destroy(&h));
+  return "";
 }
 
 Session::~Session() {
@@ -45,7 +70,15 @@ Session::~Session() {
 }
 
 std::string Session::backend_label() const {
-  std::string name = on_gpu() ? "nvlink" : "host";
+  std::string name = backend_ == MOE_EP_BACKEND_NVLINK_TWO_SIDED ? "nvlink"
+                     : backend_ == MOE_EP_BACKEND_NCCL          ? "nccl"
+                                                                : "host";
+  if (backend_ == MOE_EP_BACKEND_NCCL) {  // which NCCL transport the environment leaves it
+    const char* p2p = std::getenv("NCCL_P2P_DISABLE");
+    const char* shm = std::getenv("NCCL_SHM_DISABLE");
+    const bool network = p2p && shm && std::string(p2p) == "1" && std::string(shm) == "1";
+    name += network ? " (network transport: NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)" : " (NCCL's default transports)";
+  }
   return auto_resolved_ ? name + " (auto)" : name;
 }
 

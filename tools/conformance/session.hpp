@@ -15,7 +15,7 @@
 namespace moe_ep_tool {
 
 struct CommonOptions {
-  std::string backend = "auto";  // host | nvlink | auto
+  std::string backend = "auto";  // host | nvlink | nccl | auto
   int num_sms = 0;
   int timeout_ms = 30000;
   uint64_t seed = 1;
@@ -31,9 +31,12 @@ class Session {
   const World& world() const { return world_; }
   const GpuInfo& gpu() const { return gpu_; }
   const moe_ep_bootstrap_t& bootstrap() const { return bootstrap_; }
-  int32_t backend() const { return backend_; }  // MOE_EP_BACKEND_HOST or _NVLINK_TWO_SIDED
-  std::string backend_label() const;             // "nvlink (auto)", "host", ...
-  bool on_gpu() const { return backend_ == MOE_EP_BACKEND_NVLINK_TWO_SIDED; }
+  int32_t backend() const { return backend_; }  // MOE_EP_BACKEND_HOST, _NVLINK_TWO_SIDED or _NCCL
+  std::string backend_label() const;             // "nvlink (auto)", "host", "nccl (network transport)", ...
+  bool on_gpu() const { return backend_ != MOE_EP_BACKEND_HOST; }
+  // Why this run cannot use the backend it asked for ("" = it can): a backend
+  // that refuses this group (NCCL with two ranks on one GPU).  Collective.
+  const std::string& skip_reason() const { return skip_reason_; }
   const Place& place() const { return place_; }
   void* stream() const { return stream_; }       // NULL on the host backend
   moe_ep_config_t config() const;
@@ -46,12 +49,15 @@ class Session {
   static std::string version_line();
 
  private:
+  std::string probe_refusal() const;
+
   World world_;
   CommonOptions options_;
   GpuInfo gpu_;
   moe_ep_bootstrap_t bootstrap_{};
   int32_t backend_ = MOE_EP_BACKEND_HOST;
   bool auto_resolved_ = false;
+  std::string skip_reason_;
   Place place_;
   void* stream_ = nullptr;
 };

@@ -1,0 +1,98 @@
+// Combine of the NCCL backend, after NCCL brought every peer's expert output
+// rows for this rank's tokens into combine_in ([source][tpr] rows): a warp per
+// token sums the token's rows over ranks in ascending rank order in fp32 (the
+// own rows read straight from expert_output) and stores combine_dtype, with the
+// same conversions as the HOST backend, so the output is bitwise equal to it.
+#include <stdint.h>
+
+#include "float_convert.cuh"
+#include "kernel_common.cuh"
+#include "nccl_kernels.h"
+
+namespace moe_ep {
+namespace kernels {
+namespace {
+
+// Elements per 16-byte vector of Element.
+template <typename Element>
+constexpr int kPerVector = 16 / sizeof(typename Element::Bits);
+
+template <typename Element, bool kVector>
+__global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, NcclBuffers b, NcclCombineLaunch a) {
+  using Bits = typename Element::Bits;
+  const int lane = threadIdx.x % 32;
+  const int warps = gridDim.x * kWarpsPerBlock;
+  const int64_t tpr = a.tokens_per_rank;
+  const char* own = static_cast<const char*>(a.expert_output);
+  for (int32_t t = a.token_begin + blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; t < a.token_end; t += warps) {
+    const TokenDestinations dests =
+        TokenDestinations::load(b.token_slots + static_cast<int64_t>(t) * s.world_size, s.world_size, lane);
+    // Row pointers of the token's contributions, in ascending rank order (at most 64).
+    const char* rows[kMaxWorldSize];
+    int n = 0;
+    for (uint64_t m = dests.mask; m != 0; m &= m - 1) {
+      const int r = lowest_rank(m);
+      const int64_t slot = dests.slot(r);
+      rows[n++] = r == s.rank ? own + (s.rank * tpr + slot) * s.combine_row_bytes
+                              : b.combine_in + (r * tpr + slot) * s.combine_row_bytes;
+    }
+    char* out = static_cast<char*>(a.output) + static_cast<int64_t>(t) * s.combine_row_bytes;
+    if (kVector) {
+      constexpr int V = kPerVector<Element>;
+      const int64_t vectors = s.hidden_size / V;
+      for (int64_t v = lane; v < vectors; v += 32) {
+        float acc[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) acc[j] = 0.0f;
+        for (int i = 0; i < n; ++i) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(rows[i] + v * 16);
+          const Bits* e = reinterpret_cast<const Bits*>(&raw);
+#pragma unroll
+          for (int j = 0; j < V; ++j) acc[j] += Element::load(e[j]);
+        }
+        uint4 packed;
+        Bits* e = reinterpret_cast<Bits*>(&packed);
+#pragma unroll
+        for (int j = 0; j < V; ++j) e[j] = Element::store(acc[j]);
+        *reinterpret_cast<uint4*>(out + v * 16) = packed;
+      }
+    } else {
+      for (int64_t h = lane; h < s.hidden_size; h += 32) {
+        float acc = 0.0f;
+        for (int i = 0; i < n; ++i) acc += Element::load(reinterpret_cast<const Bits*>(rows[i])[h]);
+        reinterpret_cast<Bits*>(out)[h] = Element::store(acc);
+      }
+    }
+  }
+}
+
+template <typename Element>
+cudaError_t launch_for(const GroupShape& s, const NcclBuffers& b, const NcclCombineLaunch& a, cudaStream_t stream) {
+  int64_t blocks = (a.token_end - a.token_begin + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (a.max_blocks > 0 && blocks > 2 * a.max_blocks) blocks = 2 * a.max_blocks;  // two blocks fit an SM
+  if (blocks < 1) return cudaSuccess;  // no token on this rank
+  // 16-byte vectors when every row of every source is 16-byte aligned.
+  const uintptr_t bases = reinterpret_cast<uintptr_t>(a.expert_output) | reinterpret_cast<uintptr_t>(a.output) |
+                          reinterpret_cast<uintptr_t>(b.combine_in);
+  const bool vector = s.combine_row_bytes % 16 == 0 && bases % 16 == 0;
+  if (vector) {
+    reduce_kernel<Element, true><<<static_cast<int>(blocks), kBlockThreads, 0, stream>>>(s, b, a);
+  } else {
+    reduce_kernel<Element, false><<<static_cast<int>(blocks), kBlockThreads, 0, stream>>>(s, b, a);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_nccl_combine_reduce(const GroupShape& shape, const NcclBuffers& buffers,
+                                       const NcclCombineLaunch& args, cudaStream_t stream) {
+  switch (shape.combine_dtype) {
+    case kCombineBf16: return launch_for<Bf16Element>(shape, buffers, args, stream);
+    case kCombineFp16: return launch_for<Fp16Element>(shape, buffers, args, stream);
+    default: return launch_for<Fp32Element>(shape, buffers, args, stream);
+  }
+}
+
+}  // namespace kernels
+}  // namespace moe_ep

@@ -1,0 +1,117 @@
+// The device side of the NCCL backend (src/nccl), behind the same kind of
+// plain launch interface as the NVLink kernels: structs of pointers and
+// integers, launch functions returning cudaError_t.  NCCL itself moves the
+// bytes between these kernels; nothing here touches another GPU's memory.
+//
+// One dispatch = route -> scan -> pack -> (NCCL grouped send/recv) -> finish;
+// one combine  = (NCCL grouped send/recv) -> reduce.  docs/nccl_backend.md.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#include "fast_division.h"  // MOE_EP_HOST_DEVICE
+#include "moe_ep_kernels.h"
+
+namespace moe_ep {
+namespace kernels {
+
+// Tokens per routing chunk (one block of the route kernel).
+constexpr int32_t kNcclRouteChunk = kBlockThreads;
+
+// int32 fields of the header every rank sends every rank with a dispatch:
+// [0] the sender's tokens_per_rank, [1] its row count for the receiver,
+// [2, 2+epr) its picks per expert of the receiver, then (EPLB on) its
+// per-expert statistics row [E].
+constexpr int32_t kNcclHeaderFixed = 2;
+MOE_EP_HOST_DEVICE inline int32_t nccl_header_ints(const GroupShape& s) {
+  return kNcclHeaderFixed + s.experts_per_rank + (s.eplb_enabled ? s.num_experts : 0);
+}
+
+// Errors the kernels record (device memory, atomics); the host reads and
+// clears them in poll_async_error.
+struct NcclDeviceErrors {
+  uint32_t bad_id_count;      // picks outside [0, E) that are not the invalid id
+  uint32_t bad_peer_count;    // received headers that failed the checks
+  uint64_t bad_id_first;      // min of (token*top_k + pick) << 32 | (uint32)id; UINT64_MAX when none
+  int32_t bad_peer_first;     // lowest rank whose header failed; INT32_MAX when none
+  int32_t bad_peer_tpr;       // what that rank claimed: tokens_per_rank
+  int32_t bad_peer_rows;      //                          and rows
+  int32_t reserved;
+};
+
+// Device memory of one handle (cudaMalloc'd by src/nccl; sized for
+// max_tokens_per_rank; a call with tokens_per_rank = tpr uses segments of tpr rows).
+struct NcclBuffers {
+  // Results (receive side), rank-major [world][tpr] rows.
+  char* recv_hidden;
+  char* recv_scales;           // NULL without scales
+  int32_t* recv_ids;
+  float* recv_weights;
+  int32_t* recv_header;        // [world][header ints]
+  int32_t* recv_counts;        // [world]
+  int32_t* local_expert_counts;// [experts_per_rank]
+  int32_t* eplb_gathered;      // [world][E], NULL when EPLB is off
+  // Send side, one segment of tpr rows per destination (own segment unused:
+  // the pack kernel writes this rank's own rows straight into the results).
+  char* send_hidden;
+  char* send_scales;
+  int32_t* send_ids;
+  float* send_weights;
+  int32_t* send_header;        // [world][header ints]
+  // Private.
+  int32_t* token_slots;        // [max_tpr][world]: slot of the token on each rank, -1 = not sent
+  int32_t* chunk_offsets;      // [chunks][world]: rows per chunk, then (scan) exclusive prefix
+  int32_t* dest_rows;          // [world]: rows this rank sends each rank
+  int32_t* expert_hist;        // [E]: this call's valid picks per expert
+  NcclDeviceErrors* errors;
+  char* combine_in;            // [world][max_tpr][combine_row_bytes]
+  char* combine_out;           // [max_tpr][combine_row_bytes]: library-owned output
+};
+
+struct NcclDispatchLaunch {
+  int32_t num_tokens;
+  int32_t tokens_per_rank;
+  const void* hidden;          // [T, hidden_row_bytes]
+  const int32_t* topk_ids;     // [T, top_k]
+  const float* topk_weights;   // [T, top_k] or NULL: zeros are sent
+  const void* scales;          // [T, scale_row_bytes] or NULL
+  const int32_t* eplb_local;   // [E] or NULL: the counted picks are sent
+  int32_t max_blocks;          // SM budget of the pack kernel
+};
+
+// Which rows a pack launch writes: this rank's own rows (into the results) can
+// be packed on a second stream while the peers' rows go to NCCL.
+enum NcclPackRows : int32_t { kPackAll = 0, kPackOwn = 1, kPackPeers = 2 };
+
+struct NcclCombineLaunch {
+  int32_t num_tokens;
+  int32_t tokens_per_rank;
+  int32_t token_begin;         // reduce tokens [token_begin, token_end) of [0, num_tokens)
+  int32_t token_end;
+  const void* expert_output;   // [world*tpr, combine_row_bytes]
+  void* output;                // [T, combine_row_bytes]
+  int32_t max_blocks;
+};
+
+// Before the NCCL exchange: routing and headers (route + scan).
+// Stream-ordered, no host synchronisation.
+cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffers& buffers,
+                                       const NcclDispatchLaunch& args, cudaStream_t stream);
+// After route: rows, rewritten ids, weights, scales and padding rows into the
+// send segments (peers) and the result rows (own), as `rows` selects.
+cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
+                                      const NcclDispatchLaunch& args, int32_t rows, cudaStream_t stream);
+// After the NCCL exchange: checks every received header, then recv_counts,
+// local_expert_counts and the gathered EPLB statistics.
+cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers,
+                                        int32_t tokens_per_rank, cudaStream_t stream);
+// After combine's NCCL exchange of the slots the tokens [token_begin,
+// token_end) use (a token's slot on any rank is at most its index): the sum
+// over ranks in ascending rank order, fp32 accumulation (bitwise equal to the
+// HOST backend).
+cudaError_t launch_nccl_combine_reduce(const GroupShape& shape, const NcclBuffers& buffers,
+                                       const NcclCombineLaunch& args, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace moe_ep

@@ -1,0 +1,555 @@
+// The NCCL backend.  Dispatch: kernels route and pack this rank's rows into
+// one fixed-size segment of tokens_per_rank rows per destination, one grouped
+// ncclSend/ncclRecv exchanges the segments (straight into the result rows),
+// and a finish kernel checks the headers and writes the counts.  Combine: one
+// grouped ncclSend/ncclRecv returns every rank's expert output segments, and a
+// kernel sums them in ascending rank order.  No host synchronisation inside
+// either call; every wait on the host is bounded by timeout_ms.
+// docs/nccl_backend.md has the design, the byte model and what is bounded.
+#include "nccl/nccl_backend.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "error.hpp"
+#include "nccl/nccl_communicator.hpp"
+#include "nccl/nccl_library.hpp"
+#include "nccl/nccl_stage_profile.hpp"
+#include "nccl/nccl_workspace.hpp"
+#include "nccl_kernels.h"
+#include "nvlink/cuda_check.hpp"
+#include "nvlink/host_identity.hpp"
+#include "nvlink/nvlink_log.hpp"
+#include "nvlink/workspace_plan.hpp"
+
+namespace moe_ep {
+
+namespace {
+
+int resolve_device(int32_t configured) {
+  int device = configured;
+  if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+// Where a rank runs, to refuse what NCCL refuses (two ranks on one GPU)
+// with a clear message before NCCL is asked.
+struct GpuPlace {
+  HostIdentity host;
+  char pci_bus_id[32];
+};
+
+void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
+  GpuPlace mine{};
+  mine.host = local_host_identity();
+  check_cuda(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), device), "cudaDeviceGetPCIBusId");
+  const std::vector<GpuPlace> all = bootstrap.allgather_value(mine);
+  for (int32_t a = 0; a < bootstrap.world_size(); ++a) {
+    for (int32_t b = a + 1; b < bootstrap.world_size(); ++b) {
+      if (same_host(all[a].host, all[b].host) &&
+          std::strncmp(all[a].pci_bus_id, all[b].pci_bus_id, sizeof(mine.pci_bus_id)) == 0) {
+        fail(MOE_EP_ERROR_UNSUPPORTED, "NCCL backend: ranks ", a, " and ", b, " both use GPU ", all[a].pci_bus_id,
+             " on ", describe_host(all[a].host),
+             "; NCCL allows one rank per GPU (use NVLINK_TWO_SIDED or HOST to run several ranks on one GPU)");
+      }
+    }
+  }
+}
+
+// Combine moves its rows in this many NCCL groups, each followed by the
+// reduction of the tokens it completes, overlapping the next transfer.
+// MOE_EP_NCCL_COMBINE_CHUNKS (1..16) overrides; it changes no result, but
+// every rank must issue the same NCCL calls: create checks it is the same
+// everywhere.
+// Default 1: on NVLink each extra NCCL group costs about 20 us of GPU time,
+// more than the reduction it hides (docs/nccl_backend.md, measurements).
+constexpr int kMaxCombineChunks = 16;
+constexpr int kDefaultCombineChunks = 1;
+
+int32_t combine_chunks_from_environment() {
+  const char* v = std::getenv("MOE_EP_NCCL_COMBINE_CHUNKS");
+  if (v == nullptr) return kDefaultCombineChunks;
+  const long n = std::strtol(v, nullptr, 10);
+  return n >= 1 && n <= kMaxCombineChunks ? static_cast<int32_t>(n) : kDefaultCombineChunks;
+}
+
+class NcclBackend final : public Backend {
+ public:
+  NcclBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
+      : layout_(layout), config_(config) {
+    moe_ep_status_t status = MOE_EP_SUCCESS;
+    std::string message;
+    try {
+      prepare_locally();
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    bootstrap.agree(status, message);
+    const std::vector<int32_t> chunks = bootstrap.allgather_value(combine_chunks_);
+    for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
+      if (chunks[r] != chunks[0]) {
+        fail(MOE_EP_ERROR_INVALID_ARGUMENT, "MOE_EP_NCCL_COMBINE_CHUNKS: expected the same value on every rank, got ",
+             chunks[0], " on rank 0 and ", chunks[r], " on rank ", r);
+      }
+    }
+    {
+      const DeviceGuard guard(device_);
+      try {
+        check_one_rank_per_gpu(bootstrap, device_);
+      } catch (const Error& e) {
+        status = e.status();
+        message = e.what();
+      }
+      bootstrap.agree(status, message);
+      comm_ = std::make_unique<NcclCommunicator>(*api_, bootstrap, config_.timeout_ms);
+    }
+    try {
+      allocate();
+      connect_peers();
+    } catch (const Error& e) {
+      status = e.status();
+      message = e.what();
+    }
+    try {
+      bootstrap.agree(status, message);
+    } catch (...) {
+      shutdown();
+      throw;
+    }
+    log_info("rank ", layout_.rank, ": NCCL ", api_->version(), " (", api_->path, ") on device ", device_, ", ",
+             sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ",
+             config_.timeout_ms, " ms, combine in ", combine_chunks_, " chunk(s)");
+  }
+
+  ~NcclBackend() override { shutdown(); }
+
+  const char* name() const override { return "nccl"; }
+  moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CUDA, device_}; }
+
+  DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
+    refuse_when_broken();
+    const DeviceGuard guard(device_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int32_t tpr = call.tokens_per_rank;
+    kernels::NcclDispatchLaunch a{};
+    a.num_tokens = call.num_tokens;
+    a.tokens_per_rank = tpr;
+    a.hidden = call.hidden;
+    a.topk_ids = call.topk_ids;
+    a.topk_weights = call.topk_weights;
+    a.scales = call.scales;
+    a.eplb_local = call.eplb_local;
+    a.max_blocks = sm_budget_;
+    if (dispatch_profile_) dispatch_profile_->begin(s);
+    check_cuda(kernels::launch_nccl_dispatch_route(shape_, buffers_, a, s), "launching the NCCL dispatch routing");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
+    // The own rows are packed on the side stream while the peers' rows go to NCCL.
+    fork(s, 0);
+    kernels::NcclDispatchLaunch own = a;
+    own.max_blocks = side_blocks();
+    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, side_stream_),
+               "launching the NCCL dispatch pack (own rows)");
+    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, s),
+               "launching the NCCL dispatch pack (peer rows)");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
+    exchange_dispatch_segments(tpr, s);
+    if (dispatch_profile_) dispatch_profile_->mark(s);
+    join(s);
+    check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, s), "launching the NCCL dispatch finish");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
+    note_launch(s);
+
+    DispatchBuffers b;
+    b.hidden = buffers_.recv_hidden;
+    b.topk_ids = buffers_.recv_ids;
+    b.topk_weights = call.has_weights ? buffers_.recv_weights : nullptr;
+    b.scales = buffers_.recv_scales;
+    b.recv_counts = buffers_.recv_counts;
+    b.local_expert_counts = buffers_.local_expert_counts;
+    b.eplb_gathered = buffers_.eplb_gathered;
+    return b;
+  }
+
+  void* combine(const CombineCall& call, void* stream) override {
+    refuse_when_broken();
+    const DeviceGuard guard(device_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const int64_t tpr = call.tokens_per_rank;
+    const uint64_t row_bytes = layout_.combine_row_bytes;
+    const char* expert_output = static_cast<const char*>(call.expert_output);
+    kernels::NcclCombineLaunch a{};
+    a.num_tokens = call.num_tokens;
+    a.tokens_per_rank = call.tokens_per_rank;
+    a.expert_output = call.expert_output;
+    a.output = call.output ? call.output : buffers_.combine_out;
+    if (combine_profile_) combine_profile_->begin(s);
+    // Chunk c moves slots [c*q, (c+1)*q) of every segment; a token's slot on
+    // any rank is at most its index, so tokens [c*q, (c+1)*q) can be summed
+    // (on the side stream) while the next chunks are in flight.
+    const int64_t chunks = layout_.world_size > 1 ? combine_chunks_ : 1;
+    const int64_t q = (tpr + chunks - 1) / chunks;
+    // One chunk: the reduction runs alone after NCCL, on the caller's stream, with every SM.
+    a.max_blocks = chunks > 1 ? side_blocks() : sm_budget_;
+    const cudaStream_t reduce_stream = chunks > 1 ? side_stream_ : s;
+    bool forked = false;
+    for (int64_t c = 0; c < chunks && c * q < tpr; ++c) {
+      const int64_t first = c * q, rows = std::min(q, tpr - first);
+      group_start();
+      for (int32_t p = 0; p < layout_.world_size; ++p) {
+        if (p == layout_.rank) continue;  // the own rows are read in place by the reduction
+        send(expert_output + (p * tpr + first) * row_bytes, rows * row_bytes, p, s);
+        recv(buffers_.combine_in + (p * tpr + first) * row_bytes, rows * row_bytes, p, s);
+      }
+      group_end();
+      if (combine_profile_ && chunks == 1) combine_profile_->mark(s);
+      a.token_begin = static_cast<int32_t>(std::min<int64_t>(first, call.num_tokens));
+      a.token_end = static_cast<int32_t>(c + 1 == chunks || first + rows >= tpr ? call.num_tokens
+                                                                               : std::min<int64_t>(first + rows, call.num_tokens));
+      if (a.token_begin >= a.token_end) continue;
+      if (chunks > 1) {
+        fork(s, static_cast<int>(c));
+        forked = true;
+      }
+      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, reduce_stream),
+                 "launching the NCCL combine reduction");
+    }
+    if (forked) join(s);  // (a capture may only wait for what it forked)
+    if (combine_profile_ && chunks == 1) combine_profile_->mark(s);
+    note_launch(s);
+    return a.output;
+  }
+
+  moe_ep_status_t poll_async_error(std::string* message) override {
+    try {
+      const DeviceGuard guard(device_);
+      wait_for_own_work();
+      kernels::NcclDeviceErrors e{};
+      check_cuda(cudaMemcpyAsync(&e, buffers_.errors, sizeof(e), cudaMemcpyDeviceToHost, private_stream_),
+                 "reading the device error record");
+      check_cuda(cudaStreamSynchronize(private_stream_), "reading the device error record");
+      if (e.bad_id_count == 0 && e.bad_peer_count == 0) return MOE_EP_SUCCESS;
+      *message = e.bad_id_count != 0 ? bad_ids_message(e) : "";
+      if (e.bad_peer_count != 0) *message += (message->empty() ? "" : "; ") + bad_peer_message(e);
+      reset_device_errors();
+      return MOE_EP_ERROR_INVALID_INPUT;
+    } catch (const Error& e) {
+      *message = e.what();
+      return e.status();
+    }
+  }
+
+  void shutdown() noexcept override {
+    if (released_) return;
+    released_ = true;
+    int previous = -1;
+    const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+    if (cudaSetDevice(device_) == cudaSuccess) {
+      bool healthy = broken_status_ == MOE_EP_SUCCESS;
+      if (healthy && comm_) {
+        try {
+          wait_for_own_work();  // bounded: aborts the communicator when timeout_ms passes
+        } catch (...) {
+          healthy = false;
+        }
+      }
+      if (healthy && dispatch_profile_) {
+        log_info("rank ", layout_.rank, ": ", dispatch_profile_->summary());
+        log_info("rank ", layout_.rank, ": ", combine_profile_->summary(), " (combine in one chunk only)");
+      }
+      dispatch_profile_.reset();
+      combine_profile_.reset();
+      if (comm_) comm_->close(healthy && !comm_->aborted());
+      if (workspace_ != nullptr) cudaFree(workspace_);
+      if (last_launch_) cudaEventDestroy(last_launch_);
+      for (cudaEvent_t e : fork_events_) {
+        if (e) cudaEventDestroy(e);
+      }
+      if (join_event_) cudaEventDestroy(join_event_);
+      if (side_stream_) cudaStreamDestroy(side_stream_);
+      if (private_stream_) cudaStreamDestroy(private_stream_);
+      cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
+    }
+    comm_.reset();
+    workspace_ = nullptr;
+    last_launch_ = nullptr;
+    private_stream_ = nullptr;
+    side_stream_ = nullptr;
+    join_event_ = nullptr;
+    for (cudaEvent_t& e : fork_events_) e = nullptr;
+    if (have_previous) cudaSetDevice(previous);
+  }
+
+ private:
+  void prepare_locally() {
+    std::string why;
+    api_ = nccl::load(&why);
+    if (api_ == nullptr) fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NCCL: ", why);
+    device_ = resolve_device(config_.device);
+    const DeviceGuard guard(device_);
+    check_cuda(cudaFree(nullptr), "initialising the CUDA context");
+    if (layout_.world_size > kernels::kMaxWorldSize) {
+      fail(MOE_EP_ERROR_UNSUPPORTED, "bootstrap->world_size: the NCCL backend supports at most ",
+           kernels::kMaxWorldSize, " ranks, got ", layout_.world_size);
+    }
+    int major = 0, minor = 0, sms = 0;
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_), "cudaDeviceGetAttribute");
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_), "cudaDeviceGetAttribute");
+    if (10 * major + minor < kernels::lowest_compiled_arch()) {
+      fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " has compute capability ", major, ".", minor,
+           "; this build's kernels need ", kernels::lowest_compiled_arch() / 10, ".",
+           kernels::lowest_compiled_arch() % 10, " or newer");
+    }
+    sm_budget_ = config_.num_sms > 0 && config_.num_sms < sms ? config_.num_sms : sms;
+    shape_ = group_shape(layout_);
+    plan_ = plan_nccl_workspace(layout_);
+    header_bytes_ = static_cast<uint64_t>(kernels::nccl_header_ints(shape_)) * sizeof(int32_t);
+    combine_chunks_ = combine_chunks_from_environment();
+    if (NcclStageProfile::enabled()) {
+      dispatch_profile_ = std::make_unique<NcclStageProfile>(
+          "dispatch", std::vector<std::string>{"route", "pack", "nccl", "join+finish"});
+      combine_profile_ = std::make_unique<NcclStageProfile>("combine", std::vector<std::string>{"nccl", "reduce"});
+    }
+  }
+
+  void allocate() {
+    const DeviceGuard guard(device_);
+    check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    // Lowest priority: the side stream's kernels must not keep SMs from NCCL's.
+    int lowest = 0, greatest = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&lowest, &greatest), "cudaDeviceGetStreamPriorityRange");
+    check_cuda(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, lowest),
+               "cudaStreamCreateWithPriority");
+    for (cudaEvent_t& e : fork_events_) {
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    }
+    check_cuda(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, plan_.total_bytes), "cudaMalloc(NCCL backend workspace)");
+    workspace_ = static_cast<char*>(p);
+    buffers_ = nccl_buffers_at(workspace_, plan_, layout_);
+    check_cuda(cudaMemsetAsync(workspace_, 0, plan_.total_bytes, private_stream_), "zeroing the workspace");
+    reset_device_errors();
+  }
+
+  // One tiny exchange with every peer, so that NCCL sets up its connections
+  // here (bounded by timeout_ms) and not inside a dispatch or a graph capture.
+  void connect_peers() {
+    const DeviceGuard guard(device_);
+    group_start();
+    for (int32_t p = 0; p < layout_.world_size; ++p) {
+      if (p == layout_.rank) continue;
+      send(buffers_.send_header + p, sizeof(int32_t), p, private_stream_);
+      recv(buffers_.recv_header + p, sizeof(int32_t), p, private_stream_);
+    }
+    group_end();
+    check_cuda(cudaEventRecord(last_launch_, private_stream_), "cudaEventRecord");
+    wait_for_own_work();
+    check_cuda(cudaMemsetAsync(workspace_, 0, plan_.recv_counts, private_stream_), "zeroing the headers");
+    check_cuda(cudaStreamSynchronize(private_stream_), "zeroing the headers");
+  }
+
+  // Segments of tpr rows to and from every peer, one NCCL group.
+  void exchange_dispatch_segments(int32_t tpr, cudaStream_t s) {
+    const uint64_t rows = static_cast<uint64_t>(tpr);
+    const uint64_t K = static_cast<uint64_t>(layout_.top_k);
+    const uint64_t H = header_bytes_ / sizeof(int32_t);
+    group_start();
+    for (int32_t p = 0; p < layout_.world_size; ++p) {
+      if (p == layout_.rank) continue;  // the own segment was written in place
+      const uint64_t row = static_cast<uint64_t>(p) * rows;
+      send(buffers_.send_header + p * H, header_bytes_, p, s);
+      recv(buffers_.recv_header + p * H, header_bytes_, p, s);
+      send(buffers_.send_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
+      recv(buffers_.recv_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
+      if (layout_.scale_row_bytes) {
+        send(buffers_.send_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
+        recv(buffers_.recv_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
+      }
+      send(buffers_.send_ids + row * K, rows * K * sizeof(int32_t), p, s);
+      recv(buffers_.recv_ids + row * K, rows * K * sizeof(int32_t), p, s);
+      send(buffers_.send_weights + row * K, rows * K * sizeof(float), p, s);
+      recv(buffers_.recv_weights + row * K, rows * K * sizeof(float), p, s);
+    }
+    group_end();
+  }
+
+  // The side stream waits for `stream`'s work so far (event `index`); join
+  // makes `stream` wait for everything issued on the side stream.  Events, so
+  // that a CUDA graph capture follows the fork and the join.
+  void fork(cudaStream_t stream, int index) {
+    check_cuda(cudaEventRecord(fork_events_[index], stream), "cudaEventRecord(fork)");
+    check_cuda(cudaStreamWaitEvent(side_stream_, fork_events_[index], 0), "cudaStreamWaitEvent(fork)");
+  }
+  void join(cudaStream_t stream) {
+    check_cuda(cudaEventRecord(join_event_, side_stream_), "cudaEventRecord(join)");
+    check_cuda(cudaStreamWaitEvent(stream, join_event_, 0), "cudaStreamWaitEvent(join)");
+  }
+  // Blocks of the kernels that run next to NCCL's: leave it SMs.
+  int32_t side_blocks() const { return sm_budget_ > 4 ? sm_budget_ / 2 : sm_budget_; }
+
+  void group_start() { comm_->complete("ncclGroupStart", api_->GroupStart()); }
+  void group_end() { comm_->complete("ncclGroupEnd", api_->GroupEnd()); }
+  void send(const void* data, uint64_t bytes, int32_t peer, cudaStream_t s) {
+    comm_->complete("ncclSend", api_->Send(data, bytes, nccl::kInt8, peer, comm_->get(), s));
+  }
+  void recv(void* data, uint64_t bytes, int32_t peer, cudaStream_t s) {
+    comm_->complete("ncclRecv", api_->Recv(data, bytes, nccl::kInt8, peer, comm_->get(), s));
+  }
+
+  void refuse_when_broken() {
+    if (broken_status_ != MOE_EP_SUCCESS) throw Error(broken_status_, broken_message_);
+    if (comm_ == nullptr || comm_->aborted()) {
+      fail(MOE_EP_ERROR_INVALID_STATE, "the NCCL communicator of this handle was aborted; destroy the handle");
+    }
+  }
+
+  // Remembers how to wait for this call: an event, or (inside a CUDA graph
+  // capture, where recording one would join the graph) the whole device.
+  void note_launch(cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+    if (capture != cudaStreamCaptureStatusNone) {
+      captured_ = true;
+      return;
+    }
+    check_cuda(cudaEventRecord(last_launch_, stream), "cudaEventRecord");
+  }
+
+  // Waits for this handle's work, bounded by timeout_ms: NCCL's kernels wait
+  // for peers without a bound of their own, so when the deadline passes (or
+  // NCCL reports an error) the communicator is aborted, which makes them exit,
+  // and the handle is broken: TIMEOUT from then on.
+  void wait_for_own_work() {
+    auto done = std::make_shared<std::atomic<int>>(0);  // 0 running, 1 done, 2 CUDA error
+    std::thread device_waiter;
+    const bool whole_device = captured_;
+    if (whole_device) {  // graph replays: no event of ours to query
+      const int device = device_;
+      device_waiter = std::thread([done, device] {
+        done->store(cudaSetDevice(device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess ? 1 : 2);
+      });
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
+    while (true) {
+      if (!whole_device) {
+        const cudaError_t q = cudaEventQuery(last_launch_);
+        if (q == cudaSuccess) done->store(1);
+        else if (q != cudaErrorNotReady) done->store(2);
+      }
+      if (done->load() != 0) break;
+      const nccl::Result nccl_state = comm_->async_error();
+      const bool expired = std::chrono::steady_clock::now() > deadline;
+      if ((nccl_state != nccl::kSuccess && nccl_state != nccl::kInProgress) || expired) {
+        const std::string what =
+            expired ? "no completion within timeout_ms = " + std::to_string(config_.timeout_ms)
+                    : "NCCL reported " + std::string(api_->GetErrorString(nccl_state));
+        comm_->abort();  // NCCL's kernels exit; the device waiter returns
+        if (device_waiter.joinable()) device_waiter.detach();
+        break_handle(MOE_EP_ERROR_TIMEOUT, "dispatch/combine on rank " + std::to_string(layout_.rank) + ": " + what +
+                                               " (a peer died, stalled, or issued different calls); the NCCL "
+                                               "communicator was aborted; destroy this handle");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (device_waiter.joinable()) device_waiter.join();
+    if (done->load() == 2) {
+      check_cuda(whole_device ? cudaGetLastError() : cudaEventQuery(last_launch_), "waiting for the handle's work");
+      fail(MOE_EP_ERROR_CUDA, "waiting for the handle's work: a CUDA error");
+    }
+  }
+
+  [[noreturn]] void break_handle(moe_ep_status_t status, const std::string& message) {
+    broken_status_ = status;
+    broken_message_ = message;
+    throw Error(status, message);
+  }
+
+  void reset_device_errors() {
+    kernels::NcclDeviceErrors cleared{};
+    cleared.bad_id_first = ~uint64_t{0};
+    cleared.bad_peer_first = std::numeric_limits<int32_t>::max();
+    check_cuda(cudaMemcpyAsync(buffers_.errors, &cleared, sizeof(cleared), cudaMemcpyHostToDevice, private_stream_),
+               "clearing the device error record");
+    check_cuda(cudaStreamSynchronize(private_stream_), "clearing the device error record");
+  }
+
+  std::string bad_ids_message(const kernels::NcclDeviceErrors& e) const {
+    const uint64_t position = e.bad_id_first >> 32;
+    const int32_t value = static_cast<int32_t>(static_cast<uint32_t>(e.bad_id_first & 0xFFFFFFFFu));
+    return "dispatch on rank " + std::to_string(layout_.rank) + ": " + std::to_string(e.bad_id_count) +
+           " topk_ids outside [0, " + std::to_string(layout_.num_experts) + ") and not invalid_expert_id (" +
+           std::to_string(layout_.invalid_expert_id) + "), first at token " +
+           std::to_string(position / layout_.top_k) + " pick " + std::to_string(position % layout_.top_k) + ": " +
+           std::to_string(value) + "; those picks were dropped";
+  }
+
+  std::string bad_peer_message(const kernels::NcclDeviceErrors& e) const {
+    return "dispatch on rank " + std::to_string(layout_.rank) + ": rank " + std::to_string(e.bad_peer_first) +
+           " sent a segment for tokens_per_rank " + std::to_string(e.bad_peer_tpr) + " holding " +
+           std::to_string(e.bad_peer_rows) +
+           " rows, which does not fit this rank's tokens_per_rank (runtime_max_tokens_per_rank must be the same on "
+           "every rank); its rows were dropped (" +
+           std::to_string(e.bad_peer_count) + " segment(s) rejected)";
+  }
+
+  Layout layout_;
+  moe_ep_config_t config_;
+  const nccl::Api* api_ = nullptr;
+  int device_ = 0;
+  int sm_budget_ = 0;
+  kernels::GroupShape shape_{};
+  NcclWorkspacePlan plan_{};
+  uint64_t header_bytes_ = 0;
+  std::unique_ptr<NcclCommunicator> comm_;
+  char* workspace_ = nullptr;
+  kernels::NcclBuffers buffers_{};
+  cudaStream_t private_stream_ = nullptr;
+  cudaEvent_t last_launch_ = nullptr;
+  cudaStream_t side_stream_ = nullptr;          // own-row packing, combine reductions
+  cudaEvent_t fork_events_[kMaxCombineChunks] = {};
+  cudaEvent_t join_event_ = nullptr;
+  int32_t combine_chunks_ = kDefaultCombineChunks;
+  std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
+  moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;
+  std::string broken_message_;
+  bool captured_ = false;
+  bool released_ = false;
+};
+
+}  // namespace
+
+bool nccl_platform_supported(int32_t device, std::string* why) {
+  std::string reason;
+  const bool loaded = nccl::load(&reason) != nullptr;
+  int count = 0;
+  std::string gpu;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    gpu = "no CUDA device or driver in this process";
+  } else if (device < -1 || device >= count) {
+    gpu = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " devices)";
+  }
+  if (loaded && gpu.empty()) return true;
+  if (why != nullptr) *why = gpu.empty() ? reason : reason.empty() ? gpu : gpu + "; " + reason;
+  return false;
+}
+
+uint64_t nccl_workspace_bytes(const Layout& layout) { return plan_nccl_workspace(layout).total_bytes; }
+
+std::unique_ptr<Backend> make_nccl_backend(const Layout& layout, const moe_ep_config_t& config,
+                                           const Bootstrap& bootstrap) {
+  return std::make_unique<NcclBackend>(layout, config, bootstrap);
+}
+
+}  // namespace moe_ep

@@ -1,0 +1,99 @@
+#include "nccl/nccl_workspace.hpp"
+
+#include "error.hpp"
+#include "nvlink/workspace_plan.hpp"
+
+namespace moe_ep {
+
+namespace {
+
+constexpr uint64_t kAlignment = 256;  // rows of 16-byte multiples stay aligned for vector loads
+
+uint64_t times(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) {
+    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "params: the NCCL backend's buffers overflow 64 bits (", a, " x ", b, ")");
+  }
+  return r;
+}
+
+class Planner {
+ public:
+  uint64_t place(uint64_t bytes) {
+    const uint64_t at = next_;
+    uint64_t end = 0;
+    if (__builtin_add_overflow(next_, bytes + kAlignment - 1, &end)) {
+      fail(MOE_EP_ERROR_INVALID_ARGUMENT, "params: the NCCL backend's buffers overflow 64 bits");
+    }
+    next_ = end / kAlignment * kAlignment;
+    return at;
+  }
+  uint64_t end() const { return next_; }
+
+ private:
+  uint64_t next_ = 0;
+};
+
+}  // namespace
+
+NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
+  const uint64_t W = static_cast<uint64_t>(l.world_size);
+  const uint64_t M = static_cast<uint64_t>(l.max_tokens_per_rank);
+  const uint64_t K = static_cast<uint64_t>(l.top_k);
+  const uint64_t E = static_cast<uint64_t>(l.num_experts);
+  const uint64_t rows = times(W, M);
+  const uint64_t header = static_cast<uint64_t>(kernels::nccl_header_ints(group_shape(l))) * sizeof(int32_t);
+  const uint64_t chunks = (M + kernels::kNcclRouteChunk - 1) / kernels::kNcclRouteChunk;
+  Planner p;
+  NcclWorkspacePlan o{};
+  o.recv_hidden = p.place(times(rows, l.hidden_row_bytes));
+  o.recv_scales = p.place(times(rows, l.scale_row_bytes));
+  o.recv_ids = p.place(times(times(rows, K), sizeof(int32_t)));
+  o.recv_weights = p.place(times(times(rows, K), sizeof(float)));
+  o.recv_header = p.place(times(W, header));
+  o.recv_counts = p.place(W * sizeof(int32_t));
+  o.local_expert_counts = p.place(static_cast<uint64_t>(l.experts_per_rank()) * sizeof(int32_t));
+  o.eplb_gathered = p.place(l.eplb_stats ? times(W * E, sizeof(int32_t)) : 0);
+  o.send_hidden = p.place(times(rows, l.hidden_row_bytes));
+  o.send_scales = p.place(times(rows, l.scale_row_bytes));
+  o.send_ids = p.place(times(times(rows, K), sizeof(int32_t)));
+  o.send_weights = p.place(times(times(rows, K), sizeof(float)));
+  o.send_header = p.place(times(W, header));
+  o.token_slots = p.place(times(rows, sizeof(int32_t)));
+  o.chunk_offsets = p.place(times(times(chunks, W), sizeof(int32_t)));
+  o.dest_rows = p.place(W * sizeof(int32_t));
+  o.expert_hist = p.place(E * sizeof(int32_t));
+  o.errors = p.place(sizeof(kernels::NcclDeviceErrors));
+  o.combine_in = p.place(times(rows, l.combine_row_bytes));
+  o.combine_out = p.place(times(M, l.combine_row_bytes));
+  o.total_bytes = p.end();
+  return o;
+}
+
+kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, const Layout& l) {
+  kernels::NcclBuffers b{};
+  auto at = [base](uint64_t offset) { return base + offset; };
+  b.recv_hidden = at(o.recv_hidden);
+  b.recv_scales = l.scale_row_bytes ? at(o.recv_scales) : nullptr;
+  b.recv_ids = reinterpret_cast<int32_t*>(at(o.recv_ids));
+  b.recv_weights = reinterpret_cast<float*>(at(o.recv_weights));
+  b.recv_header = reinterpret_cast<int32_t*>(at(o.recv_header));
+  b.recv_counts = reinterpret_cast<int32_t*>(at(o.recv_counts));
+  b.local_expert_counts = reinterpret_cast<int32_t*>(at(o.local_expert_counts));
+  b.eplb_gathered = l.eplb_stats ? reinterpret_cast<int32_t*>(at(o.eplb_gathered)) : nullptr;
+  b.send_hidden = at(o.send_hidden);
+  b.send_scales = l.scale_row_bytes ? at(o.send_scales) : nullptr;
+  b.send_ids = reinterpret_cast<int32_t*>(at(o.send_ids));
+  b.send_weights = reinterpret_cast<float*>(at(o.send_weights));
+  b.send_header = reinterpret_cast<int32_t*>(at(o.send_header));
+  b.token_slots = reinterpret_cast<int32_t*>(at(o.token_slots));
+  b.chunk_offsets = reinterpret_cast<int32_t*>(at(o.chunk_offsets));
+  b.dest_rows = reinterpret_cast<int32_t*>(at(o.dest_rows));
+  b.expert_hist = reinterpret_cast<int32_t*>(at(o.expert_hist));
+  b.errors = reinterpret_cast<kernels::NcclDeviceErrors*>(at(o.errors));
+  b.combine_in = at(o.combine_in);
+  b.combine_out = at(o.combine_out);
+  return b;
+}
+
+}  // namespace moe_ep

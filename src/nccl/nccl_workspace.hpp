@@ -1,0 +1,26 @@
+// Where the NCCL backend's buffers live inside its one device allocation, and
+// how big that allocation is (moe_ep_workspace_size reports the same number).
+#pragma once
+
+#include <cstdint>
+
+#include "nccl_kernels.h"
+#include "params.hpp"
+
+namespace moe_ep {
+
+struct NcclWorkspacePlan {
+  // Byte offsets of every kernels::NcclBuffers field, in field order.
+  uint64_t recv_hidden, recv_scales, recv_ids, recv_weights, recv_header, recv_counts, local_expert_counts,
+      eplb_gathered, send_hidden, send_scales, send_ids, send_weights, send_header, token_slots, chunk_offsets,
+      dest_rows, expert_hist, errors, combine_in, combine_out;
+  uint64_t total_bytes;
+};
+
+// Throws INVALID_ARGUMENT when a size overflows 64 bits.
+NcclWorkspacePlan plan_nccl_workspace(const Layout& layout);
+
+// The buffers of an allocation at `base` (NULL for absent ones).
+kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& plan, const Layout& layout);
+
+}  // namespace moe_ep

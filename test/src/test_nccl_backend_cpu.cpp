@@ -1,0 +1,157 @@
+// The NCCL backend where it cannot run: NCCL missing or bogus is UNSUPPORTED
+// with a message that names the path and says how to install NCCL; AUTO on a
+// machine without GPUs stays on HOST; the buffer plan checks its sizes.  The
+// GPU behaviour is tested in test/cuda/test_nccl_gpu.cpp.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "error.hpp"
+#include "handle.hpp"
+#include "moe_ep_c.h"
+#include "nccl/nccl_backend.hpp"
+#include "nccl/nccl_library.hpp"
+#include "nccl/nccl_workspace.hpp"
+#include "nvlink/nvlink_backend.hpp"
+#include "test_params.hpp"
+#include "thread_bootstrap.hpp"
+
+namespace {
+
+// Sets MOE_EP_NCCL_LIBRARY for the lifetime of the object.
+class NcclLibraryOverride {
+ public:
+  explicit NcclLibraryOverride(const std::string& path) {
+    if (const char* old = std::getenv("MOE_EP_NCCL_LIBRARY")) previous_ = old, had_ = true;
+    setenv("MOE_EP_NCCL_LIBRARY", path.c_str(), 1);
+  }
+  ~NcclLibraryOverride() {
+    if (had_) setenv("MOE_EP_NCCL_LIBRARY", previous_.c_str(), 1);
+    else unsetenv("MOE_EP_NCCL_LIBRARY");
+  }
+
+ private:
+  std::string previous_;
+  bool had_ = false;
+};
+
+moe_ep_config_t nccl_config() {
+  moe_ep_config_t c;
+  moe_ep_config_init(&c);
+  c.backend = MOE_EP_BACKEND_NCCL;
+  c.timeout_ms = 5000;
+  return c;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("NCCL missing: loading fails with the path and how to install it", "[nccl]") {
+  const NcclLibraryOverride missing("/nonexistent/moe_ep_test/libnccl.so.2");
+  std::string why;
+  CHECK(moe_ep::nccl::load(&why) == nullptr);
+  CHECK(contains(why, "/nonexistent/moe_ep_test/libnccl.so.2"));
+  CHECK(contains(why, "pip install nvidia-nccl-cu13"));
+  CHECK(contains(why, "MOE_EP_NCCL_LIBRARY"));
+  CHECK(moe_ep::nccl::library_name() == "/nonexistent/moe_ep_test/libnccl.so.2");
+}
+
+TEST_CASE("NCCL requested where it cannot load: create is UNSUPPORTED on every rank, naming the path", "[nccl]") {
+  char path[] = "/tmp/moe_ep_bogus_ncclXXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(write(fd, "not a shared object\n", 20) == 20);
+  close(fd);
+  const NcclLibraryOverride bogus(path);
+  const moe_ep_params_t p = moe_ep_test::make_params(4, 2, 8, 16);
+  const moe_ep_config_t c = nccl_config();
+  moe_ep_test::run_ranks(2, [&](int, const moe_ep_bootstrap_t& b) {
+    moe_ep_handle_t h = reinterpret_cast<moe_ep_handle_t>(0x1);
+    const moe_ep_status_t s = moe_ep_create(&b, &p, &c, &h);
+    const std::string message = moe_ep_last_error();
+    CHECK(s == MOE_EP_ERROR_UNSUPPORTED);
+    CHECK(h == nullptr);
+    CHECK(contains(message, path));
+    CHECK(contains(message, "MOE_EP_NCCL_LIBRARY"));
+  });
+  uint64_t bytes = 1;
+  CHECK(moe_ep_workspace_size(&p, &c, 2, &bytes) == MOE_EP_ERROR_UNSUPPORTED);
+  CHECK(contains(moe_ep_last_error(), path));
+  std::remove(path);
+}
+
+TEST_CASE("config->backend accepts NCCL (3) and still refuses unknown values", "[nccl]") {
+  moe_ep_config_t c = nccl_config();
+  const moe_ep_config_t read = moe_ep::read_config(&c);
+  CHECK(read.backend == MOE_EP_BACKEND_NCCL);
+  c.backend = 4;
+  CHECK_THROWS_AS(moe_ep::read_config(&c), moe_ep::Error);
+}
+
+TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU tensors", "[nccl]") {
+  const moe_ep_params_t p = moe_ep_test::make_params(4, 2, 8, 16);
+  moe_ep_config_t c;
+  moe_ep_config_init(&c);
+  const bool nvlink = moe_ep::nvlink_platform_supported(-1);
+  const bool nccl = moe_ep::nccl_platform_supported(-1, nullptr);
+  // Two threads of one process share a host: the NVLink backend wins where it runs.
+  const int32_t expected = nvlink ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : nccl ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
+  if (expected != MOE_EP_BACKEND_HOST) return;  // a GPU machine: the GPU suites cover it
+  moe_ep_test::run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+    moe_ep_handle_t h = nullptr;
+    REQUIRE(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
+    CHECK(h->config.backend == MOE_EP_BACKEND_HOST);
+    // One token per rank, going to expert 0 (rank 0) and 3 (rank 1), on CPU tensors.
+    uint16_t hidden[16] = {};
+    int32_t ids[2] = {0, 3};
+    int64_t hidden_shape[2] = {1, 16}, ids_shape[2] = {1, 2};
+    moe_ep_tensor_t th{hidden, {MOE_EP_DEVICE_CPU, 0}, 2, {MOE_EP_DTYPE_BFLOAT, 16, 1}, hidden_shape, nullptr, 0};
+    moe_ep_tensor_t ti{ids, {MOE_EP_DEVICE_CPU, 0}, 2, {MOE_EP_DTYPE_INT, 32, 1}, ids_shape, nullptr, 0};
+    moe_ep_dispatch_args_t args;
+    moe_ep_dispatch_args_init(&args);
+    args.hidden_states = &th;
+    args.topk_ids = &ti;
+    moe_ep_dispatch_result_t r;
+    moe_ep_dispatch_result_init(&r);
+    REQUIRE(moe_ep_dispatch(h, &args, &r, nullptr) == MOE_EP_SUCCESS);
+    const int32_t* counts = static_cast<const int32_t*>(r.recv_counts.data);
+    CHECK(counts[0] == 1);
+    CHECK(counts[1] == 1);
+    (void)rank;
+    moe_ep_combine_result_t cr;
+    moe_ep_combine_result_init(&cr);
+    std::vector<uint16_t> expert_output(2 * 8 * 16, 0);
+    int64_t eo_shape[2] = {16, 16};
+    moe_ep_tensor_t teo{expert_output.data(), {MOE_EP_DEVICE_CPU, 0}, 2, {MOE_EP_DTYPE_BFLOAT, 16, 1}, eo_shape,
+                        nullptr, 0};
+    REQUIRE(moe_ep_combine(h, &teo, nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
+    REQUIRE(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
+  });
+}
+
+TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow is INVALID_ARGUMENT", "[nccl]") {
+  moe_ep_params_t params = moe_ep_test::make_params(256, 8, 4096, 7168);
+  params.enable_eplb_stats = 1;
+  const moe_ep::Layout l = moe_ep::make_layout(moe_ep::read_params(&params), 2, 0);
+  const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(l);
+  const uint64_t rows = 2 * 4096;
+  CHECK(plan.send_hidden - plan.recv_hidden >= rows * 7168 * 2);
+  CHECK(plan.combine_out - plan.combine_in >= rows * 7168 * 2);
+  CHECK(plan.total_bytes - plan.combine_out >= 4096ull * 7168 * 2);
+  CHECK(plan.recv_hidden % 256 == 0);
+  CHECK(plan.send_hidden % 256 == 0);
+  CHECK(plan.combine_in % 256 == 0);
+  CHECK(plan.total_bytes == moe_ep::nccl_workspace_bytes(l));
+  // Three row buffers of world x max_tokens rows: receive, send, combine input.
+  CHECK(plan.total_bytes < 3 * rows * 7168 * 2 + 64ull * 1024 * 1024);
+
+  moe_ep::Layout huge = l;
+  huge.max_tokens_per_rank = 1 << 30;
+  huge.hidden_row_bytes = uint64_t{1} << 40;
+  CHECK_THROWS_AS(moe_ep::plan_nccl_workspace(huge), moe_ep::Error);
+}
