@@ -8,9 +8,10 @@
 #include <cstdio>
 
 #include "bench_command.hpp"
-#include "check_command.hpp"
+#include "check.hpp"
 #include "errors.hpp"
 #include "mpi_world.hpp"
+#include "session.hpp"
 
 namespace {
 
@@ -19,8 +20,10 @@ using moe_ep_tool::CheckOptions;
 using moe_ep_tool::CommonOptions;
 
 void add_common(CLI::App* app, CommonOptions& o) {
-  app->add_option("--backend", o.backend, "host | nvlink | auto (nvlink where every rank supports it)")
-      ->check(CLI::IsMember({"host", "nvlink", "auto"}));
+  std::string names;
+  for (const std::string& n : moe_ep_tool::backend_names()) names += (names.empty() ? "" : " | ") + n;
+  app->add_option("--backend", o.backend, names + " (auto: a GPU backend where every rank supports it, else host)")
+      ->check(CLI::IsMember(moe_ep_tool::backend_names()));
   app->add_option("--num-sms", o.num_sms, "SMs the kernels may use (0 = the library chooses)");
   app->add_option("--timeout-ms", o.timeout_ms, "bound on every wait for a peer (config.timeout_ms)");
   app->add_option("--seed", o.seed, "seed of every random input");
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const moe_ep_tool::World world = moe_ep_tool::World::from_comm(MPI_COMM_WORLD);
   CLI::App app{"moe_ep_conformance: conformance check and benchmark of moe_ep, launched with mpirun"};
+  app.option_defaults()->always_capture_default();  // --help shows every default (subcommands inherit this)
   app.require_subcommand(1);
   CheckOptions check;
   BenchOptions bench;

@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "cuda_check.hpp"
+#include "errors.hpp"
 
 namespace moe_ep_tool {
 
