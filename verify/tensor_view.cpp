@@ -19,6 +19,11 @@ TensorView::TensorView(const void* data, const moe_ep_dtype_t& dtype, std::initi
   view_.byte_offset = 0;
 }
 
+DispatchMemory host_memory(const RankInputs& in) {
+  return DispatchMemory{in.hidden.data(), in.routing.topk_ids.data(), in.routing.topk_weights.data(), in.scales.data(),
+                        in.eplb_local.data()};
+}
+
 DispatchArgs::DispatchArgs(const WorkloadSpec& s, int num_tokens, const DispatchMemory& m,
                            const moe_ep_device_t& device)
     : hidden_(m.hidden, s.hidden_dtype, {num_tokens, s.row_elems()}, device),

@@ -44,6 +44,8 @@ struct DispatchMemory {
   const void* scales = nullptr;        // [T, scale row bytes]
   const void* eplb_local = nullptr;    // [E] int32
 };
+// The host copies of make_rank_inputs, where they are.
+DispatchMemory host_memory(const RankInputs& inputs);
 
 // The dispatch arguments of `spec` over that memory: weights, scales and
 // eplb_local_stats are passed exactly when the spec asks for them.

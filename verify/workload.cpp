@@ -97,13 +97,19 @@ int WorkloadSpec::num_tokens(int rank) const {
   return static_cast<int>(draw(stream_key(*this, rank, kTokenCount), 0) % uint64_t(tokens_per_rank() + 1));
 }
 
-moe_ep_params_t WorkloadSpec::params() const {
+moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank,
+                                int32_t hidden_size) {
   moe_ep_params_t p;
   moe_ep_params_init(&p);
   p.num_experts = num_experts;
   p.top_k = top_k;
   p.max_tokens_per_rank = max_tokens_per_rank;
   p.hidden_size = hidden_size;
+  return p;
+}
+
+moe_ep_params_t WorkloadSpec::params() const {
+  moe_ep_params_t p = required_params(num_experts, top_k, max_tokens_per_rank, hidden_size);
   p.hidden_dtype = hidden_dtype;
   p.hidden_row_elems = hidden_row_elems;
   p.scale_row_elems = scale_row_elems;

@@ -24,6 +24,10 @@ struct Routing {
 RoutingKind parse_routing(const std::string& name);
 std::string routing_name(RoutingKind kind);
 
+// moe_ep_params_init's defaults with the four required fields filled in.
+moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank,
+                                int32_t hidden_size);
+
 struct WorkloadSpec {
   int world = 1;
   int num_experts = 8;

@@ -108,28 +108,10 @@ struct DeviceInputs {
     eplb.upload(in.eplb_local.data(), in.eplb_local.size() * 4);
     expert_output.upload(eo.data(), eo.size());
   }
-  DispatchMemory memory() const {
-    DispatchMemory m;
-    m.hidden = hidden.get();
-    m.topk_ids = ids.get();
-    m.topk_weights = weights.get();
-    m.scales = scales.get();
-    m.eplb_local = eplb.get();
-    return m;
-  }
+  DispatchMemory memory() const { return {hidden.get(), ids.get(), weights.get(), scales.get(), eplb.get()}; }
 
   DeviceBuffer hidden, ids, weights, scales, eplb, expert_output, output;
 };
-
-DispatchMemory host_memory(const RankInputs& in) {
-  DispatchMemory m;
-  m.hidden = in.hidden.data();
-  m.topk_ids = in.routing.topk_ids.data();
-  m.topk_weights = in.routing.topk_weights.data();
-  m.scales = in.scales.data();
-  m.eplb_local = in.eplb_local.data();
-  return m;
-}
 
 }  // namespace
 

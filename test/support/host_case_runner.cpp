@@ -45,13 +45,7 @@ std::string run_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, bool c
                       std::vector<uint8_t>& combined) {
   const RankInputs in = make_rank_inputs(w, rank);
   const int T = in.routing.num_tokens;
-  DispatchMemory memory;
-  memory.hidden = in.hidden.data();
-  memory.topk_ids = in.routing.topk_ids.data();
-  memory.topk_weights = in.routing.topk_weights.data();
-  memory.scales = in.scales.data();
-  memory.eplb_local = in.eplb_local.data();
-  DispatchArgs args(w, T, memory);
+  DispatchArgs args(w, T, host_memory(in));
   moe_ep_dispatch_result_t dr;
   moe_ep_dispatch_result_init(&dr);
   if (!log.ok(moe_ep_dispatch(h, args.get(), &dr, nullptr), "moe_ep_dispatch")) return log.text();

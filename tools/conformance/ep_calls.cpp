@@ -34,12 +34,7 @@ void DispatchInputs::load(const WorkloadSpec& s, int rank, const RankRouting& ro
 
 moe_ep_status_t DispatchInputs::dispatch(moe_ep_handle_t handle, const WorkloadSpec& s,
                                          moe_ep_dispatch_result_t* result, void* stream) {
-  DispatchMemory memory;
-  memory.hidden = hidden_.data();
-  memory.topk_ids = ids_.data();
-  memory.topk_weights = weights_.data();
-  memory.scales = scales_.data();
-  memory.eplb_local = eplb_.data();
+  const DispatchMemory memory{hidden_.data(), ids_.data(), weights_.data(), scales_.data(), eplb_.data()};
   DispatchArgs args(s, num_tokens_, memory, place_.dlpack());
   TOOL_CHECK_MOE(moe_ep_dispatch_result_init(result));
   return moe_ep_dispatch(handle, args.get(), result, stream);
