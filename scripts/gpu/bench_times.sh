@@ -5,6 +5,7 @@
 # (p50 over iterations of the slowest rank's time; busbw from nvl_bytes).
 #   usage: bench_times BUILD_DIR TOKENS ITERS [extra bench flags...]
 # mpirun flags can be passed in the array BENCH_MPI_FLAGS (e.g. -x VAR=value).
+[ -n "${BENCH_MPI_FLAGS+x}" ] || BENCH_MPI_FLAGS=()
 bench_times() {
   local build=$1 tokens=$2 iters=$3
   shift 3
