@@ -30,7 +30,8 @@ moe_ep_dtype_t parse_dtype(const std::string& name) {
   for (const Named& n : kNames) {
     if (name == n.name) return n.dtype;
   }
-  throw std::invalid_argument("unknown dtype '" + name + "' (expected bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, fp4, int32 or uint8)");
+  throw std::invalid_argument("unknown dtype '" + name +
+                              "' (expected bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, fp4, int32 or uint8)");
 }
 
 std::string dtype_name(const moe_ep_dtype_t& dtype) {

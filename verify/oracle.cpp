@@ -181,8 +181,8 @@ void compare_payload(Verdict& v, const WorkloadSpec& s, const ExpectedRow& expec
     int64_t bad = differing_units(hidden.data(), &got.hidden[row * hb], hb, compare_unit_bytes(s.hidden_dtype));
     if (sb) bad += differing_units(scales.data(), &got.scales[row * sb], sb, compare_unit_bytes(s.scale_dtype));
     if (bad && bad_rows++ < 2) {
-      v.add(bad, "payload of receive row " + str(row) + " (source rank " + str(row / s.tokens_per_rank()) + "): " +
-                     str(bad) + " elements wrong");
+      v.add(bad, "payload of receive row " + str(row) + " (source rank " + str(row / s.tokens_per_rank()) +
+                     "): " + str(bad) + " elements wrong");
     } else {
       v.add(bad, "");
     }
@@ -203,14 +203,17 @@ Verdict check_dispatch(const WorkloadSpec& s, const std::vector<RankRouting>& al
   if (!same_tokens_per_rank(v, s.tokens_per_rank(), got.tokens_per_rank)) return v;
   const Expected e = expect_receive(s, all, me);
   compare_fields(v, s, e.result, got);
-  compare_payload(v, s, [&](int64_t row, uint8_t* hidden, uint8_t* scales) {
-    const int t = e.source_token[row];
-    if (t < 0) return false;
-    const int src = static_cast<int>(row / s.tokens_per_rank());
-    fill_hidden_row(s, src, t, hidden);
-    if (s.scale_row_elems) fill_scale_row(s, src, t, scales);
-    return true;
-  }, got);
+  compare_payload(
+      v, s,
+      [&](int64_t row, uint8_t* hidden, uint8_t* scales) {
+        const int t = e.source_token[row];
+        if (t < 0) return false;
+        const int src = static_cast<int>(row / s.tokens_per_rank());
+        fill_hidden_row(s, src, t, hidden);
+        if (s.scale_row_elems) fill_scale_row(s, src, t, scales);
+        return true;
+      },
+      got);
   return v;
 }
 
@@ -220,17 +223,21 @@ Verdict compare_dispatch(const WorkloadSpec& s, const ReceivedDispatch& referenc
   compare_fields(v, s, reference, got);
   const uint64_t hb = s.hidden_row_bytes(), sb = s.scale_row_bytes();
   const int64_t tpr = s.tokens_per_rank();
-  if (reference.hidden.size() != uint64_t(s.receive_rows()) * hb || reference.scales.size() != uint64_t(s.receive_rows()) * sb) {
+  if (reference.hidden.size() != uint64_t(s.receive_rows()) * hb ||
+      reference.scales.size() != uint64_t(s.receive_rows()) * sb) {
     v.add(1, "reference payload of the wrong size");
     return v;
   }
-  compare_payload(v, s, [&](int64_t row, uint8_t* hidden, uint8_t* scales) {
-    const int64_t src = row / tpr;
-    if (src >= int64_t(reference.recv_counts.size()) || row - src * tpr >= reference.recv_counts[src]) return false;
-    std::memcpy(hidden, &reference.hidden[row * hb], hb);
-    if (sb) std::memcpy(scales, &reference.scales[row * sb], sb);
-    return true;
-  }, got);
+  compare_payload(
+      v, s,
+      [&](int64_t row, uint8_t* hidden, uint8_t* scales) {
+        const int64_t src = row / tpr;
+        if (src >= int64_t(reference.recv_counts.size()) || row - src * tpr >= reference.recv_counts[src]) return false;
+        std::memcpy(hidden, &reference.hidden[row * hb], hb);
+        if (sb) std::memcpy(scales, &reference.scales[row * sb], sb);
+        return true;
+      },
+      got);
   return v;
 }
 

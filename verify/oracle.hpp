@@ -56,7 +56,6 @@ Verdict check_combine(const WorkloadSpec& spec, const std::vector<RankRouting>& 
 
 // Two backends' results of the same dispatch, field by field, with the same
 // rules as check_dispatch (payload compared on the reference's token rows).
-Verdict compare_dispatch(const WorkloadSpec& spec, const ReceivedDispatch& reference,
-                         const ReceivedDispatch& got);
+Verdict compare_dispatch(const WorkloadSpec& spec, const ReceivedDispatch& reference, const ReceivedDispatch& got);
 
 }  // namespace moe_ep_verify

@@ -87,8 +87,8 @@ ReceivedDispatch read_dispatch(const WorkloadSpec& s, const moe_ep_dispatch_resu
   }
   got.has_eplb = !absent(r.eplb_gathered_stats);
   if (s.eplb_stats) {
-    got.eplb_gathered = as<int32_t>(take("eplb_gathered_stats", r.eplb_gathered_stats, int32_dtype(),
-                                         {s.world, s.num_experts}, device, read, v));
+    got.eplb_gathered = as<int32_t>(
+        take("eplb_gathered_stats", r.eplb_gathered_stats, int32_dtype(), {s.world, s.num_experts}, device, read, v));
   } else if (got.has_eplb) {
     v.add(1, "eplb_gathered_stats: returned although eplb stats are off");
   }

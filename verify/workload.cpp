@@ -97,8 +97,7 @@ int WorkloadSpec::num_tokens(int rank) const {
   return static_cast<int>(draw(stream_key(*this, rank, kTokenCount), 0) % uint64_t(tokens_per_rank() + 1));
 }
 
-moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank,
-                                int32_t hidden_size) {
+moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank, int32_t hidden_size) {
   moe_ep_params_t p;
   moe_ep_params_init(&p);
   p.num_experts = num_experts;
@@ -122,12 +121,12 @@ moe_ep_params_t WorkloadSpec::params() const {
 
 std::string WorkloadSpec::describe() const {
   std::ostringstream os;
-  os << "world=" << world << " E=" << num_experts << " K=" << top_k << " maxT=" << max_tokens_per_rank << " tpr=" << tokens_per_rank()
-     << " H=" << hidden_size << " hidden=" << dtype_name(hidden_dtype) << "x" << row_elems()
-     << " scales=" << scale_row_elems << " combine=" << dtype_name(combine_dtype) << " weights=" << weights
-     << " eplb=" << eplb_stats << (eplb_given ? "(given)" : "") << " invalid=" << invalid_expert_id
-     << " routing=" << routing_name(routing.kind) << " mask=" << routing.mask_fraction
-     << " bad=" << routing.bad_fraction << " seed=" << seed << " tokens=[";
+  os << "world=" << world << " E=" << num_experts << " K=" << top_k << " maxT=" << max_tokens_per_rank
+     << " tpr=" << tokens_per_rank() << " H=" << hidden_size << " hidden=" << dtype_name(hidden_dtype) << "x"
+     << row_elems() << " scales=" << scale_row_elems << " combine=" << dtype_name(combine_dtype)
+     << " weights=" << weights << " eplb=" << eplb_stats << (eplb_given ? "(given)" : "")
+     << " invalid=" << invalid_expert_id << " routing=" << routing_name(routing.kind)
+     << " mask=" << routing.mask_fraction << " bad=" << routing.bad_fraction << " seed=" << seed << " tokens=[";
   for (int r = 0; r < world; ++r) os << (r ? "," : "") << num_tokens(r);
   os << "]";
   return os.str();

@@ -25,8 +25,7 @@ RoutingKind parse_routing(const std::string& name);
 std::string routing_name(RoutingKind kind);
 
 // moe_ep_params_init's defaults with the four required fields filled in.
-moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank,
-                                int32_t hidden_size);
+moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank, int32_t hidden_size);
 
 struct WorkloadSpec {
   int world = 1;
@@ -74,9 +73,9 @@ std::vector<RankRouting> make_all_routing(const WorkloadSpec& spec);
 // Everything rank `rank` passes to dispatch, as host copies.
 struct RankInputs {
   RankRouting routing;
-  std::vector<uint8_t> hidden;       // [T, row bytes]
-  std::vector<uint8_t> scales;       // [T, scale row bytes]
-  std::vector<int32_t> eplb_local;   // [E] when spec.eplb_given
+  std::vector<uint8_t> hidden;      // [T, row bytes]
+  std::vector<uint8_t> scales;      // [T, scale row bytes]
+  std::vector<int32_t> eplb_local;  // [E] when spec.eplb_given
 };
 RankInputs make_rank_inputs(const WorkloadSpec& spec, int rank);
 

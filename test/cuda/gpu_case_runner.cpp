@@ -160,7 +160,8 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
 
     auto gpu_dispatch = [&] { return moe_ep_dispatch(nv.get(), gpu_args.get(), &gpu_result, stream); };
     auto gpu_combine = [&] {
-      return moe_ep_combine(nv.get(), gpu_eo.get(), o.caller_output ? gpu_output.get() : nullptr, &gpu_combined, stream);
+      return moe_ep_combine(nv.get(), gpu_eo.get(), o.caller_output ? gpu_output.get() : nullptr, &gpu_combined,
+                            stream);
     };
     if (o.graph && graph_exec == nullptr) {
       cudaGraph_t graph = nullptr;

@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "dtypes.hpp"
 #include "gpu_case_runner.hpp"
 #include "gpu_test_env.hpp"
 #include "mpi_test_bootstrap.hpp"
-#include "dtypes.hpp"
 #include "tensor_view.hpp"
 #include "thread_bootstrap.hpp"
 
@@ -187,8 +187,8 @@ TEST_CASE("bad expert ids are dropped and reported as INVALID_INPUT, like the HO
   bad.edit_inputs = [&](int rank, RankInputs& d) {
     if (rank % 2 != 0) return;  // odd ranks stay clean: SUCCESS there
     std::vector<int32_t>& ids = d.routing.topk_ids;
-    ids[5 * 8 + 3] = 64;         // one past the last expert
-    ids[7 * 8 + 0] = -5;         // negative, not the invalid id
+    ids[5 * 8 + 3] = 64;  // one past the last expert
+    ids[7 * 8 + 0] = -5;  // negative, not the invalid id
     ids[30 * 8 + 7] = INT_MAX;
     ids[31 * 8 + 1] = INT_MIN;
   };

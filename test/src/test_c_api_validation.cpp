@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "moe_ep_c.h"
 #include "dtypes.hpp"
+#include "moe_ep_c.h"
 #include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"

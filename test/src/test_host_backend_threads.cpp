@@ -16,9 +16,8 @@ namespace {
 // Runs the case on spec.world thread-ranks and checks every rank.
 void run_and_check(const WorkloadSpec& spec, int rounds = 2) {
   std::vector<std::string> problems(spec.world);
-  run_ranks(spec.world, [&](int rank, const moe_ep_bootstrap_t& b) {
-    problems[rank] = run_host_case(spec, b, rounds).problems;
-  });
+  run_ranks(spec.world,
+            [&](int rank, const moe_ep_bootstrap_t& b) { problems[rank] = run_host_case(spec, b, rounds).problems; });
   for (int r = 0; r < spec.world; ++r) {
     INFO(spec.describe() << "\nrank " << r << ":\n" << problems[r]);
     CHECK(problems[r].empty());

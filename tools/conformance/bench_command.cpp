@@ -7,9 +7,9 @@
 
 #include "bench_report.hpp"
 #include "counter_rng.hpp"
-#include "errors.hpp"
 #include "dtypes.hpp"
 #include "ep_calls.hpp"
+#include "errors.hpp"
 #include "graph_capture.hpp"
 #include "nccl_baseline.hpp"
 #include "peer_copy_ceiling.hpp"

@@ -38,7 +38,8 @@ std::vector<std::pair<std::string, std::string>> library_environment() {
   for (char** e = environ; e && *e; ++e) {
     const std::string entry = *e;
     const size_t eq = entry.find('=');
-    if (entry.rfind("MOE_EP_", 0) == 0 && eq != std::string::npos) out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+    if (entry.rfind("MOE_EP_", 0) == 0 && eq != std::string::npos)
+      out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -108,8 +109,11 @@ void BenchReport::print_header() {
               static_cast<unsigned long long>(w.combine_row_bytes()));
   const Workspace ws = workspace_of(s_, w);
   if (ws.status == MOE_EP_SUCCESS) {
-    std::printf("# workspace per rank: %.1f MiB (moe_ep_workspace_size); documented bound 2*ep*max_tokens*B_dispatch + 64 MiB = "
-                "%.1f MiB\n", double(ws.bytes) / (1 << 20), double(ws.bound) / (1 << 20));
+    std::printf(
+        "# workspace per rank: %.1f MiB (moe_ep_workspace_size); documented bound 2*ep*max_tokens*B_dispatch + 64 MiB "
+        "= "
+        "%.1f MiB\n",
+        double(ws.bytes) / (1 << 20), double(ws.bound) / (1 << 20));
   } else {
     std::printf("# workspace per rank: moe_ep_workspace_size returned %s\n", moe_ep_status_string(ws.status));
   }
@@ -122,8 +126,8 @@ void BenchReport::print_header() {
               "                                  combine");
   const std::string bytes_column = std::string(s_.link().short_name) + "_bytes";
   std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "tokens",
-              bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong", bytes_column.c_str(), "avg", "p50",
-              "p99", "rmin", "rmax", "algbw", "busbw", "#wrong");
+              bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong",
+              bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong");
   std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "/rank", "(B)",
               "(us)", "(us)", "(us)", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(us)", "(us)", "(us)", "(us)",
               "(us)", "(GB/s)", "(GB/s)", "");
@@ -146,10 +150,9 @@ void BenchReport::print_row(const SizeResult& r) const {
 void BenchReport::print_baselines(const std::vector<SizeResult>& results) const {
   if (!s_.world().is_root()) return;
   if (!ceiling_ && !nccl_) {
-    std::printf("#\n# baselines: none (%s)\n",
-                !s_.on_gpu()            ? (s_.backend_name() + " backend").c_str()
-                : s_.world().size < 2 ? "one rank: nothing leaves the GPU"
-                                      : "--no-baselines or no NCCL");
+    std::printf("#\n# baselines: none (%s)\n", !s_.on_gpu()          ? (s_.backend_name() + " backend").c_str()
+                                               : s_.world().size < 2 ? "one rank: nothing leaves the GPU"
+                                                                     : "--no-baselines or no NCCL");
     return;
   }
   std::printf("#\n# baselines, same routing and bytes, same run; ratio = baseline time / moe_ep time (> 1: moe_ep faster)\n");
@@ -241,7 +244,9 @@ void BenchReport::write_json(const std::vector<SizeResult>& results, const std::
     j.begin_object();
     j.field("tokens_per_rank", r.tokens);
     j.key("bytes").begin_object();
-    j.field("dispatch_remote", dn).field("dispatch_alg", da).field("dispatch_sel", t.mean_sel_bytes(t.dispatch_row_bytes));
+    j.field("dispatch_remote", dn)
+        .field("dispatch_alg", da)
+        .field("dispatch_sel", t.mean_sel_bytes(t.dispatch_row_bytes));
     j.field("combine_remote", cn).field("combine_alg", ca).field("combine_sel", t.mean_sel_bytes(t.combine_row_bytes));
     j.key("rows").values(t.rows).key("valid_picks").values(t.picks);
     j.end_object();

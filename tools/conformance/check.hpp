@@ -23,11 +23,11 @@ using namespace moe_ep_verify;
 
 struct CheckOptions {
   CommonOptions common;
-  int rounds = 2;              // eager calls per case on one handle, fresh inputs each
-  std::string filter;          // run only cases whose name contains this
-  std::string modes = "auto";  // eager | graph | both | auto (both on GPU, eager on host)
-  bool poison_results = true;  // overwrite dispatch payload results before combine
-  bool list = false;           // print the case names and exit
+  int rounds = 2;                     // eager calls per case on one handle, fresh inputs each
+  std::string filter;                 // run only cases whose name contains this
+  std::string modes = "auto";         // eager | graph | both | auto (both on GPU, eager on host)
+  bool poison_results = true;         // overwrite dispatch payload results before combine
+  bool list = false;                  // print the case names and exit
   std::string inject_fault = "none";  // self-test of the checker (fault_injection.cpp)
 };
 

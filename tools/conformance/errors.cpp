@@ -22,8 +22,8 @@ void check_mpi(int rc, const char* call) {
 
 void check_cuda(cudaError_t rc, const char* call, const char* file, int line) {
   if (rc == cudaSuccess) return;
-  throw ToolError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
-                  cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")");
+  throw ToolError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + cudaGetErrorName(rc) +
+                  " (" + cudaGetErrorString(rc) + ")");
 }
 
 }  // namespace moe_ep_tool

@@ -57,8 +57,7 @@ const BackendChoice kBackends[] = {
 
 // The tool resolves AUTO itself (as the library would) so that it knows where
 // to put the input tensors before the first call.
-const BackendChoice& resolve_backend(const std::string& asked, const World& world, const GpuInfo& gpu,
-                                     bool* resolved) {
+const BackendChoice& resolve_backend(const std::string& asked, const World& world, const GpuInfo& gpu, bool* resolved) {
   *resolved = asked == "auto";
   if (*resolved) {
     int32_t supported = 0;
@@ -205,7 +204,10 @@ void write_machine(JsonWriter& json, const Session& s) {
   for (size_t r = 0; r < ranks.size(); ++r) {
     const std::vector<std::string> f = split(ranks[r], '|');
     json.begin_object();
-    json.field("rank", int(r)).field("host", f[0]).field("pid", int64_t(std::stoll(f[1]))).field("device", std::stoi(f[2]));
+    json.field("rank", int(r))
+        .field("host", f[0])
+        .field("pid", int64_t(std::stoll(f[1])))
+        .field("device", std::stoi(f[2]));
     json.field("pci_bus_id", f[3]).field("name", f[4]).field("sms", std::stoi(f[5]));
     json.field("memory_bytes", int64_t(std::stoll(f[6])));
     json.end_object();

@@ -19,7 +19,7 @@ namespace moe_ep_tool {
 struct GpuInfo {
   bool present = false;  // a usable CUDA device was selected
   int device = -1;
-  int visible = 0;       // devices this process sees
+  int visible = 0;  // devices this process sees
   std::string name, pci_bus_id, why_absent;
   int sms = 0;
   unsigned long long memory_bytes = 0;
@@ -56,7 +56,7 @@ class Session {
   const World& world() const { return world_; }
   const GpuInfo& gpu() const { return gpu_; }
   const moe_ep_bootstrap_t& bootstrap() const { return bootstrap_; }
-  int32_t backend() const { return backend_; }  // MOE_EP_BACKEND_*
+  int32_t backend() const { return backend_; }                       // MOE_EP_BACKEND_*
   const std::string& backend_name() const { return backend_name_; }  // "host", "nvlink", ...
   std::string backend_label() const;             // "nvlink (auto)", "host", ...
   bool on_gpu() const { return on_gpu_; }        // tensors in device memory, CUDA timing
