@@ -30,7 +30,7 @@ void add_common(CLI::App* app, CommonOptions& o) {
 }
 
 void add_check(CLI::App& app, CheckOptions& o) {
-  CLI::App* check = app.add_subcommand("check", "compare every case of the matrix with the host-side expectation");
+  CLI::App* check = app.add_subcommand("check", "compare every case of the matrix with the oracle (moe_ep_verify)");
   add_common(check, o.common);
   check->add_option("--rounds", o.rounds, "eager dispatch/combine pairs per case, fresh inputs each")
       ->check(CLI::Range(1, 1000));
