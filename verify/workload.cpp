@@ -92,6 +92,13 @@ uint64_t WorkloadSpec::hidden_row_bytes() const { return row_bytes(hidden_dtype,
 uint64_t WorkloadSpec::scale_row_bytes() const { return scale_row_elems ? row_bytes(scale_dtype, scale_row_elems) : 0; }
 uint64_t WorkloadSpec::combine_row_bytes() const { return row_bytes(combine_dtype, hidden_size); }
 
+int WorkloadSpec::owner(int32_t id) const {
+  for (int r = 0; r < world; ++r) {
+    if (id >= r * experts_per_rank() && id < (r + 1) * experts_per_rank()) return r;
+  }
+  return -1;
+}
+
 int WorkloadSpec::num_tokens(int rank) const {
   if (!tokens.empty()) return tokens.at(rank);
   return static_cast<int>(draw(stream_key(*this, rank, kTokenCount), 0) % uint64_t(tokens_per_rank() + 1));

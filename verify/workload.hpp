@@ -55,8 +55,9 @@ struct WorkloadSpec {
   uint64_t hidden_row_bytes() const;
   uint64_t scale_row_bytes() const;
   uint64_t combine_row_bytes() const;
-  // The rank that owns expert id, or -1 for the invalid id and bad ids.
-  int owner(int32_t id) const { return id >= 0 && id < num_experts ? id / experts_per_rank() : -1; }
+  // The rank that owns expert id, or -1 for the invalid id and bad ids; found
+  // by scanning the ranks' ranges, not by the library's division.
+  int owner(int32_t id) const;
   moe_ep_params_t params() const;
   std::string describe() const;
 };
