@@ -61,6 +61,7 @@ void write_phase(JsonWriter& j, const std::string& name, const PhaseTiming& t, d
   j.field("min_us", t.step.min).field("max_us", t.step.max);
   j.field("rank_min_avg_us", t.rank_min).field("rank_min", t.rank_argmin);
   j.field("rank_max_avg_us", t.rank_max).field("rank_max", t.rank_argmax);
+  j.field("rank_max_p50_us", t.rank_max_p50);
   j.key("rank_avg_us").values(t.rank_avg);
   if (remote_bytes >= 0) j.field("busbw_GBps", gbps(remote_bytes, t.step.avg));
   if (alg_bytes >= 0) j.field("algbw_GBps", gbps(alg_bytes, t.step.avg));
