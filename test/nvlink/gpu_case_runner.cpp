@@ -128,9 +128,8 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
   const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, device};
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  std::unique_ptr<cudaStream_t, void (*)(cudaStream_t*)> stream_owner(&stream, [](cudaStream_t* s) {
-    cudaStreamDestroy(*s);
-  });
+  std::unique_ptr<cudaStream_t, void (*)(cudaStream_t*)> stream_owner(&stream,
+                                                                      [](cudaStream_t* s) { cudaStreamDestroy(*s); });
 
   DeviceInputs gpu(spec);
   moe_ep_dispatch_result_t gpu_result;
@@ -156,7 +155,8 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
     }
     if (have_results) poison_results(gpu_result, gpu_combined.output);
     cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    expect_ok(b.barrier(b.ctx) == 0 ? MOE_EP_SUCCESS : MOE_EP_ERROR_BOOTSTRAP, "barrier");  // nobody dispatches into poison
+    // Nobody dispatches into memory that a peer is still poisoning.
+    expect_ok(b.barrier(b.ctx) == 0 ? MOE_EP_SUCCESS : MOE_EP_ERROR_BOOTSTRAP, "barrier");
 
     auto gpu_dispatch = [&] { return moe_ep_dispatch(nv.get(), gpu_args.get(), &gpu_result, stream); };
     auto gpu_combine = [&] {
