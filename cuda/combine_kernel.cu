@@ -609,7 +609,7 @@ int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t toke
 }
 
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
-                           const CombineLaunch& args, cudaStream_t stream, int32_t small_batch) {
+                           const CombineLaunch& args, cudaStream_t stream) {
   CombineParams p;
   p.ctx.shape = shape;
   p.ctx.offsets = offsets;
@@ -617,7 +617,7 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.args = args;
   p.phases = combine_phases(shape, args.phases);
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
-  if (small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallBatchMaxTokens) {
+  if (args.small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallBatchMaxTokens) {
     combine_small_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
   } else {
     combine_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);

@@ -152,16 +152,47 @@ __device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingSha
   __syncthreads();  // totals and histogram final; own token_slots rows visible to the whole block
 }
 
+// What a source publishes with its rows, in one 64-bit store: its call's
+// tokens_per_rank and how many rows it wrote to the destination.
+__device__ __forceinline__ uint64_t published_rows(int32_t tokens_per_rank, uint32_t rows) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(tokens_per_rank)) << 32) | rows;
+}
+
+// Off the path: called only for a refused count.
+__device__ __noinline__ void record_peer_count_error(ControlBlock* control, const PeerCountError& error) {
+  DeviceErrors* e = &control->errors;
+  if (atomicAdd(&e->peer_count_errors, 1u) == 0) e->first_peer_count_error = error;
+}
+
+// The rows this rank takes from `source`: all it published, if its call had
+// this rank's tokens_per_rank and the rows fit in it; else none, and the
+// refusal is recorded for the host (INVALID_INPUT on every rank, since every
+// rank of a mismatched call sees a peer that differs).  So recv_counts, and
+// combine's rows read from the caller's expert_output, stay within this
+// rank's own tokens_per_rank whatever a peer sends.  A compare on a value
+// already loaded: nothing is added to the path.
+__device__ __forceinline__ int32_t accepted_rows(const KernelContext& c, int32_t source, uint64_t published,
+                                                 int32_t tokens_per_rank) {
+  const int32_t source_tokens_per_rank = static_cast<int32_t>(published >> 32);
+  const uint32_t rows = static_cast<uint32_t>(published);
+  if (source_tokens_per_rank == tokens_per_rank && rows <= static_cast<uint32_t>(tokens_per_rank)) {
+    return static_cast<int32_t>(rows);
+  }
+  record_peer_count_error(c.control(), PeerCountError{source, source_tokens_per_rank, static_cast<int32_t>(rows),
+                                                       tokens_per_rank});
+  return 0;
+}
+
 // Block 0, step 1b: what every destination needs besides rows: how many rows
-// this rank sends it, this rank's picks per expert it owns, this rank's EPLB
-// row.  Plain stores; block 0's release covers them.
+// this rank sends it (with its tokens_per_rank), this rank's picks per expert
+// it owns, this rank's EPLB row.  Plain stores; block 0's release covers them.
 __device__ void send_counts(const DispatchParams& p, RoutingShared& sh) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   const int world = s.world_size, epr = s.experts_per_rank, E = s.num_experts;
   const int32_t* hist = histogram_of(p, sh);
   for (int d = threadIdx.x; d < world; d += blockDim.x) {
-    c.remote<int32_t>(d, c.offsets.dispatch_counts_in)[s.rank] = static_cast<int32_t>(sh.totals[d]);
+    c.remote<uint64_t>(d, c.offsets.dispatch_counts_in)[s.rank] = published_rows(p.args.tokens_per_rank, sh.totals[d]);
   }
   for (int i = threadIdx.x; i < world * epr; i += blockDim.x) {
     const int d = i / epr, e = i % epr;
@@ -283,17 +314,20 @@ __device__ __forceinline__ bool prefetch_first_segment(const DispatchParams& p, 
   return true;
 }
 
+// Step 2: the own tokens [t0, t1) as warp items (OwnItems), each sent to the
+// ranks `destinations_of(token, lane)` names.  One code path for both
+// kernels: the general kernel reads a token's slots back from token_slots,
+// the small-batch kernel derives them from its shared ballots.
+template <typename DestinationsOf>
 __device__ __forceinline__ void send_own_tokens(const DispatchParams& p, int t0, int t1, bool prefetched,
-                                                const uint4 (&first)[kVectorsPerLane]) {
-  const GroupShape& s = p.ctx.shape;
+                                                const uint4 (&first)[kVectorsPerLane],
+                                                const DestinationsOf& destinations_of) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const OwnItems items(p, t0, t1);
-  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   for (int item = warp; item < items.count; item += kWarpsPerBlock) {
     const int32_t token = t0 + item / items.parts;
     const int part = item % items.parts;
-    const TokenDestinations dests =
-        TokenDestinations::load(slots + static_cast<int64_t>(token) * s.world_size, s.world_size, lane);
+    const TokenDestinations dests = destinations_of(token, lane);
     if (part == items.segments) {
       send_token_meta(p, token, dests, lane);
     } else if (!items.aligned) {
@@ -339,13 +373,13 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
   const int world = s.world_size, epr = s.experts_per_rank;
   int32_t* recv_counts = c.local<int32_t>(c.offsets.recv_counts);
   int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
-  const int32_t* counts_in = c.local<int32_t>(c.offsets.dispatch_counts_in);
+  const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
   for (int src = threadIdx.x; src < world; src += blockDim.x) {
     const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
     int32_t count = 0;
     if (wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror, c.state.timeout_ns,
                             kPhaseDispatch, src)) {
-      count = load_relaxed_sys(counts_in + src);
+      count = accepted_rows(c, src, load_relaxed_sys(counts_in + src), p.args.tokens_per_rank);
     }
     recv_counts[src] = count;
     counts_private[src] = count;
@@ -383,7 +417,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   route_tokens(p, t0, t1, sh);  // ends with a barrier
   if (sh.timed_out != kPhaseNone) return;  // block-uniform
   if (blockIdx.x == 0) send_counts(p, sh);
-  send_own_tokens(p, t0, t1, prefetched, first);
+  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
+  const int world = p.ctx.shape.world_size;
+  send_own_tokens(p, t0, t1, prefetched, first, [&](int32_t token, int lane) {
+    return TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
+  });
   write_padding(p, sh.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
   if (blockIdx.x == 0) finish_dispatch(p, epoch, sh);
@@ -476,29 +514,6 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   }
 }
 
-__device__ void send_own_tokens_small(const DispatchParams& p, int t0, int t1, bool prefetched,
-                                      const uint4 (&first)[kVectorsPerLane], const SmallShared& sh) {
-  const int world = p.ctx.shape.world_size;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const OwnItems items(p, t0, t1);
-  for (int item = warp; item < items.count; item += kWarpsPerBlock) {
-    const int32_t token = t0 + item / items.parts;
-    const int part = item % items.parts;
-    const TokenDestinations dests = small_destinations(sh, token, world, lane);
-    if (part == items.segments) {
-      send_token_meta(p, token, dests, lane);
-    } else if (!items.aligned) {
-      send_hidden_row_any(p, token, dests, lane);
-    } else if (item == warp && prefetched) {
-      store_segment(p, part, dests, lane, first);
-    } else {
-      uint4 v[kVectorsPerLane];
-      load_segment(p, token, part, lane, v);
-      store_segment(p, part, dests, lane, v);
-    }
-  }
-}
-
 // Block 0, last: one barrier after every wait, then every count load in one
 // round (L2 loads, ordered after the waits' acquires by the barrier).
 __device__ void finish_dispatch_small(const DispatchParams& p, uint64_t epoch, SmallShared& sh) {
@@ -517,10 +532,11 @@ __device__ void finish_dispatch_small(const DispatchParams& p, uint64_t epoch, S
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
   }
   __syncthreads();
-  const int32_t* counts_in = c.local<int32_t>(c.offsets.dispatch_counts_in);
+  const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
   const int32_t* experts_in = c.local<int32_t>(c.offsets.expert_counts_in);
   const int src = threadIdx.x;  // world <= kMaxWorldSize < kBlockThreads
-  const int32_t count = src < world && sh.wait_ok[src] != 0 ? __ldcg(counts_in + src) : 0;
+  const int32_t count =
+      src < world && sh.wait_ok[src] != 0 ? accepted_rows(c, src, __ldcg(counts_in + src), p.args.tokens_per_rank) : 0;
   int32_t* local_expert_counts = c.local<int32_t>(c.offsets.local_expert_counts);
   for (int e = threadIdx.x; e < epr; e += blockDim.x) {
     int32_t sum = 0;
@@ -553,7 +569,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   route_small(p, t0, t1, timed_out, sh);  // ends with a barrier
   if (sh.r.timed_out != kPhaseNone) return;  // block-uniform
   if (blockIdx.x == 0) send_counts(p, sh.r);
-  send_own_tokens_small(p, t0, t1, prefetched, first, sh);
+  const int world = p.ctx.shape.world_size;
+  send_own_tokens(p, t0, t1, prefetched, first,
+                  [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
   write_padding(p, sh.r.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
   if (blockIdx.x == 0) finish_dispatch_small(p, epoch, sh);

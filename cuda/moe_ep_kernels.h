@@ -22,16 +22,29 @@ enum CombineDtype : int32_t { kCombineBf16 = 0, kCombineFp16 = 1, kCombineFp32 =
 // Phases named in a timeout record.
 enum Phase : uint32_t { kPhaseNone = 0, kPhaseDispatch = 1, kPhaseCombine = 2 };
 
+// A source's published row count refused by a receiver: its tokens_per_rank
+// differs from the receiver's (runtime_max_tokens_per_rank must be the same on
+// every rank of a call), or it claims more rows than tokens_per_rank.  The
+// receiver then takes no row from that source.
+struct PeerCountError {
+  int32_t source;
+  int32_t source_tokens_per_rank;
+  int32_t source_rows;
+  int32_t own_tokens_per_rank;
+};
+
 // Written by the kernels in device memory (atomics), read by the host after a
-// synchronisation.  The first timeout wins and stays; bad ids accumulate until
-// the host clears them.
+// synchronisation.  The first timeout wins and stays; the input errors (bad
+// ids, peers' counts that disagree with this rank's call) accumulate until the
+// host reads and clears them (everything from bad_id_count on).
 struct DeviceErrors {
   uint32_t timeout_phase;   // Phase of the first timeout, kPhaseNone if none
   int32_t timeout_peer;     // rank that did not answer
   uint32_t bad_id_count;    // picks outside [0, E) that are not the invalid id
-  uint32_t reserved;
+  uint32_t peer_count_errors;  // (call, source) pairs whose published counts were refused
   uint64_t bad_id_first;    // min over bad picks of (token*top_k + pick) << 32 | (uint32)id;
                             // UINT64_MAX when none
+  PeerCountError first_peer_count_error;  // written by the thread that counted the first
 };
 
 // A copy of the timeout record in host-mapped memory, written with plain
@@ -48,7 +61,7 @@ struct WorkspaceOffsets {
   // Written by peers (shared).  Counters and flags only ever grow (epochs),
   // so they are never reset.
   uint64_t dispatch_arrivals;   // [world] uint64, index = source: blocks' release-adds
-  uint64_t dispatch_counts_in;  // [world] int32: rows the source wrote here
+  uint64_t dispatch_counts_in;  // [world] uint64: the source's tokens_per_rank << 32 | rows it wrote here
   uint64_t expert_counts_in;    // [world][experts_per_rank] int32: the source's picks per local expert
   uint64_t eplb_gathered;       // [world][num_experts] int32 (a dispatch result)
   uint64_t recv_hidden;         // [world*max_tpr][hidden_row_bytes]
@@ -113,7 +126,7 @@ struct DispatchLaunch {
   const void* scales;          // [T, scale_row_bytes] or NULL
   const int32_t* eplb_local;   // [num_experts] or NULL: counted picks are sent
   int32_t num_blocks;          // grid size, at most the SMs the handle may use
-  int32_t small_batch;         // nonzero: the small-batch kernel (tokens_per_rank <= kSmallBatchMaxTokens)
+  int32_t small_batch;         // nonzero: the small-batch kernel where it applies (tokens_per_rank <= kSmallBatchMaxTokens)
 };
 
 // Calls of at most this many tokens per rank may run the small-batch kernels:
@@ -156,6 +169,8 @@ struct CombineLaunch {
   int32_t schedule;            // CombineSchedule, resolved (never kCombineAuto); the same on every rank
   int32_t phases;              // overlapped: publication phases (same on every rank), 0 = default
   int32_t reduce_blocks;       // overlapped: blocks that reduce, 0 = 5/11 of the grid
+  int32_t small_batch;         // nonzero: the small-batch kernel where it applies (serial schedule,
+                               // tokens_per_rank <= kSmallBatchMaxTokens)
 };
 
 // Publication phases of the overlapped combine (one counter each per source)
@@ -184,12 +199,9 @@ int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t toke
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets,
                             const HandleState& state, const DispatchLaunch& args,
                             cudaStream_t stream);
-// small_batch nonzero: the small-batch kernel where it applies (serial schedule,
-// tokens_per_rank <= kSmallBatchMaxTokens).  A separate argument, so that the
-// general kernel's parameters are laid out as before.
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets,
                            const HandleState& state, const CombineLaunch& args,
-                           cudaStream_t stream, int32_t small_batch);
+                           cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace moe_ep

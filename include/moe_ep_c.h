@@ -318,25 +318,15 @@ MOE_EP_API moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle,
  * a timeout it releases local resources without waiting for peers. */
 MOE_EP_API moe_ep_status_t moe_ep_destroy(moe_ep_handle_t* handle);
 
-/* ------------------------------------------------------------------------ */
-/* Open MPI bootstrap adapter: exported by libmoe_ep_mpi.so, not by          */
-/* libmoe_ep.so (the core library neither links nor needs MPI).              */
-/* ------------------------------------------------------------------------ */
-
-/* Collective over the communicator: duplicates *(const MPI_Comm*)mpi_comm and
- * fills *bootstrap (rank, world_size, callbacks, ctx) from the duplicate.
- * Release it with moe_ep_mpi_bootstrap_release once every handle created from
- * it is destroyed.  MPI must be initialised. */
-MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm,
-                                                     moe_ep_bootstrap_t* bootstrap);
-/* The same from a Fortran handle (MPI_Comm_c2f; mpi4py: comm.py2f()). */
-MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint,
-                                                          moe_ep_bootstrap_t* bootstrap);
-/* Frees the duplicated communicator; zeroes the callbacks.  NULL is a no-op. */
-MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_release(moe_ep_bootstrap_t* bootstrap);
-
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
+
+/* The Open MPI bootstrap adapter (libmoe_ep_mpi) is declared in its own
+ * header.  It is included here so that code written when its declarations
+ * lived in this header keeps compiling; new code includes <moe_ep_mpi.h>
+ * where it uses the adapter.  Including it declares three functions and
+ * needs no MPI header. */
+#include "moe_ep_mpi.h"
 
 #endif /* MOE_EP_C_H */

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "collective_step.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
 #include "host_backend.hpp"
@@ -26,31 +27,74 @@ namespace {
 
 // The fields every rank must agree on, compared by name after one allgather.
 struct GroupFingerprint {
-  int32_t values[14];
+  int32_t num_experts;
+  int32_t top_k;
+  int32_t max_tokens_per_rank;
+  int32_t hidden_size;
+  int32_t hidden_dtype;
+  int32_t hidden_row_elems;
+  int32_t scale_row_elems;
+  int32_t scale_dtype;
+  int32_t invalid_expert_id;
+  int32_t enable_eplb_stats;
+  int32_t combine_dtype;
+  int32_t backend;
+  int32_t world_size;
+  int32_t timeout_ms;
 };
-constexpr const char* kFingerprintNames[14] = {
-    "params->num_experts", "params->top_k", "params->max_tokens_per_rank", "params->hidden_size",
-    "params->hidden_dtype", "params->hidden_row_elems", "params->scale_row_elems",
-    "params->scale_dtype", "params->invalid_expert_id", "params->enable_eplb_stats",
-    "params->combine_dtype", "config->backend", "bootstrap->world_size", "config->timeout_ms"};
+
+struct FingerprintField {
+  const char* name;
+  int32_t GroupFingerprint::*field;
+};
+constexpr FingerprintField kFingerprintFields[] = {
+    {"params->num_experts", &GroupFingerprint::num_experts},
+    {"params->top_k", &GroupFingerprint::top_k},
+    {"params->max_tokens_per_rank", &GroupFingerprint::max_tokens_per_rank},
+    {"params->hidden_size", &GroupFingerprint::hidden_size},
+    {"params->hidden_dtype", &GroupFingerprint::hidden_dtype},
+    {"params->hidden_row_elems", &GroupFingerprint::hidden_row_elems},
+    {"params->scale_row_elems", &GroupFingerprint::scale_row_elems},
+    {"params->scale_dtype", &GroupFingerprint::scale_dtype},
+    {"params->invalid_expert_id", &GroupFingerprint::invalid_expert_id},
+    {"params->enable_eplb_stats", &GroupFingerprint::enable_eplb_stats},
+    {"params->combine_dtype", &GroupFingerprint::combine_dtype},
+    {"config->backend", &GroupFingerprint::backend},
+    {"bootstrap->world_size", &GroupFingerprint::world_size},
+    {"config->timeout_ms", &GroupFingerprint::timeout_ms},
+};
+static_assert(sizeof(kFingerprintFields) / sizeof(kFingerprintFields[0]) ==
+                  sizeof(GroupFingerprint) / sizeof(int32_t),
+              "every field of GroupFingerprint is compared");
 
 int32_t pack_dtype(const moe_ep_dtype_t& d) { return d.code | (d.bits << 8) | (d.lanes << 16); }
 
 GroupFingerprint fingerprint(const Layout& l, int32_t backend, int32_t timeout_ms) {
-  return GroupFingerprint{{l.num_experts, l.top_k, l.max_tokens_per_rank, l.hidden_size,
-                           pack_dtype(l.hidden_dtype), l.hidden_row_elems, l.scale_row_elems,
-                           pack_dtype(l.scale_dtype), l.invalid_expert_id, l.eplb_stats ? 1 : 0,
-                           pack_dtype(l.combine_dtype), backend, l.world_size, timeout_ms}};
+  GroupFingerprint f{};
+  f.num_experts = l.num_experts;
+  f.top_k = l.top_k;
+  f.max_tokens_per_rank = l.max_tokens_per_rank;
+  f.hidden_size = l.hidden_size;
+  f.hidden_dtype = pack_dtype(l.hidden_dtype);
+  f.hidden_row_elems = l.hidden_row_elems;
+  f.scale_row_elems = l.scale_row_elems;
+  f.scale_dtype = pack_dtype(l.scale_dtype);
+  f.invalid_expert_id = l.invalid_expert_id;
+  f.enable_eplb_stats = l.eplb_stats ? 1 : 0;
+  f.combine_dtype = pack_dtype(l.combine_dtype);
+  f.backend = backend;
+  f.world_size = l.world_size;
+  f.timeout_ms = timeout_ms;
+  return f;
 }
 
 void check_same_on_every_rank(const Bootstrap& b, const GroupFingerprint& mine) {
   const std::vector<GroupFingerprint> all = b.allgather_value(mine);
   for (int32_t r = 0; r < b.world_size(); ++r) {
-    for (int i = 0; i < 14; ++i) {
-      if (all[r].values[i] != all[0].values[i]) {
-        fail(MOE_EP_ERROR_INVALID_ARGUMENT, kFingerprintNames[i],
-             ": expected the same value on every rank, got ", all[0].values[i], " on rank 0 and ",
-             all[r].values[i], " on rank ", r);
+    for (const FingerprintField& f : kFingerprintFields) {
+      if (all[r].*f.field != all[0].*f.field) {
+        fail(MOE_EP_ERROR_INVALID_ARGUMENT, f.name, ": expected the same value on every rank, got ", all[0].*f.field,
+             " on rank 0 and ", all[r].*f.field, " on rank ", r);
       }
     }
   }
@@ -66,19 +110,13 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   // Local validation; its outcome is shared so that no rank waits for a rank that gave up.
   auto handle = std::make_unique<moe_ep_handle_s>();
   GroupFingerprint mine{};
-  moe_ep_status_t local_status = MOE_EP_SUCCESS;
-  std::string local_message;
-  try {
+  run_then_agree(bootstrap, [&] {
     const moe_ep_params_t params = read_params(params_arg);
     handle->config = read_config(config_arg);
     handle->layout = make_layout(params, bootstrap.world_size(), bootstrap.rank());
     handle->config.backend = resolve_backend_locally(handle->config);
     mine = fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms);
-  } catch (const Error& e) {
-    local_status = e.status();
-    local_message = e.what();
-  }
-  bootstrap.agree(local_status, local_message);
+  });
 
   // AUTO may resolve differently per rank (one rank without a GPU): all ranks
   // take the NVLink backend only if all of them can.
@@ -93,7 +131,7 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
     fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NVLINK_TWO_SIDED is not supported on every rank");
   }
   handle->config.backend = all_nvlink ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : MOE_EP_BACKEND_HOST;
-  mine.values[11] = handle->config.backend;
+  mine.backend = handle->config.backend;
   check_same_on_every_rank(bootstrap, mine);
 
   if (handle->config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
@@ -151,10 +189,13 @@ DispatchCall validate_dispatch(const moe_ep_handle_s& h, const moe_ep_dispatch_a
   return c;
 }
 
+// A result view of the handle's memory; absent (data NULL, ndim 0) when data
+// is NULL, unless `even_empty`: then a well-formed view with data NULL (a
+// tensor with no elements has no address).
 moe_ep_tensor_t view(void* data, const moe_ep_device_t& dev, const moe_ep_dtype_t& dtype,
-                     int64_t* shape_storage, std::initializer_list<int64_t> shape) {
+                     int64_t* shape_storage, std::initializer_list<int64_t> shape, bool even_empty = false) {
   moe_ep_tensor_t t{};
-  if (data == nullptr) return t;  // absent: data NULL, ndim 0
+  if (data == nullptr && !even_empty) return t;
   int i = 0;
   for (int64_t d : shape) shape_storage[i++] = d;
   t.data = data;
@@ -185,7 +226,6 @@ void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg,
   const DispatchBuffers out = h.backend->dispatch(call, stream);
   h.dispatched = true;
   h.last_dispatch = call;
-  h.last_had_weights = call.has_weights;
 
   const Layout& l = h.layout;
   const moe_ep_device_t dev = h.backend->device();
@@ -224,15 +264,7 @@ void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe
 
   void* out = h.backend->combine(c, stream);
   h.dispatched = false;
-  result.output = view(out, dev, l.combine_dtype, h.shape_output, {T, l.hidden_size});
-  if (result.output.data == nullptr) {  // T == 0 and no buffer: still a well-formed empty view
-    h.shape_output[0] = 0;
-    h.shape_output[1] = l.hidden_size;
-    result.output.device = dev;
-    result.output.ndim = 2;
-    result.output.dtype = l.combine_dtype;
-    result.output.shape = h.shape_output;
-  }
+  result.output = view(out, dev, l.combine_dtype, h.shape_output, {T, l.hidden_size}, /*even_empty=*/true);
   write_versioned(result_arg, result, "result");
 }
 

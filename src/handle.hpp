@@ -18,7 +18,6 @@ struct moe_ep_handle_s {
   // One dispatch/combine pair in flight: combine must follow dispatch.
   bool dispatched = false;
   moe_ep::DispatchCall last_dispatch;  // pointers into caller memory are not kept
-  bool last_had_weights = false;
 
   // A timeout or a CUDA failure makes the handle unusable; calls return it.
   moe_ep_status_t broken_status = MOE_EP_SUCCESS;

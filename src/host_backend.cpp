@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "input_errors.hpp"
 #include "reference_model.hpp"
 
 namespace moe_ep {
@@ -146,13 +147,8 @@ class HostBackend final : public Backend {
     const int64_t bad = count_bad_ids(layout_, call.num_tokens, call.topk_ids, &token, &pick);
     if (bad == 0 || async_status_ != MOE_EP_SUCCESS) return;
     async_status_ = MOE_EP_ERROR_INVALID_INPUT;
-    async_message_ = "dispatch on rank " + std::to_string(layout_.rank) + ": " +
-                     std::to_string(bad) + " topk_ids outside [0, " +
-                     std::to_string(layout_.num_experts) + ") and not invalid_expert_id (" +
-                     std::to_string(layout_.invalid_expert_id) + "), first at token " +
-                     std::to_string(token) + " pick " + std::to_string(pick) + ": " +
-                     std::to_string(call.topk_ids[static_cast<int64_t>(token) * layout_.top_k + pick]) +
-                     "; those picks were dropped";
+    async_message_ = bad_ids_message(layout_, bad, token, pick,
+                                     call.topk_ids[static_cast<int64_t>(token) * layout_.top_k + pick]);
   }
 
   Layout layout_;

@@ -7,7 +7,7 @@
 #include <new>
 #include <string>
 
-#include "moe_ep_c.h"
+#include "moe_ep_mpi.h"
 
 namespace {
 

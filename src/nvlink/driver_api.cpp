@@ -90,4 +90,14 @@ void check_driver(CUresult result, const char* what) {
        driver_error_text(what, result));
 }
 
+int device_attribute(int device, CUdevice_attribute attribute, const char* name) {
+  const DriverApi& api = driver_api();
+  CUdevice d = 0;
+  check_driver(api.device_get(&d, device), ("cuDeviceGet(" + std::to_string(device) + ")").c_str());
+  int value = 0;
+  check_driver(api.device_attribute(&value, attribute, d),
+               ("cuDeviceGetAttribute(" + std::string(name) + ") of device " + std::to_string(device)).c_str());
+  return value;
+}
+
 }  // namespace moe_ep

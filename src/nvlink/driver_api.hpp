@@ -40,4 +40,9 @@ std::string driver_error_text(const char* what, CUresult result);
 // Throws a CUDA_ERROR (OUT_OF_MEMORY for CUDA_ERROR_OUT_OF_MEMORY) naming the call.
 void check_driver(CUresult result, const char* what);
 
+// The one way the backend reads a device attribute: the value, or a CUDA
+// error naming the attribute and the device (never a silent 0).  `device` is
+// the CUDA runtime ordinal.
+int device_attribute(int device, CUdevice_attribute attribute, const char* name);
+
 }  // namespace moe_ep

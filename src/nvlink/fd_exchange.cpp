@@ -2,8 +2,6 @@
 
 #include <poll.h>
 #include <sys/random.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,194 +11,285 @@
 #include <cstring>
 #include <string>
 
+#include "collective_step.hpp"
 #include "error.hpp"
 
 namespace moe_ep {
 
-namespace {
+namespace fd_exchange_wire {
 
-constexpr size_t kNonceBytes = 16;
-
-struct Nonce {
-  unsigned char bytes[kNonceBytes];
-};
-
-// What each datagram carries besides the descriptor.
-struct Message {
-  Nonce nonce;
-  int32_t rank;
-};
-
-Nonce draw_nonce() {
-  Nonce n{};
-  size_t got = 0;
-  while (got < sizeof(n.bytes)) {
-    const ssize_t r = getrandom(n.bytes + got, sizeof(n.bytes) - got, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) break;
-    got += static_cast<size_t>(r);
-  }
-  if (got < sizeof(n.bytes)) {  // no getrandom: pid and time still make collisions unlikely
-    const uint64_t mix[2] = {static_cast<uint64_t>(getpid()),
-                             static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
-    std::memcpy(n.bytes, mix, sizeof(n.bytes));
-  }
-  return n;
-}
-
-// Abstract socket address "\0moe_ep-<nonce hex>-<rank>".
-sockaddr_un socket_address(const Nonce& nonce, int rank, socklen_t* length) {
+// "\0moe_ep-<name hex>-<rank>": the name is random, but public once bound.
+sockaddr_un socket_address(const Random& name, int rank, socklen_t* length) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  char name[96];
-  int at = std::snprintf(name, sizeof(name), "moe_ep-");
-  for (unsigned char b : nonce.bytes) at += std::snprintf(name + at, sizeof(name) - at, "%02x", b);
-  std::snprintf(name + at, sizeof(name) - at, "-%d", rank);
-  const size_t n = std::strlen(name);
-  std::memcpy(addr.sun_path + 1, name, n);  // sun_path[0] = '\0': abstract namespace
+  char text[96];
+  int at = std::snprintf(text, sizeof(text), "moe_ep-");
+  for (unsigned char b : name.bytes) at += std::snprintf(text + at, sizeof(text) - at, "%02x", b);
+  std::snprintf(text + at, sizeof(text) - at, "-%d", rank);
+  const size_t n = std::strlen(text);
+  std::memcpy(addr.sun_path + 1, text, n);  // sun_path[0] = '\0': abstract namespace
   *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
   return addr;
 }
 
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+}  // namespace fd_exchange_wire
 
-// Sends the descriptor to one peer.  Returns true when sent, false when the
-// peer's queue is full (try again later); throws on other errors.
-bool try_send(int sock, const Nonce& nonce, int me, int peer, int fd) {
-  socklen_t length = 0;
-  sockaddr_un addr = socket_address(nonce, peer, &length);
-  Message m{nonce, me};
-  iovec iov{&m, sizeof(m)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_name = &addr;
-  msg.msg_namelen = length;
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  for (;;) {
-    if (sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return true;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-    fail(MOE_EP_ERROR_BOOTSTRAP, errno_text(("sendmsg(SCM_RIGHTS) to rank " + std::to_string(peer)).c_str()));
+namespace {
+
+using fd_exchange_wire::Invitation;
+using fd_exchange_wire::Message;
+using fd_exchange_wire::Random;
+
+// Descriptors one datagram may bring that we still close: an intruder may
+// attach many; whatever does not fit is discarded by the kernel (MSG_CTRUNC).
+constexpr int kMaxDescriptorsPerDatagram = 16;
+
+std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Random bytes from the kernel; a secret nobody can guess, or an error.
+Random draw_random() {
+  Random r{};
+  size_t got = 0;
+  while (got < sizeof(r.bytes)) {
+    const ssize_t n = getrandom(r.bytes + got, sizeof(r.bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("getrandom (the fd exchange's secret)"));
+    got += static_cast<size_t>(n);
   }
+  return r;
 }
 
-// Receives one datagram if any is queued.  Returns the sender's rank and sets
-// *fd, or -1 when nothing was queued or the datagram was not ours.
-int try_receive(int sock, const Nonce& nonce, int world, UniqueFd* fd) {
-  Message m{};
-  iovec iov{&m, sizeof(m)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  ssize_t got;
-  do {
-    got = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  } while (got < 0 && errno == EINTR);
-  if (got < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
-    fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("recvmsg(SCM_RIGHTS)"));
+bool same_random(const Random& a, const Random& b) {
+  unsigned char diff = 0;  // constant time: the comparison leaks nothing about the secret
+  for (size_t i = 0; i < sizeof(a.bytes); ++i) diff |= a.bytes[i] ^ b.bytes[i];
+  return diff == 0;
+}
+
+// What one datagram held once its ancillary data were parsed.
+struct Datagram {
+  Message message{};
+  size_t bytes = 0;
+  bool truncated = false;
+  bool has_credentials = false;
+  ucred credentials{};
+  std::vector<UniqueFd> fds;  // every descriptor it brought, closed unless taken
+};
+
+class Exchange {
+ public:
+  Exchange(const Bootstrap& bootstrap, const std::vector<Invitation>& invitations, int my_fd)
+      : me_(bootstrap.rank()),
+        world_(bootstrap.world_size()),
+        name_(invitations[0].name),
+        secret_(invitations[0].secret),
+        my_fd_(my_fd),
+        my_uid_(getuid()),
+        fds_(world_) {
+    for (const Invitation& i : invitations) pids_.push_back(i.pid);
   }
-  UniqueFd received;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-      int value = -1;
-      std::memcpy(&value, CMSG_DATA(c), sizeof(int));
-      received = UniqueFd(value);
+
+  // The socket, with credentials on every datagram it receives.
+  void bind_socket() {
+    sock_ = UniqueFd(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!sock_.valid()) fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("socket(AF_UNIX, SOCK_DGRAM)"));
+    const int on = 1;
+    if (setsockopt(sock_.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) != 0) {
+      fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("setsockopt(SO_PASSCRED)"));
+    }
+    socklen_t length = 0;
+    const sockaddr_un addr = fd_exchange_wire::socket_address(name_, me_, &length);
+    if (bind(sock_.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0) {
+      fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("bind(abstract AF_UNIX socket)"));
     }
   }
-  const bool ours = static_cast<size_t>(got) == sizeof(m) && (msg.msg_flags & MSG_CTRUNC) == 0 &&
-                    std::memcmp(&m.nonce, &nonce, sizeof(nonce)) == 0 && m.rank >= 0 && m.rank < world &&
-                    received.valid();
-  if (!ours) return -1;  // a stray datagram: dropped (its descriptor closed)
-  *fd = std::move(received);
-  return m.rank;
-}
 
-// Binds this rank's socket.
-UniqueFd bind_socket(const Nonce& nonce, int me) {
-  UniqueFd sock(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!sock.valid()) fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("socket(AF_UNIX, SOCK_DGRAM)"));
-  socklen_t length = 0;
-  const sockaddr_un addr = socket_address(nonce, me, &length);
-  if (bind(sock.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0) {
-    fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("bind(abstract AF_UNIX socket)"));
+  // Sends to every peer and receives from every peer, interleaved, so that no
+  // rank blocks on a full queue while its own queue waits to be read.
+  void send_and_receive(int timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    std::vector<bool> sent(world_, false);
+    int to_send = world_ - 1;
+    sent[me_] = true;
+    while (to_send > 0 || received_ < world_ - 1) {
+      bool progress = false;
+      for (int peer = 0; peer < world_; ++peer) {
+        if (!sent[peer] && try_send(peer)) {
+          sent[peer] = true;
+          --to_send;
+          progress = true;
+        }
+      }
+      // A dropped datagram is progress too (the queue drains quickly), but
+      // the deadline holds however many strangers keep sending.
+      if (try_receive() != Received::kNothing) progress = true;
+      if (std::chrono::steady_clock::now() > deadline) {
+        fail(MOE_EP_ERROR_BOOTSTRAP, "exchanging memory handles over AF_UNIX sockets timed out after ", timeout_ms,
+             " ms on rank ", me_, " (", to_send, " peers not reached, ", world_ - 1 - received_,
+             " descriptors not received, ", dropped_,
+             " datagrams from outside the group dropped; are all ranks in one network and one PID namespace?)");
+      }
+      if (progress) continue;
+      pollfd p{sock_.get(), POLLIN, 0};
+      poll(&p, 1, 1);
+    }
   }
-  return sock;
-}
 
-// Sends to every peer and receives from every peer, interleaved, so that no
-// rank blocks on a full queue while its own queue waits to be read.
-void send_and_receive(int sock, const Nonce& nonce, int me, int world, int my_fd, int timeout_ms,
-                      std::vector<UniqueFd>* fds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  std::vector<bool> sent(world, false);
-  int to_send = world - 1, to_receive = world - 1;
-  sent[me] = true;
-  while (to_send > 0 || to_receive > 0) {
-    bool progress = false;
-    for (int peer = 0; peer < world; ++peer) {
-      if (!sent[peer] && try_send(sock, nonce, me, peer, my_fd)) {
-        sent[peer] = true;
-        --to_send;
-        progress = true;
+  // After every rank has sent everything: whatever is still queued must be
+  // a stranger's (dropped); a further message from a member fails.
+  void check_nothing_more_from_the_group() {
+    while (try_receive() != Received::kNothing) {
+    }
+  }
+
+  std::vector<UniqueFd> take_fds() { return std::move(fds_); }
+
+ private:
+  // Returns true when sent, false when the peer's queue is full (try again
+  // later); throws on other errors.
+  bool try_send(int peer) {
+    socklen_t length = 0;
+    sockaddr_un addr = fd_exchange_wire::socket_address(name_, peer, &length);
+    Message m{secret_, me_};
+    iovec iov{&m, sizeof(m)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_name = &addr;
+    msg.msg_namelen = length;
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &my_fd_, sizeof(int));
+    // The kernel attaches our credentials (the receiver asked with SO_PASSCRED).
+    for (;;) {
+      if (sendmsg(sock_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return true;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("sendmsg(SCM_RIGHTS) to rank " + std::to_string(peer)));
+    }
+  }
+
+  // Reads one queued datagram, if any; all of its descriptors are owned.
+  bool read_datagram(Datagram* d) {
+    iovec iov{&d->message, sizeof(d->message)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int) * kMaxDescriptorsPerDatagram)];
+    std::memset(control, 0, sizeof(control));
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t got;
+    do {
+      got = recvmsg(sock_.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    } while (got < 0 && errno == EINTR);
+    if (got < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+      fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("recvmsg(SCM_RIGHTS)"));
+    }
+    d->bytes = static_cast<size_t>(got);
+    d->truncated = (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET) continue;
+      if (c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(0)) {
+        const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; ++i) {
+          int value = -1;
+          std::memcpy(&value, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          d->fds.emplace_back(value);
+        }
+      } else if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+        std::memcpy(&d->credentials, CMSG_DATA(c), sizeof(ucred));
+        d->has_credentials = true;
       }
     }
-    UniqueFd fd;
-    const int from = try_receive(sock, nonce, world, &fd);
-    if (from >= 0 && from != me && !(*fds)[from].valid()) {
-      (*fds)[from] = std::move(fd);
-      --to_receive;
-      progress = true;
-    }
-    if (progress) continue;
-    if (std::chrono::steady_clock::now() > deadline) {
-      fail(MOE_EP_ERROR_BOOTSTRAP, "exchanging memory handles over AF_UNIX sockets timed out after ", timeout_ms,
-           " ms (", to_send, " peers not reached, ", to_receive,
-           " descriptors not received; are all ranks in one network namespace?)");
-    }
-    pollfd p{sock, POLLIN, 0};
-    poll(&p, 1, 1);
+    return true;
   }
-}
+
+  // A datagram whose kernel-checked sender is our uid and the pid of some
+  // rank of the group.  Anything else is a stranger's and is dropped.
+  bool from_group_member(const Datagram& d) const {
+    if (!d.has_credentials || d.credentials.uid != my_uid_) return false;
+    for (int32_t pid : pids_) {
+      if (d.credentials.pid == pid) return true;
+    }
+    return false;
+  }
+
+  enum class Received { kNothing, kDropped, kTaken };
+
+  // Receives one datagram if any is queued: a peer's descriptor is taken, a
+  // stranger's datagram dropped.  A bad message from a group member fails.
+  Received try_receive() {
+    Datagram d;
+    if (!read_datagram(&d)) return Received::kNothing;
+    if (!from_group_member(d)) {
+      ++dropped_;  // its descriptors close with d
+      return Received::kDropped;
+    }
+    const int claimed = d.message.rank;
+    const bool well_formed = d.bytes == sizeof(Message) && !d.truncated && d.fds.size() == 1 &&
+                             same_random(d.message.secret, secret_) && claimed >= 0 && claimed < world_ &&
+                             claimed != me_ && pids_[claimed] == d.credentials.pid;
+    if (!well_formed) {
+      fail(MOE_EP_ERROR_BOOTSTRAP, "fd exchange on rank ", me_, ": unexpected message from pid ",
+           d.credentials.pid, " (a member of this group: ", d.bytes, " bytes, ", d.fds.size(),
+           " descriptors, claimed rank ", claimed, ", secret ",
+           same_random(d.message.secret, secret_) ? "right" : "wrong", ")");
+    }
+    if (fds_[claimed].valid()) {
+      fail(MOE_EP_ERROR_BOOTSTRAP, "fd exchange on rank ", me_, ": a second descriptor from rank ", claimed,
+           " (pid ", d.credentials.pid, "); each rank sends exactly one");
+    }
+    fds_[claimed] = std::move(d.fds[0]);
+    ++received_;
+    return Received::kTaken;
+  }
+
+  const int me_;
+  const int world_;
+  const Random name_;
+  const Random secret_;
+  const int my_fd_;
+  const uid_t my_uid_;
+  std::vector<int32_t> pids_;
+  std::vector<UniqueFd> fds_;
+  UniqueFd sock_;
+  int received_ = 0;
+  int64_t dropped_ = 0;
+};
 
 }  // namespace
 
 std::vector<UniqueFd> exchange_fds(const Bootstrap& bootstrap, int my_fd, int timeout_ms) {
-  const int me = bootstrap.rank(), world = bootstrap.world_size();
-  std::vector<UniqueFd> fds(world);
-  if (world == 1) return fds;
-  const Nonce nonce = bootstrap.allgather_value(draw_nonce())[0];  // rank 0's
+  const int world = bootstrap.world_size();
+  if (world == 1) return std::vector<UniqueFd>(1);
 
-  UniqueFd sock;
-  moe_ep_status_t status = MOE_EP_SUCCESS;
-  std::string message;
-  try {
-    sock = bind_socket(nonce, me);
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  }
-  bootstrap.agree(status, message);  // every socket exists before anyone sends
-
-  try {
-    send_and_receive(sock.get(), nonce, me, world, my_fd, timeout_ms, &fds);
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  }
-  bootstrap.agree(status, message);
-  return fds;
+  Invitation mine{};
+  run_then_agree(bootstrap, [&] {
+    mine.name = draw_random();
+    mine.secret = draw_random();
+    mine.pid = static_cast<int32_t>(getpid());
+    mine.uid = static_cast<uint32_t>(getuid());
+  });
+  const std::vector<Invitation> invitations = bootstrap.allgather_value(mine);
+  Exchange exchange(bootstrap, invitations, my_fd);
+  run_then_agree(bootstrap, [&] {  // every socket exists before anyone sends
+    for (int r = 0; r < world; ++r) {
+      if (invitations[r].uid != mine.uid) {  // its messages would be dropped: say why now
+        fail(MOE_EP_ERROR_UNSUPPORTED, "fd exchange: rank ", r, " runs as uid ", invitations[r].uid, ", rank ",
+             bootstrap.rank(), " as uid ", mine.uid, "; descriptors are accepted only from the same user");
+      }
+    }
+    exchange.bind_socket();
+  });
+  run_then_agree(bootstrap, [&] { exchange.send_and_receive(timeout_ms); });
+  run_then_agree(bootstrap, [&] { exchange.check_nothing_more_from_the_group(); });
+  return exchange.take_fds();
 }
 
 }  // namespace moe_ep

@@ -6,16 +6,20 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "collective_step.hpp"
 #include "error.hpp"
+#include "input_errors.hpp"
 #include "moe_ep_kernels.h"
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/driver_api.hpp"
+#include "nvlink/mirror_pool.hpp"
 #include "nvlink/nvlink_log.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/workspace_plan.hpp"
@@ -28,12 +32,6 @@ int resolve_device(int32_t configured) {
   int device = configured;
   if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   return device;
-}
-
-int device_attribute(cudaDeviceAttr attribute, int device) {
-  int value = 0;
-  check_cuda(cudaDeviceGetAttribute(&value, attribute, device), "cudaDeviceGetAttribute");
-  return value;
 }
 
 // MOE_EP_COMBINE_SCHEDULE=serial|overlapped|auto (default auto: decided per
@@ -65,23 +63,50 @@ bool small_batch_from_environment() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// Milliseconds per named step, for the destroy log line.
+class TeardownClock {
+ public:
+  void step(const char* name) noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+    try {
+      if (!summary_.empty()) summary_ += ", ";
+      summary_ += std::string(name) + " " + std::to_string(ms) + " ms";
+    } catch (...) {  // a log line is not worth failing a teardown for
+    }
+  }
+  const std::string& summary() const { return summary_; }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  std::string summary_;
+};
+
 std::string phase_name(uint32_t phase) {
   return phase == kernels::kPhaseCombine ? "combine" : "dispatch";
 }
 
 class NvlinkBackend final : public Backend {
  public:
+  // Exception-safe for every exception type: the local steps run under
+  // run_then_agree (a failure on one rank fails create on every rank instead
+  // of leaving the peers waiting), and whatever was acquired is released here
+  // (the destructor does not run for a constructor that throws).
   NvlinkBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
       : layout_(layout), config_(config) {
-    moe_ep_status_t status = MOE_EP_SUCCESS;
-    std::string message;
     try {
-      prepare_locally();
-    } catch (const Error& e) {
-      status = e.status();
-      message = e.what();
+      join_group(bootstrap);
+    } catch (...) {
+      shutdown();
+      throw;
     }
-    bootstrap.agree(status, message);
+  }
+
+  ~NvlinkBackend() override { shutdown(); }
+
+  void join_group(const Bootstrap& bootstrap) {
+    run_then_agree(bootstrap, [&] { prepare_locally(); });
     // Every rank of a call runs the same combine schedule with the same
     // number of phases; auto decides from the group's smallest SM budget.
     const std::vector<int32_t> knobs = bootstrap.allgather_value(combine_schedule_ + 4 * combine_phases_);
@@ -94,23 +119,12 @@ class NvlinkBackend final : public Backend {
       }
       group_min_sm_budget_ = r == 0 || budgets[r] < group_min_sm_budget_ ? budgets[r] : group_min_sm_budget_;
     }
-
     {
       const DeviceGuard guard(device_);
       memory_ = std::make_unique<SharedMemory>(bootstrap, device_, offsets_.total_bytes, config_.timeout_ms);
     }
-    try {
-      initialise_workspace();
-    } catch (const Error& e) {
-      status = e.status();
-      message = e.what();
-    }
-    try {
-      bootstrap.agree(status, message);  // no peer writes here before this rank is ready
-    } catch (...) {
-      shutdown();
-      throw;
-    }
+    // No peer writes here before this rank is ready.
+    run_then_agree(bootstrap, [&] { initialise_workspace(); });
     log_info("rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
              " SMs, workspace ", memory_->size(), " bytes (", offsets_.total_bytes, " used), timeout ",
              config_.timeout_ms, " ms, combine schedule ",
@@ -119,8 +133,6 @@ class NvlinkBackend final : public Backend {
                                                               : "serial",
              ", small-batch kernels ", small_batch_ ? "on" : "off");
   }
-
-  ~NvlinkBackend() override { shutdown(); }
 
   const char* name() const override { return "nvlink_two_sided"; }
   moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CUDA, device_}; }
@@ -167,12 +179,12 @@ class NvlinkBackend final : public Backend {
                                                    group_min_sm_budget_);
     a.phases = combine_phases_;
     a.reduce_blocks = combine_reduce_blocks_;
-    const int32_t small = small_batch_ && a.schedule == kernels::kCombineSerial &&
-                                  call.tokens_per_rank <= kernels::kSmallBatchMaxTokens
-                              ? 1
-                              : 0;
+    a.small_batch = small_batch_ && a.schedule == kernels::kCombineSerial &&
+                            call.tokens_per_rank <= kernels::kSmallBatchMaxTokens
+                        ? 1
+                        : 0;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s, small), "launching the combine kernel");
+    check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
     note_launch(s);
     return a.output;
   }
@@ -189,15 +201,14 @@ class NvlinkBackend final : public Backend {
         *message = timeout_message(e.timeout_phase, e.timeout_peer);
         return MOE_EP_ERROR_TIMEOUT;
       }
-      if (e.bad_id_count != 0) {
-        *message = bad_ids_message(e);
-        clear_bad_ids();
+      if (e.bad_id_count != 0 || e.peer_count_errors != 0) {
+        *message = input_errors_message(e);
+        clear_input_errors();
         return MOE_EP_ERROR_INVALID_INPUT;
       }
       return MOE_EP_SUCCESS;
-    } catch (const Error& e) {
-      *message = e.what();
-      return e.status();
+    } catch (...) {
+      return status_of_current_exception(message);
     }
   }
 
@@ -207,20 +218,30 @@ class NvlinkBackend final : public Backend {
     int previous = -1;
     const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
     if (cudaSetDevice(device_) == cudaSuccess) {
-      // Our kernels end by themselves (every wait is bounded), so this returns.
-      if (captured_) {
-        cudaDeviceSynchronize();
-      } else if (last_launch_) {
-        cudaEventSynchronize(last_launch_);
-      }
+      // Only this handle's own work: its last kernel, eager or replayed from
+      // a graph (note_launch).  Our kernels end by themselves (every wait is
+      // bounded), so this returns.
+      // Each step is timed for MOE_EP_LOG=info: a step that waits for the
+      // whole device (a driver's implicit synchronisation) shows up there.
+      TeardownClock clock;
+      wait_for_own_work_noexcept();
+      clock.step("own work");
       memory_.reset();
+      clock.step("unmap and release the workspace");
       if (last_launch_) cudaEventDestroy(last_launch_);
+      if (graph_done_) cudaEventDestroy(graph_done_);
       if (private_stream_) cudaStreamDestroy(private_stream_);
-      if (mirror_) cudaFreeHost(mirror_);
+      clock.step("stream and events");
+      release_mirror_slot(mirror_);  // back to the pool: cudaFreeHost would wait for the device
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
+      try {
+        log_info("rank ", layout_.rank, ": destroy ", clock.summary());
+      } catch (...) {
+      }
     }
     memory_.reset();
     last_launch_ = nullptr;
+    graph_done_ = nullptr;
     private_stream_ = nullptr;
     mirror_ = nullptr;
     if (have_previous) cudaSetDevice(previous);
@@ -236,15 +257,16 @@ class NvlinkBackend final : public Backend {
       fail(MOE_EP_ERROR_UNSUPPORTED, "bootstrap->world_size: NVLINK_TWO_SIDED supports at most ",
            kernels::kMaxWorldSize, " ranks, got ", layout_.world_size);
     }
-    const int cc = 10 * device_attribute(cudaDevAttrComputeCapabilityMajor, device_) +
-                   device_attribute(cudaDevAttrComputeCapabilityMinor, device_);
+    driver_api();  // throws UNSUPPORTED naming a missing entry point
+    const int cc =
+        10 * device_attribute(device_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, "COMPUTE_CAPABILITY_MAJOR") +
+        device_attribute(device_, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, "COMPUTE_CAPABILITY_MINOR");
     if (cc < kernels::lowest_compiled_arch()) {
       fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " has compute capability ", cc / 10, ".", cc % 10,
            "; this build's kernels need ", kernels::lowest_compiled_arch() / 10, ".",
            kernels::lowest_compiled_arch() % 10, " or newer");
     }
-    driver_api();  // throws UNSUPPORTED naming a missing entry point
-    sm_count_ = device_attribute(cudaDevAttrMultiProcessorCount, device_);
+    sm_count_ = device_attribute(device_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT");
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sm_count_ ? config_.num_sms : sm_count_;
     shape_ = group_shape(layout_);
     offsets_ = plan_workspace(layout_);
@@ -260,14 +282,9 @@ class NvlinkBackend final : public Backend {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    void* mirror = nullptr;
-    check_cuda(cudaHostAlloc(&mirror, sizeof(kernels::HostTimeoutMirror), cudaHostAllocMapped),
-               "cudaHostAlloc(timeout mirror)");
-    mirror_ = static_cast<kernels::HostTimeoutMirror*>(mirror);
-    mirror_->timeout_phase = kernels::kPhaseNone;
-    mirror_->timeout_peer = -1;
-    void* mirror_device = nullptr;
-    check_cuda(cudaHostGetDevicePointer(&mirror_device, mirror, 0), "cudaHostGetDevicePointer");
+    check_cuda(cudaEventCreateWithFlags(&graph_done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const MirrorSlot mirror = acquire_mirror_slot();
+    mirror_ = mirror.host;
 
     char* base = memory_->local();
     check_cuda(cudaMemsetAsync(base, 0, memory_->size(), private_stream_), "zeroing the workspace");
@@ -280,12 +297,13 @@ class NvlinkBackend final : public Backend {
     control.epoch = 0;  // the first dispatch is epoch 1; flags and counters start at 0
     control.errors.timeout_peer = -1;
     control.errors.bad_id_first = ~uint64_t{0};
+    control.errors.first_peer_count_error.source = -1;
     check_cuda(cudaMemcpyAsync(control_device(), &control, sizeof(control), cudaMemcpyHostToDevice, private_stream_),
                "writing the control block");
     check_cuda(cudaStreamSynchronize(private_stream_), "initialising the workspace");
 
     state_.local_base = base;
-    state_.mirror = static_cast<kernels::HostTimeoutMirror*>(mirror_device);
+    state_.mirror = mirror.device;
     state_.timeout_ns = static_cast<int64_t>(config_.timeout_ms) * 1000000;
   }
 
@@ -299,36 +317,49 @@ class NvlinkBackend final : public Backend {
     if (phase != kernels::kPhaseNone) fail(MOE_EP_ERROR_TIMEOUT, timeout_message(phase, mirror_->timeout_peer));
   }
 
-  // Remembers how to wait for this call: an event, or (inside a CUDA graph
-  // capture, where recording one would join the graph) the whole device.
+  // Records an event after this call's kernel, so that waiting for the
+  // handle's work waits for this handle only (never the whole device): an
+  // eager call records last_launch_; inside a CUDA graph capture the record
+  // joins the graph as an external event-record node (graph_done_), which
+  // every replay records again when the replayed kernels are done.
   void note_launch(cudaStream_t stream) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
     if (capture != cudaStreamCaptureStatusNone) {
+      check_cuda(cudaEventRecordWithFlags(graph_done_, stream, cudaEventRecordExternal),
+                 "cudaEventRecordWithFlags(cudaEventRecordExternal) in a CUDA graph capture");
       captured_ = true;
       return;
     }
     check_cuda(cudaEventRecord(last_launch_, stream), "cudaEventRecord");
   }
 
-  void wait_for_own_work() {
-    if (captured_) {
-      check_cuda(cudaDeviceSynchronize(), "waiting for the handle's work (graph replays)");
-    } else {
-      check_cuda(cudaEventSynchronize(last_launch_), "waiting for the handle's last kernel");
+  // The handle's last eager call and its last graph replay.
+  cudaError_t wait_for_own_work_noexcept() noexcept {
+    cudaError_t rc = last_launch_ ? cudaEventSynchronize(last_launch_) : cudaSuccess;
+    if (rc == cudaSuccess && captured_ && graph_done_) {
+      rc = cudaEventSynchronize(graph_done_);
+      if (rc == cudaErrorCapturedEvent) {  // a driver that keeps the external record captured: old, safe way
+        cudaGetLastError();
+        rc = cudaDeviceSynchronize();
+      }
     }
+    return rc;
   }
 
-  void clear_bad_ids() {
+  void wait_for_own_work() { check_cuda(wait_for_own_work_noexcept(), "waiting for the handle's last kernel"); }
+
+  // Clears the input-error part of the record (bad ids, refused peer counts).
+  void clear_input_errors() {
     kernels::DeviceErrors cleared{};
-    cleared.bad_id_count = 0;
     cleared.bad_id_first = ~uint64_t{0};
+    cleared.first_peer_count_error.source = -1;
     char* at = reinterpret_cast<char*>(&control_device()->errors);
     const size_t from = offsetof(kernels::DeviceErrors, bad_id_count);
     check_cuda(cudaMemcpyAsync(at + from, reinterpret_cast<const char*>(&cleared) + from,
                                sizeof(cleared) - from, cudaMemcpyHostToDevice, private_stream_),
-               "clearing the bad id record");
-    check_cuda(cudaStreamSynchronize(private_stream_), "clearing the bad id record");
+               "clearing the input error record");
+    check_cuda(cudaStreamSynchronize(private_stream_), "clearing the input error record");
   }
 
   std::string timeout_message(uint32_t phase, int32_t peer) const {
@@ -337,14 +368,26 @@ class NvlinkBackend final : public Backend {
            " (the group is out of step; destroy this handle)";
   }
 
-  std::string bad_ids_message(const kernels::DeviceErrors& e) const {
-    const uint64_t position = e.bad_id_first >> 32;
-    const int32_t value = static_cast<int32_t>(static_cast<uint32_t>(e.bad_id_first & 0xFFFFFFFFu));
-    return "dispatch on rank " + std::to_string(layout_.rank) + ": " + std::to_string(e.bad_id_count) +
-           " topk_ids outside [0, " + std::to_string(layout_.num_experts) + ") and not invalid_expert_id (" +
-           std::to_string(layout_.invalid_expert_id) + "), first at token " +
-           std::to_string(position / layout_.top_k) + " pick " + std::to_string(position % layout_.top_k) + ": " +
-           std::to_string(value) + "; those picks were dropped";
+  std::string input_errors_message(const kernels::DeviceErrors& e) const {
+    std::string message;
+    if (e.peer_count_errors != 0) {
+      const kernels::PeerCountError& f = e.first_peer_count_error;
+      message = "dispatch on rank " + std::to_string(layout_.rank) + ": rank " + std::to_string(f.source) +
+                " dispatched with tokens_per_rank " + std::to_string(f.source_tokens_per_rank) + " and sent " +
+                std::to_string(f.source_rows) + " rows, this rank with tokens_per_rank " +
+                std::to_string(f.own_tokens_per_rank) +
+                " (args->runtime_max_tokens_per_rank must be the same on every rank of a call); no rows were taken "
+                "from that rank (" +
+                std::to_string(e.peer_count_errors) + " refused in all), the results of that call are invalid";
+    }
+    if (e.bad_id_count != 0) {
+      const uint64_t position = e.bad_id_first >> 32;
+      const int32_t value = static_cast<int32_t>(static_cast<uint32_t>(e.bad_id_first & 0xFFFFFFFFu));
+      if (!message.empty()) message += "; ";
+      message += bad_ids_message(layout_, e.bad_id_count, static_cast<int64_t>(position / layout_.top_k),
+                                 static_cast<int32_t>(position % layout_.top_k), value);
+    }
+    return message;
   }
 
   Layout layout_;
@@ -358,13 +401,14 @@ class NvlinkBackend final : public Backend {
   std::unique_ptr<SharedMemory> memory_;
   kernels::HostTimeoutMirror* mirror_ = nullptr;
   cudaStream_t private_stream_ = nullptr;
-  cudaEvent_t last_launch_ = nullptr;
+  cudaEvent_t last_launch_ = nullptr;  // after the last eager kernel
+  cudaEvent_t graph_done_ = nullptr;   // after the last replayed kernel (captured calls)
   int32_t combine_schedule_ = kernels::kCombineAuto;
   int32_t combine_phases_ = 0;
   int32_t combine_reduce_blocks_ = 0;
   int32_t group_min_sm_budget_ = 0;
   bool small_batch_ = true;
-  bool captured_ = false;
+  bool captured_ = false;  // some call was captured into a CUDA graph
   bool released_ = false;
 };
 

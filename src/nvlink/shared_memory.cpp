@@ -1,7 +1,10 @@
 #include "nvlink/shared_memory.hpp"
 
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
+#include "collective_step.hpp"
 #include "error.hpp"
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/driver_api.hpp"
@@ -28,12 +31,6 @@ CUdevice cu_device_of(int ordinal) {
   return d;
 }
 
-int device_attribute(CUdevice d, CUdevice_attribute a) {
-  int v = 0;
-  if (driver_api().device_attribute(&v, a, d) != CUDA_SUCCESS) return 0;
-  return v;
-}
-
 uint64_t granularity(CUdevice device, CUmemAllocationHandleType type) {
   const CUmemAllocationProp prop = allocation_prop(device, type);
   size_t g = 0;
@@ -42,11 +39,12 @@ uint64_t granularity(CUdevice device, CUmemAllocationHandleType type) {
 }
 
 // The granularity every handle type the device may use agrees with.
-uint64_t common_granularity(CUdevice device) {
-  uint64_t g = granularity(device, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (device_attribute(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
+uint64_t common_granularity(int device) {
+  const CUdevice cu = cu_device_of(device);
+  uint64_t g = granularity(cu, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (device_attribute(device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, "HANDLE_TYPE_FABRIC_SUPPORTED")) {
     // Where FABRIC cannot be used the query may fail too: then only POSIX counts.
-    const CUmemAllocationProp prop = allocation_prop(device, CU_MEM_HANDLE_TYPE_FABRIC);
+    const CUmemAllocationProp prop = allocation_prop(cu, CU_MEM_HANDLE_TYPE_FABRIC);
     size_t f = 0;
     if (driver_api().granularity(&f, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS && f > g) g = f;
   }
@@ -58,24 +56,24 @@ uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 }  // namespace
 
 uint64_t SharedMemory::allocation_size(int device, uint64_t bytes) {
-  return round_up(bytes == 0 ? 1 : bytes, common_granularity(cu_device_of(device)));
+  const uint64_t g = common_granularity(device);
+  if (bytes > UINT64_MAX - g) fail(MOE_EP_ERROR_OUT_OF_MEMORY, "workspace of ", bytes, " bytes: too large");
+  return round_up(bytes == 0 ? 1 : bytes, g);
 }
 
 SharedMemory::SharedMemory(const Bootstrap& bootstrap, int device, uint64_t bytes, int timeout_ms)
     : device_(device), rank_(bootstrap.rank()), world_(bootstrap.world_size()), mapped_(world_, false) {
-  moe_ep_status_t status = MOE_EP_SUCCESS;
-  std::string message;
-  try {
+  run_then_agree(bootstrap, [&] {
     cu_device_ = cu_device_of(device);
-    if (!device_attribute(cu_device_, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)) {
+    if (!device_attribute(device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                          "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED")) {
       fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device, " does not support CUDA virtual memory management");
     }
     size_ = allocation_size(device, bytes);
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  }
-  bootstrap.agree(status, message);
+    if (size_ > UINT64_MAX / static_cast<uint64_t>(world_)) {
+      fail(MOE_EP_ERROR_OUT_OF_MEMORY, "workspace of ", size_, " bytes for ", world_, " ranks: too large");
+    }
+  });
 
   try {
     if (!try_fabric(bootstrap)) share_posix_fds(bootstrap, timeout_ms);
@@ -89,67 +87,69 @@ SharedMemory::SharedMemory(const Bootstrap& bootstrap, int device, uint64_t byte
 
 SharedMemory::~SharedMemory() { release_all(); }
 
+// Creates this rank's allocation with a FABRIC handle and exports it.
+// Returns false, with fabric_note_ saying why, where this rank cannot.
+bool SharedMemory::export_fabric(CUmemFabricHandle* handle) {
+  const DriverApi& api = driver_api();
+  // MOE_EP_FABRIC=0 skips the attempt, where it is known to be refused (no IMEX
+  // channel): the refusal is harmless, but tools such as compute-sanitizer
+  // report the failed cuMemCreate.  One rank saying no is enough (try_fabric).
+  const char* fabric = std::getenv("MOE_EP_FABRIC");
+  if (fabric != nullptr && std::strcmp(fabric, "0") == 0) {
+    fabric_note_ = "MOE_EP_FABRIC=0";
+    return false;
+  }
+  if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, "HANDLE_TYPE_FABRIC_SUPPORTED")) {
+    fabric_note_ = "device attribute HANDLE_TYPE_FABRIC_SUPPORTED is 0";
+    return false;
+  }
+  const CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_FABRIC);
+  CUresult rc = api.mem_create(&local_handle_, size_, &prop, 0);
+  if (rc != CUDA_SUCCESS) {
+    fabric_note_ = driver_error_text("cuMemCreate(FABRIC)", rc);
+    return false;
+  }
+  have_local_handle_ = true;
+  rc = api.mem_export(handle, local_handle_, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+  if (rc != CUDA_SUCCESS) {
+    fabric_note_ = driver_error_text("cuMemExportToShareableHandle(FABRIC)", rc);
+    return false;
+  }
+  return true;
+}
+
 // FABRIC handles, if every rank can create and export one.  Returns false
 // (with nothing left allocated) when the group must use another handle type.
 bool SharedMemory::try_fabric(const Bootstrap& bootstrap) {
-  const DriverApi& api = driver_api();
   CUmemFabricHandle mine{};
   int32_t ok = 0;
-  if (!device_attribute(cu_device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)) {
-    fabric_note_ = "device attribute HANDLE_TYPE_FABRIC_SUPPORTED is 0";
-  } else {
-    const CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_FABRIC);
-    CUresult rc = api.mem_create(&local_handle_, size_, &prop, 0);
-    if (rc != CUDA_SUCCESS) {
-      fabric_note_ = driver_error_text("cuMemCreate(FABRIC)", rc);
-    } else {
-      have_local_handle_ = true;
-      rc = api.mem_export(&mine, local_handle_, CU_MEM_HANDLE_TYPE_FABRIC, 0);
-      if (rc == CUDA_SUCCESS) {
-        ok = 1;
-      } else {
-        fabric_note_ = driver_error_text("cuMemExportToShareableHandle(FABRIC)", rc);
-      }
-    }
+  try {
+    ok = export_fabric(&mine) ? 1 : 0;
+  } catch (...) {
+    status_of_current_exception(&fabric_note_);  // this rank cannot; the group learns it below
   }
   const std::vector<int32_t> all_ok = bootstrap.allgather_value(ok);
+  bool everyone = true;
   for (int r = 0; r < world_; ++r) {
     if (!all_ok[r] && fabric_note_.empty()) fabric_note_ = "rank " + std::to_string(r) + " cannot export FABRIC handles";
+    everyone = everyone && all_ok[r] != 0;
   }
-  bool everyone = true;
-  for (int32_t v : all_ok) everyone = everyone && v != 0;
   if (!everyone) {
     release_all();
     return false;
   }
 
   const std::vector<CUmemFabricHandle> handles = bootstrap.allgather_value(mine);
-  moe_ep_status_t status = MOE_EP_SUCCESS;
-  std::string message;
   try {
-    reserve();
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) {
-        map(r, local_handle_);
-        continue;
-      }
-      CUmemGenericAllocationHandle imported = 0;
-      check_driver(api.mem_import(&imported, const_cast<CUmemFabricHandle*>(&handles[r]), CU_MEM_HANDLE_TYPE_FABRIC),
-                   "cuMemImportFromShareableHandle(FABRIC)");
-      try {
-        map(r, imported);
-      } catch (...) {
-        api.mem_release(imported);
-        throw;
-      }
-      api.mem_release(imported);  // the mapping keeps the memory alive
-    }
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  }
-  try {
-    bootstrap.agree(status, message);
+    run_then_agree(bootstrap, [&] {
+      map_group([&](int r) {
+        CUmemGenericAllocationHandle imported = 0;
+        check_driver(driver_api().mem_import(&imported, const_cast<CUmemFabricHandle*>(&handles[r]),
+                                             CU_MEM_HANDLE_TYPE_FABRIC),
+                     "cuMemImportFromShareableHandle(FABRIC)");
+        return imported;
+      });
+    });
   } catch (const Error& e) {
     if (e.status() == MOE_EP_ERROR_BOOTSTRAP) throw;
     fabric_note_ = e.what();  // every rank saw the same failure: fall back together
@@ -163,7 +163,6 @@ bool SharedMemory::try_fabric(const Bootstrap& bootstrap) {
 
 // POSIX file descriptors over AF_UNIX sockets: all ranks on one host.
 void SharedMemory::share_posix_fds(const Bootstrap& bootstrap, int timeout_ms) {
-  const DriverApi& api = driver_api();
   const std::vector<HostIdentity> hosts = bootstrap.allgather_value(local_host_identity());
   for (int r = 1; r < world_; ++r) {
     if (!same_host(hosts[r], hosts[0])) {
@@ -173,52 +172,57 @@ void SharedMemory::share_posix_fds(const Bootstrap& bootstrap, int timeout_ms) {
     }
   }
 
-  int my_fd = -1;
-  moe_ep_status_t status = MOE_EP_SUCCESS;
-  std::string message;
-  try {
-    if (!device_attribute(cu_device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
+  UniqueFd my_fd;
+  run_then_agree(bootstrap, [&] {
+    if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                          "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED")) {
       fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " cannot export POSIX file descriptor handles");
     }
+    const DriverApi& api = driver_api();
     const CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     check_driver(api.mem_create(&local_handle_, size_, &prop, 0), "cuMemCreate(POSIX_FILE_DESCRIPTOR)");
     have_local_handle_ = true;
-    check_driver(api.mem_export(&my_fd, local_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+    int fd = -1;
+    check_driver(api.mem_export(&fd, local_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
                  "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)");
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  }
-  const UniqueFd my_fd_owner(my_fd);
-  bootstrap.agree(status, message);
+    my_fd = UniqueFd(fd);
+  });
 
-  std::vector<UniqueFd> fds = exchange_fds(bootstrap, my_fd, timeout_ms);
-  try {
-    reserve();
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) {
-        map(r, local_handle_);
-        continue;
-      }
+  // Only descriptors from authenticated group members come back (fd_exchange.hpp).
+  std::vector<UniqueFd> fds = exchange_fds(bootstrap, my_fd.get(), timeout_ms);
+  run_then_agree(bootstrap, [&] {
+    map_group([&](int r) {
       CUmemGenericAllocationHandle imported = 0;
-      check_driver(api.mem_import(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[r].get())),
-                                  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+      check_driver(driver_api().mem_import(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[r].get())),
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                    "cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)");
       fds[r].reset();
-      try {
-        map(r, imported);
-      } catch (...) {
-        api.mem_release(imported);
-        throw;
-      }
-      api.mem_release(imported);
-    }
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-  }
-  bootstrap.agree(status, message);
+      return imported;
+    });
+  });
   handle_type_ = "POSIX_FILE_DESCRIPTOR";
+}
+
+// Reserves the group's range and maps every rank's allocation at its place:
+// this rank's own, and each peer's as `import` returns it (released once
+// mapped: the mapping keeps the memory alive).
+void SharedMemory::map_group(const std::function<CUmemGenericAllocationHandle(int rank)>& import) {
+  const DriverApi& api = driver_api();
+  reserve();
+  for (int r = 0; r < world_; ++r) {
+    if (r == rank_) {
+      map(r, local_handle_);
+      continue;
+    }
+    const CUmemGenericAllocationHandle imported = import(r);
+    try {
+      map(r, imported);
+    } catch (...) {
+      api.mem_release(imported);
+      throw;
+    }
+    api.mem_release(imported);
+  }
 }
 
 void SharedMemory::reserve() {

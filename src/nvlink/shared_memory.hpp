@@ -9,6 +9,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,8 +37,10 @@ class SharedMemory {
   const std::string& fabric_note() const { return fabric_note_; }
 
  private:
+  bool export_fabric(CUmemFabricHandle* handle);
   bool try_fabric(const Bootstrap& bootstrap);
   void share_posix_fds(const Bootstrap& bootstrap, int timeout_ms);
+  void map_group(const std::function<CUmemGenericAllocationHandle(int rank)>& import);
   void reserve();
   void map(int rank, CUmemGenericAllocationHandle handle);
   void release_all() noexcept;

@@ -35,7 +35,7 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   kernels::WorkspaceOffsets o{};
   // Shared: written by peers.
   o.dispatch_arrivals = p.place(W * sizeof(uint64_t));
-  o.dispatch_counts_in = p.place(W * sizeof(int32_t));
+  o.dispatch_counts_in = p.place(W * sizeof(uint64_t));
   o.expert_counts_in = p.place(W * epr * sizeof(int32_t));
   o.eplb_gathered = p.place(l.eplb_stats ? W * E * sizeof(int32_t) : 0);
   o.recv_hidden = p.place(W * M * l.hidden_row_bytes);

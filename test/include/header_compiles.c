@@ -1,5 +1,7 @@
-/* The public header compiles as strict C (C99 and C11, -Wall -Wextra -Werror
- * -pedantic) and its types are usable from C. */
+/* The public headers compile as strict C (C99 and C11, -Wall -Wextra -Werror
+ * -pedantic) and their types are usable from C.  moe_ep_mpi.h comes first: it
+ * must stand alone (it includes moe_ep_c.h, which includes it back). */
+#include "moe_ep_mpi.h"
 #include "moe_ep_c.h"
 
 /* One symbol per standard: moe_ep_test_header_c99, moe_ep_test_header_c11. */
@@ -17,5 +19,7 @@ int MOE_EP_TEST_FN(void) {
   params.struct_size = (uint32_t)sizeof(params);
   config.struct_size = (uint32_t)sizeof(config);
   (void)handle;
+  /* Unevaluated: the adapter's prototypes are visible, nothing is linked. */
+  (void)sizeof(moe_ep_mpi_bootstrap_init((const void*)0, (moe_ep_bootstrap_t*)0));
   return (int)(params.struct_size + config.struct_size) + tensor.ndim + MOE_EP_SUCCESS;
 }

@@ -1,7 +1,9 @@
 //! Finds libmoe_ep and records the C compiler's view of the header's structs.
 //!
 //! Library: $MOE_EP_LIB_DIR (a directory holding libmoe_ep.so), else
-//! `pkg-config --variable=libdir moe_ep`, else the linker's default path.
+//! `pkg-config --variable=libdir moe_ep`, else the linker's default path
+//! (with a warning naming both).  With the `mpi` feature, libmoe_ep_mpi too.
+//! The directory is published to dependents as DEP_MOE_EP_LIB_DIR.
 //! Header: $MOE_EP_INCLUDE_DIR, else the repository's include/ (this crate
 //! lives at bindings/rust/moe-ep-sys).
 //!
@@ -57,15 +59,34 @@ fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
 
-    let lib_dir = env::var("MOE_EP_LIB_DIR").ok().filter(|s| !s.is_empty()).or_else(pkg_config_libdir);
-    if let Some(dir) = &lib_dir {
-        println!("cargo:rustc-link-search=native={dir}");
-        // Seen by dependents' build scripts as DEP_MOE_EP_LIB_DIR.
-        println!("cargo:lib_dir={dir}");
-        // Let this crate's own test binaries find the library without LD_LIBRARY_PATH.
-        println!("cargo:rustc-link-arg-tests=-Wl,-rpath,{dir}");
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
+    let from_env = env::var("MOE_EP_LIB_DIR").ok().filter(|s| !s.is_empty());
+    let lib_dir = from_env.clone().or_else(pkg_config_libdir);
+    match &lib_dir {
+        Some(dir) => {
+            if !Path::new(dir).join("libmoe_ep.so").exists() && !Path::new(dir).join("libmoe_ep.so.0").exists() {
+                let source = if from_env.is_some() { "MOE_EP_LIB_DIR" } else { "pkg-config moe_ep" };
+                println!("cargo:warning=moe-ep-sys: {source} names {dir}, which holds no libmoe_ep.so");
+            }
+            println!("cargo:rustc-link-search=native={dir}");
+            // Seen by the build scripts of crates that depend on this one as
+            // DEP_MOE_EP_LIB_DIR: an application's build.rs turns it into a run
+            // path (cargo passes link arguments of a dependency to no binary but
+            // its own), see docs/ffi.md.
+            println!("cargo:lib_dir={dir}");
+            // This crate's own test binaries find the library without LD_LIBRARY_PATH.
+            println!("cargo:rustc-link-arg-tests=-Wl,-rpath,{dir}");
+        }
+        None => println!(
+            "cargo:warning=moe-ep-sys: libmoe_ep not located: MOE_EP_LIB_DIR is not set and \
+             `pkg-config --variable=libdir moe_ep` found nothing; set MOE_EP_LIB_DIR=<prefix>/lib \
+             or PKG_CONFIG_PATH=<prefix>/lib/pkgconfig (trying the linker's default path)"
+        ),
     }
     println!("cargo:rustc-link-lib=dylib=moe_ep");
+    if env::var_os("CARGO_FEATURE_MPI").is_some() {
+        println!("cargo:rustc-link-lib=dylib=moe_ep_mpi");
+    }
 
     let include = env::var("MOE_EP_INCLUDE_DIR")
         .map(PathBuf::from)

@@ -76,16 +76,73 @@ def dlpack_stream_for(device_type, stream):
     return stream if stream else 1
 
 
-def borrow(obj, stream=0, name="tensor"):
-    """Pointer to obj's DLTensor.  `stream` is the cudaStream_t (int) the
-    library will run on; it is handed to the producer for CUDA tensors."""
-    from ._views import View  # local import: _views imports this module
+# ml_dtypes' numpy types that have a DLPack code of their own: numpy cannot
+# export them, so they travel as same-width unsigned integers re-labelled.
+# (ml_dtypes.float4_e2m1fn stores one value per byte, not moe_ep's packed
+# two per byte, so it is not among them.)
+_ML_DTYPES = {
+    "bfloat16": (_lib.DTYPE_BFLOAT, 16, 1),
+    "float8_e4m3fn": (_lib.DTYPE_FLOAT8_E4M3FN, 8, 1),
+    "float8_e5m2": (_lib.DTYPE_FLOAT8_E5M2, 8, 1),
+}
 
-    if isinstance(obj, View):
-        return obj._borrow()
-    if not hasattr(obj, "__dlpack__"):
-        raise TypeError(f"moe_ep: {name} must support the DLPack protocol (__dlpack__), "
-                        f"got {type(obj).__name__}")
+# Dtypes that numpy (or another producer) may lack: an integer tensor of the
+# same width is accepted in their place as their raw bits.
+_OPAQUE_TARGETS = {(_lib.DTYPE_BFLOAT, 16), (_lib.DTYPE_FLOAT, 16), (_lib.DTYPE_FLOAT8_E4M3FN, 8),
+                   (_lib.DTYPE_FLOAT8_E5M2, 8)}
+
+_TYPESTR_CODES = {"f": _lib.DTYPE_FLOAT, "i": _lib.DTYPE_INT, "u": _lib.DTYPE_UINT}
+
+
+def _ml_dtype_of(obj):
+    """(code, bits, lanes) if obj is a numpy array of an ml_dtypes type we
+    know, else None."""
+    dtype = getattr(obj, "dtype", None)
+    scalar = getattr(dtype, "type", None)
+    if scalar is None or not getattr(scalar, "__module__", "").startswith("ml_dtypes"):
+        return None
+    if dtype.name not in _ML_DTYPES:
+        raise TypeError(f"moe_ep: numpy dtype {dtype.name} (ml_dtypes) has no moe_ep equivalent; "
+                        f"use one of {sorted(_ML_DTYPES)}")
+    return _ML_DTYPES[dtype.name]
+
+
+def _retyped(b, dtype):
+    """The same tensor labelled with another (code, bits, lanes)."""
+    t = _lib.Tensor.from_buffer_copy(b.tensor)
+    t.dtype.code, t.dtype.bits, t.dtype.lanes = dtype
+    return Borrowed(ctypes.pointer(t), (b, t), b.readonly)
+
+
+def _from_array_interface(obj, name):
+    """A CPU DLTensor built from numpy's __array_interface__, for arrays that
+    __dlpack__ refuses to export (read-only arrays before numpy 2.1, which
+    cannot signal read-only).  Marked read-only: only inputs come here."""
+    ai = obj.__array_interface__
+    typestr = ai["typestr"]
+    byteorder, kind, size = typestr[0], typestr[1], int(typestr[2:])
+    if kind not in _TYPESTR_CODES or byteorder not in "<|=":
+        raise TypeError(f"moe_ep: {name}: numpy type {typestr!r} is not supported "
+                        "(expected a little-endian float, int or uint array)")
+    shape = tuple(int(n) for n in ai["shape"])
+    shape_arr = (c_int64 * max(len(shape), 1))(*shape)
+    strides_arr = None
+    if ai.get("strides") is not None:
+        if any(st % size for st in ai["strides"]):
+            raise BufferError(f"moe_ep: {name}: strides {ai['strides']} are not whole elements")
+        strides_arr = (c_int64 * max(len(shape), 1))(*(st // size for st in ai["strides"]))
+    t = _lib.Tensor()
+    t.data = ai["data"][0]
+    t.device.device_type, t.device.device_id = _lib.DEVICE_CPU, 0
+    t.ndim = len(shape)
+    t.dtype.code, t.dtype.bits, t.dtype.lanes = _TYPESTR_CODES[kind], size * 8, 1
+    t.shape = ctypes.cast(shape_arr, ctypes.POINTER(c_int64))
+    t.strides = ctypes.cast(strides_arr, ctypes.POINTER(c_int64)) if strides_arr is not None else None
+    t.byte_offset = 0
+    return Borrowed(ctypes.pointer(t), (obj, shape_arr, strides_arr, t), readonly=True)
+
+
+def _borrow_dlpack(obj, stream, name):
     device_type = None
     if hasattr(obj, "__dlpack_device__"):
         device_type = int(obj.__dlpack_device__()[0])
@@ -112,6 +169,42 @@ def borrow(obj, stream=0, name="tensor"):
         return Borrowed(ctypes.pointer(managed.dl_tensor), (obj, capsule, managed))
     raise BufferError(f"moe_ep: {name}.__dlpack__() returned {type(capsule).__name__}, "
                       f"not a 'dltensor' or 'dltensor_versioned' capsule (already consumed?)")
+
+
+def borrow(obj, stream=0, name="tensor", expect=None):
+    """Pointer to obj's DLTensor.  `stream` is the cudaStream_t (int) the
+    library will run on; it is handed to the producer for CUDA tensors.
+
+    `expect` is the (code, bits, lanes) the library wants for this argument,
+    or None.  Where it is a type numpy lacks (bf16, fp16, fp8), an integer
+    tensor of the same width is passed as its raw bits.  numpy arrays of
+    ml_dtypes' bfloat16 / float8 types are accepted as what they are.
+    Read-only numpy arrays that cannot be exported through DLPack (numpy <
+    2.1) are read through __array_interface__: inputs are only read."""
+    from ._views import View  # local import: _views imports this module
+
+    if isinstance(obj, View):
+        return obj._borrow()
+    if not hasattr(obj, "__dlpack__"):
+        raise TypeError(f"moe_ep: {name} must support the DLPack protocol (__dlpack__), "
+                        f"got {type(obj).__name__}")
+    ml_dtype = _ml_dtype_of(obj)
+    if ml_dtype is not None:
+        obj = obj.view(f"uint{ml_dtype[1]}")
+    try:
+        b = _borrow_dlpack(obj, stream, name)
+    except BufferError:
+        writeable = getattr(getattr(obj, "flags", None), "writeable", True)
+        if writeable or not hasattr(obj, "__array_interface__"):
+            raise
+        b = _from_array_interface(obj, name)
+    if ml_dtype is not None:
+        return _retyped(b, ml_dtype)
+    got = b.tensor.dtype
+    if (expect is not None and (expect[0], expect[1]) in _OPAQUE_TARGETS and got.lanes == 1 and
+            got.code in (_lib.DTYPE_INT, _lib.DTYPE_UINT) and got.bits == expect[1]):
+        return _retyped(b, expect)
+    return b
 
 
 # --- export --------------------------------------------------------------------

@@ -198,16 +198,21 @@ def _bind(cdll, table):
     return cdll
 
 
-def _load(env_var, soname, extra_dirs=()):
-    """Loads `soname` from $env_var if set, else from extra_dirs, else from the
-    dynamic loader's search path (LD_LIBRARY_PATH, ldconfig cache)."""
+# The wheel bundles the libraries here, next to this file.
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(env_var, soname, dirs=()):
+    """Loads `soname` from $env_var if set, else from the first of `dirs`
+    that holds it, else from the dynamic loader's search path
+    (LD_LIBRARY_PATH, ldconfig cache)."""
     path = os.environ.get(env_var)
     if path:
         # An explicit path that does not load is an error, not a reason to
         # silently pick some other copy of the library.
         return ctypes.CDLL(path), path
     errors = []
-    for d in extra_dirs:
+    for d in dirs:
         candidate = os.path.join(d, soname)
         if os.path.exists(candidate):
             return ctypes.CDLL(candidate), candidate
@@ -218,24 +223,29 @@ def _load(env_var, soname, extra_dirs=()):
             return ctypes.CDLL(name), name
         except OSError as e:
             errors.append(str(e))
-    raise OSError(f"moe_ep: cannot load {soname}; set {env_var} to its path "
-                  f"or add its directory to LD_LIBRARY_PATH ({'; '.join(errors)})")
+    raise OSError(f"moe_ep: cannot load {soname}: not found in {', '.join(dirs)} nor by the "
+                  f"dynamic loader; install the wheel (pip install bindings/python), set {env_var} "
+                  f"to the library's path, or add its directory to LD_LIBRARY_PATH "
+                  f"({'; '.join(errors)})")
 
 
 def lib():
-    """The bound libmoe_ep (loaded once)."""
+    """The bound libmoe_ep (loaded once): $MOE_EP_LIBRARY, else the one
+    bundled in the package (a wheel), else the dynamic loader's path."""
     global _lib
     with _lock:
         if _lib is None:
-            cdll, path = _load("MOE_EP_LIBRARY", "libmoe_ep.so.0")
+            cdll, path = _load("MOE_EP_LIBRARY", "libmoe_ep.so.0", [PACKAGE_DIR])
             _lib = _bind(cdll, _FUNCTIONS)
             _lib.loaded_from = path
         return _lib
 
 
 def mpi_lib():
-    """The bound libmoe_ep_mpi (the Open MPI adapter), loaded on first use.
-    Looked for next to libmoe_ep when MOE_EP_LIBRARY points at a file."""
+    """The bound libmoe_ep_mpi (the Open MPI adapter), loaded on first use:
+    $MOE_EP_MPI_LIBRARY, else next to the libmoe_ep that was loaded (so that
+    the pair always matches), else the one bundled in the package, else the
+    dynamic loader's path."""
     global _mpi_lib
     core = lib()
     with _lock:
@@ -243,6 +253,7 @@ def mpi_lib():
             dirs = []
             if os.path.sep in core.loaded_from:
                 dirs.append(os.path.dirname(os.path.abspath(core.loaded_from)))
+            dirs.append(PACKAGE_DIR)
             cdll, path = _load("MOE_EP_MPI_LIBRARY", "libmoe_ep_mpi.so.0", dirs)
             _mpi_lib = _bind(cdll, _MPI_FUNCTIONS)
             _mpi_lib.loaded_from = path

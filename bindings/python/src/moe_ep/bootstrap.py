@@ -106,10 +106,12 @@ class MpiBootstrap(Bootstrap):
         mpi = _lib.mpi_lib()
         fint = int(comm.py2f())
         status = mpi.moe_ep_mpi_bootstrap_init_fint(fint, ctypes.byref(self.struct))
-        # The adapter does not set the core's thread-local message: say what failed.
-        check(status, f"moe_ep_mpi_bootstrap_init_fint(comm.py2f() = {fint}) failed "
-                      "(is MPI initialised, and is mpi4py built against the same Open MPI "
-                      f"as {mpi.loaded_from}?)")
+        if status != _lib.SUCCESS:
+            # The adapter explains itself through the core's moe_ep_last_error().
+            said = _lib.lib().moe_ep_last_error().decode(errors="replace")
+            raise MoeEpError(status, f"moe_ep_mpi_bootstrap_init_fint(comm.py2f() = {fint}) "
+                                     f"[{mpi.loaded_from}]: " +
+                             (said or "no message from the adapter"))
         self._open = True
 
     def close(self):

@@ -44,6 +44,10 @@ def dtype_tuple(dtype):
                          "or a (code, bits, lanes) tuple") from None
 
 
+def _dtype_of(field):
+    return (field.code, field.bits, field.lanes)
+
+
 def _set_dtype(field, dtype):
     field.code, field.bits, field.lanes = dtype_tuple(dtype)
 
@@ -79,7 +83,7 @@ def make_config(backend=None, num_sms=None, timeout_ms=None, device=None):
     c = _lib.Config()
     check(_lib.lib().moe_ep_config_init(ctypes.byref(c)))
     if backend is not None:
-        c.backend = _BACKENDS[backend.lower()] if isinstance(backend, str) else int(backend)
+        c.backend = _backend_value(backend)
     if num_sms is not None:
         c.num_sms = num_sms
     if timeout_ms is not None:
@@ -87,6 +91,19 @@ def make_config(backend=None, num_sms=None, timeout_ms=None, device=None):
     if device is not None:
         c.device = device
     return c
+
+
+def _backend_value(backend):
+    if isinstance(backend, str):
+        try:
+            return _BACKENDS[backend.lower()]
+        except KeyError:
+            raise ValueError(f"moe_ep: unknown backend {backend!r}; expected one of "
+                             f"{', '.join(repr(k) for k in _BACKENDS)} or a MOE_EP_BACKEND_* int") from None
+    if isinstance(backend, bool) or not isinstance(backend, int):
+        raise ValueError(f"moe_ep: backend must be a name ({', '.join(repr(k) for k in _BACKENDS)}) "
+                         f"or a MOE_EP_BACKEND_* int, got {backend!r}")
+    return int(backend)
 
 
 _CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device")
@@ -135,7 +152,7 @@ def workspace_size(world_size, **kwargs):
 
 
 class MoeEp:
-    """One moe_ep handle (collective create and destroy).
+    """One moe_ep handle: collective create, dispatch, combine and destroy.
 
         with moe_ep.MoeEp(bootstrap, num_experts=8, top_k=2, max_tokens_per_rank=64,
                           hidden_size=128, hidden_dtype="float32",
@@ -143,15 +160,40 @@ class MoeEp:
             r = ep.dispatch(x, topk_ids, topk_weights)
             y = ep.combine(expert_output)
 
-    Keyword arguments are the fields of moe_ep_params_t and moe_ep_config_t
-    (backend, num_sms, timeout_ms, device); omitted ones take the library's
-    defaults.  Tensors are any objects with __dlpack__.
+    Required (the same on every rank):
+      bootstrap            -- a Bootstrap (from_mpi4py(), from_torch_distributed(),
+                              SingleRankBootstrap(), CallbackBootstrap(...))
+      num_experts          -- E > 0, divisible by the number of ranks
+      top_k                -- K, experts per token, 1..E
+      max_tokens_per_rank  -- the largest T (tokens of one rank) of any call
+      hidden_size          -- H, elements per row of combine's tensors
+
+    Optional (None keeps the library's default):
+      hidden_dtype         -- dispatch payload dtype, default "bfloat16"
+      hidden_row_elems     -- elements per dispatched row R, default H
+      scale_row_elems      -- S, per-row scales sent with the rows, default 0
+      scale_dtype          -- default "float32"
+      invalid_expert_id    -- default -1
+      enable_eplb_stats    -- default False
+      combine_dtype        -- "bfloat16" (default), "float16" or "float32"
+      backend              -- "auto" (default), "nvlink" or "host"
+      num_sms, timeout_ms, device -- see moe_ep_config_t in moe_ep_c.h
+
+    dtypes are names ("bfloat16"), numpy/torch dtypes or (code, bits, lanes).
+    Tensors are any objects with __dlpack__; see dispatch() and combine().
     """
 
-    def __init__(self, bootstrap, **kwargs):
-        params_kw, config_kw = _split_kwargs(dict(kwargs))
-        self._params = make_params(**params_kw)
-        self._config = make_config(**config_kw)
+    def __init__(self, bootstrap, num_experts, top_k, max_tokens_per_rank, hidden_size, *,
+                 hidden_dtype=None, hidden_row_elems=None, scale_row_elems=None, scale_dtype=None,
+                 invalid_expert_id=None, enable_eplb_stats=None, combine_dtype=None,
+                 backend=None, num_sms=None, timeout_ms=None, device=None):
+        self._params = make_params(num_experts, top_k, max_tokens_per_rank, hidden_size,
+                                   hidden_dtype=hidden_dtype, hidden_row_elems=hidden_row_elems,
+                                   scale_row_elems=scale_row_elems, scale_dtype=scale_dtype,
+                                   invalid_expert_id=invalid_expert_id,
+                                   enable_eplb_stats=enable_eplb_stats, combine_dtype=combine_dtype)
+        self._config = make_config(backend=backend, num_sms=num_sms, timeout_ms=timeout_ms,
+                                   device=device)
         self._bootstrap = bootstrap  # destroy calls back into it
         self._ptr = _lib.HandlePtr()
         self._epochs = {"dispatch": 0, "combine": 0}
@@ -207,18 +249,43 @@ class MoeEp:
     # -- calls ------------------------------------------------------------------------
     def dispatch(self, hidden_states, topk_ids, topk_weights=None, hidden_states_scale=None,
                  runtime_max_tokens_per_rank=0, eplb_local_stats=None, stream=None):
-        """Collective.  Returns a DispatchResult of Views (valid until the
-        matching combine is issued)."""
+        """Collective: sends each token to every rank that owns one of its experts.
+
+        T = tokens on this rank (0..max_tokens_per_rank, may differ per rank),
+        K = top_k, R = hidden_row_elems (default hidden_size), S = scale_row_elems.
+          hidden_states        [T, R] hidden_dtype.  numpy users: for bf16/fp16/fp8
+                               payloads pass an ml_dtypes array (ml_dtypes.bfloat16)
+                               or an integer array of the same width (uint16 for
+                               bf16/fp16, uint8 for fp8) holding the raw bits.
+          topk_ids             [T, K] int32, expert ids; invalid_expert_id = no pick
+          topk_weights         [T, K] float32, optional
+          hidden_states_scale  [T, S] scale_dtype, required iff S > 0
+          runtime_max_tokens_per_rank  0 = max_tokens_per_rank
+          eplb_local_stats     [E] int32, optional
+          stream               cudaStream_t as an int, a torch/cupy stream, or None
+        Inputs are only read: read-only arrays are fine.  CPU tensors for the
+        HOST backend, CUDA tensors on the handle's device otherwise.
+
+        Returns a DispatchResult of Views, valid until the matching combine is
+        issued, with P = world_size * tokens_per_rank receive rows (rank-major):
+          hidden_states [P, R], topk_ids [P, K] int32 (picks of other ranks are
+          invalid_expert_id), topk_weights [P, K] float32 (if given),
+          hidden_states_scale [P, S], recv_counts [world_size] int32,
+          local_expert_counts [E / world_size] int32, eplb_gathered_stats
+          [world_size, E] int32 (if enabled)."""
         handle = self._live()
         s = _stream_int(stream)
         args = _lib.DispatchArgs()
         check(_lib.lib().moe_ep_dispatch_args_init(ctypes.byref(args)))
         keep = []
+        p = self._params
+        expected = {"hidden_states": _dtype_of(p.hidden_dtype),
+                    "hidden_states_scale": _dtype_of(p.scale_dtype)}
         for name, obj in (("hidden_states", hidden_states), ("topk_ids", topk_ids),
                           ("topk_weights", topk_weights), ("hidden_states_scale", hidden_states_scale),
                           ("eplb_local_stats", eplb_local_stats)):
             if obj is not None:
-                b = _dlpack.borrow(obj, s, name)
+                b = _dlpack.borrow(obj, s, name, expect=expected.get(name))
                 setattr(args, name, b.ptr)
                 keep.append(b)
         args.runtime_max_tokens_per_rank = int(runtime_max_tokens_per_rank)
@@ -232,14 +299,26 @@ class MoeEp:
         return DispatchResult(self, result)
 
     def combine(self, expert_output, output=None, stream=None):
-        """Collective.  Returns `output` if given, else a View of library-owned
-        memory valid until the next combine."""
+        """Collective: returns each rank's expert output to the tokens' source
+        ranks and sums it over ranks (ascending rank order, fp32 accumulation).
+
+          expert_output  [P, H] or [world_size, tokens_per_rank, H] combine_dtype:
+                         row i is the output for receive row i of the matching
+                         dispatch (already weighted and summed over this rank's
+                         experts).  An integer array of the same width is read as
+                         raw bits for bf16/fp16 (numpy), as are ml_dtypes arrays.
+          output         [T, H] combine_dtype, writable, optional
+          stream         as for dispatch
+        Returns `output` if given, else a View [T, H] of library-owned memory
+        valid until the next combine.  Issuing combine ends the validity of the
+        dispatch result's views."""
         handle = self._live()
         s = _stream_int(stream)
-        keep = [_dlpack.borrow(expert_output, s, "expert_output")]
+        combine_dtype = _dtype_of(self._params.combine_dtype)
+        keep = [_dlpack.borrow(expert_output, s, "expert_output", expect=combine_dtype)]
         out_ptr = None
         if output is not None:
-            b = _dlpack.borrow(output, s, "output")
+            b = _dlpack.borrow(output, s, "output", expect=combine_dtype)
             if b.readonly:
                 raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT,
                                  "output: expected a writable tensor, got a read-only DLPack export")

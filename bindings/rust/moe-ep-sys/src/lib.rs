@@ -192,3 +192,15 @@ unsafe extern "C" {
     pub fn moe_ep_get_async_error(handle: moe_ep_handle_t, status: *mut moe_ep_status_t) -> moe_ep_status_t;
     pub fn moe_ep_destroy(handle: *mut moe_ep_handle_t) -> moe_ep_status_t;
 }
+
+// The Open MPI bootstrap adapter (`include/moe_ep_mpi.h`), exported by
+// libmoe_ep_mpi.so; declared and linked only with the `mpi` feature.
+#[cfg(feature = "mpi")]
+unsafe extern "C" {
+    /// `mpi_comm` points at an `MPI_Comm` of the MPI libmoe_ep_mpi was built with.
+    pub fn moe_ep_mpi_bootstrap_init(mpi_comm: *const c_void, bootstrap: *mut moe_ep_bootstrap_t)
+        -> moe_ep_status_t;
+    /// The communicator's Fortran handle (`MPI_Comm_c2f`).
+    pub fn moe_ep_mpi_bootstrap_init_fint(mpi_fint: i32, bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
+    pub fn moe_ep_mpi_bootstrap_release(bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
+}

@@ -23,10 +23,14 @@
 //! checker enforces the library's validity rules.
 mod bootstrap;
 mod error;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod tensor;
 
 pub use bootstrap::{thread_group, Bootstrap, BoxError, SingleRank, ThreadRank};
 pub use error::{Error, Result, Status};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiBootstrap;
 pub use tensor::{DType, Device, Element, TensorMut, TensorRef, View};
 
 use error::check;
