@@ -7,7 +7,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake ninja-build pkg-config \
+  build-essential cmake ninja-build pkg-config clang-format-14 \
   libopenmpi-dev openmpi-bin \
   catch2 libcli11-dev libdlpack-dev \
   python3-numpy python3-pytest python3-mpi4py python3-pip python3-setuptools python3-venv python3-matplotlib \

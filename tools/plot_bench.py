@@ -78,7 +78,8 @@ def draw(docs, out, title):
                 xs, ys = series(baseline_doc, source, phase, "avg_us")
                 if xs:
                     lat.plot(xs, ys, style, label=name)
-        bw.set_title(f"{phase}: bus bandwidth (bytes that cross NVLink / time)")
+        crossing = docs[0]["config"].get("remote_bytes", "bytes that cross NVLink")
+        bw.set_title(f"{phase}: bus bandwidth ({crossing} / time)")
         bw.set_ylabel("busbw (GB/s, each direction)")
         lat.set_title(f"{phase}: latency (slowest rank per iteration)")
         lat.set_ylabel("time (us)")

@@ -17,8 +17,8 @@ BUILD=build-device
 echo "== build"
 start=$(date +%s)
 cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DCMAKE_PREFIX_PATH="$PWD/.device-deps/usr" -DMOE_EP_BUILD_TOOLS=OFF > "$OUT/build.log" 2>&1 &&
-  ninja -C $BUILD -j32 test_nvlink_host test_nvlink_gpu moe_ep_nvlink_timing >> "$OUT/build.log" 2>&1
+  -DCMAKE_PREFIX_PATH="$PWD/.device-deps/usr" > "$OUT/build.log" 2>&1 &&
+  ninja -C $BUILD -j32 test_nvlink_host test_nvlink_gpu moe_ep_conformance >> "$OUT/build.log" 2>&1
 rc=$?
 echo "build rc=$rc in $(( $(date +%s) - start )) s"
 if [ $rc -ne 0 ]; then tail -40 "$OUT/build.log"; exit $rc; fi
@@ -35,14 +35,16 @@ fi
 
 if [ "$what" = timing ] || [ "$what" = all ]; then
   echo "== timing"
-  timing() {  # schedule, then timing-tool arguments
-    MOE_EP_COMBINE_SCHEDULE=$1 timeout 120 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
-      --hidden 7168 --experts 256 --topk 8 --warmup 20 "${@:2}" 2>&1 | grep -v "^\[moe_ep\]" | tee -a "$OUT/timing.log"
+  source "$(dirname "$0")/bench_times.sh"
+  timing() {  # schedule tokens iterations [bench flags]
+    BENCH_MPI_FLAGS=(-x MOE_EP_COMBINE_SCHEDULE=$1)
+    echo "schedule $1 tokens $2: $(bench_times $BUILD "${@:2}")"
   }
-  MOE_EP_LOG=info timeout 120 mpirun -np 2 --oversubscribe $BUILD/test/cuda/moe_ep_nvlink_timing \
-    --tokens 128 --iters 20 --warmup 2 2>&1 | grep "^\[moe_ep\]" | tee -a "$OUT/timing.log"
-  for t in 4096 128 1; do timing auto --tokens $t --iters 200; done
-  timing auto --tokens 4096 --iters 100 --num-sms 16
-  timing serial --tokens 4096 --iters 100
+  BENCH_MPI_FLAGS=(-x MOE_EP_LOG=info)
+  bench_times $BUILD 128 20 > /dev/null
+  grep "^\[moe_ep\]" "$OUT/timing.log" | sort -u
+  for t in 4096 128 1; do timing auto $t 200; done
+  timing auto 4096 100 --num-sms 16
+  timing serial 4096 100
 fi
 exit $status

@@ -22,14 +22,14 @@ rc=$?
 echo "build: exit $rc in $(( $(date +%s) - start )) s" | tee -a "$S"
 [ $rc -eq 0 ] || { tail -40 "$L/build.log" | tee -a "$S"; exit 1; }
 
+source "$(dirname "$0")/bench_times.sh"
 broken=0
 t() {  # label small(0|1) tokens; after a failure the remaining timings are skipped (the tests still run)
   [ $broken -eq 0 ] || return
   local line
-  line=$(timeout 25 mpirun -np 2 --oversubscribe -x MOE_EP_SMALL_BATCH=$2 $B/test/cuda/moe_ep_nvlink_timing \
-      --hidden 7168 --experts 256 --topk 8 --warmup 20 --iters 200 --tokens $3 2>&1 | tee -a "$L/timing.log" |
-      grep -E "eager|graph|rank [01]:" | tr -s ' ' | tr '\n' ' ')
-  [ $? -eq 0 ] || broken=1
+  BENCH_MPI_FLAGS=(-x MOE_EP_SMALL_BATCH=$2)
+  line=$(OUT=$L bench_times $B $3 200)
+  [[ "$line" == *"wrong 0/0"*"wrong 0/0"* ]] || broken=1
   echo "$1 tokens $3 | $line" | tee -a "$S"
 }
 for round in 1 2; do

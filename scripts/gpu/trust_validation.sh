@@ -51,7 +51,7 @@ step() {  # step NAME LIMIT COMMAND...: capped by what is left of BUDGET; a fail
 MPIRUN="mpirun -np 2 --bind-to none"
 SANITIZER=${SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 SAN="$SANITIZER --print-limit 20 --error-exitcode 3"
-GPU_TEST=$BUILD/test/cuda/test_nvlink_gpu
+GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 
 say "commit $(git rev-parse --short HEAD 2>/dev/null || echo '(copy)'); deps $DEPS"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$LOG"
@@ -60,8 +60,8 @@ TAIL=5 step build 150 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=
   -DCMAKE_PREFIX_PATH='$DEPS' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_kill_peer_probe test_nvlink_host moe_ep_conformance"
 [ -x "$GPU_TEST" ] || { cat "$SUMMARY"; exit 1; }
 
-TAIL=4 step fd_exchange 30 $BUILD/test/cuda/test_nvlink_host "[fd_exchange]"
-TAIL=8 step kill_peer 40 $BUILD/test/cuda/moe_ep_kill_peer_probe
+TAIL=4 step fd_exchange 30 $BUILD/test/nvlink/test_nvlink_host "[fd_exchange]"
+TAIL=8 step kill_peer 40 $BUILD/test/nvlink/moe_ep_kill_peer_probe
 TAIL=8 step fresh_mpirun_peer_counts 40 $MPIRUN $GPU_TEST "[peer_counts]" -s -r compact
 # MOE_EP_LOG=info prints how long each teardown step of destroy took (a step the
 # driver makes wait for the whole device stands out).

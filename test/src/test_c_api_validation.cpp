@@ -8,13 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "dtypes.hpp"
 #include "moe_ep_c.h"
-#include "tensor_helpers.hpp"
+#include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
 
 using Catch::Matchers::Contains;
 using namespace moe_ep_test;
+using namespace moe_ep_verify;
 
 namespace {
 
@@ -53,10 +55,10 @@ struct Fixture {
   std::vector<int32_t> ids = {0, 1, 2, 3, 1, -1};
   std::vector<float> weights = std::vector<float>(6, 0.5f);
   std::vector<float> scales = std::vector<float>(6, 2.0f);
-  TensorRef hidden_t{hidden.data(), bf16_dtype(), {3, 8}};
-  TensorRef ids_t{ids.data(), int32_dtype(), {3, 2}};
-  TensorRef weights_t{weights.data(), fp32_dtype(), {3, 2}};
-  TensorRef scales_t{scales.data(), fp32_dtype(), {3, 2}};
+  TensorView hidden_t{hidden.data(), bf16_dtype(), {3, 8}};
+  TensorView ids_t{ids.data(), int32_dtype(), {3, 2}};
+  TensorView weights_t{weights.data(), fp32_dtype(), {3, 2}};
+  TensorView scales_t{scales.data(), fp32_dtype(), {3, 2}};
   moe_ep_dispatch_args_t args{};
   moe_ep_dispatch_result_t result{};
 
@@ -78,9 +80,9 @@ struct Fixture {
 
   // A whole round with fresh, valid tensors works: the handle is still usable after an error.
   void expect_usable() {
-    TensorRef hidden2(hidden.data(), bf16_dtype(), {T, 8});
-    TensorRef ids2(ids.data(), int32_dtype(), {T, 2});
-    TensorRef scales2(scales.data(), fp32_dtype(), {T, 2});
+    TensorView hidden2(hidden.data(), bf16_dtype(), {T, 8});
+    TensorView ids2(ids.data(), int32_dtype(), {T, 2});
+    TensorView scales2(scales.data(), fp32_dtype(), {T, 2});
     moe_ep_dispatch_args_t a;
     moe_ep_dispatch_args_init(&a);
     a.hidden_states = hidden2.get();
@@ -91,7 +93,7 @@ struct Fixture {
     REQUIRE(moe_ep_dispatch(h, &a, &r, nullptr) == MOE_EP_SUCCESS);
     CHECK(r.topk_weights.data == nullptr);  // no weights given: none returned
     std::vector<uint16_t> eo(4 * 8, 0x3F80);
-    TensorRef eo_t(eo.data(), bf16_dtype(), {4, 8});
+    TensorView eo_t(eo.data(), bf16_dtype(), {4, 8});
     moe_ep_combine_result_t cr;
     moe_ep_combine_result_init(&cr);
     REQUIRE(moe_ep_combine(h, eo_t.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
@@ -167,7 +169,7 @@ TEST_CASE("dispatch: a bad tensor is named with expected and actual", "[validati
   }
   SECTION("eplb stats given while off") {
     std::vector<int32_t> stats(4, 0);
-    TensorRef s(stats.data(), int32_dtype(), {4});
+    TensorView s(stats.data(), int32_dtype(), {4});
     f.args.eplb_local_stats = s.get();
     expect_error(f.dispatch(), MOE_EP_ERROR_INVALID_ARGUMENT, {"args->eplb_local_stats", "enable_eplb_stats is 0"});
   }
@@ -192,7 +194,7 @@ TEST_CASE("dispatch: token counts beyond tokens_per_rank are refused", "[validat
   SECTION("more tokens than max_tokens_per_rank") {
     std::vector<uint16_t> big(5 * 8);
     std::vector<int32_t> ids(10, 0);
-    TensorRef h(big.data(), bf16_dtype(), {5, 8});
+    TensorView h(big.data(), bf16_dtype(), {5, 8});
     f.args.hidden_states = h.get();
     expect_error(f.dispatch(), MOE_EP_ERROR_INVALID_ARGUMENT, {"local_num_tokens", "tokens_per_rank = 4", "got 5"});
   }
@@ -202,7 +204,7 @@ TEST_CASE("dispatch: token counts beyond tokens_per_rank are refused", "[validat
 TEST_CASE("dispatch and combine: call order and struct arguments", "[validation]") {
   Fixture f;
   std::vector<uint16_t> eo(4 * 8, 0);
-  TensorRef eo_t(eo.data(), bf16_dtype(), {4, 8});
+  TensorView eo_t(eo.data(), bf16_dtype(), {4, 8});
   moe_ep_combine_result_t cr;
   moe_ep_combine_result_init(&cr);
 
@@ -230,14 +232,14 @@ TEST_CASE("dispatch and combine: call order and struct arguments", "[validation]
   }
   SECTION("output with the wrong shape") {
     std::vector<uint16_t> out(4 * 8);
-    TensorRef out_t(out.data(), bf16_dtype(), {4, 8});
+    TensorView out_t(out.data(), bf16_dtype(), {4, 8});
     expect_error(moe_ep_combine(f.h, eo_t.get(), out_t.get(), &cr, nullptr), MOE_EP_ERROR_INVALID_ARGUMENT,
                  {"output shape", "[3, 8]", "got [4, 8]"});
   }
   // After any of the errors above the pending dispatch can still be combined, 3-D form too.
-  TensorRef eo3(eo.data(), bf16_dtype(), {1, 4, 8});
+  TensorView eo3(eo.data(), bf16_dtype(), {1, 4, 8});
   std::vector<uint16_t> out(3 * 8, 0xFFFF);
-  TensorRef out_t(out.data(), bf16_dtype(), {3, 8});
+  TensorView out_t(out.data(), bf16_dtype(), {3, 8});
   REQUIRE(moe_ep_combine(f.h, eo3.get(), out_t.get(), &cr, nullptr) == MOE_EP_SUCCESS);
   CHECK(cr.output.data == out.data());
   CHECK(out[0] == 0);  // written: every token's partials were zero

@@ -1,5 +1,5 @@
-// The HOST backend with 1 to 4 ranks run as threads, against the independent
-// brute-force model, on fresh random inputs for every case.
+// The HOST backend with 1 to 4 ranks run as threads, against the oracle of
+// moe_ep_verify, on fresh random inputs for every case and round.
 #include <catch2/catch.hpp>
 
 #include <mutex>
@@ -7,28 +7,26 @@
 #include <vector>
 
 #include "host_case_runner.hpp"
-#include "random_inputs.hpp"
 #include "thread_bootstrap.hpp"
 
 using namespace moe_ep_test;
 
 namespace {
 
-// Runs the case on spec.world_size thread-ranks and checks every rank.
-void run_and_check(const CaseSpec& spec, int repeats = 1) {
-  std::vector<std::string> problems(spec.world_size);
-  run_ranks(spec.world_size, [&](int rank, const moe_ep_bootstrap_t& b) {
-    problems[rank] = check_case(spec, rank, run_host_case(spec, b, repeats));
-  });
-  for (int r = 0; r < spec.world_size; ++r) {
+// Runs the case on spec.world thread-ranks and checks every rank.
+void run_and_check(const WorkloadSpec& spec, int rounds = 2) {
+  std::vector<std::string> problems(spec.world);
+  run_ranks(spec.world,
+            [&](int rank, const moe_ep_bootstrap_t& b) { problems[rank] = run_host_case(spec, b, rounds).problems; });
+  for (int r = 0; r < spec.world; ++r) {
     INFO(spec.describe() << "\nrank " << r << ":\n" << problems[r]);
     CHECK(problems[r].empty());
   }
 }
 
-CaseSpec base_case(int world, uint64_t seed) {
-  CaseSpec s;
-  s.world_size = world;
+WorkloadSpec base_case(int world, uint64_t seed) {
+  WorkloadSpec s;
+  s.world = world;
   s.num_experts = 4 * world;
   s.top_k = 3;
   s.max_tokens_per_rank = 9;
@@ -46,8 +44,8 @@ TEST_CASE("host backend: random routing, 1 to 4 ranks", "[host]") {
 }
 
 TEST_CASE("host backend: masked picks, zero and unequal token counts, runtime max", "[host]") {
-  CaseSpec s = base_case(3, 7);
-  s.mask_fraction = 0.4;
+  WorkloadSpec s = base_case(3, 7);
+  s.routing.mask_fraction = 0.4;
   s.tokens = {0, 9, 4};
   run_and_check(s);
   s.tokens = {0, 0, 0};
@@ -55,16 +53,16 @@ TEST_CASE("host backend: masked picks, zero and unequal token counts, runtime ma
   s.tokens = {};
   s.runtime_max_tokens_per_rank = 5;
   run_and_check(s);
-  s.mask_fraction = 1.0;  // every pick masked: nothing moves, combine writes zeros
+  s.routing.mask_fraction = 1.0;  // every pick masked: nothing moves, combine writes zeros
   s.tokens = {5, 5, 5};
   run_and_check(s);
 }
 
 TEST_CASE("host backend: dtypes, scales, payload sizes, weights and EPLB", "[host]") {
-  CaseSpec s = base_case(2, 11);
+  WorkloadSpec s = base_case(2, 11);
   SECTION("fp16 combine, no weights") {
     s.combine_dtype = moe_ep_dtype_t{MOE_EP_DTYPE_FLOAT, 16, 1};
-    s.with_weights = false;
+    s.weights = false;
     run_and_check(s);
   }
   SECTION("fp32 combine, odd hidden size") {
@@ -87,23 +85,23 @@ TEST_CASE("host backend: dtypes, scales, payload sizes, weights and EPLB", "[hos
   }
   SECTION("EPLB stats counted from topk_ids") {
     s.eplb_stats = true;
-    s.mask_fraction = 0.2;
+    s.routing.mask_fraction = 0.2;
     run_and_check(s);
   }
   SECTION("EPLB stats passed in") {
     s.eplb_stats = true;
-    s.pass_eplb_local = true;
+    s.eplb_given = true;
     run_and_check(s);
   }
   SECTION("invalid id = num_experts") {
     s.invalid_expert_id = s.num_experts;
-    s.mask_fraction = 0.3;
+    s.routing.mask_fraction = 0.3;
     run_and_check(s);
   }
 }
 
 TEST_CASE("host backend: expert counts and top_k extremes", "[host]") {
-  CaseSpec s = base_case(2, 21);
+  WorkloadSpec s = base_case(2, 21);
   SECTION("6 experts on 2 ranks, top_k 6") {
     s.num_experts = 6;
     s.top_k = 6;
@@ -114,7 +112,7 @@ TEST_CASE("host backend: expert counts and top_k extremes", "[host]") {
     run_and_check(s);
   }
   SECTION("top_k 32 of 64 experts, 4 ranks") {
-    s.world_size = 4;
+    s.world = 4;
     s.num_experts = 64;
     s.top_k = 32;
     run_and_check(s);
@@ -122,24 +120,24 @@ TEST_CASE("host backend: expert counts and top_k extremes", "[host]") {
 }
 
 TEST_CASE("host backend: repeated rounds on one handle and bitwise reproducibility", "[host]") {
-  CaseSpec s = base_case(3, 31);
-  run_and_check(s, 4);  // buffers reused across rounds
+  WorkloadSpec s = base_case(3, 31);
+  run_and_check(s, 4);  // buffers reused across rounds, fresh inputs each round
   std::vector<std::vector<uint8_t>> first(3), second(3);
-  run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) { first[rank] = run_host_case(s, b).combined; });
-  run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) { second[rank] = run_host_case(s, b).combined; });
+  run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) { first[rank] = run_host_case(s, b, 3).combined; });
+  run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) { second[rank] = run_host_case(s, b, 3).combined; });
   CHECK(first == second);
 }
 
 TEST_CASE("host backend: two handles on the same group coexist", "[host]") {
   std::vector<std::string> problems(2);
   run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    CaseSpec a = base_case(2, 41), c = base_case(2, 42);
+    WorkloadSpec a = base_case(2, 41), c = base_case(2, 42);
     c.hidden_size = 8;
     c.top_k = 1;
     // Two handles alive at once, used alternately.
     const CaseOutcome first = run_host_case(a, b);
     const CaseOutcome second = run_host_case(c, b);
-    problems[rank] = check_case(a, rank, first) + check_case(c, rank, second);
+    problems[rank] = first.problems + second.problems;
   });
   CHECK(problems[0].empty());
   CHECK(problems[1].empty());

@@ -2,108 +2,99 @@
 
 #include <cstring>
 
-#include "tensor_helpers.hpp"
+#include "counter_rng.hpp"
+#include "oracle.hpp"
+#include "result_reader.hpp"
+#include "tensor_view.hpp"
 
 namespace moe_ep_test {
 
-namespace {
+using namespace moe_ep_verify;
 
-template <typename T>
-std::vector<T> copy_view(const moe_ep_tensor_t& t) {
-  if (t.data == nullptr) return {};
-  int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  const auto* p = reinterpret_cast<const T*>(static_cast<const char*>(t.data) + t.byte_offset);
-  return std::vector<T>(p, p + n);
+WorkloadSpec round_spec(const WorkloadSpec& spec, int round) {
+  WorkloadSpec w = spec;
+  if (round > 0) w.seed = derive(spec.seed, uint64_t(round));
+  return w;
 }
 
-std::vector<uint8_t> copy_bytes(const moe_ep_tensor_t& t) {
-  if (t.data == nullptr) return {};
-  int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  const uint64_t bytes = (uint64_t(n) * t.dtype.bits * t.dtype.lanes + 7) / 8;
-  const auto* p = static_cast<const uint8_t*>(t.data) + t.byte_offset;
-  return std::vector<uint8_t>(p, p + bytes);
+namespace {
+
+// The first failing call's status and message, in words.
+class CallLog {
+ public:
+  bool ok(moe_ep_status_t s, const char* call) {
+    if (s != MOE_EP_SUCCESS && text_.empty()) {
+      text_ = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error() + "\n";
+    }
+    return s == MOE_EP_SUCCESS;
+  }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
+void poison_payload(const WorkloadSpec& w, const moe_ep_dispatch_result_t& r) {
+  const uint64_t P = uint64_t(w.receive_rows());
+  if (r.hidden_states.data) std::memset(r.hidden_states.data, 0xA5, P * w.hidden_row_bytes());
+  if (r.hidden_states_scale.data) std::memset(r.hidden_states_scale.data, 0xA5, P * w.scale_row_bytes());
+}
+
+// One round on handle h; returns the oracle's findings ("" = all matched).
+std::string run_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, bool caller_output, CallLog& log,
+                      std::vector<uint8_t>& combined) {
+  const RankInputs in = make_rank_inputs(w, rank);
+  const int T = in.routing.num_tokens;
+  DispatchArgs args(w, T, host_memory(in));
+  moe_ep_dispatch_result_t dr;
+  moe_ep_dispatch_result_init(&dr);
+  if (!log.ok(moe_ep_dispatch(h, args.get(), &dr, nullptr), "moe_ep_dispatch")) return log.text();
+
+  const std::vector<RankRouting> all = make_all_routing(w);
+  Verdict v;
+  const ReceivedDispatch got = read_dispatch(w, dr, host_device(), read_host_memory, v);
+  v.merge(check_dispatch(w, all, rank, got));
+  poison_payload(w, dr);
+
+  const std::vector<uint8_t> expert_output = make_expert_output(w, rank);
+  std::vector<uint8_t> output(size_t(T) * w.combine_row_bytes(), 0xFF);
+  const TensorView eo = expert_output_view(w, expert_output.data(), host_device());
+  const TensorView out = combine_output_view(w, output.data(), T, host_device());
+  moe_ep_combine_result_t cr;
+  moe_ep_combine_result_init(&cr);
+  if (!log.ok(moe_ep_combine(h, eo.get(), caller_output ? out.get() : nullptr, &cr, nullptr), "moe_ep_combine")) {
+    return log.text();
+  }
+  if (caller_output && T > 0 && cr.output.data != output.data()) v.add(1, "combine: result is not the caller's tensor");
+  combined = read_combine(w, cr, T, host_device(), read_host_memory, v);
+  if (T > 0) v.merge(check_combine(w, all, rank, combined));
+  return v.wrong ? std::to_string(v.wrong) + " wrong: " + w.describe() + "\n" + v.details : "";
 }
 
 }  // namespace
 
-CaseOutcome run_host_case(const CaseSpec& spec, const moe_ep_bootstrap_t& bootstrap, int repeats, int32_t backend) {
+CaseOutcome run_host_case(const WorkloadSpec& spec, const moe_ep_bootstrap_t& bootstrap, int rounds) {
   CaseOutcome out;
-  const int rank = bootstrap.rank;
-  auto record = [&](moe_ep_status_t s) {
-    if (s != MOE_EP_SUCCESS && out.status == MOE_EP_SUCCESS) {
-      out.status = s;
-      out.message = moe_ep_last_error();
-    }
-    return s == MOE_EP_SUCCESS;
-  };
+  CallLog log;
   moe_ep_params_t params = spec.params();
   moe_ep_config_t config;
   moe_ep_config_init(&config);
-  config.backend = backend;
+  config.backend = MOE_EP_BACKEND_HOST;
   moe_ep_handle_t h = nullptr;
-  if (!record(moe_ep_create(&bootstrap, &params, &config, &h))) return out;
-
-  const RankData data = make_rank_data(spec, rank);
-  const int64_t T = data.num_tokens;
-  for (int round = 0; round < repeats; ++round) {
-    TensorRef hidden(data.hidden.data(), spec.hidden_dtype, {T, spec.row_elems()});
-    TensorRef ids(data.topk_ids.data(), int32_dtype(), {T, spec.top_k});
-    TensorRef weights(data.topk_weights.data(), fp32_dtype(), {T, spec.top_k});
-    TensorRef scales(data.scales.data(), spec.scale_dtype, {T, spec.scale_row_elems});
-    TensorRef eplb(data.eplb_local.data(), int32_dtype(), {spec.num_experts});
-    moe_ep_dispatch_args_t args;
-    moe_ep_dispatch_args_init(&args);
-    args.hidden_states = hidden.get();
-    args.topk_ids = ids.get();
-    args.topk_weights = spec.with_weights ? weights.get() : nullptr;
-    args.hidden_states_scale = spec.scale_row_elems ? scales.get() : nullptr;
-    args.runtime_max_tokens_per_rank = spec.runtime_max_tokens_per_rank;
-    args.eplb_local_stats = spec.pass_eplb_local ? eplb.get() : nullptr;
-    moe_ep_dispatch_result_t res;
-    moe_ep_dispatch_result_init(&res);
-    if (!record(moe_ep_dispatch(h, &args, &res, nullptr))) break;
-
-    out.tokens_per_rank = res.tokens_per_rank;
-    out.received.recv_counts = copy_view<int32_t>(res.recv_counts);
-    out.received.topk_ids = copy_view<int32_t>(res.topk_ids);
-    out.received.local_expert_counts = copy_view<int32_t>(res.local_expert_counts);
-    out.received.eplb_gathered = copy_view<int32_t>(res.eplb_gathered_stats);
-    out.received.has_weights = res.topk_weights.data != nullptr;
-    out.received.topk_weights = copy_view<float>(res.topk_weights);
-    out.received.hidden = copy_bytes(res.hidden_states);
-    out.received.scales = copy_bytes(res.hidden_states_scale);
-
-    const std::vector<uint8_t> expert_output = make_expert_output(spec, rank, round == repeats - 1 ? 0 : round + 1);
-    TensorRef eo(expert_output.data(), spec.combine_dtype,
-                 {int64_t(spec.world_size) * res.tokens_per_rank, spec.hidden_size});
-    moe_ep_combine_result_t cres;
-    moe_ep_combine_result_init(&cres);
-    if (!record(moe_ep_combine(h, eo.get(), nullptr, &cres, nullptr))) break;
-    out.combined = copy_bytes(cres.output);
+  if (!log.ok(moe_ep_create(&bootstrap, &params, &config, &h), "moe_ep_create")) {
+    out.problems = log.text();
+    return out;
+  }
+  for (int round = 0; round < rounds && log.text().empty(); ++round) {
+    const std::string found = run_round(h, round_spec(spec, round), bootstrap.rank, round % 2 == 1, log, out.combined);
+    if (!found.empty()) out.problems += "round " + std::to_string(round) + ": " + found;
   }
   moe_ep_status_t async = MOE_EP_SUCCESS;
-  record(moe_ep_get_async_error(h, &async));
-  record(async);
-  record(moe_ep_destroy(&h));
+  log.ok(moe_ep_get_async_error(h, &async), "moe_ep_get_async_error");
+  log.ok(async, "asynchronous error");
+  log.ok(moe_ep_destroy(&h), "moe_ep_destroy");
+  if (out.problems.find(log.text()) == std::string::npos) out.problems += log.text();
   return out;
-}
-
-std::string check_case(const CaseSpec& spec, int rank, const CaseOutcome& outcome) {
-  if (outcome.status != MOE_EP_SUCCESS) {
-    return std::string(moe_ep_status_string(outcome.status)) + ": " + outcome.message;
-  }
-  std::vector<RankData> all;
-  for (int r = 0; r < spec.world_size; ++r) all.push_back(make_rank_data(spec, r));
-  std::string diff = compare_receive(spec, brute_force_receive(spec, all, rank), outcome.received);
-  if (outcome.tokens_per_rank != spec.tokens_per_rank()) diff += "tokens_per_rank differs\n";
-  std::vector<std::vector<uint8_t>> outputs;
-  for (int r = 0; r < spec.world_size; ++r) outputs.push_back(make_expert_output(spec, r, 0));
-  // The last round always uses salt 0 (earlier rounds use other values).
-  const std::vector<uint8_t> expected = brute_force_combine(spec, all, outputs, rank);
-  if (expected != outcome.combined) diff += "combine output differs\n";
-  return diff;
 }
 
 }  // namespace moe_ep_test

@@ -1,30 +1,34 @@
-// Runs one CaseSpec through a HOST-backend handle on one rank (any bootstrap)
-// and returns host copies of everything it produced, for comparison with the
-// brute-force model.
+// Runs one workload through a HOST-backend handle on one rank (any bootstrap):
+// every round on fresh inputs, every result checked against the oracle of
+// moe_ep_verify (independent of the library's reference model).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "moe_ep_c.h"
-#include "random_inputs.hpp"
+#include "workload.hpp"
 
 namespace moe_ep_test {
 
+using moe_ep_verify::WorkloadSpec;
+
 struct CaseOutcome {
-  moe_ep_status_t status = MOE_EP_SUCCESS;  // first failing call's status
-  std::string message;                      // and its message
-  ReceivedCopy received;
-  std::vector<uint8_t> combined;            // [T, hidden] combine_dtype
-  int32_t tokens_per_rank = 0;
+  std::string problems;           // "" when every call succeeded and every round matched the oracle
+  std::vector<uint8_t> combined;  // the last round's combine output, [T, hidden] of combine_dtype
 };
 
-// Collective: every rank of `bootstrap` calls it with the same spec.
-// `repeats` dispatch/combine rounds are run; the last one is returned.
-CaseOutcome run_host_case(const CaseSpec& spec, const moe_ep_bootstrap_t& bootstrap, int repeats = 1,
-                          int32_t backend = MOE_EP_BACKEND_HOST);
+// The workload of round `round`: the spec itself in round 0, then fresh
+// routing, payload, expert outputs (and token counts, when the spec leaves
+// them to the seed) in every later round.
+WorkloadSpec round_spec(const WorkloadSpec& spec, int round);
 
-// Checks one rank's outcome against the model; "" when all matches.
-std::string check_case(const CaseSpec& spec, int rank, const CaseOutcome& outcome);
+// Collective: every rank of `bootstrap` calls it with the same spec.  Runs
+// `rounds` dispatch/combine pairs on one handle.  Odd rounds combine into a
+// caller tensor poisoned with 0xFF (every element must be written), even
+// rounds into library-owned memory; after each dispatch is checked, its payload
+// results are overwritten with 0xA5 (the next dispatch must rewrite them).
+CaseOutcome run_host_case(const WorkloadSpec& spec, const moe_ep_bootstrap_t& bootstrap, int rounds = 1);
 
 }  // namespace moe_ep_test

@@ -2,19 +2,14 @@
 #pragma once
 
 #include "moe_ep_c.h"
+#include "workload.hpp"
 
 namespace moe_ep_test {
 
 // Defaults from moe_ep_params_init with the required fields filled in.
 inline moe_ep_params_t make_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank,
                                    int32_t hidden_size) {
-  moe_ep_params_t p;
-  moe_ep_params_init(&p);
-  p.num_experts = num_experts;
-  p.top_k = top_k;
-  p.max_tokens_per_rank = max_tokens_per_rank;
-  p.hidden_size = hidden_size;
-  return p;
+  return moe_ep_verify::required_params(num_experts, top_k, max_tokens_per_rank, hidden_size);
 }
 
 // Defaults from moe_ep_config_init with the HOST backend.

@@ -1,6 +1,7 @@
 # Runs a small host-backend bench under mpiexec and checks that its JSON
 # parses and holds what the docs promise: the machine, the formulas, one
-# result per size with both phases, and 0 wrong elements.  Times are not
+# result per size with both phases, and 0 wrong elements; and that neither the
+# table nor the JSON speaks of NVLink.  Times are not
 # judged.  Usage: cmake -DMPIEXEC=... -DTOOL=... -DJSON=... -P bench_smoke.cmake
 file(REMOVE ${JSON})
 execute_process(
@@ -11,10 +12,19 @@ message("${out}${err}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "bench exited with ${rc}")
 endif()
+# The HOST backend moves nothing over NVLink: its output must not say so.
+string(REGEX MATCH "NVLink|nvl_" nvlink_words "${out}")
+if(nvlink_words)
+  message(FATAL_ERROR "host-backend bench output mentions '${nvlink_words}'")
+endif()
 if(NOT EXISTS ${JSON})
   message(FATAL_ERROR "bench wrote no ${JSON}")
 endif()
 file(READ ${JSON} doc)
+string(REGEX MATCH "NVLink|_nvl" nvlink_words "${doc}")
+if(nvlink_words)
+  message(FATAL_ERROR "host-backend bench JSON mentions '${nvlink_words}'")
+endif()
 
 function(require)  # fails unless the JSON member at the path ARGV exists
   string(JSON value ERROR_VARIABLE error GET "${doc}" ${ARGV})
@@ -42,11 +52,12 @@ foreach(i RANGE ${last})
   foreach(phase dispatch combine)
     require(results ${i} moe_ep ${phase} avg_us)
     require(results ${i} moe_ep ${phase} busbw_GBps)
+    require(results ${i} moe_ep ${phase} rank_max_p50_us)
     require(results ${i} moe_ep wrong_${phase})
     if(NOT value EQUAL 0)
       message(FATAL_ERROR "results[${i}].moe_ep.wrong_${phase} = ${value}")
     endif()
   endforeach()
-  require(results ${i} bytes dispatch_nvl)
+  require(results ${i} bytes dispatch_remote)
 endforeach()
 message("bench JSON ok: ${sizes} sizes")

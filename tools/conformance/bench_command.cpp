@@ -7,10 +7,9 @@
 
 #include "bench_report.hpp"
 #include "counter_rng.hpp"
-#include "cuda_check.hpp"
 #include "dtypes.hpp"
 #include "ep_calls.hpp"
-#include "expected.hpp"
+#include "errors.hpp"
 #include "graph_capture.hpp"
 #include "nccl_baseline.hpp"
 #include "peer_copy_ceiling.hpp"
@@ -81,14 +80,15 @@ class MoeEpRunner {
     } else {
       TOOL_CHECK_MOE(dispatch(s_.stream()));
     }
-    const ReceivedDispatch got = read_dispatch(spec_, s_.place(), dr_, s_.stream(), d);
+    const ReceivedDispatch got = read_dispatch(spec_, dr_, s_.place().dlpack(), reader(s_.place(), s_.stream()), d);
     d.merge(check_dispatch(spec_, *all_, me(), got));
     if (graph) {
       combine_graph_->launch(s_.stream());
     } else {
       TOOL_CHECK_MOE(combine(s_.stream()));
     }
-    const std::vector<uint8_t> out = read_combine(spec_, s_.place(), cr_, inputs_.num_tokens(), s_.stream(), c);
+    const std::vector<uint8_t> out =
+        read_combine(spec_, cr_, inputs_.num_tokens(), s_.place().dlpack(), reader(s_.place(), s_.stream()), c);
     if (inputs_.num_tokens() > 0) c.merge(check_combine(spec_, *all_, me(), out));
     moe_ep_status_t async = MOE_EP_SUCCESS;
     TOOL_CHECK_MOE(moe_ep_get_async_error(handle_.get(), &async));

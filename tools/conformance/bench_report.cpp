@@ -1,17 +1,20 @@
 #include "bench_report.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "dtypes.hpp"
 #include "json_writer.hpp"
-#include "machine_info.hpp"
 #include "nccl_baseline.hpp"
 
 namespace moe_ep_tool {
 
 namespace {
 
-// What create allocates per rank, next to SPEC §6's bound:
+// What create allocates per rank, next to the documented bound (docs/semantics.md):
 // 2 * ep_size * max_tokens_per_rank * row bytes + 64 MiB.
 struct Workspace {
   uint64_t bytes = 0, bound = 0;
@@ -28,24 +31,39 @@ Workspace workspace_of(const Session& s, const WorkloadSpec& w) {
   return ws;
 }
 
+// The library's MOE_EP_* environment variables in this process (they change
+// what is measured: kernels, schedules), as (name, value) pairs.
+std::vector<std::pair<std::string, std::string>> library_environment() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string entry = *e;
+    const size_t eq = entry.find('=');
+    if (entry.rfind("MOE_EP_", 0) == 0 && eq != std::string::npos)
+      out.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }  // bytes/us = MB/s
 
 std::string wrong_text(int64_t wrong) { return wrong < 0 ? "N/A" : std::to_string(wrong); }
 
-void print_phase(double bytes_nvl, double bytes_alg, const PhaseTiming& t, int64_t wrong) {
-  std::printf(" %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f %7.1f %7.1f %6s", bytes_nvl, t.step.avg, t.step.p50, t.step.p99,
-              t.rank_min, t.rank_max, gbps(bytes_alg, t.step.avg), gbps(bytes_nvl, t.step.avg),
+void print_phase(double bytes_remote, double bytes_alg, const PhaseTiming& t, int64_t wrong) {
+  std::printf(" %11.0f %8.2f %8.2f %8.2f %8.2f %8.2f %7.1f %7.1f %6s", bytes_remote, t.step.avg, t.step.p50, t.step.p99,
+              t.rank_min, t.rank_max, gbps(bytes_alg, t.step.avg), gbps(bytes_remote, t.step.avg),
               wrong_text(wrong).c_str());
 }
 
-void write_phase(JsonWriter& j, const std::string& name, const PhaseTiming& t, double nvl_bytes, double alg_bytes) {
+void write_phase(JsonWriter& j, const std::string& name, const PhaseTiming& t, double remote_bytes, double alg_bytes) {
   j.key(name).begin_object();
   j.field("avg_us", t.step.avg).field("p50_us", t.step.p50).field("p99_us", t.step.p99);
   j.field("min_us", t.step.min).field("max_us", t.step.max);
   j.field("rank_min_avg_us", t.rank_min).field("rank_min", t.rank_argmin);
   j.field("rank_max_avg_us", t.rank_max).field("rank_max", t.rank_argmax);
+  j.field("rank_max_p50_us", t.rank_max_p50);
   j.key("rank_avg_us").values(t.rank_avg);
-  if (nvl_bytes >= 0) j.field("busbw_GBps", gbps(nvl_bytes, t.step.avg));
+  if (remote_bytes >= 0) j.field("busbw_GBps", gbps(remote_bytes, t.step.avg));
   if (alg_bytes >= 0) j.field("algbw_GBps", gbps(alg_bytes, t.step.avg));
   j.end_object();
 }
@@ -55,6 +73,10 @@ void write_phase(JsonWriter& j, const std::string& name, const PhaseTiming& t, d
 BenchReport::BenchReport(const Session& s, const BenchOptions& o, const WorkloadSpec& shape, bool graph, bool ceiling,
                          bool nccl)
     : s_(s), o_(o), shape_(shape), graph_(graph), ceiling_(ceiling), nccl_(nccl) {}
+
+std::vector<std::string> BenchReport::formulas() const {
+  return traffic_formulas(s_.link().short_name, s_.link().crossing);
+}
 
 std::string BenchReport::mode() const {
   std::string m = graph_ ? "CUDA-graph replay" : "eager calls";
@@ -80,26 +102,33 @@ void BenchReport::print_header() {
   std::printf("\n# run: %s, num_sms %s, warmup %d, iters %d, max_tokens_per_rank %d (runtime max = tokens), seed %llu\n",
               mode().c_str(), o_.common.num_sms ? std::to_string(o_.common.num_sms).c_str() : "auto", o_.warmup,
               o_.iters, w.max_tokens_per_rank, static_cast<unsigned long long>(o_.common.seed));
+  std::string environment;
+  for (const auto& [name, value] : library_environment()) environment += " " + name + "=" + value;
+  std::printf("# environment:%s\n", environment.empty() ? " no MOE_EP_* variables set" : environment.c_str());
   std::printf("# row bytes: B_dispatch %llu, B_combine %llu\n",
               static_cast<unsigned long long>(w.hidden_row_bytes() + w.scale_row_bytes()),
               static_cast<unsigned long long>(w.combine_row_bytes()));
   const Workspace ws = workspace_of(s_, w);
   if (ws.status == MOE_EP_SUCCESS) {
-    std::printf("# workspace per rank: %.1f MiB (moe_ep_workspace_size); SPEC bound 2*ep*max_tokens*B_dispatch + 64 MiB = "
-                "%.1f MiB\n", double(ws.bytes) / (1 << 20), double(ws.bound) / (1 << 20));
+    std::printf(
+        "# workspace per rank: %.1f MiB (moe_ep_workspace_size); documented bound 2*ep*max_tokens*B_dispatch + 64 MiB "
+        "= "
+        "%.1f MiB\n",
+        double(ws.bytes) / (1 << 20), double(ws.bound) / (1 << 20));
   } else {
     std::printf("# workspace per rank: moe_ep_workspace_size returned %s\n", moe_ep_status_string(ws.status));
   }
-  for (const std::string& f : traffic_formulas()) std::printf("#   %s\n", f.c_str());
+  for (const std::string& f : formulas()) std::printf("#   %s\n", f.c_str());
   std::printf("#   %s\n", !s_.on_gpu()     ? "host time: steady clock around each call, barrier before each iteration"
                           : o_.launch_gate ? "GPU time: CUDA events around each call, launches queued ahead of the GPU"
                                            : "CUDA events around each call, launched as the host goes (host cost included)");
   std::printf("#   avg/p50/p99 over iterations; rmin/rmax = min/max over ranks of each rank's own avg\n#\n");
   std::printf("# %7s |%s |%s\n", "", "                                  dispatch                                      ",
               "                                  combine");
+  const std::string bytes_column = std::string(s_.link().short_name) + "_bytes";
   std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "tokens",
-              "nvl_bytes", "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong", "nvl_bytes", "avg", "p50",
-              "p99", "rmin", "rmax", "algbw", "busbw", "#wrong");
+              bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong",
+              bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong");
   std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "/rank", "(B)",
               "(us)", "(us)", "(us)", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(us)", "(us)", "(us)", "(us)",
               "(us)", "(GB/s)", "(GB/s)", "");
@@ -110,10 +139,10 @@ void BenchReport::print_row(const SizeResult& r) const {
   if (!s_.world().is_root()) return;
   const Traffic& t = r.traffic;
   std::printf("  %7d |", r.tokens);
-  print_phase(t.mean_nvl_bytes(t.dispatch_row_bytes), t.mean_alg_bytes(t.dispatch_row_bytes), r.dispatch,
+  print_phase(t.mean_remote_bytes(t.dispatch_row_bytes), t.mean_alg_bytes(t.dispatch_row_bytes), r.dispatch,
               r.wrong_dispatch);
   std::printf(" |");
-  print_phase(t.mean_nvl_bytes(t.combine_row_bytes), t.mean_alg_bytes(t.combine_row_bytes), r.combine,
+  print_phase(t.mean_remote_bytes(t.combine_row_bytes), t.mean_alg_bytes(t.combine_row_bytes), r.combine,
               r.wrong_combine);
   std::printf("%s\n", r.gate_expired ? "  (launches could not be queued ahead: host-bound times)" : "");
   std::fflush(stdout);
@@ -122,9 +151,9 @@ void BenchReport::print_row(const SizeResult& r) const {
 void BenchReport::print_baselines(const std::vector<SizeResult>& results) const {
   if (!s_.world().is_root()) return;
   if (!ceiling_ && !nccl_) {
-    std::printf("#\n# baselines: none (%s)\n",
-                s_.on_gpu() ? (s_.world().size < 2 ? "one rank: nothing crosses NVLink" : "--no-baselines or no NCCL")
-                            : "host backend");
+    std::printf("#\n# baselines: none (%s)\n", !s_.on_gpu()          ? (s_.backend_name() + " backend").c_str()
+                                               : s_.world().size < 2 ? "one rank: nothing leaves the GPU"
+                                                                     : "--no-baselines or no NCCL");
     return;
   }
   std::printf("#\n# baselines, same routing and bytes, same run; ratio = baseline time / moe_ep time (> 1: moe_ep faster)\n");
@@ -138,7 +167,7 @@ void BenchReport::print_baselines(const std::vector<SizeResult>& results) const 
               "nccl/c");
   for (const SizeResult& r : results) {
     const Traffic& t = r.traffic;
-    const double dn = t.mean_nvl_bytes(t.dispatch_row_bytes), cn = t.mean_nvl_bytes(t.combine_row_bytes);
+    const double dn = t.mean_remote_bytes(t.dispatch_row_bytes), cn = t.mean_remote_bytes(t.combine_row_bytes);
     std::printf("  %7d |", r.tokens);
     if (r.has_ceiling) {
       std::printf(" %8.2f %8.1f %8.2f %8.1f |", r.ceiling_dispatch.step.avg, gbps(dn, r.ceiling_dispatch.step.avg),
@@ -168,8 +197,8 @@ bool BenchReport::print_footer(const std::vector<SizeResult>& results) const {
   for (const SizeResult& r : results) {
     checked = checked || r.wrong_dispatch >= 0;
     wrong += std::max<int64_t>(r.wrong_dispatch, 0) + std::max<int64_t>(r.wrong_combine, 0) + r.nccl_wrong_counts;
-    dispatch_bw += gbps(r.traffic.mean_nvl_bytes(r.traffic.dispatch_row_bytes), r.dispatch.step.avg);
-    combine_bw += gbps(r.traffic.mean_nvl_bytes(r.traffic.combine_row_bytes), r.combine.step.avg);
+    dispatch_bw += gbps(r.traffic.mean_remote_bytes(r.traffic.dispatch_row_bytes), r.dispatch.step.avg);
+    combine_bw += gbps(r.traffic.mean_remote_bytes(r.traffic.combine_row_bytes), r.combine.step.avg);
   }
   if (s_.world().is_root()) {
     std::printf("#\n# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
@@ -184,7 +213,7 @@ bool BenchReport::print_footer(const std::vector<SizeResult>& results) const {
 void BenchReport::write_json(const std::vector<SizeResult>& results, const std::string& path) const {
   JsonWriter j;
   j.begin_object();
-  j.field("tool", "moe_ep_conformance bench").field("format", 1);
+  j.field("tool", "moe_ep_conformance bench").field("format", 2);
   write_machine(j, s_);  // collective
   if (!s_.world().is_root()) return;
   const WorkloadSpec& w = shape_;
@@ -197,23 +226,29 @@ void BenchReport::write_json(const std::vector<SizeResult>& results, const std::
   j.field("routing", routing_name(w.routing.kind)).field("zipf_s", w.routing.zipf_s);
   j.field("mask_fraction", w.routing.mask_fraction).field("max_tokens_per_rank", w.max_tokens_per_rank);
   j.field("seed", int64_t(o_.common.seed)).field("timing", s_.on_gpu() ? "cuda events" : "host steady clock");
+  j.field("remote_bytes", std::string("bytes that ") + s_.link().crossing);
+  j.key("environment").begin_object();
+  for (const auto& [name, value] : library_environment()) j.field(name, value);
+  j.end_object();
   j.field("dispatch_row_bytes", int64_t(w.hidden_row_bytes() + w.scale_row_bytes()));
   j.field("combine_row_bytes", int64_t(w.combine_row_bytes()));
   const Workspace ws = workspace_of(s_, w);
   if (ws.status == MOE_EP_SUCCESS) j.field("workspace_bytes", int64_t(ws.bytes));
   j.field("workspace_bound_bytes", int64_t(ws.bound));
   j.end_object();
-  j.key("formulas").values(traffic_formulas());
+  j.key("formulas").values(formulas());
   j.key("results").begin_array();
   for (const SizeResult& r : results) {
     const Traffic& t = r.traffic;
-    const double dn = t.mean_nvl_bytes(t.dispatch_row_bytes), da = t.mean_alg_bytes(t.dispatch_row_bytes);
-    const double cn = t.mean_nvl_bytes(t.combine_row_bytes), ca = t.mean_alg_bytes(t.combine_row_bytes);
+    const double dn = t.mean_remote_bytes(t.dispatch_row_bytes), da = t.mean_alg_bytes(t.dispatch_row_bytes);
+    const double cn = t.mean_remote_bytes(t.combine_row_bytes), ca = t.mean_alg_bytes(t.combine_row_bytes);
     j.begin_object();
     j.field("tokens_per_rank", r.tokens);
     j.key("bytes").begin_object();
-    j.field("dispatch_nvl", dn).field("dispatch_alg", da).field("dispatch_sel", t.mean_sel_bytes(t.dispatch_row_bytes));
-    j.field("combine_nvl", cn).field("combine_alg", ca).field("combine_sel", t.mean_sel_bytes(t.combine_row_bytes));
+    j.field("dispatch_remote", dn)
+        .field("dispatch_alg", da)
+        .field("dispatch_sel", t.mean_sel_bytes(t.dispatch_row_bytes));
+    j.field("combine_remote", cn).field("combine_alg", ca).field("combine_sel", t.mean_sel_bytes(t.combine_row_bytes));
     j.key("rows").values(t.rows).key("valid_picks").values(t.picks);
     j.end_object();
     j.key("moe_ep").begin_object();

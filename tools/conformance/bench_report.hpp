@@ -24,6 +24,7 @@ class BenchReport {
 
  private:
   std::string mode() const;  // "CUDA-graph replay" or "eager calls"
+  std::vector<std::string> formulas() const;  // the byte formulas in this backend's words
   const Session& s_;
   const BenchOptions& o_;
   WorkloadSpec shape_;

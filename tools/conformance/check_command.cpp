@@ -1,16 +1,13 @@
-#include "check_command.hpp"
+#include "check.hpp"
 
 #include <cstdio>
 #include <memory>
 #include <sstream>
 
-#include "check_cases.hpp"
 #include "counter_rng.hpp"
 #include "dtypes.hpp"
 #include "ep_calls.hpp"
 #include "errors.hpp"
-#include "expected.hpp"
-#include "fault_injection.hpp"
 #include "graph_capture.hpp"
 
 namespace moe_ep_tool {
@@ -116,7 +113,7 @@ class CaseRunner {
 
   void verify_dispatch(const WorkloadSpec& w, const std::vector<RankRouting>& all, const moe_ep_dispatch_result_t& dr,
                        Verdict& v) {
-    ReceivedDispatch got = read_dispatch(w, s_.place(), dr, s_.stream(), v);
+    ReceivedDispatch got = read_dispatch(w, dr, s_.place().dlpack(), reader(s_.place(), s_.stream()), v);
     inject_fault(fault_, w, got);
     v.merge(check_dispatch(w, all, me_, got));
     if (o_.poison_results) poison_dispatch_payload(w, s_.place(), dr, s_.stream());
@@ -127,7 +124,7 @@ class CaseRunner {
     if (caller_output && num_tokens > 0 && cr.output.data != caller_output) {
       v.add(1, "combine result: expected a view of the caller's output tensor");
     }
-    std::vector<uint8_t> out = read_combine(w, s_.place(), cr, num_tokens, s_.stream(), v);
+    std::vector<uint8_t> out = read_combine(w, cr, num_tokens, s_.place().dlpack(), reader(s_.place(), s_.stream()), v);
     inject_fault(fault_, w, out);
     if (num_tokens > 0) v.merge(check_combine(w, all, me_, out));
   }
@@ -210,7 +207,9 @@ int run_check(const World& world, const CheckOptions& o) {
   if (o.modes != "auto" && o.modes != "eager" && o.modes != "graph" && o.modes != "both") {
     fail("--modes must be eager, graph, both or auto, got '" + o.modes + "'");
   }
-  if (graph && !gpu) fail("--modes " + o.modes + ": CUDA graphs need the nvlink backend (this run uses host)");
+  if (graph && !gpu) {
+    fail("--modes " + o.modes + ": CUDA graphs need a GPU backend (this run uses " + session.backend_name() + ")");
+  }
   print_header(session, o, cases.size());
 
   int64_t total_wrong = 0;

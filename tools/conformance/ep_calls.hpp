@@ -1,16 +1,18 @@
 // The tool's side of the public C API: a handle that is destroyed on scope
-// exit, tensor descriptors that own their shapes, one rank's dispatch inputs,
-// and reading a dispatch result back (with its shapes and dtypes checked).
+// exit, one rank's dispatch inputs in tool-owned buffers, combine, and the
+// poisoning of results.  Views and result reading come from moe_ep_verify.
 #pragma once
 
-#include <initializer_list>
-
-#include "expected.hpp"
 #include "memory.hpp"
 #include "moe_ep_c.h"
+#include "oracle.hpp"
+#include "result_reader.hpp"
+#include "tensor_view.hpp"
 #include "workload.hpp"
 
 namespace moe_ep_tool {
+
+using namespace moe_ep_verify;
 
 class EpHandle {
  public:
@@ -22,20 +24,6 @@ class EpHandle {
 
  private:
   moe_ep_handle_t handle_ = nullptr;
-};
-
-// A moe_ep_tensor_t whose shape array lives as long as it does.
-class Tensor {
- public:
-  Tensor(void* data, const moe_ep_device_t& device, const moe_ep_dtype_t& dtype, std::initializer_list<int64_t> dims);
-  const moe_ep_tensor_t* get() {
-    tensor_.shape = shape_;  // re-pointed on every use: copies stay valid
-    return &tensor_;
-  }
-
- private:
-  moe_ep_tensor_t tensor_{};
-  int64_t shape_[4] = {};
 };
 
 // One rank's dispatch inputs, in buffers sized for max_tokens_per_rank rows,
@@ -62,16 +50,10 @@ moe_ep_status_t run_combine(moe_ep_handle_t handle, const WorkloadSpec& spec, co
                             const Buffer& expert_output, bool as_3d, const Buffer* output, int num_tokens,
                             moe_ep_combine_result_t* result, void* stream);
 
-// Shape, dtype and device of every result tensor are checked against the
-// spec (each mismatch is one wrong element); then the contents are copied.
-ReceivedDispatch read_dispatch(const WorkloadSpec& spec, const Place& place, const moe_ep_dispatch_result_t& result,
-                               void* stream, Verdict& verdict);
 // Overwrites the payload rows of a dispatch result (hidden, scales): the
 // caller may use them until it issues the combine, so a later dispatch must
 // rewrite every row it reports.
 void poison_dispatch_payload(const WorkloadSpec& spec, const Place& place, const moe_ep_dispatch_result_t& result,
                              void* stream);
-std::vector<uint8_t> read_combine(const WorkloadSpec& spec, const Place& place, const moe_ep_combine_result_t& result,
-                                  int num_tokens, void* stream, Verdict& verdict);
 
 }  // namespace moe_ep_tool

@@ -20,4 +20,10 @@ void check_mpi(int rc, const char* call) {
   throw ToolError(std::string(call) + " failed: " + std::string(text, length));
 }
 
+void check_cuda(cudaError_t rc, const char* call, const char* file, int line) {
+  if (rc == cudaSuccess) return;
+  throw ToolError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " + cudaGetErrorName(rc) +
+                  " (" + cudaGetErrorString(rc) + ")");
+}
+
 }  // namespace moe_ep_tool

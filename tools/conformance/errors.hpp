@@ -3,6 +3,8 @@
 // it with the rank and stop every rank (a half-dead MPI job would hang).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <stdexcept>
 #include <string>
 
@@ -31,8 +33,11 @@ class MoeEpError : public ToolError {
 void check_moe(moe_ep_status_t status, const char* call);
 // Throws unless rc is MPI_SUCCESS.
 void check_mpi(int rc, const char* call);
+// Throws unless rc is cudaSuccess; names the call and where it was made.
+void check_cuda(cudaError_t rc, const char* call, const char* file, int line);
 
 }  // namespace moe_ep_tool
 
 #define TOOL_CHECK_MOE(call) ::moe_ep_tool::check_moe((call), #call)
 #define TOOL_CHECK_MPI(call) ::moe_ep_tool::check_mpi((call), #call)
+#define TOOL_CHECK_CUDA(call) ::moe_ep_tool::check_cuda((call), #call, __FILE__, __LINE__)

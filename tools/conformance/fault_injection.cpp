@@ -1,4 +1,4 @@
-#include "fault_injection.hpp"
+#include "check.hpp"
 
 #include <algorithm>
 

@@ -6,7 +6,7 @@
 
 #include <utility>
 
-#include "cuda_check.hpp"
+#include "errors.hpp"
 
 namespace moe_ep_tool {
 

@@ -26,8 +26,4 @@ class LaunchGate {
   volatile int* expired_ = nullptr;  // mapped host memory, written by the kernel
 };
 
-// gate.cu
-void launch_gate_kernel(cudaStream_t stream, volatile int* flag, volatile int* expired,
-                        unsigned long long timeout_ns);
-
 }  // namespace moe_ep_tool

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "cuda_check.hpp"
+#include "errors.hpp"
 #include "launch_gate.hpp"
 
 namespace moe_ep_tool {

@@ -8,9 +8,10 @@
 #include <cstdio>
 
 #include "bench_command.hpp"
-#include "check_command.hpp"
+#include "check.hpp"
 #include "errors.hpp"
 #include "mpi_world.hpp"
+#include "session.hpp"
 
 namespace {
 
@@ -19,16 +20,17 @@ using moe_ep_tool::CheckOptions;
 using moe_ep_tool::CommonOptions;
 
 void add_common(CLI::App* app, CommonOptions& o) {
-  app->add_option("--backend", o.backend,
-                  "host | nvlink | nccl | auto (nvlink where every rank supports it, else host)")
-      ->check(CLI::IsMember({"host", "nvlink", "nccl", "auto"}));
+  std::string names;
+  for (const std::string& n : moe_ep_tool::backend_names()) names += (names.empty() ? "" : " | ") + n;
+  app->add_option("--backend", o.backend, names + " (auto: nvlink where every rank supports it, else host)")
+      ->check(CLI::IsMember(moe_ep_tool::backend_names()));
   app->add_option("--num-sms", o.num_sms, "SMs the kernels may use (0 = the library chooses)");
   app->add_option("--timeout-ms", o.timeout_ms, "bound on every wait for a peer (config.timeout_ms)");
   app->add_option("--seed", o.seed, "seed of every random input");
 }
 
 void add_check(CLI::App& app, CheckOptions& o) {
-  CLI::App* check = app.add_subcommand("check", "compare every case of the matrix with the host-side expectation");
+  CLI::App* check = app.add_subcommand("check", "compare every case of the matrix with the oracle (moe_ep_verify)");
   add_common(check, o.common);
   check->add_option("--rounds", o.rounds, "eager dispatch/combine pairs per case, fresh inputs each")
       ->check(CLI::Range(1, 1000));
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   const moe_ep_tool::World world = moe_ep_tool::World::from_comm(MPI_COMM_WORLD);
   CLI::App app{"moe_ep_conformance: conformance check and benchmark of moe_ep, launched with mpirun"};
+  app.option_defaults()->always_capture_default();  // --help shows every default (subcommands inherit this)
   app.require_subcommand(1);
   CheckOptions check;
   BenchOptions bench;

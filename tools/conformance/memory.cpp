@@ -4,7 +4,7 @@
 #include <cstring>
 #include <utility>
 
-#include "cuda_check.hpp"
+#include "errors.hpp"
 
 namespace moe_ep_tool {
 
@@ -71,6 +71,10 @@ std::vector<uint8_t> download(const Place& place, const void* data, uint64_t byt
     std::memcpy(out.data(), data, bytes);
   }
   return out;
+}
+
+moe_ep_verify::MemoryReader reader(const Place& place, void* stream) {
+  return [place, stream](const void* data, uint64_t bytes) { return download(place, data, bytes, stream); };
 }
 
 void fill_at(const Place& place, void* data, uint64_t bytes, uint8_t byte, void* stream) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "moe_ep_c.h"
+#include "result_reader.hpp"
 
 namespace moe_ep_tool {
 
@@ -46,6 +47,8 @@ class Buffer {
 // Copies `bytes` from a result tensor's memory (host or device) into a vector;
 // synchronises the stream first when the data is on the device.
 std::vector<uint8_t> download(const Place& place, const void* data, uint64_t bytes, void* stream);
+// download() as a moe_ep_verify::MemoryReader, for reading results back.
+moe_ep_verify::MemoryReader reader(const Place& place, void* stream);
 // Fills result memory in place (poisoning a result the caller owns until combine).
 void fill_at(const Place& place, void* data, uint64_t bytes, uint8_t byte, void* stream);
 

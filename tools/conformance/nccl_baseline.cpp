@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <functional>
 
-#include "cuda_check.hpp"
+#include "errors.hpp"
 #include "nccl/nccl_library.hpp"
 
 namespace moe_ep_tool {

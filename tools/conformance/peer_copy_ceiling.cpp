@@ -1,6 +1,6 @@
 #include "peer_copy_ceiling.hpp"
 
-#include "cuda_check.hpp"
+#include "errors.hpp"
 
 namespace moe_ep_tool {
 

@@ -1,42 +1,102 @@
 #include "session.hpp"
 
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 
-#include "cuda_check.hpp"
+#include "errors.hpp"
+#include "nccl_baseline.hpp"
 
 namespace moe_ep_tool {
 
+GpuInfo select_gpu(const World& world) {
+  GpuInfo g;
+  cudaRuntimeGetVersion(&g.runtime_version);
+  cudaDriverGetVersion(&g.driver_version);  // 0 without a driver
+  const cudaError_t rc = cudaGetDeviceCount(&g.visible);
+  if (rc != cudaSuccess || g.visible == 0) {
+    // No driver or no device is a normal state for this tool: the HOST backend.
+    g.why_absent = rc != cudaSuccess ? cudaGetErrorString(rc) : "no CUDA device visible";
+    g.visible = 0;
+    cudaGetLastError();
+    return g;
+  }
+  g.device = world.local_rank % g.visible;
+  TOOL_CHECK_CUDA(cudaSetDevice(g.device));
+  cudaDeviceProp prop{};
+  TOOL_CHECK_CUDA(cudaGetDeviceProperties(&prop, g.device));
+  g.name = prop.name;
+  g.sms = prop.multiProcessorCount;
+  g.memory_bytes = prop.totalGlobalMem;
+  char bus[32] = {};
+  TOOL_CHECK_CUDA(cudaDeviceGetPCIBusId(bus, sizeof bus, g.device));
+  g.pci_bus_id = bus;
+  g.present = true;
+  return g;
+}
+
 namespace {
+
+// The backends --backend can name.  A new backend is one row here; `auto`
+// picks the first GPU backend that every rank supports, else host.
+struct BackendChoice {
+  const char* name;
+  int32_t id;
+  bool on_gpu;       // tensors in device memory, a stream, CUDA-event timing
+  LinkWording link;  // what carries the rows between ranks, in the bench's words
+};
+const BackendChoice kBackends[] = {
+    {"host", MOE_EP_BACKEND_HOST, false, {"peer", "move between ranks"}},
+    {"nvlink", MOE_EP_BACKEND_NVLINK_TWO_SIDED, true, {"nvl", "cross NVLink"}},
+    {"nccl", MOE_EP_BACKEND_NCCL, true, {"net", "NCCL moves between ranks"}},
+};
+
 // The tool resolves AUTO itself (as the library would) so that it knows where
 // to put the input tensors before the first call.
-int32_t resolve_backend(const std::string& asked, const World& world, const GpuInfo& gpu, bool* resolved) {
-  *resolved = false;
-  if (asked == "host") return MOE_EP_BACKEND_HOST;
-  if (asked == "nvlink") {
-    if (!gpu.present) fail("--backend nvlink: rank " + std::to_string(world.rank) + " has no GPU (" + gpu.why_absent + ")");
-    return MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+const BackendChoice& resolve_backend(const std::string& asked, const World& world, const GpuInfo& gpu, bool* resolved) {
+  *resolved = asked == "auto";
+  if (*resolved) {
+    int32_t supported = 0;
+    if (gpu.present) TOOL_CHECK_MOE(moe_ep_is_platform_supported(gpu.device, &supported));
+    return world.all(supported != 0) ? kBackends[1] : kBackends[0];
   }
-  if (asked == "nccl") {
-    if (!gpu.present) fail("--backend nccl: rank " + std::to_string(world.rank) + " has no GPU (" + gpu.why_absent + ")");
-    return MOE_EP_BACKEND_NCCL;
+  for (const BackendChoice& b : kBackends) {
+    if (asked != b.name) continue;
+    if (b.on_gpu && !gpu.present) {
+      fail("--backend " + asked + ": rank " + std::to_string(world.rank) + " has no GPU (" + gpu.why_absent + ")");
+    }
+    return b;
   }
-  if (asked != "auto") fail("--backend must be host, nvlink, nccl or auto, got '" + asked + "'");
-  int32_t supported = 0;
-  if (gpu.present) TOOL_CHECK_MOE(moe_ep_is_platform_supported(gpu.device, &supported));
-  *resolved = true;
-  return world.all(supported != 0) ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : MOE_EP_BACKEND_HOST;
+  std::string names;
+  for (const std::string& n : backend_names()) names += (names.empty() ? "" : ", ") + n;
+  fail("--backend must be one of " + names + ", got '" + asked + "'");
 }
+
 }  // namespace
+
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const BackendChoice& b : kBackends) names.push_back(b.name);
+  names.push_back("auto");
+  return names;
+}
 
 Session::Session(const World& world, const CommonOptions& options)
     : world_(world), options_(options), gpu_(select_gpu(world)) {
   MPI_Comm comm = world_.comm;
   TOOL_CHECK_MOE(moe_ep_mpi_bootstrap_init(&comm, &bootstrap_));
-  backend_ = resolve_backend(options.backend, world_, gpu_, &auto_resolved_);
-  if (on_gpu()) {
+  const BackendChoice& chosen = resolve_backend(options.backend, world_, gpu_, &auto_resolved_);
+  backend_ = chosen.id;
+  backend_name_ = chosen.name;
+  on_gpu_ = chosen.on_gpu;
+  link_ = chosen.link;
+  if (on_gpu_) {
     place_ = Place{true, gpu_.device};
     cudaStream_t s = nullptr;
     TOOL_CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -70,9 +130,7 @@ Session::~Session() {
 }
 
 std::string Session::backend_label() const {
-  std::string name = backend_ == MOE_EP_BACKEND_NVLINK_TWO_SIDED ? "nvlink"
-                     : backend_ == MOE_EP_BACKEND_NCCL          ? "nccl"
-                                                                : "host";
+  std::string name = backend_name_;
   if (backend_ == MOE_EP_BACKEND_NCCL) {  // which NCCL transport the environment leaves it
     const char* p2p = std::getenv("NCCL_P2P_DISABLE");
     const char* shm = std::getenv("NCCL_SHM_DISABLE");
@@ -112,6 +170,81 @@ std::string Session::version_line() {
   std::snprintf(line, sizeof line, "moe_ep %d.%d.%d (header %d.%d.%d)", major, minor, patch, MOE_EP_VERSION_MAJOR,
                 MOE_EP_VERSION_MINOR, MOE_EP_VERSION_PATCH);
   return line;
+}
+
+namespace {
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return text;
+}
+
+std::string mpi_library() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string s(text, length);
+  return s.substr(0, s.find_first_of("\n,"));
+}
+
+// One rank's line: "host|pid|device|pci|name|sms|memory".
+std::string describe_rank(const Session& s) {
+  const GpuInfo& g = s.gpu();
+  return s.world().host + "|" + std::to_string(getpid()) + "|" + std::to_string(g.device) + "|" + g.pci_bus_id + "|" +
+         (g.present ? g.name : "cpu") + "|" + std::to_string(g.sms) + "|" + std::to_string(g.memory_bytes);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  size_t at = 0;
+  for (size_t end; (end = s.find(sep, at)) != std::string::npos; at = end + 1) parts.push_back(s.substr(at, end - at));
+  parts.push_back(s.substr(at));
+  return parts;
+}
+
+}  // namespace
+
+void write_machine(JsonWriter& json, const Session& s) {
+  const std::vector<std::string> ranks = s.world().gather_text(describe_rank(s));
+  if (!s.world().is_root()) return;
+  utsname u{};
+  uname(&u);
+  json.key("machine").begin_object();
+  json.field("date_utc", utc_now());
+  json.field("moe_ep", Session::version_line());
+  json.field("backend", s.backend_label());
+  json.field("ranks", s.world().size);
+  json.field("hosts_single", s.world().single_host());
+  json.field("cpu", cpu_model());
+  json.field("kernel", std::string(u.sysname) + " " + u.release);
+  json.field("mpi", mpi_library());
+  json.field("cuda_driver", s.gpu().driver_version);
+  json.field("cuda_runtime", s.gpu().runtime_version);
+  json.field("nccl", NcclBaseline::version());
+  json.key("per_rank").begin_array();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::vector<std::string> f = split(ranks[r], '|');
+    json.begin_object();
+    json.field("rank", int(r))
+        .field("host", f[0])
+        .field("pid", int64_t(std::stoll(f[1])))
+        .field("device", std::stoi(f[2]));
+    json.field("pci_bus_id", f[3]).field("name", f[4]).field("sms", std::stoi(f[5]));
+    json.field("memory_bytes", int64_t(std::stoll(f[6])));
+    json.end_object();
+  }
+  json.end_array();
+  json.end_object();
 }
 
 }  // namespace moe_ep_tool

@@ -29,7 +29,10 @@ PhaseTiming reduce_phase(const World& world, const std::vector<double>& iteratio
   PhaseTiming t;
   // The step a model takes ends when its slowest rank is done.
   t.step = stats_of(world.max_each(iteration_us));
-  t.rank_avg = world.allgather(stats_of(iteration_us).avg);
+  const Stats mine = stats_of(iteration_us);
+  t.rank_avg = world.allgather(mine.avg);
+  const std::vector<double> rank_p50 = world.allgather(mine.p50);
+  t.rank_max_p50 = *std::max_element(rank_p50.begin(), rank_p50.end());
   const auto [lo, hi] = std::minmax_element(t.rank_avg.begin(), t.rank_avg.end());
   t.rank_min = *lo;
   t.rank_max = *hi;

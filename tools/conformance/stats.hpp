@@ -19,6 +19,7 @@ struct PhaseTiming {
   Stats step;                     // over iterations of the slowest rank's time in that iteration
   std::vector<double> rank_avg;   // each rank's own average
   double rank_min = 0, rank_max = 0;
+  double rank_max_p50 = 0;  // max over ranks of each rank's own median (per-rank view of p50)
   int rank_argmin = 0, rank_argmax = 0;
 };
 

@@ -14,7 +14,7 @@ int64_t Traffic::all_rows(int s) const {
   return n;
 }
 
-double Traffic::mean_nvl_bytes(uint64_t row_bytes) const {
+double Traffic::mean_remote_bytes(uint64_t row_bytes) const {
   double total = 0;
   for (int s = 0; s < world; ++s) total += double(remote_rows(s)) * double(row_bytes);
   return total / world;
@@ -49,15 +49,15 @@ Traffic measure_traffic(const WorkloadSpec& spec, const std::vector<RankRouting>
   return t;
 }
 
-std::vector<std::string> traffic_formulas() {
+std::vector<std::string> traffic_formulas(const std::string& link, const std::string& crossing) {
   return {
       "rows(s->d) = tokens of rank s with >= 1 valid pick owned by rank d (sent once per rank, not per expert)",
       "B_dispatch = hidden_row_bytes + scale_row_bytes (ids and weights, 8*top_k B per row, not counted)",
       "B_combine = hidden_size * sizeof(combine dtype)",
-      "nvl_bytes = mean over ranks s of sum_{d != s} rows(s->d) * B  (bytes that cross NVLink, each direction)",
+      link + "_bytes = mean over ranks s of sum_{d != s} rows(s->d) * B  (bytes that " + crossing + ", each direction)",
       "alg_bytes = mean over ranks s of sum_{d} rows(s->d) * B  (local rows included)",
       "sel_bytes = mean over ranks s of valid_picks(s) * B  (per expert, not deduplicated)",
-      "time = per-iteration max over ranks; busbw = nvl_bytes / time; algbw = alg_bytes / time",
+      "time = per-iteration max over ranks; busbw = " + link + "_bytes / time; algbw = alg_bytes / time",
   };
 }
 

@@ -4,12 +4,13 @@
 //   B_dispatch   hidden_row_bytes + scale_row_bytes (payload; the 8*top_k
 //                bytes of ids and weights per row are not counted)
 //   B_combine    hidden_size * sizeof(combine dtype)
-//   nvl bytes    of rank s: sum over d != s of rows(s->d) * B   (cross NVLink)
+//   remote bytes of rank s: sum over d != s of rows(s->d) * B   (leave the
+//                rank: cross NVLink on the nvlink backend)
 //   alg bytes    of rank s: sum over all d of rows(s->d) * B    (local rows too;
 //                DeepEP's "logical" bytes)
 //   sel bytes    of rank s: valid picks of s * B (per expert, not deduplicated;
 //                DeepEP low-latency / NCCL EP bytes)
-//   busbw = mean over ranks of nvl bytes / time, algbw = mean of alg bytes / time.
+//   busbw = mean over ranks of remote bytes / time, algbw = mean of alg bytes / time.
 // In combine the same rows travel back (rank d to rank s) with B_combine.
 #pragma once
 
@@ -21,6 +22,8 @@
 
 namespace moe_ep_tool {
 
+using namespace moe_ep_verify;
+
 struct Traffic {
   int world = 1;
   std::vector<int64_t> rows;   // [s * world + d] = rows(s->d)
@@ -31,14 +34,15 @@ struct Traffic {
   int64_t remote_rows(int s) const;
   int64_t all_rows(int s) const;
   // Means over ranks, for the given row size.
-  double mean_nvl_bytes(uint64_t row_bytes) const;
+  double mean_remote_bytes(uint64_t row_bytes) const;
   double mean_alg_bytes(uint64_t row_bytes) const;
   double mean_sel_bytes(uint64_t row_bytes) const;
 };
 
 Traffic measure_traffic(const WorkloadSpec& spec, const std::vector<RankRouting>& all);
 
-// The formulas above as one-line strings, for the table header and the JSON.
-std::vector<std::string> traffic_formulas();
+// The formulas above as one-line strings, for the table header and the JSON,
+// in the backend's words (link: "nvl" / "cross NVLink", ...).
+std::vector<std::string> traffic_formulas(const std::string& short_name, const std::string& crossing);
 
 }  // namespace moe_ep_tool

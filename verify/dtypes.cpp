@@ -2,10 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
-#include "errors.hpp"
-
-namespace moe_ep_tool {
+namespace moe_ep_verify {
 
 namespace {
 moe_ep_dtype_t make(uint8_t code, uint8_t bits) { return moe_ep_dtype_t{code, bits, 1}; }
@@ -31,7 +30,8 @@ moe_ep_dtype_t parse_dtype(const std::string& name) {
   for (const Named& n : kNames) {
     if (name == n.name) return n.dtype;
   }
-  fail("unknown dtype '" + name + "' (expected bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, fp4, int32 or uint8)");
+  throw std::invalid_argument("unknown dtype '" + name +
+                              "' (expected bf16, fp16, fp32, fp8, fp8_e4m3, fp8_e5m2, fp4, int32 or uint8)");
 }
 
 std::string dtype_name(const moe_ep_dtype_t& dtype) {
@@ -128,4 +128,4 @@ void store_float(const moe_ep_dtype_t& d, void* data, int64_t i, float value) {
   std::memcpy(static_cast<char*>(data) + 2 * i, &h, 2);
 }
 
-}  // namespace moe_ep_tool
+}  // namespace moe_ep_verify

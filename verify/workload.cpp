@@ -4,16 +4,16 @@
 #include <cmath>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 
 #include "counter_rng.hpp"
 #include "dtypes.hpp"
-#include "errors.hpp"
 
-namespace moe_ep_tool {
+namespace moe_ep_verify {
 
 namespace {
 // Purposes of the random streams derived from (seed, rank).
-enum Stream : uint64_t { kRouting = 1, kHidden = 2, kScales = 3, kExpertOutput = 4, kEplb = 5 };
+enum Stream : uint64_t { kRouting = 1, kHidden = 2, kScales = 3, kExpertOutput = 4, kEplb = 5, kTokenCount = 6 };
 
 uint64_t stream_key(const WorkloadSpec& s, int rank, Stream purpose) {
   return derive(derive(s.seed, static_cast<uint64_t>(rank)), purpose);
@@ -76,7 +76,7 @@ RoutingKind parse_routing(const std::string& name) {
   if (name == "uniform") return RoutingKind::uniform;
   if (name == "balanced") return RoutingKind::balanced;
   if (name == "zipf") return RoutingKind::zipf;
-  fail("unknown routing '" + name + "' (expected uniform, balanced or zipf)");
+  throw std::invalid_argument("unknown routing '" + name + "' (expected uniform, balanced or zipf)");
 }
 
 std::string routing_name(RoutingKind kind) {
@@ -92,13 +92,30 @@ uint64_t WorkloadSpec::hidden_row_bytes() const { return row_bytes(hidden_dtype,
 uint64_t WorkloadSpec::scale_row_bytes() const { return scale_row_elems ? row_bytes(scale_dtype, scale_row_elems) : 0; }
 uint64_t WorkloadSpec::combine_row_bytes() const { return row_bytes(combine_dtype, hidden_size); }
 
-moe_ep_params_t WorkloadSpec::params() const {
+int WorkloadSpec::owner(int32_t id) const {
+  for (int r = 0; r < world; ++r) {
+    if (id >= r * experts_per_rank() && id < (r + 1) * experts_per_rank()) return r;
+  }
+  return -1;
+}
+
+int WorkloadSpec::num_tokens(int rank) const {
+  if (!tokens.empty()) return tokens.at(rank);
+  return static_cast<int>(draw(stream_key(*this, rank, kTokenCount), 0) % uint64_t(tokens_per_rank() + 1));
+}
+
+moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank, int32_t hidden_size) {
   moe_ep_params_t p;
-  TOOL_CHECK_MOE(moe_ep_params_init(&p));
+  moe_ep_params_init(&p);
   p.num_experts = num_experts;
   p.top_k = top_k;
   p.max_tokens_per_rank = max_tokens_per_rank;
   p.hidden_size = hidden_size;
+  return p;
+}
+
+moe_ep_params_t WorkloadSpec::params() const {
+  moe_ep_params_t p = required_params(num_experts, top_k, max_tokens_per_rank, hidden_size);
   p.hidden_dtype = hidden_dtype;
   p.hidden_row_elems = hidden_row_elems;
   p.scale_row_elems = scale_row_elems;
@@ -111,20 +128,20 @@ moe_ep_params_t WorkloadSpec::params() const {
 
 std::string WorkloadSpec::describe() const {
   std::ostringstream os;
-  os << "E=" << num_experts << " K=" << top_k << " maxT=" << max_tokens_per_rank << " tpr=" << tokens_per_rank()
-     << " H=" << hidden_size << " hidden=" << dtype_name(hidden_dtype) << "x" << row_elems()
-     << " scales=" << scale_row_elems << " combine=" << dtype_name(combine_dtype) << " weights=" << weights
-     << " eplb=" << eplb_stats << (eplb_given ? "(given)" : "") << " invalid=" << invalid_expert_id
-     << " routing=" << routing_name(routing.kind) << " mask=" << routing.mask_fraction
-     << " bad=" << routing.bad_fraction << " seed=" << seed << " tokens=[";
-  for (size_t i = 0; i < tokens.size(); ++i) os << (i ? "," : "") << tokens[i];
+  os << "world=" << world << " E=" << num_experts << " K=" << top_k << " maxT=" << max_tokens_per_rank
+     << " tpr=" << tokens_per_rank() << " H=" << hidden_size << " hidden=" << dtype_name(hidden_dtype) << "x"
+     << row_elems() << " scales=" << scale_row_elems << " combine=" << dtype_name(combine_dtype)
+     << " weights=" << weights << " eplb=" << eplb_stats << (eplb_given ? "(given)" : "")
+     << " invalid=" << invalid_expert_id << " routing=" << routing_name(routing.kind)
+     << " mask=" << routing.mask_fraction << " bad=" << routing.bad_fraction << " seed=" << seed << " tokens=[";
+  for (int r = 0; r < world; ++r) os << (r ? "," : "") << num_tokens(r);
   os << "]";
   return os.str();
 }
 
 RankRouting make_routing(const WorkloadSpec& s, int rank) {
   RankRouting r;
-  r.num_tokens = s.tokens.at(rank);
+  r.num_tokens = s.num_tokens(rank);
   const size_t K = s.top_k;
   r.topk_ids.resize(size_t(r.num_tokens) * K);
   r.topk_weights.resize(size_t(r.num_tokens) * K);
@@ -186,17 +203,26 @@ void fill_scale_row(const WorkloadSpec& s, int rank, int token, uint8_t* out) {
 }
 
 std::vector<uint8_t> make_hidden(const WorkloadSpec& s, int rank) {
-  const int T = s.tokens.at(rank);
+  const int T = s.num_tokens(rank);
   std::vector<uint8_t> out(size_t(T) * s.hidden_row_bytes());
   for (int t = 0; t < T; ++t) fill_hidden_row(s, rank, t, out.data() + size_t(t) * s.hidden_row_bytes());
   return out;
 }
 
 std::vector<uint8_t> make_scales(const WorkloadSpec& s, int rank) {
-  const int T = s.tokens.at(rank);
+  const int T = s.num_tokens(rank);
   std::vector<uint8_t> out(size_t(T) * s.scale_row_bytes());
   for (int t = 0; t < T && s.scale_row_bytes(); ++t) fill_scale_row(s, rank, t, out.data() + size_t(t) * s.scale_row_bytes());
   return out;
+}
+
+RankInputs make_rank_inputs(const WorkloadSpec& s, int rank) {
+  RankInputs in;
+  in.routing = make_routing(s, rank);
+  in.hidden = make_hidden(s, rank);
+  in.scales = make_scales(s, rank);
+  if (s.eplb_given) in.eplb_local = make_eplb_local(s, rank);
+  return in;
 }
 
 std::vector<int32_t> make_eplb_local(const WorkloadSpec& s, int rank) {
@@ -226,4 +252,4 @@ std::vector<uint8_t> make_expert_output(const WorkloadSpec& s, int rank) {
   return out;
 }
 
-}  // namespace moe_ep_tool
+}  // namespace moe_ep_verify

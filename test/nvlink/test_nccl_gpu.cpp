@@ -2,7 +2,7 @@
 // wait without a bound; the host aborts the communicator at timeout_ms) and
 // its communicator's lifecycle.  The semantics (every case of the NVLink
 // suite, compared byte for byte with the HOST backend) run through
-// test_nvlink_gpu with MOE_EP_TEST_GPU_BACKEND=nccl (test/cuda/CMakeLists.txt).
+// test_nvlink_gpu with MOE_EP_TEST_GPU_BACKEND=nccl (test/nvlink/CMakeLists.txt).
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>
@@ -12,15 +12,16 @@
 #include "gpu_case_runner.hpp"
 #include "gpu_test_env.hpp"
 #include "mpi_test_bootstrap.hpp"
-#include "tensor_helpers.hpp"
+#include "tensor_view.hpp"
 
 using namespace moe_ep_test;
+using moe_ep_verify::TensorView;
 
 namespace {
 
-CaseSpec small_spec() {
-  CaseSpec s;
-  s.world_size = mpi_world_size();
+WorkloadSpec small_spec() {
+  WorkloadSpec s;
+  s.world = mpi_world_size();
   s.num_experts = 64;
   s.top_k = 8;
   s.hidden_size = 1024;
@@ -32,7 +33,7 @@ CaseSpec small_spec() {
 // An NCCL handle with one rank's inputs on the device, driven through the C API.
 class NcclHandle {
  public:
-  NcclHandle(const CaseSpec& spec, int timeout_ms) : spec_(spec) {
+  NcclHandle(const WorkloadSpec& spec, int timeout_ms) : spec_(spec) {
     moe_ep_params_t p = spec_.params();
     moe_ep_config_t c;
     moe_ep_config_init(&c);
@@ -41,14 +42,15 @@ class NcclHandle {
     c.device = gpu_device();
     const moe_ep_bootstrap_t& b = world_bootstrap();
     if (moe_ep_create(&b, &p, &c, &h_) != MOE_EP_SUCCESS) throw std::runtime_error(moe_ep_last_error());
-    const RankData d = make_rank_data(spec_, b.rank);
-    T_ = d.num_tokens;
+    const RankInputs d = moe_ep_verify::make_rank_inputs(spec_, b.rank);
+    T_ = d.routing.num_tokens;
     cuda_ok(cudaMalloc(&hidden_, d.hidden.size() + 16), "cudaMalloc");
-    cuda_ok(cudaMalloc(&ids_, d.topk_ids.size() * 4 + 4), "cudaMalloc");
-    eo_bytes_ = size_t(spec_.world_size) * spec_.tokens_per_rank() * spec_.combine_row_bytes();
+    cuda_ok(cudaMalloc(&ids_, d.routing.topk_ids.size() * 4 + 4), "cudaMalloc");
+    eo_bytes_ = size_t(spec_.world) * spec_.tokens_per_rank() * spec_.combine_row_bytes();
     cuda_ok(cudaMalloc(&expert_output_, eo_bytes_), "cudaMalloc");
     cuda_ok(cudaMemcpy(hidden_, d.hidden.data(), d.hidden.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-    cuda_ok(cudaMemcpy(ids_, d.topk_ids.data(), d.topk_ids.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaMemcpy(ids_, d.routing.topk_ids.data(), d.routing.topk_ids.size() * 4, cudaMemcpyHostToDevice),
+            "cudaMemcpy");
     cuda_ok(cudaMemset(expert_output_, 0, eo_bytes_), "cudaMemset");
   }
   ~NcclHandle() {
@@ -59,8 +61,8 @@ class NcclHandle {
   }
   moe_ep_status_t dispatch() {
     const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, gpu_device()};
-    TensorRef th(hidden_, spec_.hidden_dtype, {T_, spec_.row_elems()}, dev);
-    TensorRef ti(ids_, int32_dtype(), {T_, spec_.top_k}, dev);
+    TensorView th(hidden_, spec_.hidden_dtype, {T_, spec_.row_elems()}, dev);
+    TensorView ti(ids_, moe_ep_dtype_t{MOE_EP_DTYPE_INT, 32, 1}, {T_, spec_.top_k}, dev);
     moe_ep_dispatch_args_t a;
     moe_ep_dispatch_args_init(&a);
     a.hidden_states = th.get();
@@ -71,8 +73,7 @@ class NcclHandle {
   }
   moe_ep_status_t combine() {
     const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, gpu_device()};
-    TensorRef te(expert_output_, spec_.combine_dtype,
-                 {int64_t(spec_.world_size) * spec_.tokens_per_rank(), spec_.hidden_size}, dev);
+    TensorView te = moe_ep_verify::expert_output_view(spec_, expert_output_, dev);
     moe_ep_combine_result_t r;
     moe_ep_combine_result_init(&r);
     return moe_ep_combine(h_, te.get(), nullptr, &r, nullptr);
@@ -91,7 +92,7 @@ class NcclHandle {
   }
 
  private:
-  CaseSpec spec_;
+  WorkloadSpec spec_;
   moe_ep_handle_t h_ = nullptr;
   void* hidden_ = nullptr;
   void* ids_ = nullptr;
@@ -150,7 +151,7 @@ TEST_CASE("NCCL: a rank that skips a dispatch or a combine makes the others time
   // The group is usable again with fresh handles.
   GpuCaseOptions o;
   o.backend = MOE_EP_BACKEND_NCCL;
-  CaseSpec s = small_spec();
+  WorkloadSpec s = small_spec();
   s.seed = 202;
   std::string failure;
   try {

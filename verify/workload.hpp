@@ -1,6 +1,7 @@
 // One dispatch/combine workload: the parameters, the routing of every rank and
 // the payload, all regenerated on demand from the seed (counter_rng.hpp), so
-// that each rank can compute what it must receive without any exchange.
+// that each rank can compute what it must receive without any exchange.  The
+// one workload description of the tests and of moe_ep_conformance.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 
 #include "moe_ep_c.h"
 
-namespace moe_ep_tool {
+namespace moe_ep_verify {
 
 enum class RoutingKind { uniform, balanced, zipf };
 
@@ -22,6 +23,9 @@ struct Routing {
 
 RoutingKind parse_routing(const std::string& name);
 std::string routing_name(RoutingKind kind);
+
+// moe_ep_params_init's defaults with the four required fields filled in.
+moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank, int32_t hidden_size);
 
 struct WorkloadSpec {
   int world = 1;
@@ -40,9 +44,10 @@ struct WorkloadSpec {
   bool weights = true;
   moe_ep_dtype_t combine_dtype{MOE_EP_DTYPE_BFLOAT, 16, 1};
   Routing routing;
-  std::vector<int> tokens;  // local_num_tokens of every rank
+  std::vector<int> tokens;  // local_num_tokens of every rank; empty = drawn from the seed in [0, tpr]
   uint64_t seed = 1;
 
+  int num_tokens(int rank) const;  // local_num_tokens of `rank`
   int tokens_per_rank() const { return runtime_max_tokens_per_rank ? runtime_max_tokens_per_rank : max_tokens_per_rank; }
   int row_elems() const { return hidden_row_elems ? hidden_row_elems : hidden_size; }
   int experts_per_rank() const { return num_experts / world; }
@@ -50,8 +55,9 @@ struct WorkloadSpec {
   uint64_t hidden_row_bytes() const;
   uint64_t scale_row_bytes() const;
   uint64_t combine_row_bytes() const;
-  // The rank that owns expert id, or -1 for the invalid id and bad ids.
-  int owner(int32_t id) const { return id >= 0 && id < num_experts ? id / experts_per_rank() : -1; }
+  // The rank that owns expert id, or -1 for the invalid id and bad ids; found
+  // by scanning the ranks' ranges, not by the library's division.
+  int owner(int32_t id) const;
   moe_ep_params_t params() const;
   std::string describe() const;
 };
@@ -64,6 +70,15 @@ struct RankRouting {
 
 RankRouting make_routing(const WorkloadSpec& spec, int rank);
 std::vector<RankRouting> make_all_routing(const WorkloadSpec& spec);
+
+// Everything rank `rank` passes to dispatch, as host copies.
+struct RankInputs {
+  RankRouting routing;
+  std::vector<uint8_t> hidden;      // [T, row bytes]
+  std::vector<uint8_t> scales;      // [T, scale row bytes]
+  std::vector<int32_t> eplb_local;  // [E] when spec.eplb_given
+};
+RankInputs make_rank_inputs(const WorkloadSpec& spec, int rank);
 
 // Whether token t of this routing has a valid pick owned by rank dest.
 bool goes_to(const WorkloadSpec& spec, const RankRouting& routing, int token, int dest);
@@ -81,4 +96,4 @@ std::vector<int32_t> make_eplb_local(const WorkloadSpec& spec, int rank);
 float expert_output_value(const WorkloadSpec& spec, int rank, int64_t row, int h);
 std::vector<uint8_t> make_expert_output(const WorkloadSpec& spec, int rank);  // [P, H] combine_dtype
 
-}  // namespace moe_ep_tool
+}  // namespace moe_ep_verify

@@ -1,15 +1,20 @@
-// Runs one CaseSpec through a GPU backend's handle and a HOST handle over
+// Runs one workload through a GPU backend's handle and a HOST handle over
 // the same bootstrap, on fresh random inputs every round, with the GPU results
-// poisoned before each round, and compares every output byte for byte.
+// poisoned before each round, and compares every output byte for byte
+// (moe_ep_verify's comparison; the HOST backend is checked against the oracle
+// by the CPU suites and by moe_ep_conformance).
 #pragma once
 
 #include <functional>
 #include <string>
 
 #include "moe_ep_c.h"
-#include "random_inputs.hpp"
+#include "workload.hpp"
 
 namespace moe_ep_test {
+
+using moe_ep_verify::RankInputs;
+using moe_ep_verify::WorkloadSpec;
 
 // The GPU backend a suite tests: MOE_EP_TEST_GPU_BACKEND=nccl selects
 // MOE_EP_BACKEND_NCCL, anything else (or unset) NVLINK_TWO_SIDED.
@@ -24,7 +29,7 @@ struct GpuCaseOptions {
   int num_sms = 0;
   int device = -1;             // -1 = gpu_device()
   // Edits a rank's inputs after they are drawn (both handles see the edit).
-  std::function<void(int rank, RankData& data)> edit_inputs;
+  std::function<void(int rank, RankInputs& inputs)> edit_inputs;
   // Called (eager rounds only) after the GPU dispatch is issued and before its
   // combine: e.g. to run a second handle while this one has a dispatch in flight.
   std::function<void()> between_dispatch_and_combine;
@@ -32,6 +37,6 @@ struct GpuCaseOptions {
 
 // Collective over `bootstrap`.  Returns "" when every round matched on this
 // rank, else a description of the first differences.
-std::string run_gpu_case(const CaseSpec& spec, const moe_ep_bootstrap_t& bootstrap, const GpuCaseOptions& options);
+std::string run_gpu_case(const WorkloadSpec& spec, const moe_ep_bootstrap_t& bootstrap, const GpuCaseOptions& options);
 
 }  // namespace moe_ep_test

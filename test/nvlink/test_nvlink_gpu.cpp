@@ -12,14 +12,16 @@
 #include <thread>
 #include <vector>
 
+#include "dtypes.hpp"
 #include "gpu_case_runner.hpp"
 #include "gpu_test_env.hpp"
 #include "hold_kernel.hpp"
 #include "mpi_test_bootstrap.hpp"
-#include "tensor_helpers.hpp"
+#include "tensor_view.hpp"
 #include "thread_bootstrap.hpp"
 
 using namespace moe_ep_test;
+using namespace moe_ep_verify;
 
 namespace {
 
@@ -29,9 +31,9 @@ const moe_ep_dtype_t kFp32{MOE_EP_DTYPE_FLOAT, 32, 1};
 const moe_ep_dtype_t kFp8{MOE_EP_DTYPE_FLOAT8_E4M3FN, 8, 1};
 const moe_ep_dtype_t kFp4{MOE_EP_DTYPE_FLOAT4_E2M1FN, 4, 1};
 
-CaseSpec spec_for_world(int num_experts, int top_k, int hidden, int max_tokens) {
-  CaseSpec s;
-  s.world_size = mpi_world_size();
+WorkloadSpec spec_for_world(int num_experts, int top_k, int hidden, int max_tokens) {
+  WorkloadSpec s;
+  s.world = mpi_world_size();
   s.num_experts = num_experts;
   s.top_k = top_k;
   s.hidden_size = hidden;
@@ -40,7 +42,7 @@ CaseSpec spec_for_world(int num_experts, int top_k, int hidden, int max_tokens) 
 }
 
 // Runs a case on every rank; passes only if it passed on every rank.
-void check_case(const CaseSpec& spec, const GpuCaseOptions& options = GpuCaseOptions{}) {
+void check_case(const WorkloadSpec& spec, const GpuCaseOptions& options = GpuCaseOptions{}) {
   std::string failure;
   try {
     failure = run_gpu_case(spec, world_bootstrap(), options);
@@ -55,47 +57,47 @@ void check_case(const CaseSpec& spec, const GpuCaseOptions& options = GpuCaseOpt
 }  // namespace
 
 TEST_CASE("bf16 rows, hidden 7168, top-8 of 64, weights, unequal token counts", "[gpu]") {
-  CaseSpec s = spec_for_world(64, 8, 7168, 96);
+  WorkloadSpec s = spec_for_world(64, 8, 7168, 96);
   s.seed = 11;
   check_case(s);
 }
 
 TEST_CASE("payload and combine dtypes: fp16 at hidden 2880, fp32 at hidden 100", "[gpu]") {
-  CaseSpec fp16 = spec_for_world(64, 8, 2880, 64);
+  WorkloadSpec fp16 = spec_for_world(64, 8, 2880, 64);
   fp16.hidden_dtype = kFp16;
   fp16.combine_dtype = kFp16;
-  fp16.with_weights = false;
+  fp16.weights = false;
   fp16.seed = 12;
   check_case(fp16);
 
-  CaseSpec fp32 = spec_for_world(64, 8, 100, 64);  // rows of 400 and combine rows of 400 bytes
+  WorkloadSpec fp32 = spec_for_world(64, 8, 100, 64);  // rows of 400 and combine rows of 400 bytes
   fp32.hidden_dtype = kFp32;
   fp32.combine_dtype = kFp32;
   fp32.seed = 13;
   check_case(fp32);
 
-  CaseSpec odd = spec_for_world(64, 4, 100, 33);  // bf16 rows of 200 bytes: not a multiple of 16
+  WorkloadSpec odd = spec_for_world(64, 4, 100, 33);  // bf16 rows of 200 bytes: not a multiple of 16
   odd.seed = 14;
   check_case(odd);
 }
 
 TEST_CASE("quantized payloads travel as bytes with their scales", "[gpu]") {
-  CaseSpec fp8 = spec_for_world(64, 8, 4096, 80);
+  WorkloadSpec fp8 = spec_for_world(64, 8, 4096, 80);
   fp8.hidden_dtype = kFp8;
   fp8.scale_row_elems = 4096 / 128;
   fp8.scale_dtype = kFp32;
   fp8.seed = 21;
   check_case(fp8);
 
-  CaseSpec fp4 = spec_for_world(64, 8, 7168, 80);  // packed: 3584 bytes per row
+  WorkloadSpec fp4 = spec_for_world(64, 8, 7168, 80);  // packed: 3584 bytes per row
   fp4.hidden_dtype = kFp4;
   fp4.scale_row_elems = 7168 / 16;
   fp4.scale_dtype = kFp8;
-  fp4.with_weights = false;
+  fp4.weights = false;
   fp4.seed = 22;
   check_case(fp4);
 
-  CaseSpec odd_scales = spec_for_world(64, 8, 2880, 40);
+  WorkloadSpec odd_scales = spec_for_world(64, 8, 2880, 40);
   odd_scales.hidden_dtype = kFp8;
   odd_scales.scale_row_elems = 23;  // 23 fp32 scales: 92-byte rows
   odd_scales.scale_dtype = kFp32;
@@ -104,57 +106,57 @@ TEST_CASE("quantized payloads travel as bytes with their scales", "[gpu]") {
 }
 
 TEST_CASE("token counts: zero on one rank, runtime_max below the maximum, masked picks", "[gpu]") {
-  CaseSpec zero = spec_for_world(64, 8, 4096, 64);
+  WorkloadSpec zero = spec_for_world(64, 8, 4096, 64);
   zero.runtime_max_tokens_per_rank = 40;
-  for (int r = 0; r < zero.world_size; ++r) zero.tokens.push_back(r == 0 ? 0 : 40 - 3 * r);
+  for (int r = 0; r < zero.world; ++r) zero.tokens.push_back(r == 0 ? 0 : 40 - 3 * r);
   zero.seed = 31;
   check_case(zero);
 
-  CaseSpec all_zero = spec_for_world(64, 8, 256, 16);
-  all_zero.tokens.assign(all_zero.world_size, 0);
+  WorkloadSpec all_zero = spec_for_world(64, 8, 256, 16);
+  all_zero.tokens.assign(all_zero.world, 0);
   check_case(all_zero);
 
-  CaseSpec masked = spec_for_world(64, 8, 2880, 64);
-  masked.mask_fraction = 0.35;
+  WorkloadSpec masked = spec_for_world(64, 8, 2880, 64);
+  masked.routing.mask_fraction = 0.35;
   masked.seed = 32;
   check_case(masked);
 
-  CaseSpec other_invalid = spec_for_world(64, 6, 512, 48);
+  WorkloadSpec other_invalid = spec_for_world(64, 6, 512, 48);
   other_invalid.invalid_expert_id = 1000;
-  other_invalid.mask_fraction = 0.5;
+  other_invalid.routing.mask_fraction = 0.5;
   other_invalid.seed = 33;
   check_case(other_invalid);
 }
 
 TEST_CASE("top_k 1, 8 and 32 of 64 experts; 6 experts on 2 ranks", "[gpu]") {
   for (int k : {1, 8, 32}) {
-    CaseSpec s = spec_for_world(64, k, 1024, 48);
+    WorkloadSpec s = spec_for_world(64, k, 1024, 48);
     s.seed = 40 + k;
     check_case(s);
   }
   const int world = mpi_world_size();
-  CaseSpec six = spec_for_world(6 % world == 0 ? 6 : 3 * world, 2, 768, 40);
+  WorkloadSpec six = spec_for_world(6 % world == 0 ? 6 : 3 * world, 2, 768, 40);
   six.seed = 45;
   check_case(six);
-  CaseSpec all = spec_for_world(16, 16, 64, 24);  // top_k == num_experts
+  WorkloadSpec all = spec_for_world(16, 16, 64, 24);  // top_k == num_experts
   all.seed = 46;
   check_case(all);
 }
 
 TEST_CASE("EPLB statistics: counted on the device, or passed by the caller", "[gpu]") {
-  CaseSpec counted = spec_for_world(64, 8, 512, 48);
+  WorkloadSpec counted = spec_for_world(64, 8, 512, 48);
   counted.eplb_stats = true;
-  counted.mask_fraction = 0.1;
+  counted.routing.mask_fraction = 0.1;
   counted.seed = 51;
   check_case(counted);
-  CaseSpec passed = counted;
-  passed.pass_eplb_local = true;
+  WorkloadSpec passed = counted;
+  passed.eplb_given = true;
   passed.seed = 52;
   check_case(passed);
 }
 
 TEST_CASE("combine into the caller's buffer, and with few SMs", "[gpu]") {
-  CaseSpec s = spec_for_world(64, 8, 2048, 128);
+  WorkloadSpec s = spec_for_world(64, 8, 2048, 128);
   s.seed = 61;
   GpuCaseOptions caller;
   caller.caller_output = true;
@@ -166,7 +168,7 @@ TEST_CASE("combine into the caller's buffer, and with few SMs", "[gpu]") {
 }
 
 TEST_CASE("a CUDA graph of dispatch + combine replays with results identical to eager calls", "[gpu][graph]") {
-  CaseSpec s = spec_for_world(64, 8, 7168, 64);
+  WorkloadSpec s = spec_for_world(64, 8, 7168, 64);
   s.seed = 71;
   GpuCaseOptions graph;
   graph.graph = true;
@@ -179,24 +181,25 @@ TEST_CASE("a CUDA graph of dispatch + combine replays with results identical to 
 }
 
 TEST_CASE("bad expert ids are dropped and reported as INVALID_INPUT, like the HOST backend", "[gpu][bad_ids]") {
-  CaseSpec s = spec_for_world(64, 8, 512, 48);
+  WorkloadSpec s = spec_for_world(64, 8, 512, 48);
   s.seed = 81;
-  for (int r = 0; r < s.world_size; ++r) s.tokens.push_back(40);
+  for (int r = 0; r < s.world; ++r) s.tokens.push_back(40);
   GpuCaseOptions bad;
-  bad.edit_inputs = [&](int rank, RankData& d) {
+  bad.edit_inputs = [&](int rank, RankInputs& d) {
     if (rank % 2 != 0) return;  // odd ranks stay clean: SUCCESS there
-    d.topk_ids[5 * 8 + 3] = 64;         // one past the last expert
-    d.topk_ids[7 * 8 + 0] = -5;         // negative, not the invalid id
-    d.topk_ids[30 * 8 + 7] = INT_MAX;
-    d.topk_ids[31 * 8 + 1] = INT_MIN;
+    std::vector<int32_t>& ids = d.routing.topk_ids;
+    ids[5 * 8 + 3] = 64;  // one past the last expert
+    ids[7 * 8 + 0] = -5;  // negative, not the invalid id
+    ids[30 * 8 + 7] = INT_MAX;
+    ids[31 * 8 + 1] = INT_MIN;
   };
   check_case(s, bad);  // compares the async status and message with HOST's, and that it is cleared once read
 }
 
 TEST_CASE("two handles in one process: a second group runs while the first has a dispatch in flight", "[gpu][handles]") {
-  CaseSpec outer = spec_for_world(64, 8, 1024, 48);
+  WorkloadSpec outer = spec_for_world(64, 8, 1024, 48);
   outer.seed = 91;
-  CaseSpec inner = spec_for_world(32, 4, 4096, 32);
+  WorkloadSpec inner = spec_for_world(32, 4, 4096, 32);
   inner.hidden_dtype = kFp16;
   inner.combine_dtype = kFp16;
   inner.seed = 92;
@@ -214,8 +217,8 @@ TEST_CASE("two ranks as two threads of one process, one GPU each", "[gpu][handle
     SUCCEED("needs one process and two GPUs");
     return;
   }
-  CaseSpec s;
-  s.world_size = 2;
+  WorkloadSpec s;
+  s.world = 2;
   s.num_experts = 64;
   s.top_k = 8;
   s.hidden_size = 7168;
@@ -240,13 +243,14 @@ namespace {
 // A minimal NVLink handle driven through the C API, for lifecycle tests.
 struct SmallHandle {
   moe_ep_handle_t h = nullptr;
-  CaseSpec spec;
+  WorkloadSpec spec;
   void* hidden = nullptr;
   void* ids = nullptr;
   void* expert_output = nullptr;
   int64_t T = 0;
 
-  SmallHandle(const CaseSpec& s, int timeout_ms) : spec(s) {
+  SmallHandle(const WorkloadSpec& s, int timeout_ms) : spec(s) {
+    spec.weights = false;  // dispatch() passes hidden states and ids only
     moe_ep_params_t p = spec.params();
     moe_ep_config_t c;
     moe_ep_config_init(&c);
@@ -255,14 +259,15 @@ struct SmallHandle {
     c.device = gpu_device();
     const moe_ep_bootstrap_t& b = world_bootstrap();
     if (moe_ep_create(&b, &p, &c, &h) != MOE_EP_SUCCESS) throw std::runtime_error(moe_ep_last_error());
-    const RankData d = make_rank_data(spec, b.rank);
-    T = d.num_tokens;
+    const RankInputs d = make_rank_inputs(spec, b.rank);
+    T = d.routing.num_tokens;
     cuda_ok(cudaMalloc(&hidden, d.hidden.size() + 1), "cudaMalloc");
-    cuda_ok(cudaMalloc(&ids, d.topk_ids.size() * 4 + 4), "cudaMalloc");
-    const size_t eo = size_t(spec.world_size) * spec.tokens_per_rank() * spec.combine_row_bytes();
+    cuda_ok(cudaMalloc(&ids, d.routing.topk_ids.size() * 4 + 4), "cudaMalloc");
+    const size_t eo = size_t(spec.receive_rows()) * spec.combine_row_bytes();
     cuda_ok(cudaMalloc(&expert_output, eo), "cudaMalloc");
     cuda_ok(cudaMemcpy(hidden, d.hidden.data(), d.hidden.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-    cuda_ok(cudaMemcpy(ids, d.topk_ids.data(), d.topk_ids.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaMemcpy(ids, d.routing.topk_ids.data(), d.routing.topk_ids.size() * 4, cudaMemcpyHostToDevice),
+            "cudaMemcpy");
     cuda_ok(cudaMemset(expert_output, 0, eo), "cudaMemset");
   }
   ~SmallHandle() {
@@ -273,23 +278,19 @@ struct SmallHandle {
   }
   moe_ep_status_t dispatch(cudaStream_t stream = nullptr) {
     const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, gpu_device()};
-    TensorRef th(hidden, spec.hidden_dtype, {T, spec.row_elems()}, dev);
-    TensorRef ti(ids, int32_dtype(), {T, spec.top_k}, dev);
-    moe_ep_dispatch_args_t a;
-    moe_ep_dispatch_args_init(&a);
-    a.hidden_states = th.get();
-    a.topk_ids = ti.get();
-    a.runtime_max_tokens_per_rank = spec.runtime_max_tokens_per_rank;
+    DispatchMemory memory;
+    memory.hidden = hidden;
+    memory.topk_ids = ids;
+    DispatchArgs args(spec, static_cast<int>(T), memory, dev);  // spec: no weights, scales or eplb
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r);
-    return moe_ep_dispatch(h, &a, &r, stream);
+    return moe_ep_dispatch(h, args.get(), &r, stream);
   }
   // expert_output is exactly [world * tokens_per_rank, hidden]: a read past
   // it is an out-of-bounds access that compute-sanitizer reports.
   moe_ep_status_t combine(cudaStream_t stream = nullptr) {
     const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, gpu_device()};
-    TensorRef te(expert_output, spec.combine_dtype,
-                 {int64_t(spec.world_size) * spec.tokens_per_rank(), spec.hidden_size}, dev);
+    const TensorView te = expert_output_view(spec, expert_output, dev);
     moe_ep_combine_result_t r;
     moe_ep_combine_result_init(&r);
     return moe_ep_combine(h, te.get(), nullptr, &r, stream);
@@ -307,7 +308,7 @@ struct SmallHandle {
 void check_timeout(bool skip_dispatch) {
   const int world = mpi_world_size();
   const int missing = world - 1;
-  CaseSpec s = spec_for_world(64, 8, 1024, 32);
+  WorkloadSpec s = spec_for_world(64, 8, 1024, 32);
   s.seed = 101;
   bool ok = true;
   std::string why;
@@ -362,13 +363,13 @@ TEST_CASE("a rank that skips a dispatch makes the others time out; destroy compl
   check_timeout(true);
   check_timeout(false);
   // The group is usable again with fresh handles.
-  CaseSpec s = spec_for_world(64, 8, 1024, 32);
+  WorkloadSpec s = spec_for_world(64, 8, 1024, 32);
   s.seed = 102;
   check_case(s);
 }
 
 TEST_CASE("100 create/destroy cycles leave device memory where it was", "[gpu][lifecycle]") {
-  CaseSpec s = spec_for_world(64, 8, 2048, 64);
+  WorkloadSpec s = spec_for_world(64, 8, 2048, 64);
   s.seed = 111;
   bool ok = true;
   {
@@ -387,16 +388,16 @@ TEST_CASE("100 create/destroy cycles leave device memory where it was", "[gpu][l
 }
 
 TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within SPEC §6", "[gpu][lifecycle]") {
-  CaseSpec s = spec_for_world(256, 8, 7168, 512);
+  WorkloadSpec s = spec_for_world(256, 8, 7168, 512);
   moe_ep_params_t p = s.params();
   moe_ep_config_t c;
   moe_ep_config_init(&c);
   c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
   c.device = gpu_device();
   uint64_t bytes = 0;
-  REQUIRE(moe_ep_workspace_size(&p, &c, s.world_size, &bytes) == MOE_EP_SUCCESS);
+  REQUIRE(moe_ep_workspace_size(&p, &c, s.world, &bytes) == MOE_EP_SUCCESS);
   const uint64_t row = 7168 * 2;
-  const uint64_t bound = 2ull * s.world_size * s.max_tokens_per_rank * row + (64ull << 20);
+  const uint64_t bound = 2ull * s.world * s.max_tokens_per_rank * row + (64ull << 20);
   const size_t before = free_device_memory();
   moe_ep_handle_t h = nullptr;
   const moe_ep_bootstrap_t& b = world_bootstrap();
@@ -419,7 +420,7 @@ TEST_CASE("runtime_max_tokens_per_rank that differs between ranks is INVALID_INP
   // Rank 0 passes 16, the others 48 (max 48), each with a full batch: a
   // rank-48 peer sends rank 0 more rows than rank 0's expert_output holds
   // per peer, which combine would read past the end of without the check.
-  CaseSpec s = spec_for_world(64, 8, 1024, 48);
+  WorkloadSpec s = spec_for_world(64, 8, 1024, 48);
   s.seed = 121;
   s.runtime_max_tokens_per_rank = mpi_rank() == 0 ? 16 : 48;
   s.tokens.assign(world, 0);
@@ -442,7 +443,7 @@ TEST_CASE("runtime_max_tokens_per_rank that differs between ranks is INVALID_INP
   INFO(why);
   REQUIRE(mpi_all(ok));
   // The same group, equal values again: correct results.
-  CaseSpec same = spec_for_world(64, 8, 1024, 48);
+  WorkloadSpec same = spec_for_world(64, 8, 1024, 48);
   same.seed = 122;
   same.runtime_max_tokens_per_rank = 16;
   check_case(same);
@@ -456,9 +457,9 @@ TEST_CASE("runtime_max_tokens_per_rank that differs between ranks is INVALID_INP
 // mapped host mirror or unmapping the workspace) still waits for the device.
 TEST_CASE("destroy after graph replays waits for the handle's work, not for other work on the device",
           "[.destroy_scope]") {
-  CaseSpec s = spec_for_world(64, 8, 1024, 32);
+  WorkloadSpec s = spec_for_world(64, 8, 1024, 32);
   s.seed = 131;
-  s.tokens.assign(s.world_size, 32);  // a graph has fixed shapes
+  s.tokens.assign(s.world, 32);  // a graph has fixed shapes
   bool ok = true;
   std::string why;
   cudaStream_t stream = nullptr, other = nullptr;

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace moe_ep_tool {
+namespace moe_ep_verify {
 
 inline uint64_t mix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -39,4 +39,4 @@ class Sequence {
   uint64_t at_ = 0;
 };
 
-}  // namespace moe_ep_tool
+}  // namespace moe_ep_verify

@@ -1,7 +1,7 @@
 // A kernel that holds a stream until the host releases it (or a bound
-// passes), so that a timing loop can queue all its work first and the GPU then
-// runs it back to back: event timings then measure the GPU, not the host's
-// launch rate.
+// passes): device work that the tests control, e.g. unrelated work in flight
+// while a handle is destroyed, or a rank stuck mid-dispatch in the kill probe.
+// (Benchmark launch gating is moe_ep_conformance's LaunchGate.)
 #include "hold_kernel.hpp"
 
 namespace moe_ep_test {

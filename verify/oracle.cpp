@@ -1,13 +1,14 @@
-#include "expected.hpp"
+#include "oracle.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <sstream>
 
 #include "dtypes.hpp"
 
-namespace moe_ep_tool {
+namespace moe_ep_verify {
 
 namespace {
 constexpr long kMaxDetailLines = 4;
@@ -61,38 +62,54 @@ int64_t differing_units(const uint8_t* a, const uint8_t* b, uint64_t bytes, uint
   return bad;
 }
 
+// Token indices of `source` with a valid pick owned by rank `dest`, ascending:
+// the rows of that source's segment on `dest`, in order.
+std::vector<int> tokens_sent(const WorkloadSpec& s, const RankRouting& source, int dest) {
+  std::vector<int> out;
+  for (int t = 0; t < source.num_tokens; ++t) {
+    if (goes_to(s, source, t, dest)) out.push_back(t);
+  }
+  return out;
+}
+
+// The expected result of rank `me` (payload left empty: regenerated per row),
+// with the source token of every receive row (-1 for padding).
 struct Expected {
-  std::vector<int32_t> recv_counts, topk_ids, local_expert_counts, eplb;
-  std::vector<float> topk_weights;
-  std::vector<int> source_token;  // per receive row: the source token, -1 for padding
+  ReceivedDispatch result;
+  std::vector<int> source_token;
 };
 
 Expected expect_receive(const WorkloadSpec& s, const std::vector<RankRouting>& all, int me) {
   const int tpr = s.tokens_per_rank(), K = s.top_k;
   const int64_t P = s.receive_rows();
   Expected e;
-  e.recv_counts.assign(s.world, 0);
-  e.topk_ids.assign(P * K, s.invalid_expert_id);
-  e.topk_weights.assign(P * K, 0.0f);
-  e.local_expert_counts.assign(s.experts_per_rank(), 0);
+  ReceivedDispatch& r = e.result;
+  r.tokens_per_rank = tpr;
+  r.has_weights = s.weights;
+  r.has_scales = s.scale_row_elems != 0;
+  r.has_eplb = s.eplb_stats;
+  r.recv_counts.assign(s.world, 0);
+  r.topk_ids.assign(P * K, s.invalid_expert_id);
+  r.topk_weights.assign(s.weights ? P * K : 0, 0.0f);
+  r.local_expert_counts.assign(s.experts_per_rank(), 0);
   e.source_token.assign(P, -1);
   for (int src = 0; src < s.world; ++src) {
-    const RankRouting& r = all[src];
-    int slot = 0;  // ascending source token order
-    for (int t = 0; t < r.num_tokens; ++t) {
-      if (!goes_to(s, r, t, me)) continue;
-      const int64_t row = int64_t(src) * tpr + slot++;
+    const RankRouting& in = all[src];
+    const std::vector<int> sent = tokens_sent(s, in, me);
+    r.recv_counts[src] = static_cast<int32_t>(sent.size());
+    for (size_t j = 0; j < sent.size(); ++j) {
+      const int t = sent[j];
+      const int64_t row = int64_t(src) * tpr + int64_t(j);
       e.source_token[row] = t;
       for (int k = 0; k < K; ++k) {
-        const int32_t id = r.topk_ids[size_t(t) * K + k];
+        const int32_t id = in.topk_ids[size_t(t) * K + k];
         if (s.owner(id) == me) {
-          e.topk_ids[row * K + k] = id;
-          ++e.local_expert_counts[id - me * s.experts_per_rank()];
+          r.topk_ids[row * K + k] = id;
+          ++r.local_expert_counts[id - me * s.experts_per_rank()];
         }
-        if (s.weights) e.topk_weights[row * K + k] = r.topk_weights[size_t(t) * K + k];
+        if (s.weights) r.topk_weights[row * K + k] = in.topk_weights[size_t(t) * K + k];
       }
     }
-    e.recv_counts[src] = slot;
   }
   if (s.eplb_stats) {
     for (int src = 0; src < s.world; ++src) {
@@ -104,14 +121,14 @@ Expected expect_receive(const WorkloadSpec& s, const std::vector<RankRouting>& a
           if (id >= 0 && id < s.num_experts) ++stats[id];
         }
       }
-      e.eplb.insert(e.eplb.end(), stats.begin(), stats.end());
+      r.eplb_gathered.insert(r.eplb_gathered.end(), stats.begin(), stats.end());
     }
   }
   return e;
 }
 
-void check_weights(Verdict& v, const WorkloadSpec& s, const Expected& e, const ReceivedDispatch& got) {
-  if (!s.weights) {
+void compare_weights(Verdict& v, const WorkloadSpec& s, const ReceivedDispatch& e, const ReceivedDispatch& got) {
+  if (!e.has_weights) {
     v.add(got.has_weights ? 1 : 0, "topk_weights: returned although no weights were passed");
     return;
   }
@@ -121,7 +138,7 @@ void check_weights(Verdict& v, const WorkloadSpec& s, const Expected& e, const R
   }
   int64_t bad = 0;
   size_t first = 0;
-  for (size_t i = 0; i < e.topk_weights.size(); ++i) {
+  for (size_t i = 0; i < e.topk_weights.size(); ++i) {  // bit for bit: weights are forwarded, not computed
     if (std::memcmp(&got.topk_weights[i], &e.topk_weights[i], sizeof(float)) != 0 && bad++ == 0) first = i;
   }
   if (bad) {
@@ -131,9 +148,22 @@ void check_weights(Verdict& v, const WorkloadSpec& s, const Expected& e, const R
   }
 }
 
+// Everything but the payload rows.
+void compare_fields(Verdict& v, const WorkloadSpec& s, const ReceivedDispatch& e, const ReceivedDispatch& got) {
+  compare_ints(v, "recv_counts", e.recv_counts, got.recv_counts);
+  compare_ints(v, "local_expert_counts", e.local_expert_counts, got.local_expert_counts);
+  compare_ints(v, "topk_ids", e.topk_ids, got.topk_ids);
+  if (e.has_eplb) compare_ints(v, "eplb_gathered_stats", e.eplb_gathered, got.eplb_gathered);
+  compare_weights(v, s, e, got);
+}
+
+// Writes the expected hidden and scale bytes of receive row `row`; false for a
+// padding row (not compared).
+using ExpectedRow = std::function<bool(int64_t row, uint8_t* hidden, uint8_t* scales)>;
+
 // Payload rows (hidden, scales) on the rows that carry a token; padding
-// content is unspecified by SPEC §4.
-void check_payload(Verdict& v, const WorkloadSpec& s, const Expected& e, const ReceivedDispatch& got) {
+// content is unspecified.
+void compare_payload(Verdict& v, const WorkloadSpec& s, const ExpectedRow& expected_row, const ReceivedDispatch& got) {
   const uint64_t hb = s.hidden_row_bytes(), sb = s.scale_row_bytes();
   const int64_t P = s.receive_rows();
   if (got.hidden.size() != P * hb) {
@@ -144,25 +174,25 @@ void check_payload(Verdict& v, const WorkloadSpec& s, const Expected& e, const R
     v.add(P, "hidden_states_scale: missing or of the wrong size");
     return;
   }
-  std::vector<uint8_t> want(std::max(hb, sb));
+  std::vector<uint8_t> hidden(hb), scales(sb);
   int64_t bad_rows = 0;
   for (int64_t row = 0; row < P; ++row) {
-    const int t = e.source_token[row];
-    if (t < 0) continue;
-    const int src = static_cast<int>(row / s.tokens_per_rank());
-    fill_hidden_row(s, src, t, want.data());
-    int64_t bad = differing_units(want.data(), &got.hidden[row * hb], hb, compare_unit_bytes(s.hidden_dtype));
-    if (sb) {
-      fill_scale_row(s, src, t, want.data());
-      bad += differing_units(want.data(), &got.scales[row * sb], sb, compare_unit_bytes(s.scale_dtype));
-    }
+    if (!expected_row(row, hidden.data(), scales.data())) continue;
+    int64_t bad = differing_units(hidden.data(), &got.hidden[row * hb], hb, compare_unit_bytes(s.hidden_dtype));
+    if (sb) bad += differing_units(scales.data(), &got.scales[row * sb], sb, compare_unit_bytes(s.scale_dtype));
     if (bad && bad_rows++ < 2) {
-      v.add(bad, "payload of receive row " + str(row) + " (rank " + str(src) + " token " + str(t) + "): " +
-                     str(bad) + " elements wrong");
+      v.add(bad, "payload of receive row " + str(row) + " (source rank " + str(row / s.tokens_per_rank()) +
+                     "): " + str(bad) + " elements wrong");
     } else {
       v.add(bad, "");
     }
   }
+}
+
+bool same_tokens_per_rank(Verdict& v, int expected, int got) {
+  if (got == expected) return true;
+  v.add(1, "tokens_per_rank: expected " + str(expected) + ", got " + str(got));
+  return false;
 }
 
 }  // namespace
@@ -170,17 +200,44 @@ void check_payload(Verdict& v, const WorkloadSpec& s, const Expected& e, const R
 Verdict check_dispatch(const WorkloadSpec& s, const std::vector<RankRouting>& all, int me,
                        const ReceivedDispatch& got) {
   Verdict v;
-  if (got.tokens_per_rank != s.tokens_per_rank()) {
-    v.add(1, "tokens_per_rank: expected " + str(s.tokens_per_rank()) + ", got " + str(got.tokens_per_rank));
+  if (!same_tokens_per_rank(v, s.tokens_per_rank(), got.tokens_per_rank)) return v;
+  const Expected e = expect_receive(s, all, me);
+  compare_fields(v, s, e.result, got);
+  compare_payload(
+      v, s,
+      [&](int64_t row, uint8_t* hidden, uint8_t* scales) {
+        const int t = e.source_token[row];
+        if (t < 0) return false;
+        const int src = static_cast<int>(row / s.tokens_per_rank());
+        fill_hidden_row(s, src, t, hidden);
+        if (s.scale_row_elems) fill_scale_row(s, src, t, scales);
+        return true;
+      },
+      got);
+  return v;
+}
+
+Verdict compare_dispatch(const WorkloadSpec& s, const ReceivedDispatch& reference, const ReceivedDispatch& got) {
+  Verdict v;
+  if (!same_tokens_per_rank(v, reference.tokens_per_rank, got.tokens_per_rank)) return v;
+  compare_fields(v, s, reference, got);
+  const uint64_t hb = s.hidden_row_bytes(), sb = s.scale_row_bytes();
+  const int64_t tpr = s.tokens_per_rank();
+  if (reference.hidden.size() != uint64_t(s.receive_rows()) * hb ||
+      reference.scales.size() != uint64_t(s.receive_rows()) * sb) {
+    v.add(1, "reference payload of the wrong size");
     return v;
   }
-  const Expected e = expect_receive(s, all, me);
-  compare_ints(v, "recv_counts", e.recv_counts, got.recv_counts);
-  compare_ints(v, "local_expert_counts", e.local_expert_counts, got.local_expert_counts);
-  compare_ints(v, "topk_ids", e.topk_ids, got.topk_ids);
-  if (s.eplb_stats) compare_ints(v, "eplb_gathered_stats", e.eplb, got.eplb_gathered);
-  check_weights(v, s, e, got);
-  check_payload(v, s, e, got);
+  compare_payload(
+      v, s,
+      [&](int64_t row, uint8_t* hidden, uint8_t* scales) {
+        const int64_t src = row / tpr;
+        if (src >= int64_t(reference.recv_counts.size()) || row - src * tpr >= reference.recv_counts[src]) return false;
+        std::memcpy(hidden, &reference.hidden[row * hb], hb);
+        if (sb) std::memcpy(scales, &reference.scales[row * sb], sb);
+        return true;
+      },
+      got);
   return v;
 }
 
@@ -194,14 +251,16 @@ Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all
                               str(output.size()));
     return v;
   }
-  std::vector<int> next_slot(s.world, 0);
+  std::vector<std::vector<int>> sent(s.world);  // sent[r]: my tokens that rank r holds, in row order
+  for (int r = 0; r < s.world; ++r) sent[r] = tokens_sent(s, mine, r);
   std::vector<float> acc(H);
   int reported = 0;
   for (int t = 0; t < T; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int r = 0; r < s.world; ++r) {  // ascending rank order, fp32 accumulation
-      if (!goes_to(s, mine, t, r)) continue;
-      const int64_t row = int64_t(me) * s.tokens_per_rank() + next_slot[r]++;
+      const auto at = std::lower_bound(sent[r].begin(), sent[r].end(), t);
+      if (at == sent[r].end() || *at != t) continue;
+      const int64_t row = int64_t(me) * s.tokens_per_rank() + (at - sent[r].begin());
       for (int h = 0; h < H; ++h) acc[h] += expert_output_value(s, r, row, h);
     }
     int64_t bad = 0;
@@ -226,4 +285,4 @@ Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all
   return v;
 }
 
-}  // namespace moe_ep_tool
+}  // namespace moe_ep_verify

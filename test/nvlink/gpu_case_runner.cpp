@@ -1,0 +1,231 @@
+#include "gpu_case_runner.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "gpu_test_env.hpp"
+#include "host_case_runner.hpp"
+#include "oracle.hpp"
+#include "result_reader.hpp"
+#include "tensor_view.hpp"
+
+namespace moe_ep_test {
+
+using namespace moe_ep_verify;
+
+namespace {
+
+constexpr uint8_t kPoison = 0xCD;
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ > 0) cuda_ok(cudaMalloc(&p_, bytes_), "cudaMalloc");
+  }
+  ~DeviceBuffer() {
+    if (p_) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return p_; }
+  void upload(const void* src, size_t bytes) {
+    if (bytes) cuda_ok(cudaMemcpy(p_, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_;
+};
+
+std::vector<uint8_t> read_device_memory(const void* data, uint64_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  if (bytes) cuda_ok(cudaMemcpy(out.data(), data, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  return out;
+}
+
+void poison(const moe_ep_tensor_t& t) {
+  if (t.data == nullptr) return;
+  uint64_t elements = 1;
+  for (int i = 0; i < t.ndim; ++i) elements *= static_cast<uint64_t>(t.shape[i]);
+  const uint64_t bytes = (elements * t.dtype.bits * t.dtype.lanes + 7) / 8;
+  cuda_ok(cudaMemset(static_cast<char*>(t.data) + t.byte_offset, kPoison, bytes), "cudaMemset(poison)");
+}
+
+void poison_results(const moe_ep_dispatch_result_t& r, const moe_ep_tensor_t& output) {
+  for (const moe_ep_tensor_t* t : {&r.hidden_states, &r.topk_ids, &r.topk_weights, &r.hidden_states_scale,
+                                   &r.recv_counts, &r.local_expert_counts, &r.eplb_gathered_stats, &output}) {
+    poison(*t);
+  }
+}
+
+class Handle {
+ public:
+  Handle(const moe_ep_bootstrap_t& b, const WorkloadSpec& spec, int32_t backend, const GpuCaseOptions& o, int device) {
+    moe_ep_params_t params = spec.params();
+    moe_ep_config_t config;
+    moe_ep_config_init(&config);
+    config.backend = backend;
+    config.timeout_ms = o.timeout_ms;
+    config.num_sms = o.num_sms;
+    config.device = backend == MOE_EP_BACKEND_HOST ? -1 : device;
+    if (moe_ep_create(&b, &params, &config, &h_) != MOE_EP_SUCCESS) {
+      throw std::runtime_error(std::string("moe_ep_create: ") + moe_ep_last_error());
+    }
+  }
+  ~Handle() { moe_ep_destroy(&h_); }
+  moe_ep_handle_t get() const { return h_; }
+
+ private:
+  moe_ep_handle_t h_ = nullptr;
+};
+
+void expect_ok(moe_ep_status_t s, const char* what) {
+  if (s != MOE_EP_SUCCESS) {
+    throw std::runtime_error(std::string(what) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error());
+  }
+}
+
+// One rank's tensors on the GPU, sized for max_tokens_per_rank rows at fixed
+// addresses, so that a captured graph sees each round's new contents.
+struct DeviceInputs {
+  explicit DeviceInputs(const WorkloadSpec& s)
+      : hidden(size_t(s.max_tokens_per_rank) * s.hidden_row_bytes() + 16),
+        ids(size_t(s.max_tokens_per_rank) * s.top_k * 4),
+        weights(size_t(s.max_tokens_per_rank) * s.top_k * 4),
+        scales(size_t(s.max_tokens_per_rank) * s.scale_row_bytes() + 16),
+        eplb(size_t(s.num_experts) * 4),
+        expert_output(size_t(s.world) * s.max_tokens_per_rank * s.combine_row_bytes()),
+        output(size_t(s.max_tokens_per_rank) * s.combine_row_bytes()) {}
+
+  void upload(const RankInputs& in, const std::vector<uint8_t>& eo) {
+    hidden.upload(in.hidden.data(), in.hidden.size());
+    ids.upload(in.routing.topk_ids.data(), in.routing.topk_ids.size() * 4);
+    weights.upload(in.routing.topk_weights.data(), in.routing.topk_weights.size() * 4);
+    scales.upload(in.scales.data(), in.scales.size());
+    eplb.upload(in.eplb_local.data(), in.eplb_local.size() * 4);
+    expert_output.upload(eo.data(), eo.size());
+  }
+  DispatchMemory memory() const { return {hidden.get(), ids.get(), weights.get(), scales.get(), eplb.get()}; }
+
+  DeviceBuffer hidden, ids, weights, scales, eplb, expert_output, output;
+};
+
+}  // namespace
+
+int32_t gpu_backend_under_test() {
+  const char* v = std::getenv("MOE_EP_TEST_GPU_BACKEND");
+  return v != nullptr && std::strcmp(v, "nccl") == 0 ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+}
+
+std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& b, const GpuCaseOptions& o) {
+  const int rank = b.rank;
+  const int device = o.device >= 0 ? o.device : gpu_device();
+  cuda_ok(cudaSetDevice(device), "cudaSetDevice");
+  WorkloadSpec spec = spec_in;
+  if (o.graph && spec.tokens.empty()) {  // a graph has fixed shapes: fix every rank's T
+    for (int r = 0; r < spec.world; ++r) spec.tokens.push_back(spec.num_tokens(r));
+  }
+  Handle nv(b, spec, o.backend, o, device);
+  Handle host(b, spec, MOE_EP_BACKEND_HOST, o, device);
+  const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, device};
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::unique_ptr<cudaStream_t, void (*)(cudaStream_t*)> stream_owner(&stream,
+                                                                      [](cudaStream_t* s) { cudaStreamDestroy(*s); });
+
+  DeviceInputs gpu(spec);
+  moe_ep_dispatch_result_t gpu_result;
+  moe_ep_dispatch_result_init(&gpu_result);
+  moe_ep_combine_result_t gpu_combined;
+  moe_ep_combine_result_init(&gpu_combined);
+  cudaGraphExec_t graph_exec = nullptr;
+  bool have_results = false;
+  std::ostringstream failures;
+
+  for (int round = 0; round < o.rounds; ++round) {
+    const WorkloadSpec w = round_spec(spec, round);
+    RankInputs data = make_rank_inputs(w, rank);
+    if (o.edit_inputs) o.edit_inputs(rank, data);
+    const int T = data.routing.num_tokens;
+    const std::vector<uint8_t> eo = make_expert_output(w, rank);
+    gpu.upload(data, eo);
+    DispatchArgs gpu_args(w, T, gpu.memory(), dev);
+    const TensorView gpu_eo = expert_output_view(w, gpu.expert_output.get(), dev);
+    const TensorView gpu_output = combine_output_view(w, gpu.output.get(), T, dev);
+    if (o.caller_output) {
+      cuda_ok(cudaMemset(gpu.output.get(), kPoison, size_t(T) * w.combine_row_bytes()), "poison");
+    }
+    if (have_results) poison_results(gpu_result, gpu_combined.output);
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    // Nobody dispatches into memory that a peer is still poisoning.
+    expect_ok(b.barrier(b.ctx) == 0 ? MOE_EP_SUCCESS : MOE_EP_ERROR_BOOTSTRAP, "barrier");
+
+    auto gpu_dispatch = [&] { return moe_ep_dispatch(nv.get(), gpu_args.get(), &gpu_result, stream); };
+    auto gpu_combine = [&] {
+      return moe_ep_combine(nv.get(), gpu_eo.get(), o.caller_output ? gpu_output.get() : nullptr, &gpu_combined,
+                            stream);
+    };
+    if (o.graph && graph_exec == nullptr) {
+      cudaGraph_t graph = nullptr;
+      cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      expect_ok(gpu_dispatch(), "moe_ep_dispatch (capture)");
+      expect_ok(gpu_combine(), "moe_ep_combine (capture)");
+      cuda_ok(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+      cuda_ok(cudaGraphInstantiate(&graph_exec, graph, 0), "cudaGraphInstantiate");
+      cudaGraphDestroy(graph);
+    }
+    if (o.graph) {
+      cuda_ok(cudaGraphLaunch(graph_exec, stream), "cudaGraphLaunch");
+    } else {
+      expect_ok(gpu_dispatch(), "moe_ep_dispatch");
+      if (o.between_dispatch_and_combine) o.between_dispatch_and_combine();
+      expect_ok(gpu_combine(), "moe_ep_combine");
+    }
+    have_results = true;
+
+    // The same round through the HOST backend, on host copies of the inputs.
+    DispatchArgs host_args(w, T, host_memory(data));
+    const TensorView host_eo = expert_output_view(w, eo.data(), host_device());
+    moe_ep_dispatch_result_t host_result;
+    moe_ep_dispatch_result_init(&host_result);
+    expect_ok(moe_ep_dispatch(host.get(), host_args.get(), &host_result, nullptr), "HOST dispatch");
+    Verdict v;
+    const ReceivedDispatch host_copy = read_dispatch(w, host_result, host_device(), read_host_memory, v);
+    moe_ep_combine_result_t host_combined;
+    moe_ep_combine_result_init(&host_combined);
+    expect_ok(moe_ep_combine(host.get(), host_eo.get(), nullptr, &host_combined, nullptr), "HOST combine");
+    const std::vector<uint8_t> host_out = read_combine(w, host_combined, T, host_device(), read_host_memory, v);
+
+    cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    const ReceivedDispatch gpu_copy = read_dispatch(w, gpu_result, dev, read_device_memory, v);
+    const std::vector<uint8_t> gpu_out = read_combine(w, gpu_combined, T, dev, read_device_memory, v);
+    v.merge(compare_dispatch(w, host_copy, gpu_copy));
+    std::string diff = v.wrong ? std::to_string(v.wrong) + " wrong:\n" + v.details : "";
+    if (gpu_out != host_out) {  // bitwise: both reduce in fp32 in ascending rank order
+      size_t first = 0;
+      while (first < gpu_out.size() && first < host_out.size() && gpu_out[first] == host_out[first]) ++first;
+      diff += "combine output differs (" + std::to_string(gpu_out.size()) + " vs " + std::to_string(host_out.size()) +
+              " bytes, first at byte " + std::to_string(first) + ")\n";
+    }
+    // Device-side errors: the GPU must report exactly what the HOST backend reports.
+    moe_ep_status_t gpu_async = MOE_EP_SUCCESS, host_async = MOE_EP_SUCCESS;
+    expect_ok(moe_ep_get_async_error(nv.get(), &gpu_async), "moe_ep_get_async_error (gpu)");
+    const std::string gpu_message = gpu_async ? moe_ep_last_error() : "";
+    expect_ok(moe_ep_get_async_error(host.get(), &host_async), "moe_ep_get_async_error (host)");
+    const std::string host_message = host_async ? moe_ep_last_error() : "";
+    if (gpu_async != host_async || gpu_message != host_message) {
+      diff += "async error: gpu " + std::string(moe_ep_status_string(gpu_async)) + " '" + gpu_message + "', host " +
+              moe_ep_status_string(host_async) + " '" + host_message + "'\n";
+    }
+    if (!diff.empty()) failures << "rank " << rank << " round " << round << ": " << w.describe() << "\n" << diff;
+  }
+  if (graph_exec) cudaGraphExecDestroy(graph_exec);
+  return failures.str();
+}
+
+}  // namespace moe_ep_test

@@ -1,0 +1,68 @@
+// `moe_ep_conformance check`: runs the case matrix against the oracle
+// (moe_ep_verify) and reports #wrong per case; non-zero exit on any wrong
+// element.  The matrix (check_cases.cpp): each case is a workload shape that
+// exercises one rule of dispatch and combine, instantiated for the job's world
+// size.  The checker's self-test (fault_injection.cpp): --inject-fault
+// corrupts, on rank 0, the host copy of a result before it is compared, so that
+// a test can prove that `check` notices a wrong byte, a wrong row order, a
+// wrong count or a wrong sum (a checker that never fails proves nothing).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mpi_world.hpp"
+#include "oracle.hpp"
+#include "session.hpp"
+#include "workload.hpp"
+
+namespace moe_ep_tool {
+
+using namespace moe_ep_verify;
+
+struct CheckOptions {
+  CommonOptions common;
+  int rounds = 2;                     // eager calls per case on one handle, fresh inputs each
+  std::string filter;                 // run only cases whose name contains this
+  std::string modes = "auto";         // eager | graph | both | auto (both on GPU, eager on host)
+  bool poison_results = true;         // overwrite dispatch payload results before combine
+  bool list = false;                  // print the case names and exit
+  std::string inject_fault = "none";  // self-test of the checker (fault_injection.cpp)
+};
+
+int run_check(const World& world, const CheckOptions& options);
+
+enum class TokenRule {
+  random,      // each rank: uniform in [0, tokens_per_rank]
+  full,        // each rank: tokens_per_rank
+  zero,        // every rank: 0
+  rank0_zero,  // rank 0: 0, the others: tokens_per_rank
+  unequal,     // rank r: (5r + 3) mod (tokens_per_rank + 1), all different for small worlds
+};
+
+struct CheckCase {
+  std::string name;
+  WorkloadSpec shape;          // world, num_experts, tokens and seed are set per run
+  int experts_per_rank = 4;    // num_experts = experts_per_rank * world ...
+  int min_experts = 0;         // ... rounded up to at least this (a multiple of world)
+  bool top_k_is_all = false;   // top_k = num_experts
+  bool invalid_above = false;  // invalid_expert_id = num_experts + 5 (a positive invalid id)
+  TokenRule tokens = TokenRule::random;
+};
+
+std::vector<CheckCase> check_cases();
+
+// The case for this world; `seed` drives routing and payload, `count_seed`
+// the token counts (fixed across graph replays, which need a fixed T).
+WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t count_seed);
+
+enum class Fault { none, dispatch_payload, dispatch_order, recv_counts, combine_output };
+
+Fault parse_fault(const std::string& name);
+
+// Each returns whether it found something to corrupt.
+bool inject_fault(Fault fault, const WorkloadSpec& spec, ReceivedDispatch& got);
+bool inject_fault(Fault fault, const WorkloadSpec& spec, std::vector<uint8_t>& combine_output);
+
+}  // namespace moe_ep_tool

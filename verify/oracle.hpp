@@ -1,0 +1,61 @@
+// The oracle: what one rank must receive from dispatch and get back from
+// combine (docs/semantics.md), computed from every rank's regenerated inputs,
+// and element-by-element comparisons with what a backend returned.
+//
+// It is independent of the library's own model (src/reference_model.cpp, the
+// HOST backend) in code and in method: the library gives each token a receive
+// slot with a running counter per destination, the oracle lists, per source and
+// destination, the tokens that go there (a filter) and finds a token's row by
+// searching that list.  Nothing here links the library's internals.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "workload.hpp"
+
+namespace moe_ep_verify {
+
+// Wrong elements found, with the first few described.
+struct Verdict {
+  int64_t wrong = 0;
+  std::string details;  // at most a few lines
+
+  void add(int64_t count, const std::string& what);
+  void merge(const Verdict& other);
+};
+
+// Host copies of one rank's dispatch result.
+struct ReceivedDispatch {
+  int tokens_per_rank = 0;
+  std::vector<uint8_t> hidden;               // [P, row bytes]
+  std::vector<uint8_t> scales;               // [P, scale row bytes], if scales
+  std::vector<int32_t> topk_ids;             // [P, K]
+  std::vector<float> topk_weights;           // [P, K], if weights
+  std::vector<int32_t> recv_counts;          // [world]
+  std::vector<int32_t> local_expert_counts;  // [E / world]
+  std::vector<int32_t> eplb_gathered;        // [world, E], if eplb stats
+  bool has_weights = false, has_scales = false, has_eplb = false;
+};
+
+// Checks rank `me`'s dispatch result against the oracle: counts, ids and
+// weights on every row (padding rows hold invalid_expert_id and weight 0),
+// payload bytes on the rows that carry a token (padding payload is
+// unspecified).  `all` is every rank's routing (make_all_routing, or edited
+// copies of it); payload rows are regenerated from the spec.
+Verdict check_dispatch(const WorkloadSpec& spec, const std::vector<RankRouting>& all, int me,
+                       const ReceivedDispatch& got);
+
+// output: [T_me, H] of combine_dtype, as returned by combine on rank `me`,
+// when every rank r passed make_expert_output(spec, r).  Exact: the fp32 sum
+// in ascending rank order, rounded once; compared as values (NaN, the poison,
+// never matches).
+Verdict check_combine(const WorkloadSpec& spec, const std::vector<RankRouting>& all, int me,
+                      const std::vector<uint8_t>& output);
+
+// Two backends' results of the same dispatch, field by field, with the same
+// rules as check_dispatch (payload compared on the reference's token rows).
+Verdict compare_dispatch(const WorkloadSpec& spec, const ReceivedDispatch& reference, const ReceivedDispatch& got);
+
+}  // namespace moe_ep_verify
