@@ -1,9 +1,12 @@
 #include "handle.hpp"
 
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "dtype.hpp"
+#include "bounded_exchange.hpp"
 #include "error.hpp"
 #include "host_backend.hpp"
 #include "nvlink/nvlink_backend.hpp"
@@ -43,8 +46,8 @@ GroupFingerprint fingerprint(const Layout& l, int32_t backend, int32_t timeout_m
                            pack_dtype(l.combine_dtype), backend, l.world_size, timeout_ms}};
 }
 
-void check_same_on_every_rank(const Bootstrap& b, const GroupFingerprint& mine) {
-  const std::vector<GroupFingerprint> all = b.allgather_value(mine);
+void check_same_on_every_rank(const Exchange& b, const GroupFingerprint& mine) {
+  const std::vector<GroupFingerprint> all = b.allgather_value(mine, "create: parameter check");
   for (int32_t r = 0; r < b.world_size(); ++r) {
     for (int i = 0; i < 14; ++i) {
       if (all[r].values[i] != all[0].values[i]) {
@@ -58,10 +61,49 @@ void check_same_on_every_rank(const Bootstrap& b, const GroupFingerprint& mine) 
 
 }  // namespace
 
+namespace {
+
+// The timeout this rank waits for its peers during create: its own
+// config->timeout_ms (agreed across ranks later), or the default when the
+// config is unreadable (that error is then reported through the agreement).
+int32_t local_timeout_ms(const moe_ep_config_t* config_arg) {
+  try {
+    return read_config(config_arg).timeout_ms;
+  } catch (const Error&) {
+    return kDefaultTimeoutMs;
+  }
+}
+
+// Builds the HOST backend and agrees on the outcome: an allocation that fails
+// on one rank fails create on every rank instead of leaving the others to wait.
+std::unique_ptr<Backend> create_host_backend(const Layout& layout, const std::shared_ptr<BoundedExchange>& exchange) {
+  std::unique_ptr<Backend> backend;
+  moe_ep_status_t status = MOE_EP_SUCCESS;
+  std::string message;
+  try {
+    backend = make_host_backend(layout, exchange);
+  } catch (const Error& e) {
+    status = e.status();
+    message = e.what();
+  } catch (const std::bad_alloc&) {
+    status = MOE_EP_ERROR_OUT_OF_MEMORY;
+    message = "HOST backend on rank " + std::to_string(layout.rank) + ": out of host memory for its buffers";
+  } catch (const std::length_error&) {
+    status = MOE_EP_ERROR_OUT_OF_MEMORY;
+    message = "HOST backend on rank " + std::to_string(layout.rank) + ": buffers too large to allocate";
+  }
+  exchange->agree(status, message);
+  return backend;
+}
+
+}  // namespace
+
 moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const moe_ep_params_t* params_arg,
                                const moe_ep_config_t* config_arg) {
   // Without a usable bootstrap there is no way to tell the peers: fail locally.
   const Bootstrap bootstrap(bootstrap_arg);
+  // Every wait for a peer below is bounded by this rank's timeout_ms.
+  auto exchange = std::make_shared<BoundedExchange>(bootstrap, local_timeout_ms(config_arg));
 
   // Local validation; its outcome is shared so that no rank waits for a rank that gave up.
   auto handle = std::make_unique<moe_ep_handle_s>();
@@ -78,12 +120,12 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
     local_status = e.status();
     local_message = e.what();
   }
-  bootstrap.agree(local_status, local_message);
+  exchange->agree(local_status, local_message);
 
   // AUTO may resolve differently per rank (one rank without a GPU): all ranks
   // take the NVLink backend only if all of them can.
   const bool all_nvlink = [&] {
-    const std::vector<int32_t> choices = bootstrap.allgather_value(handle->config.backend);
+    const std::vector<int32_t> choices = exchange->allgather_value(handle->config.backend, "create: backend choice");
     for (int32_t c : choices) {
       if (c != MOE_EP_BACKEND_NVLINK_TWO_SIDED) return false;
     }
@@ -94,12 +136,13 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   }
   handle->config.backend = all_nvlink ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : MOE_EP_BACKEND_HOST;
   mine.values[11] = handle->config.backend;
-  check_same_on_every_rank(bootstrap, mine);
+  check_same_on_every_rank(*exchange, mine);
 
   if (handle->config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
+    exchange.reset();  // idle: its worker is joined; the NVLink backend bounds its own waits
     handle->backend = make_nvlink_backend(handle->layout, handle->config, bootstrap);
   } else {
-    handle->backend = make_host_backend(handle->layout, bootstrap);
+    handle->backend = create_host_backend(handle->layout, exchange);
   }
   return handle.release();
 }
