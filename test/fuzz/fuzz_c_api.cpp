@@ -165,30 +165,36 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   moe_ep_handle_t h = nullptr;
   if (moe_ep_create(&b, &p, &c, &h) != MOE_EP_SUCCESS) return 0;
 
+  // The params the library used: an older (smaller) struct_size means defaults
+  // for the fields it does not cover, whatever the fuzzer wrote there.
+  moe_ep_params_t used;
+  moe_ep_params_init(&used);
+  std::memcpy(&used, &p, p.struct_size < sizeof(used) ? p.struct_size : sizeof(used));
+
   // The group's true shapes, for buffers large enough for anything accepted.
-  const int64_t M = p.max_tokens_per_rank, K = p.top_k, E = p.num_experts;
-  const int64_t R = p.hidden_row_elems ? p.hidden_row_elems : p.hidden_size;
+  const int64_t M = used.max_tokens_per_rank, K = used.top_k, E = used.num_experts;
+  const int64_t R = used.hidden_row_elems ? used.hidden_row_elems : used.hidden_size;
   const auto row_bytes = [](const moe_ep_dtype_t& d, int64_t elems) {
     return static_cast<size_t>((static_cast<int64_t>(d.bits) * d.lanes * elems + 7) / 8);
   };
-  const size_t cap_hidden = static_cast<size_t>(M) * row_bytes(p.hidden_dtype, R);
+  const size_t cap_hidden = static_cast<size_t>(M) * row_bytes(used.hidden_dtype, R);
   const size_t cap_ids = static_cast<size_t>(M * K * 4);
-  const size_t cap_scales = static_cast<size_t>(M) * row_bytes(p.scale_dtype, p.scale_row_elems);
-  const size_t cap_combine = static_cast<size_t>(M * p.hidden_size * 4);
+  const size_t cap_scales = static_cast<size_t>(M) * row_bytes(used.scale_dtype, used.scale_row_elems);
+  const size_t cap_combine = static_cast<size_t>(M * used.hidden_size * 4);
 
   int32_t tpr = static_cast<int32_t>(M);
   for (int op = 0; op < 6 && in.remaining_bytes() > 0; ++op) {
     switch (in.ConsumeIntegralInRange<int>(0, 3)) {
       case 0: {  // dispatch
         const int64_t T = in.ConsumeIntegralInRange<int64_t>(0, M);
-        FuzzTensor x(in, {T, R}, p.hidden_dtype, cap_hidden);
+        FuzzTensor x(in, {T, R}, used.hidden_dtype, cap_hidden);
         FuzzTensor ids(in, {T, K}, moe_ep_dtype_t{MOE_EP_DTYPE_INT, 32, 1}, cap_ids);
         for (size_t i = 0; i + 4 <= ids.buffer.size(); i += 4) {
           int32_t id = in.ConsumeIntegralInRange<int32_t>(-2, static_cast<int32_t>(E));
           std::memcpy(ids.buffer.data() + i, &id, 4);
         }
         FuzzTensor w(in, {T, K}, moe_ep_dtype_t{MOE_EP_DTYPE_FLOAT, 32, 1}, cap_ids);
-        FuzzTensor s(in, {T, p.scale_row_elems}, p.scale_dtype, cap_scales);
+        FuzzTensor s(in, {T, used.scale_row_elems}, used.scale_dtype, cap_scales);
         FuzzTensor st(in, {E}, moe_ep_dtype_t{MOE_EP_DTYPE_INT, 32, 1}, static_cast<size_t>(E * 4));
         Boxed<moe_ep_dispatch_args_t> boxed_args;
         moe_ep_dispatch_args_t& a = *boxed_args.get();
@@ -196,7 +202,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         a.hidden_states = in.ConsumeIntegralInRange<int>(0, 15) ? x.get() : nullptr;
         a.topk_ids = in.ConsumeIntegralInRange<int>(0, 15) ? ids.get() : nullptr;
         a.topk_weights = in.ConsumeBool() ? w.get() : nullptr;
-        a.hidden_states_scale = p.scale_row_elems > 0 || in.ConsumeIntegralInRange<int>(0, 7) == 0 ? s.get() : nullptr;
+        a.hidden_states_scale = used.scale_row_elems > 0 || in.ConsumeIntegralInRange<int>(0, 7) == 0 ? s.get() : nullptr;
         a.eplb_local_stats = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? st.get() : nullptr;
         a.runtime_max_tokens_per_rank = in.ConsumeIntegralInRange<int>(0, 3) == 0 ? pick_int(in, 0, static_cast<int32_t>(M)) : 0;
         boxed_args.seal(in);
@@ -211,10 +217,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 1: {  // combine
         const bool three_d = in.ConsumeBool();
-        std::vector<int64_t> shape = three_d ? std::vector<int64_t>{1, tpr, p.hidden_size}
-                                             : std::vector<int64_t>{tpr, p.hidden_size};
-        FuzzTensor eo(in, shape, p.combine_dtype, cap_combine);
-        FuzzTensor out(in, {M, p.hidden_size}, p.combine_dtype, cap_combine);
+        std::vector<int64_t> shape = three_d ? std::vector<int64_t>{1, tpr, used.hidden_size}
+                                             : std::vector<int64_t>{tpr, used.hidden_size};
+        FuzzTensor eo(in, shape, used.combine_dtype, cap_combine);
+        FuzzTensor out(in, {M, used.hidden_size}, used.combine_dtype, cap_combine);
         Boxed<moe_ep_combine_result_t> boxed_result;
         moe_ep_combine_result_t& r = *boxed_result.get();
         moe_ep_combine_result_init(&r);

@@ -49,7 +49,9 @@ case "$step" in
     # New inputs go to a scratch directory; the checked-in corpus is only read.
     # -rss_limit_mb bounds memory; libFuzzer exits non-zero on any crash,
     # sanitizer report, leak or timeout of one input (-timeout).
+    # -error_exitcode=1: libFuzzer's default (77) would read as "skipped" to CTest.
     (cd "$work" && "$dir/test/fuzz/fuzz_c_api" -max_total_time="${MOE_EP_FUZZ_SECONDS:-60}" -timeout=20 \
+       -error_exitcode=1 -timeout_exitcode=1 \
        -rss_limit_mb=2048 -print_final_stats=1 "$work/new" "$src/test/fuzz/corpus")
     ;;
   *)
