@@ -213,10 +213,11 @@ typedef struct moe_ep_config_t {
   int32_t backend;    /* MOE_EP_BACKEND_*, default AUTO                        */
   int32_t num_sms;    /* SMs the kernels may use; 0 (default) = choose         */
   int32_t timeout_ms; /* > 0, default 30000.  Bounds each wait for a peer:
-                         HOST: each bootstrap exchange of create's agreement
-                         steps and of dispatch (two) and combine (one);
-                         NVLINK_TWO_SIDED: each device-side wait of the
-                         kernels, and create's fd exchange.  Not bounded by
+                         any backend: each bootstrap exchange of create's
+                         agreement steps; HOST: each exchange of dispatch
+                         (two) and combine (one); NVLINK_TWO_SIDED: each
+                         device-side wait of the kernels, and create's fd
+                         exchange.  Not bounded by
                          it: bootstrap calls made on the calling thread (with
                          world_size == 1, and the NVLink backend's create-time
                          calls other than the fd exchange).  Expiry: TIMEOUT,
