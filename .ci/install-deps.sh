@@ -11,8 +11,11 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libopenmpi-dev openmpi-bin \
   catch2 libcli11-dev libdlpack-dev \
   python3-numpy python3-pytest python3-mpi4py python3-pip python3-setuptools python3-venv python3-matplotlib \
-  binutils \
+  binutils clang-14 libclang-rt-14-dev \
   >/dev/null
+# clang-14 + libclang-rt-14-dev: the sanitizer and libFuzzer CTest tests (label
+# sanitize, test/sanitizers); libclang-rt-14-dev holds libclang_rt.fuzzer and the
+# ASan/UBSan runtimes.
 # The plot test runs with the first python3 on PATH, which need not be Debian's.
 if ! python3 -c "import matplotlib" >/dev/null 2>&1; then
   python3 -m pip install -q matplotlib || echo "warning: matplotlib not installed; the plot test will be skipped"

@@ -20,6 +20,9 @@
  *     A smaller struct written against an older header is accepted and its
  *     missing tail takes the defaults; a larger one from a newer header is
  *     accepted only if the bytes this library does not know are all zero.
+ *     struct_size must end on a field boundary of a released layout of the
+ *     struct (or be a newer, larger size: a multiple of the struct's alignment,
+ *     at most 1024); any other value is INVALID_ARGUMENT naming the struct.
  *     Output structs are written up to the caller's struct_size only.
  *   - Enumerations are stored in structs as int32_t.  There is no `bool`:
  *     flags are int32_t, 0 = off, anything else = on.
@@ -150,7 +153,18 @@ typedef int32_t (*moe_ep_barrier_fn)(void* ctx);
 
 /* The struct is copied by moe_ep_create, but ctx and the callbacks must stay
  * valid until every handle created from it is destroyed: the HOST backend moves
- * data with them on every call, and destroy may call barrier. */
+ * data with them on every call, and destroy may call barrier.
+ *
+ * Waits: with world_size > 1, the allgathers of moe_ep_create's agreement steps
+ * and of every HOST dispatch/combine run on a thread owned by the handle, and
+ * the calling thread waits for each at most config->timeout_ms (TIMEOUT).  A
+ * callback that never returns is then left running on that thread: destroy does
+ * not wait for it, and it keeps using ctx until it returns, so keep ctx valid
+ * (or make the callbacks return, e.g. by aborting the launcher's collective)
+ * until then.  With world_size == 1 the callbacks run on the calling thread.
+ * Everything a peer sends through the callbacks is checked before use; a
+ * mismatch (counts, sizes, a differing runtime_max_tokens_per_rank) is
+ * INVALID_INPUT. */
 typedef struct moe_ep_bootstrap_t {
   uint32_t struct_size;
   int32_t rank;       /* this process's rank in the EP group, 0..world_size-1 */
@@ -204,7 +218,16 @@ typedef struct moe_ep_config_t {
   uint32_t struct_size;
   int32_t backend;    /* MOE_EP_BACKEND_*, default AUTO                        */
   int32_t num_sms;    /* SMs the kernels may use; 0 (default) = choose         */
-  int32_t timeout_ms; /* bound on every wait for a peer; default 30000; > 0    */
+  int32_t timeout_ms; /* > 0, default 30000.  Bounds each wait for a peer:
+                         any backend: each bootstrap exchange of create's
+                         agreement steps; HOST: each exchange of dispatch
+                         (two) and combine (one); NVLINK_TWO_SIDED: each
+                         device-side wait of the kernels, and create's fd
+                         exchange.  Not bounded by
+                         it: bootstrap calls made on the calling thread (with
+                         world_size == 1, and the NVLink backend's create-time
+                         calls other than the fd exchange).  Expiry: TIMEOUT,
+                         and the handle is unusable (destroy it).            */
   int32_t device;     /* CUDA ordinal; -1 (default) = the current device       */
 } moe_ep_config_t;
 
@@ -321,7 +344,9 @@ MOE_EP_API moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle,
 
 /* Collective when the group is healthy; releases everything and sets *handle
  * to NULL.  *handle == NULL (or handle == NULL) is a no-op.  Never hangs: after
- * a timeout it releases local resources without waiting for peers. */
+ * a timeout it releases local resources without waiting for peers (a bootstrap
+ * callback still blocked on the handle's exchange thread is left to finish on
+ * its own, with its own copies of the data; see moe_ep_bootstrap_t). */
 MOE_EP_API moe_ep_status_t moe_ep_destroy(moe_ep_handle_t* handle);
 
 #ifdef __cplusplus

@@ -48,12 +48,12 @@ std::string quoted(const std::string& callback_message) {
 
 }  // namespace
 
-void Bootstrap::allgather(const void* send, void* recv, size_t bytes_per_rank) const {
+void Bootstrap::do_allgather(const void* send, void* recv, size_t bytes_per_rank, const char* step) const {
   std::string message;
   const int32_t rc = run_callback([&] { return b_.allgather(b_.ctx, send, recv, bytes_per_rank); }, &message);
   if (rc != 0) {
     fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->allgather(", bytes_per_rank, " bytes per rank) returned ", rc,
-         " on rank ", b_.rank, quoted(message));
+         " on rank ", b_.rank, quoted(message), " (", step, ")");
   }
 }
 
@@ -63,7 +63,15 @@ void Bootstrap::barrier() const {
   if (rc != 0) fail(MOE_EP_ERROR_BOOTSTRAP, "bootstrap->barrier returned ", rc, " on rank ", b_.rank, quoted(message));
 }
 
-void Bootstrap::agree(moe_ep_status_t local_status, const std::string& local_message) const {
+namespace {
+
+bool is_error_status(int32_t status) {
+  return status >= MOE_EP_ERROR_INVALID_ARGUMENT && status <= MOE_EP_ERROR_INTERNAL;
+}
+
+}  // namespace
+
+void Exchange::agree(moe_ep_status_t local_status, const std::string& local_message) const {
   struct Outcome {
     int32_t status;
     char message[244];
@@ -71,12 +79,17 @@ void Bootstrap::agree(moe_ep_status_t local_status, const std::string& local_mes
   Outcome mine{};
   mine.status = local_status;
   std::strncpy(mine.message, local_message.c_str(), sizeof(mine.message) - 1);
-  const std::vector<Outcome> all = allgather_value(mine);
+  const std::vector<Outcome> all = allgather_value(mine, "agreement on every rank's outcome");
   if (local_status != MOE_EP_SUCCESS) throw Error(local_status, local_message);
   for (int32_t r = 0; r < world_size(); ++r) {
-    if (all[r].status != MOE_EP_SUCCESS) {
-      fail(all[r].status, "rank ", r, " failed: ", std::string(all[r].message));
+    if (all[r].status == MOE_EP_SUCCESS) continue;
+    // A peer's bytes: never read past the field, whatever it holds.
+    const std::string message(all[r].message, strnlen(all[r].message, sizeof(all[r].message)));
+    if (!is_error_status(all[r].status)) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, "rank ", r, " reported an outcome with unknown status ", all[r].status,
+           " (expected 0..", MOE_EP_ERROR_INTERNAL, "): ", message);
     }
+    fail(all[r].status, "rank ", r, " failed: ", message);
   }
 }
 

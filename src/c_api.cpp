@@ -2,6 +2,7 @@
 // maps C++ exceptions to a status and the thread-local message, so that no
 // exception ever crosses the ABI.
 #include <new>
+#include <stdexcept>
 
 #include "dtype.hpp"
 #include "error.hpp"
@@ -25,6 +26,9 @@ moe_ep_status_t guarded(Body&& body) noexcept {
     return e.status();
   } catch (const std::bad_alloc&) {
     moe_ep::set_last_error("out of host memory");
+    return MOE_EP_ERROR_OUT_OF_MEMORY;
+  } catch (const std::length_error& e) {  // a container asked for more than it can ever hold
+    moe_ep::set_last_error(std::string("out of host memory: ") + e.what());
     return MOE_EP_ERROR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     moe_ep::set_last_error(std::string("internal error: ") + e.what());

@@ -7,6 +7,7 @@
 
 #include <exception>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -27,6 +28,9 @@ inline moe_ep_status_t status_of_current_exception(std::string* message) {
   } catch (const std::bad_alloc&) {
     *message = "out of host memory";
     return MOE_EP_ERROR_OUT_OF_MEMORY;
+  } catch (const std::length_error&) {  // a container asked for more than it can hold
+    *message = "out of host memory (a buffer too large to allocate)";
+    return MOE_EP_ERROR_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     *message = std::string("internal error: ") + e.what();
     return MOE_EP_ERROR_INTERNAL;
@@ -36,12 +40,12 @@ inline moe_ep_status_t status_of_current_exception(std::string* message) {
   }
 }
 
-// Collective.  Runs `local_work` on this rank, then Bootstrap::agree: if any
+// Collective.  Runs `local_work` on this rank, then Exchange::agree: if any
 // rank's work threw, every rank throws (the failing rank its own error, the
 // others one naming it).  Whatever local_work throws is caught, so this rank
 // always takes part in the agreement.
 template <typename LocalWork>
-void run_then_agree(const Bootstrap& bootstrap, LocalWork&& local_work) {
+void run_then_agree(const Exchange& exchange, LocalWork&& local_work) {
   moe_ep_status_t status = MOE_EP_SUCCESS;
   std::string message;
   try {
@@ -49,7 +53,7 @@ void run_then_agree(const Bootstrap& bootstrap, LocalWork&& local_work) {
   } catch (...) {
     status = status_of_current_exception(&message);
   }
-  bootstrap.agree(status, message);
+  exchange.agree(status, message);
 }
 
 }  // namespace moe_ep

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "checked_math.hpp"
+#include "error.hpp"
+
 namespace moe_ep {
 
 std::string dtype_name(const moe_ep_dtype_t& d) {
@@ -33,8 +36,10 @@ std::string dtype_name(const moe_ep_dtype_t& d) {
 }
 
 uint64_t dtype_row_bytes(const moe_ep_dtype_t& d, int64_t elems) {
-  const uint64_t bits = static_cast<uint64_t>(d.bits) * d.lanes * static_cast<uint64_t>(elems);
-  return (bits + 7) / 8;
+  if (elems < 0) fail_argument("element count", ">= 0", elems);
+  const uint64_t bits_per_elem = static_cast<uint64_t>(d.bits) * d.lanes;  // < 2^24
+  const uint64_t bits = checked_mul(bits_per_elem, static_cast<uint64_t>(elems), "row of " + dtype_name(d));
+  return bits / 8 + (bits % 8 != 0 ? 1 : 0);
 }
 
 bool is_combine_dtype(const moe_ep_dtype_t& d) {

@@ -1,10 +1,13 @@
 #include "handle.hpp"
 
 #include <cstring>
+#include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "collective_step.hpp"
 #include "dtype.hpp"
+#include "bounded_exchange.hpp"
 #include "error.hpp"
 #include "host_backend.hpp"
 #include "nccl/nccl_backend.hpp"
@@ -100,8 +103,8 @@ GroupFingerprint fingerprint(const Layout& l, int32_t backend, int32_t timeout_m
   return f;
 }
 
-void check_same_on_every_rank(const Bootstrap& b, const GroupFingerprint& mine) {
-  const std::vector<GroupFingerprint> all = b.allgather_value(mine);
+void check_same_on_every_rank(const Exchange& b, const GroupFingerprint& mine) {
+  const std::vector<GroupFingerprint> all = b.allgather_value(mine, "create: parameter check");
   for (int32_t r = 0; r < b.world_size(); ++r) {
     for (const FingerprintField& f : kFingerprintFields) {
       if (all[r].*f.field != all[0].*f.field) {
@@ -131,13 +134,13 @@ const char* backend_name(int32_t backend) {
 // on one host (one NVLink domain with peer access), else NCCL when it loads on
 // every rank with a GPU, else HOST.  Explicit choices were checked locally;
 // NVLINK_TWO_SIDED must also hold on every rank.
-int32_t agree_on_backend(const Bootstrap& bootstrap, int32_t asked, const moe_ep_config_t& config) {
+int32_t agree_on_backend(const Exchange& exchange, int32_t asked, const moe_ep_config_t& config) {
   BackendView mine{};
   mine.local_choice = config.backend;
   mine.nccl_usable = asked == MOE_EP_BACKEND_AUTO && config.backend != MOE_EP_BACKEND_HOST &&
                      (config.backend == MOE_EP_BACKEND_NCCL || nccl_platform_supported(config.device, nullptr));
   mine.host = local_host_identity();
-  const std::vector<BackendView> all = bootstrap.allgather_value(mine);
+  const std::vector<BackendView> all = exchange.allgather_value(mine, "create: backend choice");
   bool all_nvlink = true, all_nccl = true, one_host = true;
   for (const BackendView& v : all) {
     all_nvlink = all_nvlink && v.local_choice == MOE_EP_BACKEND_NVLINK_TWO_SIDED;
@@ -151,10 +154,33 @@ int32_t agree_on_backend(const Bootstrap& bootstrap, int32_t asked, const moe_ep
   const int32_t chosen = all_nvlink && one_host ? MOE_EP_BACKEND_NVLINK_TWO_SIDED
                          : all_nccl             ? MOE_EP_BACKEND_NCCL
                                                 : MOE_EP_BACKEND_HOST;
-  log_info("rank ", bootstrap.rank(), ": backend AUTO chose ", backend_name(chosen), " (every rank NVLink-capable: ",
+  log_info("rank ", exchange.rank(), ": backend AUTO chose ", backend_name(chosen), " (every rank NVLink-capable: ",
            all_nvlink ? "yes" : "no", ", one host: ", one_host ? "yes" : "no", ", NCCL usable on every rank: ",
            all_nccl ? "yes" : "no", ")");
   return chosen;
+}
+
+}  // namespace
+
+namespace {
+
+// The timeout this rank waits for its peers during create: its own
+// config->timeout_ms (agreed across ranks later), or the default when the
+// config is unreadable (that error is then reported through the agreement).
+int32_t local_timeout_ms(const moe_ep_config_t* config_arg) {
+  try {
+    return read_config(config_arg).timeout_ms;
+  } catch (const Error&) {
+    return kDefaultTimeoutMs;
+  }
+}
+
+// Builds the HOST backend and agrees on the outcome: an allocation that fails
+// on one rank fails create on every rank instead of leaving the others to wait.
+std::unique_ptr<Backend> create_host_backend(const Layout& layout, const std::shared_ptr<BoundedExchange>& exchange) {
+  std::unique_ptr<Backend> backend;
+  run_then_agree(*exchange, [&] { backend = make_host_backend(layout, exchange); });
+  return backend;
 }
 
 }  // namespace
@@ -163,11 +189,13 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
                                const moe_ep_config_t* config_arg) {
   // Without a usable bootstrap there is no way to tell the peers: fail locally.
   const Bootstrap bootstrap(bootstrap_arg);
+  // Every wait for a peer below is bounded by this rank's timeout_ms.
+  auto exchange = std::make_shared<BoundedExchange>(bootstrap, local_timeout_ms(config_arg));
 
   // Local validation; its outcome is shared so that no rank waits for a rank that gave up.
   auto handle = std::make_unique<moe_ep_handle_s>();
   GroupFingerprint mine{};
-  run_then_agree(bootstrap, [&] {
+  run_then_agree(*exchange, [&] {
     const moe_ep_params_t params = read_params(params_arg);
     handle->config = read_config(config_arg);
     handle->layout = make_layout(params, bootstrap.world_size(), bootstrap.rank());
@@ -178,16 +206,18 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   // AUTO may resolve differently per rank (one rank without a GPU, ranks on
   // several hosts): the group agrees on one backend from every rank's view.
   const int32_t asked = config_arg ? read_config(config_arg).backend : MOE_EP_BACKEND_AUTO;
-  handle->config.backend = agree_on_backend(bootstrap, asked, handle->config);
+  handle->config.backend = agree_on_backend(*exchange, asked, handle->config);
   mine.backend = handle->config.backend;
-  check_same_on_every_rank(bootstrap, mine);
+  check_same_on_every_rank(*exchange, mine);
 
   if (handle->config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
+    exchange.reset();  // idle: its worker is joined; the NVLink backend bounds its own waits
     handle->backend = make_nvlink_backend(handle->layout, handle->config, bootstrap);
   } else if (handle->config.backend == MOE_EP_BACKEND_NCCL) {
+    exchange.reset();  // idle: its worker is joined; the NCCL backend bounds its own waits
     handle->backend = make_nccl_backend(handle->layout, handle->config, bootstrap);
   } else {
-    handle->backend = make_host_backend(handle->layout, bootstrap);
+    handle->backend = create_host_backend(handle->layout, exchange);
   }
   return handle.release();
 }

@@ -1,8 +1,10 @@
 #include "host_backend.hpp"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "checked_math.hpp"
 #include "error.hpp"
 #include "input_errors.hpp"
 #include "reference_model.hpp"
@@ -11,6 +13,29 @@ namespace moe_ep {
 
 namespace {
 
+// Every region of a record, and the record itself, starts on this boundary, so
+// that int32 and float fields of any rank's record are aligned in the gathered
+// buffer whatever the row byte counts are (odd-byte fp8/fp4 rows included).
+constexpr uint64_t kRecordAlignment = 16;
+
+// The first exchange of a dispatch: what each rank is about to send.
+struct DispatchHeader {
+  uint64_t sequence;       // dispatch headers exchanged on this handle before this one
+  uint64_t record_bytes;   // size of the sender's record
+  int32_t tokens_per_rank; // the sender's runtime_max_tokens_per_rank (or max_tokens_per_rank)
+  int32_t num_tokens;      // the sender's local_num_tokens
+  int32_t has_weights;     // 0 or 1
+  int32_t reserved;
+};
+
+// The start of each record: repeats the header so that a record that does not
+// belong to the header just checked is caught.
+struct RecordStamp {
+  uint64_t sequence;
+  int32_t num_tokens;
+  int32_t reserved;
+};
+
 // What one rank contributes to a dispatch, packed into a fixed-size record so
 // that a single allgather moves every rank's input.
 struct RecordLayout {
@@ -18,34 +43,42 @@ struct RecordLayout {
 
   RecordLayout(const Layout& l, int32_t tpr) {
     const uint64_t rows = static_cast<uint64_t>(tpr);
-    uint64_t at = 2 * sizeof(int32_t);  // num_tokens, has_weights
-    ids_offset = at;
-    at += rows * l.top_k * sizeof(int32_t);
-    weights_offset = at;
-    at += rows * l.top_k * sizeof(float);
-    hidden_offset = at;
-    at += rows * l.hidden_row_bytes;
-    scales_offset = at;
-    at += rows * l.scale_row_bytes;
-    eplb_offset = at;
-    at += static_cast<uint64_t>(l.num_experts) * sizeof(int32_t);
-    size = at;
+    const uint64_t picks = checked_mul(rows, static_cast<uint64_t>(l.top_k), "dispatch record picks");
+    uint64_t at = sizeof(RecordStamp);
+    const auto region = [&](uint64_t bytes) {
+      const uint64_t start = checked_align_up(at, kRecordAlignment, "dispatch record");
+      at = checked_add(start, bytes, "dispatch record");
+      return start;
+    };
+    ids_offset = region(checked_mul(picks, sizeof(int32_t), "dispatch record ids"));
+    weights_offset = region(checked_mul(picks, sizeof(float), "dispatch record weights"));
+    hidden_offset = region(checked_mul(rows, l.hidden_row_bytes, "dispatch record hidden rows"));
+    scales_offset = region(checked_mul(rows, l.scale_row_bytes, "dispatch record scale rows"));
+    eplb_offset = region(checked_mul(static_cast<uint64_t>(l.num_experts), sizeof(int32_t), "dispatch record eplb"));
+    size = checked_align_up(at, kRecordAlignment, "dispatch record");
   }
 };
 
+std::string peer(int32_t rank) { return "rank " + std::to_string(rank); }
+
 class HostBackend final : public Backend {
  public:
-  HostBackend(const Layout& layout, const Bootstrap& bootstrap)
-      : layout_(layout), bootstrap_(bootstrap) {
-    const int64_t rows = layout_.receive_rows(layout_.max_tokens_per_rank);
-    recv_hidden_.resize(rows * layout_.hidden_row_bytes);
-    recv_ids_.resize(rows * layout_.top_k);
-    recv_weights_.resize(rows * layout_.top_k);
-    recv_scales_.resize(rows * layout_.scale_row_bytes);
+  HostBackend(const Layout& layout, std::shared_ptr<BoundedExchange> exchange)
+      : layout_(layout), exchange_(std::move(exchange)) {
+    const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(layout_.max_tokens_per_rank));
+    const uint64_t picks = checked_mul(rows, static_cast<uint64_t>(layout_.top_k), "receive picks");
+    recv_hidden_.resize(bytes(checked_mul(rows, layout_.hidden_row_bytes, "receive hidden rows")));
+    recv_ids_.resize(bytes(picks));
+    recv_weights_.resize(bytes(picks));
+    recv_scales_.resize(bytes(checked_mul(rows, layout_.scale_row_bytes, "receive scale rows")));
     recv_counts_.resize(layout_.world_size);
     local_expert_counts_.resize(layout_.experts_per_rank());
-    if (layout_.eplb_stats) eplb_gathered_.resize(static_cast<size_t>(layout_.world_size) * layout_.num_experts);
-    combine_output_.resize(static_cast<size_t>(layout_.max_tokens_per_rank) * layout_.combine_row_bytes);
+    if (layout_.eplb_stats) {
+      eplb_gathered_.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.world_size),
+                                              static_cast<uint64_t>(layout_.num_experts), "eplb stats")));
+    }
+    combine_output_.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.max_tokens_per_rank),
+                                             layout_.combine_row_bytes, "combine output")));
   }
 
   const char* name() const override { return "host"; }
@@ -53,42 +86,27 @@ class HostBackend final : public Backend {
 
   DispatchBuffers dispatch(const DispatchCall& call, void* /*stream*/) override {
     const int32_t world = layout_.world_size;
-    const int32_t K = layout_.top_k;
     const RecordLayout rec(layout_, call.tokens_per_rank);
+    const std::vector<DispatchHeader> headers = exchange_headers(call, rec);
     record_bad_ids(call);
 
-    std::vector<uint8_t> mine(rec.size, 0);
-    const int32_t header[2] = {call.num_tokens, call.has_weights ? 1 : 0};
-    std::memcpy(mine.data(), header, sizeof(header));
-    const uint64_t picks = static_cast<uint64_t>(call.num_tokens) * K;
-    copy_in(mine, rec.ids_offset, call.topk_ids, picks * sizeof(int32_t));
-    copy_in(mine, rec.weights_offset, call.topk_weights, picks * sizeof(float));
-    copy_in(mine, rec.hidden_offset, call.hidden, call.num_tokens * layout_.hidden_row_bytes);
-    copy_in(mine, rec.scales_offset, call.scales, call.num_tokens * layout_.scale_row_bytes);
-    if (layout_.eplb_stats) {
-      const std::vector<int32_t> counted =
-          count_picks_per_expert(layout_, call.num_tokens, call.topk_ids);
-      const int32_t* stats = call.eplb_local ? call.eplb_local : counted.data();
-      copy_in(mine, rec.eplb_offset, stats, layout_.num_experts * sizeof(int32_t));
-    }
-
-    std::vector<uint8_t> all(rec.size * world);
-    bootstrap_.allgather(mine.data(), all.data(), rec.size);
+    const std::vector<uint8_t> mine = pack_record(call, rec);
+    std::vector<uint8_t> all(bytes(checked_mul(rec.size, static_cast<uint64_t>(world), "dispatch records")));
+    exchange_->allgather(mine.data(), all.data(), rec.size, "HOST dispatch: token records");
 
     std::vector<SourceTokens> sources(world);
     for (int32_t s = 0; s < world; ++s) {
       const uint8_t* r = all.data() + rec.size * s;
-      int32_t source_header[2];
-      std::memcpy(source_header, r, sizeof(source_header));
-      sources[s].num_tokens = source_header[0];
+      check_stamp(s, r, headers[s]);
+      sources[s].num_tokens = headers[s].num_tokens;  // checked against tokens_per_rank
       sources[s].topk_ids = reinterpret_cast<const int32_t*>(r + rec.ids_offset);
       sources[s].topk_weights =
-          source_header[1] ? reinterpret_cast<const float*>(r + rec.weights_offset) : nullptr;
+          headers[s].has_weights ? reinterpret_cast<const float*>(r + rec.weights_offset) : nullptr;
       sources[s].hidden = r + rec.hidden_offset;
       sources[s].scales = layout_.scale_row_bytes ? r + rec.scales_offset : nullptr;
       if (layout_.eplb_stats) {
-        std::memcpy(eplb_gathered_.data() + static_cast<size_t>(s) * layout_.num_experts,
-                    r + rec.eplb_offset, layout_.num_experts * sizeof(int32_t));
+        std::memcpy(eplb_gathered_.data() + static_cast<size_t>(s) * layout_.num_experts, r + rec.eplb_offset,
+                    layout_.num_experts * sizeof(int32_t));
       }
     }
 
@@ -102,7 +120,7 @@ class HostBackend final : public Backend {
     reference_receive(layout_, call.tokens_per_rank, sources, out);
 
     // Combine needs this rank's routing after the caller may have reused its input.
-    my_ids_.assign(call.topk_ids, call.topk_ids + picks);
+    my_ids_.assign(call.topk_ids, call.topk_ids + static_cast<size_t>(call.num_tokens) * layout_.top_k);
 
     DispatchBuffers result;
     result.hidden = out.hidden;
@@ -116,11 +134,13 @@ class HostBackend final : public Backend {
   }
 
   void* combine(const CombineCall& call, void* /*stream*/) override {
-    const uint64_t bytes = layout_.receive_rows(call.tokens_per_rank) * layout_.combine_row_bytes;
-    std::vector<uint8_t> all(bytes * layout_.world_size);
-    bootstrap_.allgather(call.expert_output, all.data(), bytes);
+    const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(call.tokens_per_rank));
+    const uint64_t per_rank = checked_mul(rows, layout_.combine_row_bytes, "combine rows");
+    std::vector<uint8_t> all(
+        bytes(checked_mul(per_rank, static_cast<uint64_t>(layout_.world_size), "combine rows of every rank")));
+    exchange_->allgather(call.expert_output, all.data(), per_rank, "HOST combine: expert outputs");
     std::vector<const uint8_t*> outputs(layout_.world_size);
-    for (int32_t r = 0; r < layout_.world_size; ++r) outputs[r] = all.data() + bytes * r;
+    for (int32_t r = 0; r < layout_.world_size; ++r) outputs[r] = all.data() + per_rank * r;
     uint8_t* out = call.output ? static_cast<uint8_t*>(call.output) : combine_output_.data();
     reference_combine(layout_, call.tokens_per_rank, call.num_tokens, my_ids_.data(), outputs, out);
     return out;
@@ -134,11 +154,81 @@ class HostBackend final : public Backend {
     return s;
   }
 
+  // Nothing to tell the peers; the exchange's destructor joins an idle worker
+  // and leaves one stuck in a callback behind (see bounded_exchange.hpp).
   void shutdown() noexcept override {}
 
  private:
-  static void copy_in(std::vector<uint8_t>& record, uint64_t offset, const void* src, uint64_t bytes) {
-    if (src != nullptr && bytes != 0) std::memcpy(record.data() + offset, src, bytes);
+  static size_t bytes(uint64_t n) { return checked_size(n, "HOST backend buffer"); }
+
+  // First exchange of a dispatch; every rank checks every rank's header the
+  // same way, so a mismatch fails dispatch on every rank before any record moves.
+  std::vector<DispatchHeader> exchange_headers(const DispatchCall& call, const RecordLayout& rec) {
+    DispatchHeader mine{};
+    mine.sequence = dispatch_sequence_;
+    mine.record_bytes = rec.size;
+    mine.tokens_per_rank = call.tokens_per_rank;
+    mine.num_tokens = call.num_tokens;
+    mine.has_weights = call.has_weights ? 1 : 0;
+    const std::vector<DispatchHeader> all = exchange_->allgather_value(mine, "HOST dispatch: headers");
+    ++dispatch_sequence_;  // every rank counts every header exchange, failed or not
+    for (int32_t s = 0; s < layout_.world_size; ++s) check_header(s, all[s], mine);
+    return all;
+  }
+
+  void check_header(int32_t s, const DispatchHeader& h, const DispatchHeader& mine) const {
+    const std::string who = "dispatch on rank " + std::to_string(layout_.rank) + ": " + peer(s);
+    if (h.sequence != mine.sequence) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, who, " is at dispatch #", h.sequence, ", this rank at #", mine.sequence,
+           " (the ranks did not make the same calls)");
+    }
+    if (h.tokens_per_rank != mine.tokens_per_rank) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, who, " uses tokens_per_rank ", h.tokens_per_rank, ", this rank ",
+           mine.tokens_per_rank, " (args->runtime_max_tokens_per_rank must be the same on every rank)");
+    }
+    if (h.num_tokens < 0 || h.num_tokens > mine.tokens_per_rank) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, who, " sent num_tokens ", h.num_tokens, ", outside [0, tokens_per_rank = ",
+           mine.tokens_per_rank, "]");
+    }
+    if (h.has_weights != 0 && h.has_weights != 1) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, who, " sent has_weights ", h.has_weights, ", expected 0 or 1");
+    }
+    if (h.record_bytes != mine.record_bytes) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, who, " sends records of ", h.record_bytes, " bytes, this rank expects ",
+           mine.record_bytes, " (different parameters or library versions)");
+    }
+  }
+
+  void check_stamp(int32_t s, const uint8_t* record, const DispatchHeader& h) const {
+    RecordStamp stamp;
+    std::memcpy(&stamp, record, sizeof(stamp));
+    if (stamp.sequence != h.sequence || stamp.num_tokens != h.num_tokens) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, "dispatch on rank ", layout_.rank, ": ", peer(s),
+           "'s record (dispatch #", stamp.sequence, ", num_tokens ", stamp.num_tokens,
+           ") does not match its header (dispatch #", h.sequence, ", num_tokens ", h.num_tokens, ")");
+    }
+  }
+
+  std::vector<uint8_t> pack_record(const DispatchCall& call, const RecordLayout& rec) const {
+    std::vector<uint8_t> record(bytes(rec.size), 0);
+    const RecordStamp stamp{dispatch_sequence_ - 1, call.num_tokens, 0};
+    std::memcpy(record.data(), &stamp, sizeof(stamp));
+    const uint64_t T = static_cast<uint64_t>(call.num_tokens);
+    const uint64_t picks = T * static_cast<uint64_t>(layout_.top_k);  // <= tokens_per_rank * top_k: fits
+    copy_in(record, rec.ids_offset, call.topk_ids, picks * sizeof(int32_t));
+    copy_in(record, rec.weights_offset, call.topk_weights, picks * sizeof(float));
+    copy_in(record, rec.hidden_offset, call.hidden, T * layout_.hidden_row_bytes);
+    copy_in(record, rec.scales_offset, call.scales, T * layout_.scale_row_bytes);
+    if (layout_.eplb_stats) {
+      const std::vector<int32_t> counted = count_picks_per_expert(layout_, call.num_tokens, call.topk_ids);
+      const int32_t* stats = call.eplb_local ? call.eplb_local : counted.data();
+      copy_in(record, rec.eplb_offset, stats, layout_.num_experts * sizeof(int32_t));
+    }
+    return record;
+  }
+
+  static void copy_in(std::vector<uint8_t>& record, uint64_t offset, const void* src, uint64_t n) {
+    if (src != nullptr && n != 0) std::memcpy(record.data() + offset, src, n);
   }
 
   // Bad ids are dropped by the model (they match no rank); remember the first.
@@ -152,7 +242,8 @@ class HostBackend final : public Backend {
   }
 
   Layout layout_;
-  Bootstrap bootstrap_;
+  std::shared_ptr<BoundedExchange> exchange_;
+  uint64_t dispatch_sequence_ = 0;
   std::vector<uint8_t> recv_hidden_;
   std::vector<int32_t> recv_ids_;
   std::vector<float> recv_weights_;
@@ -169,16 +260,25 @@ class HostBackend final : public Backend {
 }  // namespace
 
 uint64_t host_workspace_bytes(const Layout& l) {
+  const std::string what = "HOST workspace size";
   const uint64_t rows = static_cast<uint64_t>(l.receive_rows(l.max_tokens_per_rank));
-  uint64_t bytes = rows * (l.hidden_row_bytes + l.scale_row_bytes + l.top_k * (sizeof(int32_t) + sizeof(float)));
-  bytes += sizeof(int32_t) * (l.world_size + l.experts_per_rank());
-  if (l.eplb_stats) bytes += sizeof(int32_t) * static_cast<uint64_t>(l.world_size) * l.num_experts;
-  bytes += static_cast<uint64_t>(l.max_tokens_per_rank) * l.combine_row_bytes;
-  return bytes;
+  const uint64_t pick_bytes = checked_mul(static_cast<uint64_t>(l.top_k), sizeof(int32_t) + sizeof(float), what);
+  const uint64_t row_bytes =
+      checked_add(checked_add(l.hidden_row_bytes, l.scale_row_bytes, what), pick_bytes, what);
+  uint64_t total = checked_mul(rows, row_bytes, what);
+  total = checked_add(total, sizeof(int32_t) * (static_cast<uint64_t>(l.world_size) + l.experts_per_rank()), what);
+  if (l.eplb_stats) {
+    total = checked_add(total,
+                        checked_mul(sizeof(int32_t) * static_cast<uint64_t>(l.world_size),
+                                    static_cast<uint64_t>(l.num_experts), what),
+                        what);
+  }
+  return checked_add(total, checked_mul(static_cast<uint64_t>(l.max_tokens_per_rank), l.combine_row_bytes, what),
+                     what);
 }
 
-std::unique_ptr<Backend> make_host_backend(const Layout& layout, const Bootstrap& bootstrap) {
-  return std::make_unique<HostBackend>(layout, bootstrap);
+std::unique_ptr<Backend> make_host_backend(const Layout& layout, std::shared_ptr<BoundedExchange> exchange) {
+  return std::make_unique<HostBackend>(layout, std::move(exchange));
 }
 
 }  // namespace moe_ep

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "checked_math.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
 #include "versioned_struct.hpp"
@@ -41,6 +42,39 @@ void require_payload_dtype(const char* name, const moe_ep_dtype_t& d) {
   }
 }
 
+void require_row_under_2gib(const char* name, const moe_ep_dtype_t& dtype, int64_t elems) {
+  const uint64_t bytes = dtype_row_bytes(dtype, elems);
+  if (bytes >= (uint64_t{1} << 31)) {
+    fail_argument(std::string("params->") + name,
+                  "a row under 2 GiB (" + dtype_name(dtype) + " row of " + std::to_string(bytes) + " bytes)",
+                  elems);
+  }
+}
+
+// The largest per-rank footprint any backend derives from this layout: every
+// receive row with its payload, scales, ids, weights, a combine row and some
+// per-row bookkeeping, plus the per-expert tables.  Rejecting layouts above
+// kMaxLayoutBytes here lets every backend add up its buffers in uint64_t
+// without overflow.
+void require_footprint_fits(const Layout& l) {
+  const auto why = [&] {
+    return std::string("the buffers for world_size ") + std::to_string(l.world_size) +
+           " x max_tokens_per_rank " + std::to_string(l.max_tokens_per_rank) + " rows";
+  };
+  uint64_t per_row = 0, rows = 0, rows_bytes = 0, tables = 0, total = 0;
+  const uint64_t pick_bytes = static_cast<uint64_t>(l.top_k) * (sizeof(int32_t) + sizeof(float));
+  const bool ok = try_add(l.hidden_row_bytes, l.scale_row_bytes, &per_row) &&
+                  try_add(per_row, 2 * l.combine_row_bytes + pick_bytes + 64, &per_row) &&
+                  try_mul(static_cast<uint64_t>(l.world_size), static_cast<uint64_t>(l.max_tokens_per_rank), &rows) &&
+                  try_mul(rows, per_row, &rows_bytes) &&
+                  try_mul(static_cast<uint64_t>(l.world_size) + 1, static_cast<uint64_t>(l.num_experts) * 8, &tables) &&
+                  try_add(rows_bytes, tables, &total);
+  if (!ok || total > kMaxLayoutBytes) {
+    fail_argument("params", why() + " of up to " + std::to_string(kMaxLayoutBytes) + " bytes per rank",
+                  ok ? std::to_string(total) + " bytes" : std::string("more than 2^64 bytes"));
+  }
+}
+
 }  // namespace
 
 moe_ep_params_t read_params(const moe_ep_params_t* user) {
@@ -71,9 +105,9 @@ moe_ep_params_t read_params(const moe_ep_params_t* user) {
   // Rows are addressed with 64-bit offsets, but keep one row under 2 GiB so
   // that per-row sizes fit the int32 arguments of the kernels.
   const int64_t row_elems = p.hidden_row_elems ? p.hidden_row_elems : p.hidden_size;
-  if (dtype_row_bytes(p.hidden_dtype, row_elems) >= (1ull << 31)) {
-    fail_argument("params->hidden_row_elems", "a row under 2 GiB", row_elems);
-  }
+  require_row_under_2gib("hidden_row_elems", p.hidden_dtype, row_elems);
+  require_row_under_2gib("scale_row_elems", p.scale_dtype, p.scale_row_elems);
+  require_row_under_2gib("hidden_size", p.combine_dtype, p.hidden_size);
   return p;
 }
 
@@ -117,6 +151,7 @@ Layout make_layout(const moe_ep_params_t& p, int32_t world_size, int32_t rank) {
   l.eplb_stats = p.enable_eplb_stats != 0;
   l.combine_dtype = p.combine_dtype;
   l.combine_row_bytes = dtype_row_bytes(p.combine_dtype, p.hidden_size);
+  require_footprint_fits(l);
   return l;
 }
 

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "checked_math.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
 
@@ -45,19 +46,38 @@ std::string shapes_string(const std::vector<std::vector<int64_t>>& shapes) {
   return s;
 }
 
-int64_t element_count(const std::vector<int64_t>& shape) {
+int64_t element_count(const std::vector<int64_t>& shape, const std::string& name) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) n = checked_mul(n, d, name + " element count");
   return n;
 }
 
+// data + byte_offset, checked: the tensor's bytes must not wrap around the
+// address space, and its first element must be aligned for its dtype (the
+// backends load int32, float, bf16 and fp16 elements directly).
+void* checked_start(const moe_ep_tensor_t& t, const std::string& name, const moe_ep_dtype_t& dtype, int64_t n) {
+  const uint64_t base = reinterpret_cast<uintptr_t>(t.data);
+  uint64_t start = 0, end = 0;
+  const uint64_t bytes = dtype_row_bytes(dtype, n);
+  if (!try_add(base, t.byte_offset, &start) || !try_add(start, bytes, &end)) {
+    fail_argument(name + "->byte_offset", "data + byte_offset + " + std::to_string(bytes) +
+                      " bytes within the address space", t.byte_offset);
+  }
+  const uint64_t alignment = dtype.bits >= 8 ? static_cast<uint64_t>(dtype.bits / 8) : 1;
+  if (alignment > 1 && (alignment & (alignment - 1)) == 0 && start % alignment != 0) {
+    fail_argument(name + " data + byte_offset", "aligned to " + std::to_string(alignment) + " bytes for " +
+                      dtype_name(dtype), "an address " + std::to_string(start % alignment) + " bytes past it");
+  }
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(start));
+}
+
 void check_compact(const moe_ep_tensor_t& t, const std::vector<int64_t>& shape, const std::string& name) {
-  if (t.strides == nullptr || element_count(shape) == 0) return;
+  if (t.strides == nullptr || element_count(shape, name) == 0) return;
   int64_t expected = 1;
   std::vector<int64_t> compact(shape.size());
   for (size_t i = shape.size(); i-- > 0;) {
     compact[i] = expected;
-    expected *= shape[i];
+    expected = checked_mul(expected, shape[i], name + " strides");
   }
   for (size_t i = 0; i < shape.size(); ++i) {
     // A dimension of extent 1 is never stepped over: its stride does not matter.
@@ -82,10 +102,10 @@ void* check_tensor(const moe_ep_tensor_t* t, const std::string& name, const moe_
     fail_argument(name + " device", device_string(device), device_string(t->device));
   }
   check_compact(*t, shape, name);
-  const int64_t n = element_count(shape);
+  const int64_t n = element_count(shape, name);
   if (n > 0 && t->data == nullptr) fail_argument(name + "->data", "non-NULL for " + std::to_string(n) + " elements", "NULL");
   if (t->data == nullptr) return nullptr;
-  return static_cast<char*>(t->data) + t->byte_offset;
+  return checked_start(*t, name, dtype, n);
 }
 
 }  // namespace moe_ep

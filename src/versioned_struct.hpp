@@ -1,6 +1,9 @@
-// Reading the caller's versioned structs (SPEC §3): every public struct starts
-// with uint32_t struct_size.  A smaller (older) struct is accepted and its
-// missing tail defaulted; a larger (newer) one only if the unknown bytes are 0.
+// Reading and writing the caller's versioned structs: every public struct
+// starts with uint32_t struct_size, which must be one of the sizes listed in
+// struct_layouts.hpp (a field boundary of a released layout, or a newer
+// header's larger size up to kMaxStructSize).  A smaller (older) input struct
+// gets this library's defaults for its missing tail; a larger (newer) one is
+// accepted only if the bytes this library does not know are all zero.
 #pragma once
 
 #include <cstddef>
@@ -9,29 +12,72 @@
 #include <string>
 
 #include "error.hpp"
+#include "struct_layouts.hpp"
 
 namespace moe_ep {
+
+// Zeroes bytes [from, to) of the caller's struct.  Out of line on purpose: the
+// caller's object may be larger than the T this library knows (a newer
+// header), which the compiler cannot know.
+void zero_struct_tail(void* user, size_t from, size_t to) noexcept;
+
+// Whether `size` is a struct_size the library accepts for T (see struct_layouts.hpp).
+template <typename T>
+bool is_valid_struct_size(uint32_t size) {
+  using L = StructLayout<T>;
+  for (size_t end : L::field_ends) {
+    if (size == end) return true;
+  }
+  for (size_t released : L::released_sizes) {
+    if (size == released) return true;
+  }
+  return size > sizeof(T) && size <= kMaxStructSize && size % alignof(T) == 0;
+}
+
+// The accepted sizes, for messages: "one of 8, 12, ... 48, or a multiple of 4 in (48, 1024]".
+template <typename T>
+std::string valid_struct_sizes_text() {
+  using L = StructLayout<T>;
+  std::string s = "one of";
+  const char* sep = " ";
+  for (size_t end : L::field_ends) {
+    s += sep + std::to_string(end);
+    sep = ", ";
+  }
+  for (size_t released : L::released_sizes) {
+    if (released != L::field_ends[sizeof(L::field_ends) / sizeof(L::field_ends[0]) - 1]) {
+      s += sep + std::to_string(released);
+    }
+  }
+  return s + " (field boundaries of a released " + L::c_name + "), or a multiple of " +
+         std::to_string(alignof(T)) + " in (" + std::to_string(sizeof(T)) + ", " +
+         std::to_string(kMaxStructSize) + "] from a newer header; call " + L::init_name + " first";
+}
+
+// Reads and checks the caller's struct_size; `name` is the argument ("params").
+template <typename T>
+uint32_t checked_struct_size(const T* user, const char* name) {
+  if (user == nullptr) fail_argument(name, "a non-NULL pointer", "NULL");
+  uint32_t user_size = 0;
+  std::memcpy(&user_size, user, sizeof(user_size));
+  if (!is_valid_struct_size<T>(user_size)) {
+    fail_argument(std::string(name) + "->struct_size", valid_struct_sizes_text<T>(), user_size);
+  }
+  return user_size;
+}
 
 // Copies the caller's struct over `defaults` (already holding this library's
 // defaults) and returns the merged struct.  `name` is used in messages.
 template <typename T>
 T read_versioned(const T* user, const T& defaults, const char* name) {
-  if (user == nullptr) fail_argument(name, "a non-NULL pointer", "NULL");
-  uint32_t user_size = 0;
-  std::memcpy(&user_size, user, sizeof(user_size));
-  constexpr size_t kMinimum = sizeof(uint32_t) + sizeof(int32_t);  // struct_size + one field
-  if (user_size < kMinimum) {
-    fail_argument(std::string(name) + "->struct_size",
-                  "at least " + std::to_string(kMinimum) + " (call the *_init function first)",
-                  user_size);
-  }
+  const uint32_t user_size = checked_struct_size(user, name);
   if (user_size > sizeof(T)) {
     const auto* bytes = reinterpret_cast<const unsigned char*>(user);
     for (size_t i = sizeof(T); i < user_size; ++i) {
       if (bytes[i] != 0) {
         fail_argument(std::string(name),
-                      "zero bytes beyond the " + std::to_string(sizeof(T)) +
-                          " this library knows (struct from a newer header)",
+                      "zero bytes beyond the " + std::to_string(sizeof(T)) + " bytes of " +
+                          StructLayout<T>::c_name + " this library knows (struct from a newer header)",
                       "a non-zero byte at offset " + std::to_string(i));
       }
     }
@@ -42,20 +88,24 @@ T read_versioned(const T* user, const T& defaults, const char* name) {
   return merged;
 }
 
-// Writes `value` into the caller's output struct up to the caller's struct_size.
+// Checks an output struct before any work is done (so that a bad struct_size
+// fails before anything is launched).
+template <typename T>
+void check_output_struct(const T* user, const char* name) {
+  (void)checked_struct_size(user, name);
+}
+
+// Writes `value` into the caller's output struct up to the caller's
+// struct_size: an older caller's tail is never touched; a newer caller's bytes
+// beyond what this library knows are zeroed (its newer results read as absent).
 template <typename T>
 void write_versioned(T* user, const T& value, const char* name) {
-  if (user == nullptr) fail_argument(name, "a non-NULL pointer", "NULL");
-  uint32_t user_size = 0;
-  std::memcpy(&user_size, user, sizeof(user_size));
-  if (user_size < sizeof(uint32_t) * 2) {
-    fail_argument(std::string(name) + "->struct_size",
-                  "at least 8 (call the *_init function first)", user_size);
-  }
-  const size_t n = user_size < sizeof(T) ? user_size : sizeof(T);
-  std::memcpy(reinterpret_cast<unsigned char*>(user) + sizeof(uint32_t),
-              reinterpret_cast<const unsigned char*>(&value) + sizeof(uint32_t),
-              n - sizeof(uint32_t));
+  const uint32_t user_size = checked_struct_size(user, name);
+  const size_t known = user_size < sizeof(T) ? user_size : sizeof(T);
+  auto* out = reinterpret_cast<unsigned char*>(user);
+  std::memcpy(out + sizeof(uint32_t), reinterpret_cast<const unsigned char*>(&value) + sizeof(uint32_t),
+              known - sizeof(uint32_t));
+  if (user_size > sizeof(T)) zero_struct_tail(user, sizeof(T), user_size);
 }
 
 }  // namespace moe_ep

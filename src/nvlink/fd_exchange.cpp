@@ -75,9 +75,9 @@ struct Datagram {
   std::vector<UniqueFd> fds;  // every descriptor it brought, closed unless taken
 };
 
-class Exchange {
+class FdRound {
  public:
-  Exchange(const Bootstrap& bootstrap, const std::vector<Invitation>& invitations, int my_fd)
+  FdRound(const Bootstrap& bootstrap, const std::vector<Invitation>& invitations, int my_fd)
       : me_(bootstrap.rank()),
         world_(bootstrap.world_size()),
         name_(invitations[0].name),
@@ -277,7 +277,7 @@ std::vector<UniqueFd> exchange_fds(const Bootstrap& bootstrap, int my_fd, int ti
     mine.uid = static_cast<uint32_t>(getuid());
   });
   const std::vector<Invitation> invitations = bootstrap.allgather_value(mine);
-  Exchange exchange(bootstrap, invitations, my_fd);
+  FdRound exchange(bootstrap, invitations, my_fd);
   run_then_agree(bootstrap, [&] {  // every socket exists before anyone sends
     for (int r = 0; r < world; ++r) {
       if (invitations[r].uid != mine.uid) {  // its messages would be dropped: say why now

@@ -56,10 +56,16 @@ TEST_CASE("run_then_agree: a failure of any exception type fails the step on eve
     CHECK(o[1].status == MOE_EP_ERROR_OUT_OF_MEMORY);
     CHECK(o[1].message == "rank 0 failed: out of host memory");
   }
-  SECTION("another std::exception is INTERNAL with its text") {
+  SECTION("std::length_error (a buffer too large for a container) is OUT_OF_MEMORY") {
     const auto o = step_where_one_rank_throws(2, 1, [] { throw std::length_error("vector too long"); });
+    CHECK(o[0].status == MOE_EP_ERROR_OUT_OF_MEMORY);
+    CHECK(o[1].status == MOE_EP_ERROR_OUT_OF_MEMORY);
+    CHECK(o[0].message == "rank 1 failed: out of host memory (a buffer too large to allocate)");
+  }
+  SECTION("another std::exception is INTERNAL with its text") {
+    const auto o = step_where_one_rank_throws(2, 1, [] { throw std::runtime_error("no luck"); });
     CHECK(o[1].status == MOE_EP_ERROR_INTERNAL);
-    CHECK(o[0].message == "rank 1 failed: internal error: vector too long");
+    CHECK(o[0].message == "rank 1 failed: internal error: no luck");
   }
   SECTION("anything else is INTERNAL") {
     const auto o = step_where_one_rank_throws(2, 1, [] { throw 42; });

@@ -1,0 +1,429 @@
+// Trust and bounded waits on the HOST backend: what peers send is checked
+// before use (INVALID_INPUT naming the peer and both values, never an
+// out-of-bounds access: run under ASan in the sanitizer suite), sizes never
+// wrap, and timeout_ms bounds every wait for a peer.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moe_ep_c.h"
+#include "dtypes.hpp"
+#include "tensor_view.hpp"
+#include "test_params.hpp"
+#include "thread_bootstrap.hpp"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MOE_EP_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MOE_EP_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef MOE_EP_TEST_UNDER_ASAN
+#define MOE_EP_TEST_UNDER_ASAN 0
+#endif
+
+using Catch::Matchers::Contains;
+using namespace moe_ep_test;
+using namespace moe_ep_verify;
+
+namespace {
+
+// The HOST backend's first exchange of a dispatch is one 32-byte header per
+// rank: u64 sequence, u64 record_bytes, i32 tokens_per_rank, i32 num_tokens,
+// i32 has_weights, i32 reserved (src/host_backend.cpp).  Create's agreement
+// on every rank's outcome is one 248-byte record: i32 status, char[244] message.
+constexpr size_t kHeaderBytes = 32;
+constexpr size_t kHeaderTokensPerRank = 16, kHeaderNumTokens = 20, kHeaderHasWeights = 24;
+constexpr size_t kOutcomeBytes = 248;
+
+int32_t read_i32(const void* base, size_t offset) {
+  int32_t v;
+  std::memcpy(&v, static_cast<const char*>(base) + offset, sizeof(v));
+  return v;
+}
+void write_i32(void* base, size_t offset, int32_t v) { std::memcpy(static_cast<char*>(base) + offset, &v, sizeof(v)); }
+
+using Clock = std::chrono::steady_clock;
+int64_t ms_since(Clock::time_point t0) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+}
+
+struct Outcome {
+  moe_ep_status_t status = MOE_EP_SUCCESS;
+  std::string message;
+};
+
+// A 2-expert-per-rank group with rows of 8 fp32 values and weights.
+struct Rank {
+  static constexpr int32_t kMaxTokens = 4, kHidden = 8, kTopK = 2;
+  moe_ep_handle_t h = nullptr;
+  std::vector<float> hidden;
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+
+  moe_ep_status_t create(const moe_ep_bootstrap_t& b, int32_t timeout_ms) {
+    moe_ep_params_t p = make_params(2 * b.world_size, kTopK, kMaxTokens, kHidden);
+    p.hidden_dtype = fp32_dtype();
+    p.combine_dtype = fp32_dtype();
+    moe_ep_config_t c = host_config();
+    c.timeout_ms = timeout_ms;
+    return moe_ep_create(&b, &p, &c, &h);
+  }
+
+  Outcome dispatch(int32_t tokens, int32_t runtime_max = 0) {
+    hidden.assign(static_cast<size_t>(tokens) * kHidden, 1.0f);
+    ids.assign(static_cast<size_t>(tokens) * kTopK, 0);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % 2);
+    weights.assign(ids.size(), 0.5f);
+    TensorView x(hidden.data(), fp32_dtype(), {tokens, kHidden});
+    TensorView i(ids.data(), int32_dtype(), {tokens, kTopK});
+    TensorView w(weights.data(), fp32_dtype(), {tokens, kTopK});
+    moe_ep_dispatch_args_t a;
+    moe_ep_dispatch_args_init(&a);
+    a.hidden_states = x.get();
+    a.topk_ids = i.get();
+    a.topk_weights = w.get();
+    a.runtime_max_tokens_per_rank = runtime_max;
+    moe_ep_dispatch_result_t r;
+    moe_ep_dispatch_result_init(&r);
+    Outcome o;
+    o.status = moe_ep_dispatch(h, &a, &r, nullptr);
+    o.message = moe_ep_last_error();
+    last_tpr = r.tokens_per_rank;
+    return o;
+  }
+
+  Outcome combine(int world) {
+    std::vector<float> eo(static_cast<size_t>(world) * last_tpr * kHidden, 1.0f);
+    TensorView e(eo.data(), fp32_dtype(), {world * last_tpr, kHidden});
+    moe_ep_combine_result_t r;
+    moe_ep_combine_result_init(&r);
+    Outcome o;
+    o.status = moe_ep_combine(h, e.get(), nullptr, &r, nullptr);
+    o.message = moe_ep_last_error();
+    return o;
+  }
+
+  int32_t last_tpr = 0;
+};
+
+// A tamper that rewrites the first dispatch header exchange seen by every rank.
+Tamper on_first_header(std::function<void(void* headers)> rewrite) {
+  auto done = std::make_shared<std::vector<int>>(8, 0);
+  auto m = std::make_shared<std::mutex>();
+  return [=](int rank, int64_t, void* recv, size_t bytes) {
+    if (bytes != kHeaderBytes) return;
+    std::lock_guard<std::mutex> lock(*m);
+    if ((*done)[rank]++ != 0) return;
+    rewrite(recv);
+  };
+}
+
+}  // namespace
+
+TEST_CASE("peer data: runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank",
+          "[trust]") {
+  std::vector<Outcome> first(2), second(2);
+  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+    Rank r;
+    REQUIRE(r.create(b, 5000) == MOE_EP_SUCCESS);
+    first[rank] = r.dispatch(2, rank == 0 ? 4 : 3);
+    // Nothing moved and the group is still in step: a consistent round works.
+    second[rank] = r.dispatch(2, 3);
+    if (second[rank].status == MOE_EP_SUCCESS) second[rank] = r.combine(2);
+    moe_ep_destroy(&r.h);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank << ": " << first[rank].message);
+    CHECK(first[rank].status == MOE_EP_ERROR_INVALID_INPUT);
+    CHECK_THAT(first[rank].message, Contains("rank " + std::to_string(1 - rank)) && Contains("tokens_per_rank") &&
+                                        Contains(rank == 0 ? "3" : "4") && Contains(rank == 0 ? "this rank 4" : "this rank 3"));
+    CHECK(second[rank].status == MOE_EP_SUCCESS);
+  }
+}
+
+TEST_CASE("peer data: a hostile bootstrap's counts and records are checked before use", "[trust]") {
+  struct Corruption {
+    const char* what;
+    Tamper tamper;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Corruption> cases = {
+      {"num_tokens far beyond tokens_per_rank",
+       on_first_header([](void* h) { write_i32(h, kHeaderBytes + kHeaderNumTokens, 1 << 30); }),
+       {"rank 1", "num_tokens 1073741824", "[0, tokens_per_rank = 4]"}},
+      {"negative num_tokens",
+       on_first_header([](void* h) { write_i32(h, kHeaderBytes + kHeaderNumTokens, -5); }),
+       {"rank 1", "num_tokens -5"}},
+      {"has_weights not a flag",
+       on_first_header([](void* h) { write_i32(h, kHeaderBytes + kHeaderHasWeights, 77); }),
+       {"rank 1", "has_weights 77"}},
+      {"tokens_per_rank beyond max_tokens_per_rank",
+       on_first_header([](void* h) { write_i32(h, kHeaderBytes + kHeaderTokensPerRank, 1 << 20); }),
+       {"rank 1", "tokens_per_rank 1048576", "this rank 4"}},
+      {"record size",
+       on_first_header([](void* h) {
+         uint64_t huge = ~uint64_t{0};
+         std::memcpy(static_cast<char*>(h) + kHeaderBytes + 8, &huge, sizeof(huge));
+       }),
+       {"rank 1", "records of 18446744073709551615 bytes"}},
+  };
+  for (const Corruption& c : cases) {
+    std::vector<Outcome> got(2);
+    run_ranks(
+        2,
+        [&](int rank, const moe_ep_bootstrap_t& b) {
+          Rank r;
+          REQUIRE(r.create(b, 5000) == MOE_EP_SUCCESS);
+          got[rank] = r.dispatch(3);
+          moe_ep_destroy(&r.h);
+        },
+        c.tamper);
+    for (int rank = 0; rank < 2; ++rank) {
+      INFO(c.what << ", rank " << rank << ": " << got[rank].message);
+      CHECK(got[rank].status == MOE_EP_ERROR_INVALID_INPUT);
+      for (const auto& part : c.expected) CHECK_THAT(got[rank].message, Contains(part));
+    }
+  }
+}
+
+TEST_CASE("peer data: a record that does not match its header is rejected", "[trust]") {
+  std::vector<Outcome> got(2);
+  auto seen_header = std::make_shared<std::vector<int>>(2, 0);
+  auto m = std::make_shared<std::mutex>();
+  run_ranks(
+      2,
+      [&](int rank, const moe_ep_bootstrap_t& b) {
+        Rank r;
+        REQUIRE(r.create(b, 5000) == MOE_EP_SUCCESS);
+        got[rank] = r.dispatch(3);
+        moe_ep_destroy(&r.h);
+      },
+      [=](int rank, int64_t, void* recv, size_t bytes) {
+        std::lock_guard<std::mutex> lock(*m);
+        if (bytes == kHeaderBytes) {
+          (*seen_header)[rank] = 1;
+        } else if ((*seen_header)[rank] == 1) {  // the records right after the headers
+          (*seen_header)[rank] = 2;
+          write_i32(recv, bytes + 8, 1);  // rank 1's stamp: num_tokens 1 instead of 3
+        }
+      });
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank << ": " << got[rank].message);
+    CHECK(got[rank].status == MOE_EP_ERROR_INVALID_INPUT);
+    CHECK_THAT(got[rank].message, Contains("rank 1's record") && Contains("does not match its header"));
+  }
+}
+
+TEST_CASE("peer data: a peer's failure message is read within its field", "[trust]") {
+  SECTION("no terminating NUL") {
+    std::vector<Outcome> got(2);
+    run_ranks(
+        2,
+        [&](int rank, const moe_ep_bootstrap_t& b) {
+          moe_ep_params_t p = make_params(4, rank == 1 ? 0 : 2, 4, 8);  // rank 1 fails: top_k 0
+          moe_ep_config_t c = host_config();
+          moe_ep_handle_t h = nullptr;
+          got[rank].status = moe_ep_create(&b, &p, &c, &h);
+          got[rank].message = moe_ep_last_error();
+          CHECK(h == nullptr);
+        },
+        [](int rank, int64_t, void* recv, size_t bytes) {
+          if (rank != 0 || bytes != kOutcomeBytes) return;
+          std::memset(static_cast<char*>(recv) + kOutcomeBytes + 4, 'A', kOutcomeBytes - 4);
+        });
+    INFO(got[0].message);
+    CHECK(got[0].status == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(got[0].message, Contains("rank 1 failed: AAAA"));
+    CHECK(got[0].message.size() < 300);
+    CHECK(got[1].status == MOE_EP_ERROR_INVALID_ARGUMENT);
+  }
+  SECTION("a status that is not a moe_ep status") {
+    std::vector<Outcome> got(2);
+    run_ranks(
+        2,
+        [&](int rank, const moe_ep_bootstrap_t& b) {
+          moe_ep_params_t p = make_params(4, rank == 1 ? 0 : 2, 4, 8);
+          moe_ep_config_t c = host_config();
+          moe_ep_handle_t h = nullptr;
+          got[rank].status = moe_ep_create(&b, &p, &c, &h);
+          got[rank].message = moe_ep_last_error();
+        },
+        [](int rank, int64_t, void* recv, size_t bytes) {
+          if (rank == 0 && bytes == kOutcomeBytes) write_i32(recv, kOutcomeBytes, 777);
+        });
+    CHECK(got[0].status == MOE_EP_ERROR_INVALID_INPUT);
+    CHECK_THAT(got[0].message, Contains("rank 1") && Contains("unknown status 777"));
+  }
+}
+
+TEST_CASE("timeout_ms: a rank that never dispatches costs its peer timeout_ms, then the handle is unusable",
+          "[trust][timeout]") {
+  constexpr int32_t kTimeoutMs = 300;
+  constexpr int64_t kSlackMs = 1500;  // scheduling on a loaded 2-core CI machine, sanitizers
+  Outcome first, later, async;
+  int64_t waited = 0, destroy_ms = 0;
+  std::atomic<bool> rank0_done{false};
+  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+    Rank r;
+    REQUIRE(r.create(b, kTimeoutMs) == MOE_EP_SUCCESS);
+    if (rank == 0) {
+      const auto t0 = Clock::now();
+      first = r.dispatch(2);
+      waited = ms_since(t0);
+      later = r.dispatch(2);
+      moe_ep_status_t s = MOE_EP_SUCCESS;
+      REQUIRE(moe_ep_get_async_error(r.h, &s) == MOE_EP_SUCCESS);
+      async.status = s;
+      const auto t1 = Clock::now();
+      CHECK(moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
+      destroy_ms = ms_since(t1);
+      CHECK(r.h == nullptr);
+      rank0_done = true;
+    } else {
+      while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // never dispatches
+      CHECK(moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
+    }
+  });
+  INFO(first.message);
+  CHECK(first.status == MOE_EP_ERROR_TIMEOUT);
+  CHECK_THAT(first.message, Contains("HOST dispatch: headers") && Contains("rank 0") && Contains("timeout_ms = 300"));
+  CHECK(waited >= kTimeoutMs - 5);
+  CHECK(waited <= kTimeoutMs + kSlackMs);
+  CHECK(later.status == MOE_EP_ERROR_TIMEOUT);
+  CHECK(async.status == MOE_EP_ERROR_TIMEOUT);
+  CHECK(destroy_ms < 500);
+}
+
+TEST_CASE("timeout_ms: a rank that never combines, or never creates, costs its peer timeout_ms", "[trust][timeout]") {
+  constexpr int32_t kTimeoutMs = 200;
+  SECTION("combine") {
+    Outcome got;
+    int64_t waited = 0;
+    std::atomic<bool> rank0_done{false};
+    run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+      Rank r;
+      REQUIRE(r.create(b, kTimeoutMs) == MOE_EP_SUCCESS);
+      REQUIRE(r.dispatch(1).status == MOE_EP_SUCCESS);
+      if (rank == 0) {
+        const auto t0 = Clock::now();
+        got = r.combine(2);
+        waited = ms_since(t0);
+        rank0_done = true;
+      } else {
+        while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      CHECK(moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
+    });
+    CHECK(got.status == MOE_EP_ERROR_TIMEOUT);
+    CHECK_THAT(got.message, Contains("HOST combine"));
+    CHECK(waited <= kTimeoutMs + 1500);
+  }
+  SECTION("create") {
+    Outcome got;
+    moe_ep_handle_t h = reinterpret_cast<moe_ep_handle_t>(1);
+    run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+      if (rank == 1) return;  // never calls create
+      Rank r;
+      const auto t0 = Clock::now();
+      got.status = r.create(b, kTimeoutMs);
+      got.message = moe_ep_last_error();
+      CHECK(ms_since(t0) <= kTimeoutMs + 1500);
+      h = r.h;
+    });
+    CHECK(got.status == MOE_EP_ERROR_TIMEOUT);
+    CHECK(h == nullptr);
+  }
+}
+
+TEST_CASE("sizes: huge params are INVALID_ARGUMENT or OUT_OF_MEMORY, never a wrapped size", "[trust]") {
+  moe_ep_config_t c = host_config();
+  uint64_t bytes = 0;
+  SECTION("a workspace beyond 2^64 bytes") {
+    moe_ep_params_t p = make_params(1 << 30, 1 << 30, INT32_MAX, (1 << 28) - 1);
+    p.hidden_dtype = fp32_dtype();
+    p.combine_dtype = fp32_dtype();
+    CHECK(moe_ep_workspace_size(&p, &c, 1 << 30, &bytes) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(std::string(moe_ep_last_error()), Contains("params") && Contains("bytes per rank"));
+    CHECK(bytes == 0);
+  }
+  SECTION("a large but representable workspace is reported exactly") {
+    moe_ep_params_t p = make_params(8, 1, 1 << 20, 1024);  // bf16
+    REQUIRE(moe_ep_workspace_size(&p, &c, 8, &bytes) == MOE_EP_SUCCESS);
+    const uint64_t rows = 8ull << 20;
+    CHECK(bytes == rows * (2048 + 8) + 4 * (8 + 1) + (1ull << 20) * 2048);
+  }
+  SECTION("create: overflow is INVALID_ARGUMENT, a failed allocation OUT_OF_MEMORY") {
+    moe_ep_bootstrap_t b;
+    moe_ep_bootstrap_init(&b);
+    b.world_size = 1;
+    b.allgather = [](void*, const void* s, void* r, size_t n) -> int32_t {
+      std::memcpy(r, s, n);
+      return 0;
+    };
+    b.barrier = [](void*) -> int32_t { return 0; };
+    moe_ep_handle_t h = nullptr;
+    moe_ep_params_t huge = make_params(1 << 30, 8, INT32_MAX, (1 << 29) - 1);
+    CHECK(moe_ep_create(&b, &huge, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK(h == nullptr);
+#if !MOE_EP_TEST_UNDER_ASAN  // ASan reports a failed operator new as fatal instead of throwing bad_alloc
+    moe_ep_params_t big = make_params(8, 1, 1 << 30, 1 << 20);  // ~2^51 bytes: representable, not allocatable
+    const moe_ep_status_t s = moe_ep_create(&b, &big, &c, &h);
+    INFO(moe_ep_last_error());
+    CHECK(s == MOE_EP_ERROR_OUT_OF_MEMORY);
+    CHECK(h == nullptr);
+#endif
+  }
+}
+
+TEST_CASE("tensors: data + byte_offset must not wrap and must be aligned", "[trust]") {
+  moe_ep_bootstrap_t b;
+  moe_ep_bootstrap_init(&b);
+  b.world_size = 1;
+  b.allgather = [](void*, const void* s, void* r, size_t n) -> int32_t {
+    std::memcpy(r, s, n);
+    return 0;
+  };
+  b.barrier = [](void*) -> int32_t { return 0; };
+  Rank r;
+  REQUIRE(r.create(b, 1000) == MOE_EP_SUCCESS);
+  std::vector<float> hidden(2 * Rank::kHidden, 1.0f);
+  std::vector<int32_t> ids(2 * Rank::kTopK + 1, 0);
+  TensorView x(hidden.data(), fp32_dtype(), {2, Rank::kHidden});
+  TensorView i(ids.data(), int32_dtype(), {2, Rank::kTopK});
+  moe_ep_dispatch_args_t a;
+  moe_ep_dispatch_args_init(&a);
+  a.hidden_states = x.get();
+  a.topk_ids = i.get();
+  moe_ep_dispatch_result_t res;
+  moe_ep_dispatch_result_init(&res);
+  SECTION("wrap-around") {
+    i.raw().byte_offset = ~uint64_t{0} - 3;
+    CHECK(moe_ep_dispatch(r.h, &a, &res, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(std::string(moe_ep_last_error()), Contains("args->topk_ids->byte_offset"));
+  }
+  SECTION("misaligned int32") {
+    i.raw().byte_offset = 2;
+    CHECK(moe_ep_dispatch(r.h, &a, &res, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(std::string(moe_ep_last_error()), Contains("args->topk_ids") && Contains("aligned to 4 bytes"));
+  }
+  SECTION("args.struct_size = 12 cuts a pointer: rejected, the handle stays usable") {
+    a.struct_size = 12;
+    CHECK(moe_ep_dispatch(r.h, &a, &res, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(std::string(moe_ep_last_error()), Contains("args->struct_size") && Contains("got 12"));
+    a.struct_size = 0xFFFFFFFFu;
+    CHECK(moe_ep_dispatch(r.h, &a, &res, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    a.struct_size = sizeof(a);
+  }
+  i.raw().byte_offset = 0;
+  CHECK(moe_ep_dispatch(r.h, &a, &res, nullptr) == MOE_EP_SUCCESS);
+  moe_ep_destroy(&r.h);
+}
