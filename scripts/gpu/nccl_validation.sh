@@ -59,7 +59,7 @@ if has suite; then
   done
   # The chunked combine (two streams, fork/join) inside a CUDA graph, and eager.
   timeout 60 mpirun -np 2 --bind-to none -x MOE_EP_TEST_GPU_BACKEND=nccl -x MOE_EP_NCCL_COMBINE_CHUNKS=4 \
-    $BUILD/test/cuda/test_nvlink_gpu "[graph],[bad_ids]" \
+    $BUILD/test/nvlink/test_nvlink_gpu "[graph],[bad_ids]" \
     > "$OUT/suite_chunks4.txt" 2>&1
   note "suite [graph],[bad_ids] with combine chunks=4 rc=$?: $(grep -E 'All tests passed|test cases' "$OUT/suite_chunks4.txt" | head -1)"
   keep "$OUT/suite_chunks4.txt"
