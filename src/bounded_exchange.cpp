@@ -1,4 +1,5 @@
 #include "bounded_exchange.hpp"
+#include "gpu_context.hpp"
 
 #include <chrono>
 #include <condition_variable>
@@ -17,9 +18,10 @@ namespace moe_ep {
 // Everything the worker touches.  Held by the worker thread and by the
 // BoundedExchange; whichever lets go last frees it.
 struct BoundedExchange::Shared {
-  explicit Shared(const Bootstrap& b) : bootstrap(b) {}
+  Shared(const Bootstrap& b, void* context) : bootstrap(b), gpu_context(context) {}
 
   const Bootstrap bootstrap;
+  void* const gpu_context;  // the caller's CUDA context, current on the worker too (gpu_context.hpp)
   std::mutex mutex;
   std::condition_variable changed;
   bool job_posted = false;  // a job waits for the worker
@@ -40,7 +42,7 @@ void run_worker(std::shared_ptr<BoundedExchange::Shared> s);
 }  // namespace
 
 BoundedExchange::BoundedExchange(const Bootstrap& bootstrap, int32_t timeout_ms)
-    : bootstrap_(bootstrap), timeout_ms_(timeout_ms) {
+    : bootstrap_(bootstrap), timeout_ms_(timeout_ms), gpu_context_(current_gpu_context()) {
   if (timeout_ms <= 0) fail_argument("config->timeout_ms", "> 0", timeout_ms);
 }
 
@@ -59,7 +61,7 @@ BoundedExchange::~BoundedExchange() {
 }
 
 void BoundedExchange::start_worker() const {
-  shared_ = std::make_shared<Shared>(bootstrap_);
+  shared_ = std::make_shared<Shared>(bootstrap_, gpu_context_);
   try {
     worker_ = std::thread(run_worker, shared_);
   } catch (const std::system_error& e) {
@@ -108,6 +110,7 @@ namespace {
 // Runs posted jobs until told to stop.  Holds its own reference to the shared
 // state, so an abandoned worker never touches freed memory.
 void run_worker(std::shared_ptr<BoundedExchange::Shared> s) {
+  make_gpu_context_current(s->gpu_context);
   std::unique_lock<std::mutex> lock(s->mutex);
   for (;;) {
     s->changed.wait(lock, [&] { return s->job_posted || s->stop; });

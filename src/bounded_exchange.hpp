@@ -12,6 +12,11 @@
 // callback returns.  Until then that callback still runs with the bootstrap's
 // ctx (documented in the public header).
 //
+// The callbacks thus run on another thread than the caller's.  The caller's
+// current CUDA context goes with them (gpu_context.hpp); other thread-local
+// state does not (an MPI library initialised with MPI_THREAD_SINGLE, say: the
+// public header states the requirement).
+//
 // With one rank there is no peer to wait for: the callbacks run on the calling
 // thread, and no worker is started.
 #pragma once
@@ -47,6 +52,7 @@ class BoundedExchange final : public Exchange {
 
   Bootstrap bootstrap_;
   int32_t timeout_ms_;
+  void* gpu_context_;  // the creating thread's CUDA context, made current on the worker
   mutable std::shared_ptr<Shared> shared_;
   mutable std::thread worker_;
   mutable bool abandoned_ = false;

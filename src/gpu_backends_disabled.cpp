@@ -4,6 +4,7 @@
 #include <string>
 
 #include "error.hpp"
+#include "gpu_context.hpp"
 #include "nccl/nccl_backend.hpp"
 #include "nvlink/nvlink_backend.hpp"
 
@@ -14,6 +15,9 @@ namespace {
   fail(MOE_EP_ERROR_UNSUPPORTED, backend, ": not in this build of moe_ep (MOE_EP_WITH_CUDA=OFF)");
 }
 }  // namespace
+
+void* current_gpu_context() noexcept { return nullptr; }
+void make_gpu_context_current(void* /*context*/) noexcept {}
 
 bool nvlink_platform_supported(int32_t /*device*/) { return false; }
 

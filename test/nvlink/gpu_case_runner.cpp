@@ -128,7 +128,9 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   WorkloadSpec spec = spec_in;
   if (o.graph && spec.tokens.empty()) {  // a graph has fixed shapes: fix every rank's T
-    for (int r = 0; r < spec.world; ++r) spec.tokens.push_back(spec.num_tokens(r));
+    std::vector<int> drawn;  // drawn before filling spec.tokens: num_tokens() reads it once it is set
+    for (int r = 0; r < spec.world; ++r) drawn.push_back(spec.num_tokens(r));
+    spec.tokens = drawn;
   }
   Handle nv(b, spec, o.backend, o, device);
   Handle host(b, spec, MOE_EP_BACKEND_HOST, o, device);
