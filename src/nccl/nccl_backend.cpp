@@ -152,14 +152,11 @@ class NcclBackend final : public Backend {
     if (dispatch_profile_) dispatch_profile_->begin(s);
     check_cuda(kernels::launch_nccl_dispatch_route(shape_, buffers_, a, s), "launching the NCCL dispatch routing");
     if (dispatch_profile_) dispatch_profile_->mark(s);
-    // The own rows are packed on the side stream while the peers' rows go to NCCL.
-    fork(s, side_stream_);
-    kernels::NcclDispatchLaunch own = a;
-    own.max_blocks = side_blocks();
-    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, 0, tpr, side_stream_),
-               "launching the NCCL dispatch pack (own rows)");
     const NcclChunkPlan plan = plan_nccl_chunks(tpr, layout_.world_size > 1 ? dispatch_chunks_ : 1);
     if (plan.count == 1) {
+      // The own rows are packed on the side stream while the peers' rows go to NCCL.
+      fork(s, side_stream_);
+      pack_own_rows(a, side_blocks(), side_stream_);
       check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
                  "launching the NCCL dispatch pack (peer rows)");
       if (dispatch_profile_) dispatch_profile_->mark(s);
@@ -358,8 +355,11 @@ class NcclBackend final : public Backend {
   // caller's stream, then NCCL moves them on nccl_stream_ while the caller's
   // stream packs range c + 1.  The first range packs with every SM (nothing
   // else runs yet but the own rows); the later ones leave NCCL room.
+  // The own rows wait on the side stream until the first range is packed, so
+  // that nothing competes with the one pack NCCL has to wait for; the headers,
+  // ids and weights (small, complete only after the last pack) travel with the
+  // last range, the earlier groups move hidden rows (and scales) only.
   void pipeline_dispatch(const kernels::NcclDispatchLaunch& a, const NcclChunkPlan& plan, cudaStream_t s) {
-    fork(s, nccl_stream_);
     kernels::NcclDispatchLaunch peers = a;
     for (int32_t c = 0; c < plan.count; ++c) {
       const NcclRowRange& r = plan.ranges[c];
@@ -368,8 +368,12 @@ class NcclBackend final : public Backend {
                                                     static_cast<int32_t>(r.first),
                                                     static_cast<int32_t>(r.first + r.rows), s),
                  "launching the NCCL dispatch pack (peer rows of a range)");
-      signal(s, range_events_[c], nccl_stream_);
-      exchange_dispatch_rows(a.tokens_per_rank, r, c == 0, nccl_stream_);
+      signal(s, range_events_[c], nccl_stream_);  // (range 0: forks nccl_stream_ from the caller's stream)
+      if (c == 0) {
+        check_cuda(cudaStreamWaitEvent(side_stream_, range_events_[0], 0), "cudaStreamWaitEvent(fork)");
+        pack_own_rows(a, overlap_blocks(), side_stream_);
+      }
+      exchange_dispatch_rows(a.tokens_per_rank, r, c + 1 == plan.count, nccl_stream_);
     }
     if (dispatch_profile_) dispatch_profile_->mark(s);  // packing done; "nccl" = what is left of the transfer
     join(nccl_stream_, s);
@@ -377,7 +381,7 @@ class NcclBackend final : public Backend {
 
   // Combine in row ranges: NCCL moves range c on nccl_stream_; the caller's
   // stream sums the tokens range c completes while NCCL moves range c + 1,
-  // with half the SMs or fewer so that NCCL's kernels find room, and the
+  // with a quarter of the SMs so that NCCL's kernels find room, and the
   // last range (on the critical path) with every SM.
   void pipeline_combine(kernels::NcclCombineLaunch a, const char* expert_output, int64_t tpr,
                         const NcclChunkPlan& plan, cudaStream_t s) {
@@ -389,24 +393,34 @@ class NcclBackend final : public Backend {
       if (tokens.begin == tokens.end) continue;
       a.token_begin = tokens.begin;
       a.token_end = tokens.end;
-      // The reduce kernel runs two blocks per SM: overlap_blocks() / 2 keeps it to about half the SMs.
+      // launch_nccl_combine_reduce runs up to 2 x max_blocks blocks: overlap_blocks() / 2 keeps it to overlap_blocks().
       a.max_blocks = c + 1 == plan.count ? sm_budget_ : std::max(1, overlap_blocks() / 2);
       check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, s), "launching the NCCL combine reduction");
     }
     join(nccl_stream_, s);  // (already ordered by the last range's event; a capture must join what it forked)
   }
 
-  // Rows [r.first, r.first + r.rows) of every peer's segment, one NCCL group on
-  // `s`, straight into the result rows; the headers travel with the first range.
-  void exchange_dispatch_rows(int32_t tpr, const NcclRowRange& r, bool with_header, cudaStream_t s) {
+  void pack_own_rows(const kernels::NcclDispatchLaunch& a, int32_t blocks, cudaStream_t side) {
+    kernels::NcclDispatchLaunch own = a;
+    own.max_blocks = blocks;
+    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, 0, a.tokens_per_rank, side),
+               "launching the NCCL dispatch pack (own rows)");
+  }
+
+  // One NCCL group on `s`: hidden rows (and scales) [r.first, r.first + r.rows)
+  // of every peer's segment, straight into the result rows; with
+  // `with_metadata` also the header and the ids and weights of the whole
+  // segment (one range: exactly the single exchange of an unpipelined call).
+  void exchange_dispatch_rows(int32_t tpr, const NcclRowRange& r, bool with_metadata, cudaStream_t s) {
     const uint64_t first = static_cast<uint64_t>(r.first), rows = static_cast<uint64_t>(r.rows);
+    const uint64_t segment_rows = static_cast<uint64_t>(tpr);
     const uint64_t K = static_cast<uint64_t>(layout_.top_k);
     const uint64_t H = header_bytes_ / sizeof(int32_t);
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
-      const uint64_t row = static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) + first;
-      if (with_header) {
+      const uint64_t segment = static_cast<uint64_t>(p) * segment_rows, row = segment + first;
+      if (with_metadata) {
         send(buffers_.send_header + p * H, header_bytes_, p, s);
         recv(buffers_.recv_header + p * H, header_bytes_, p, s);
       }
@@ -416,10 +430,12 @@ class NcclBackend final : public Backend {
         send(buffers_.send_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
         recv(buffers_.recv_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
       }
-      send(buffers_.send_ids + row * K, rows * K * sizeof(int32_t), p, s);
-      recv(buffers_.recv_ids + row * K, rows * K * sizeof(int32_t), p, s);
-      send(buffers_.send_weights + row * K, rows * K * sizeof(float), p, s);
-      recv(buffers_.recv_weights + row * K, rows * K * sizeof(float), p, s);
+      if (with_metadata) {
+        send(buffers_.send_ids + segment * K, segment_rows * K * sizeof(int32_t), p, s);
+        recv(buffers_.recv_ids + segment * K, segment_rows * K * sizeof(int32_t), p, s);
+        send(buffers_.send_weights + segment * K, segment_rows * K * sizeof(float), p, s);
+        recv(buffers_.recv_weights + segment * K, segment_rows * K * sizeof(float), p, s);
+      }
     }
     group_end();
   }
@@ -450,7 +466,12 @@ class NcclBackend final : public Backend {
   void join(cudaStream_t side, cudaStream_t stream) { signal(side, join_event_, stream); }
   // Blocks of the kernels that run next to NCCL's: leave it SMs.
   int32_t side_blocks() const { return sm_budget_ > 4 ? sm_budget_ / 2 : sm_budget_; }
-  int32_t overlap_blocks() const { return side_blocks(); }
+  // In a pipelined call at most two of our kernels run next to NCCL's (the
+  // next range's pack and the own rows; a reduction), each with a quarter of
+  // the SMs: a 512-thread block of ours and one of NCCL's may not fit one SM
+  // together (registers), and our blocks stay resident for the whole kernel,
+  // so NCCL's next group must find SMs that none of ours occupies.
+  int32_t overlap_blocks() const { return std::max(1, sm_budget_ / 4); }
 
   void group_start() { comm_->complete("ncclGroupStart", api_->GroupStart()); }
   void group_end() { comm_->complete("ncclGroupEnd", api_->GroupEnd()); }
