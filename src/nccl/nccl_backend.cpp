@@ -161,11 +161,11 @@ class NcclBackend final : public Backend {
                  "launching the NCCL dispatch pack (peer rows)");
       if (dispatch_profile_) dispatch_profile_->mark(s);
       exchange_dispatch_rows(tpr, plan.ranges[0], true, s);
+      if (dispatch_profile_) dispatch_profile_->mark(s);
+      join(side_stream_, s);
     } else {
       pipeline_dispatch(a, plan, s);
     }
-    if (dispatch_profile_) dispatch_profile_->mark(s);
-    join(side_stream_, s);
     check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, s), "launching the NCCL dispatch finish");
     if (dispatch_profile_) dispatch_profile_->mark(s);
     note_launch(s);
@@ -353,12 +353,11 @@ class NcclBackend final : public Backend {
 
   // Dispatch in row ranges: the peers' rows of range c are packed on the
   // caller's stream, then NCCL moves them on nccl_stream_ while the caller's
-  // stream packs range c + 1.  The first range packs with every SM (nothing
-  // else runs yet but the own rows); the later ones leave NCCL room.
-  // The own rows wait on the side stream until the first range is packed, so
-  // that nothing competes with the one pack NCCL has to wait for; the headers,
-  // ids and weights (small, complete only after the last pack) travel with the
-  // last range, the earlier groups move hidden rows (and scales) only.
+  // stream packs range c + 1.  The first range packs alone with every SM; the
+  // later ranges, then the own rows (needed only by the finish kernel), run
+  // one kernel at a time next to NCCL's with half the SMs.  The headers, ids
+  // and weights (small, complete only after the last pack) travel with the
+  // last range; the earlier groups move hidden rows (and scales) only.
   void pipeline_dispatch(const kernels::NcclDispatchLaunch& a, const NcclChunkPlan& plan, cudaStream_t s) {
     kernels::NcclDispatchLaunch peers = a;
     for (int32_t c = 0; c < plan.count; ++c) {
@@ -369,20 +368,18 @@ class NcclBackend final : public Backend {
                                                     static_cast<int32_t>(r.first + r.rows), s),
                  "launching the NCCL dispatch pack (peer rows of a range)");
       signal(s, range_events_[c], nccl_stream_);  // (range 0: forks nccl_stream_ from the caller's stream)
-      if (c == 0) {
-        check_cuda(cudaStreamWaitEvent(side_stream_, range_events_[0], 0), "cudaStreamWaitEvent(fork)");
-        pack_own_rows(a, overlap_blocks(), side_stream_);
-      }
       exchange_dispatch_rows(a.tokens_per_rank, r, c + 1 == plan.count, nccl_stream_);
     }
+    pack_own_rows(a, overlap_blocks(), s);
     if (dispatch_profile_) dispatch_profile_->mark(s);  // packing done; "nccl" = what is left of the transfer
     join(nccl_stream_, s);
+    if (dispatch_profile_) dispatch_profile_->mark(s);
   }
 
   // Combine in row ranges: NCCL moves range c on nccl_stream_; the caller's
   // stream sums the tokens range c completes while NCCL moves range c + 1,
-  // with a quarter of the SMs so that NCCL's kernels find room, and the
-  // last range (on the critical path) with every SM.
+  // with half the SMs so that NCCL's kernels find room, and the last range
+  // (on the critical path) with every SM.
   void pipeline_combine(kernels::NcclCombineLaunch a, const char* expert_output, int64_t tpr,
                         const NcclChunkPlan& plan, cudaStream_t s) {
     fork(s, nccl_stream_);
@@ -393,7 +390,7 @@ class NcclBackend final : public Backend {
       if (tokens.begin == tokens.end) continue;
       a.token_begin = tokens.begin;
       a.token_end = tokens.end;
-      // launch_nccl_combine_reduce runs up to 2 x max_blocks blocks: overlap_blocks() / 2 keeps it to overlap_blocks().
+      // The reduction runs up to 2 x max_blocks blocks: overlap_blocks() / 2 keeps it to overlap_blocks().
       a.max_blocks = c + 1 == plan.count ? sm_budget_ : std::max(1, overlap_blocks() / 2);
       check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, s), "launching the NCCL combine reduction");
     }
@@ -466,12 +463,12 @@ class NcclBackend final : public Backend {
   void join(cudaStream_t side, cudaStream_t stream) { signal(side, join_event_, stream); }
   // Blocks of the kernels that run next to NCCL's: leave it SMs.
   int32_t side_blocks() const { return sm_budget_ > 4 ? sm_budget_ / 2 : sm_budget_; }
-  // In a pipelined call at most two of our kernels run next to NCCL's (the
-  // next range's pack and the own rows; a reduction), each with a quarter of
-  // the SMs: a 512-thread block of ours and one of NCCL's may not fit one SM
-  // together (registers), and our blocks stay resident for the whole kernel,
-  // so NCCL's next group must find SMs that none of ours occupies.
-  int32_t overlap_blocks() const { return std::max(1, sm_budget_ / 4); }
+  // A pipelined call runs one kernel at a time next to NCCL's (a range's pack
+  // or reduction) with at most this many blocks: a 512-thread block of ours and
+  // one of NCCL's may not fit one SM together (registers), and our blocks stay
+  // resident for the whole kernel, so NCCL's next group must find SMs that
+  // none of ours occupies.
+  int32_t overlap_blocks() const { return std::max(1, sm_budget_ / 2); }
 
   void group_start() { comm_->complete("ncclGroupStart", api_->GroupStart()); }
   void group_end() { comm_->complete("ncclGroupEnd", api_->GroupEnd()); }
