@@ -2,9 +2,12 @@
 # The NCCL backend's pipelining (MOE_EP_NCCL_DISPATCH_CHUNKS / MOE_EP_NCCL_COMBINE_CHUNKS,
 # docs/nccl_backend.md) on 2 GPUs, in one device call of at most ~150 s: for N = 1 2 4
 # (dispatch and combine both cut into N row ranges) a few representative GPU suite cases on
-# the NCCL backend (CUDA graph, bad ids, routing with zero / partial token counts, mismatched
+# the NCCL backend (CUDA graph, bad ids, routing with zero / partial token counts, fp8 rows with
+# their scales, mismatched
 # runtime_max_tokens_per_rank) and `bench --backend nccl` at 4096 tokens next to NCCL's own
-# grouped send/recv; ends with a table: moe_ep us, NCCL us, ratio moe_ep / NCCL (target <= 1.15).
+# grouped send/recv (benches first, then the suite cases with what is left of the budget);
+# ends with a table: moe_ep us, NCCL us, ratio moe_ep / NCCL (target <= 1.15), wrong results
+# counted by the bench (dispatch/combine), suite outcome.
 # Run from the repository root; logs go to $OUT (default ./gpu-out); DEPS = the prefix with
 # CLI11, Catch2 and dlpack (default ./.device-deps/usr); BUILD (default build-final) is reused
 # when it exists (ninja rebuilds what changed), configured when it does not.
@@ -45,9 +48,25 @@ rc=$?
 note "build rc=$rc in $(( $(date +%s) - t0 )) s ($BUILD)"
 if [ $rc -ne 0 ]; then grep -B2 -A12 -E "error|FAILED" "$OUT/nccl_speed_build.log" | head -60; exit $rc; fi
 
-CASES='[graph],[bad_ids],[peer_counts],token counts*'
-declare -A D_US C_US ND_US NC_US SUITE
+CASES='[graph],[bad_ids],[peer_counts],token counts*,quantized payloads*'
+declare -A D_US C_US ND_US NC_US WRONG SUITE
+# Benches first (the measurement this script exists for; each also counts wrong results),
+# then the suite cases with what is left of the budget, the new values first.
 for n in $CHUNKS; do
+  CH=(-x MOE_EP_NCCL_DISPATCH_CHUNKS=$n -x MOE_EP_NCCL_COMBINE_CHUNKS=$n)
+  t=$(limit 40)
+  [ "$t" -gt 5 ] || { note "chunks=$n bench skipped (time budget)"; continue; }
+  timeout "$t" mpirun -np 2 --bind-to none "${NCCL_X[@]}" "${CH[@]}" "$BUILD/tools/moe_ep_conformance" bench \
+    --backend nccl --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -t 4096 -w 5 -n 30 \
+    > "$OUT/nccl_speed_bench_$n.txt" 2>&1
+  note "chunks=$n bench rc=$?"
+  # Row 1 of 4096: moe_ep (dispatch | combine: nvl_bytes avg ... #wrong); row 2: baselines (nccl disp_us ... comb_us).
+  read -r D_US[$n] C_US[$n] WRONG[$n] < <(grep -E '^ +4096 \|' "$OUT/nccl_speed_bench_$n.txt" | sed -n 1p |
+    awk -F'|' '{split($2, d, " "); split($3, c, " "); print d[2], c[2], d[9] "/" c[9]}')
+  read -r ND_US[$n] NC_US[$n] < <(grep -E '^ +4096 \|' "$OUT/nccl_speed_bench_$n.txt" | sed -n 2p |
+    awk -F'|' '{split($3, b, " "); print b[1], b[4]}')
+done
+for n in $(echo $CHUNKS | tr ' ' '\n' | sort -rn); do
   CH=(-x MOE_EP_NCCL_DISPATCH_CHUNKS=$n -x MOE_EP_NCCL_COMBINE_CHUNKS=$n)
   t=$(limit 40)
   if [ "$t" -gt 5 ]; then
@@ -60,29 +79,17 @@ for n in $CHUNKS; do
     SUITE[$n]="skipped (time budget)"
   fi
   note "chunks=$n suite ($CASES): ${SUITE[$n]}"
-  t=$(limit 40)
-  if [ "$t" -gt 5 ]; then
-    timeout "$t" mpirun -np 2 --bind-to none "${NCCL_X[@]}" "${CH[@]}" "$BUILD/tools/moe_ep_conformance" bench \
-      --backend nccl --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -t 4096 -w 5 -n 30 \
-      > "$OUT/nccl_speed_bench_$n.txt" 2>&1
-    note "chunks=$n bench rc=$?"
-    # Row 1 of 4096: moe_ep (dispatch avg | combine avg); row 2: baselines (nccl disp_us ... comb_us).
-    read -r D_US[$n] C_US[$n] < <(grep -E '^ +4096 \|' "$OUT/nccl_speed_bench_$n.txt" | sed -n 1p |
-      awk -F'|' '{split($2, d, " "); split($3, c, " "); print d[2], c[2]}')
-    read -r ND_US[$n] NC_US[$n] < <(grep -E '^ +4096 \|' "$OUT/nccl_speed_bench_$n.txt" | sed -n 2p |
-      awk -F'|' '{split($3, b, " "); print b[1], b[4]}')
-  fi
 done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else printf "-" }'; }
 {
   echo
   echo "NCCL backend, 2 GPUs, 4096 tokens/rank, hidden 7168 bf16, top-8 of 256 (avg us; ratio = moe_ep / NCCL, target <= 1.15)"
-  printf "%-7s | %9s %9s %6s | %9s %9s %6s | %s\n" chunks disp_us nccl_us ratio comb_us nccl_us ratio suite
+  printf "%-7s | %9s %9s %6s | %9s %9s %6s | %-7s | %s\n" chunks disp_us nccl_us ratio comb_us nccl_us ratio "#wrong" suite
   for n in $CHUNKS; do
-    printf "%-7s | %9s %9s %6s | %9s %9s %6s | %s\n" "$n" "${D_US[$n]:--}" "${ND_US[$n]:--}" \
+    printf "%-7s | %9s %9s %6s | %9s %9s %6s | %-7s | %s\n" "$n" "${D_US[$n]:--}" "${ND_US[$n]:--}" \
       "$(ratio "${D_US[$n]:-}" "${ND_US[$n]:-}")" "${C_US[$n]:--}" "${NC_US[$n]:--}" \
-      "$(ratio "${C_US[$n]:-}" "${NC_US[$n]:-}")" "${SUITE[$n]:--}"
+      "$(ratio "${C_US[$n]:-}" "${NC_US[$n]:-}")" "${WRONG[$n]:--}" "${SUITE[$n]:--}"
   done
   echo "total $(( $(date +%s) - START )) s"
 } | tee -a "$SUMMARY"
