@@ -2,9 +2,8 @@
 # The NCCL backend's pipelining (MOE_EP_NCCL_DISPATCH_CHUNKS / MOE_EP_NCCL_COMBINE_CHUNKS,
 # docs/nccl_backend.md) on 2 GPUs, in one device call of at most ~150 s: for N = 1 2 4
 # (dispatch and combine both cut into N row ranges) a few representative GPU suite cases on
-# the NCCL backend (CUDA graph, bad ids, routing with zero / partial token counts, fp8 rows with
-# their scales, mismatched
-# runtime_max_tokens_per_rank) and `bench --backend nccl` at 4096 tokens next to NCCL's own
+# the NCCL backend (CUDA graph, bad ids, routing with zero / partial token counts, fp8 rows
+# with their scales, mismatched runtime_max_tokens_per_rank) and `bench --backend nccl` at 4096 tokens next to NCCL's own
 # grouped send/recv (benches first, then the suite cases with what is left of the budget);
 # ends with a table: moe_ep us, NCCL us, ratio moe_ep / NCCL (target <= 1.15), wrong results
 # counted by the bench (dispatch/combine), suite outcome.
