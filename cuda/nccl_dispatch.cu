@@ -6,10 +6,12 @@
 //   scan    one block: chunk rows -> exclusive prefix (ascending source
 //           order across chunks), rows per destination, and the header of
 //           every destination (this rank's own straight into recv_header);
-//   pack    warp per token: final slot; the row, the rewritten ids, the
-//           weights and the scales into the destination's send segment (or,
-//           for this rank, into the result rows); padding rows of ids and
-//           weights (invalid id, 0) for the rows past each destination's count;
+//   pack    warp per token, for the slots of one row range (all of
+//           [0, tokens_per_rank) unless dispatch is pipelined): the row,
+//           the rewritten ids, the weights and the scales into the
+//           destination's send segment (or, for this rank, into the result
+//           rows); padding rows of ids and weights (invalid id, 0) for the
+//           range's rows past each destination's count;
 //   finish  after NCCL: checks each received header against this rank's
 //           tokens_per_rank (a bad one is dropped and reported, never used
 //           as an index), then recv_counts, local_expert_counts, EPLB rows.
@@ -174,13 +176,17 @@ __device__ __forceinline__ bool packs(int32_t rows, int d, int rank) {
   return rows == kPackAll || ((rows == kPackOwn) == (d == rank));
 }
 
+// Packs the rows of slots [slot_begin, slot_end) of every segment `which`
+// selects.  A token's slot on any rank is at most its index (rows keep
+// ascending source order), so tokens below slot_begin have nothing there and
+// are not visited; the others skip the destinations whose slot lies outside.
 __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a,
-                                                             int32_t which) {
+                                                             int32_t which, int32_t slot_begin, int32_t slot_end) {
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * kWarpsPerBlock;
   const int first_warp = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int tpr = a.tokens_per_rank;
-  for (int32_t t = first_warp; t < a.num_tokens; t += warps) {
+  for (int32_t t = slot_begin + first_warp; t < a.num_tokens; t += warps) {
     const int32_t* slots = b.token_slots + static_cast<int64_t>(t) * s.world_size;
     const TokenDestinations dests = TokenDestinations::load(slots, s.world_size, lane);
     const char* src = static_cast<const char*>(a.hidden) + static_cast<int64_t>(t) * s.hidden_row_bytes;
@@ -191,7 +197,9 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
     for (uint64_t m = dests.mask; m != 0; m &= m - 1) {
       const int d = lowest_rank(m);
       if (!packs(which, d, s.rank)) continue;
-      const SegmentRow r = segment_row(s, b, tpr, d, dests.slot(d));
+      const int32_t slot = dests.slot(d);  // the same on every lane: the branches below are warp-uniform
+      if (slot < slot_begin || slot >= slot_end) continue;
+      const SegmentRow r = segment_row(s, b, tpr, d, slot);
       warp_copy_bytes(r.hidden, src, s.hidden_row_bytes, lane);
       if (src_scales) warp_copy_bytes(r.scales, src_scales, s.scale_row_bytes, lane);
       for (int k = lane; k < s.top_k; k += 32) {
@@ -201,13 +209,14 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
       }
     }
   }
-  // Padding rows of every segment: ids invalid, weights 0.
-  const int64_t rows = static_cast<int64_t>(s.world_size) * tpr;
+  // Padding rows of the range in every segment: ids invalid, weights 0.
+  const int64_t span = slot_end - slot_begin;
+  const int64_t rows = static_cast<int64_t>(s.world_size) * span;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < rows * s.top_k; i += threads) {
     const int64_t row = i / s.top_k;
-    const int d = static_cast<int>(row / tpr);
-    const int32_t slot = static_cast<int32_t>(row % tpr);
+    const int d = static_cast<int>(row / span);
+    const int32_t slot = slot_begin + static_cast<int32_t>(row % span);
     if (slot < b.dest_rows[d] || !packs(which, d, s.rank)) continue;
     const SegmentRow r = segment_row(s, b, tpr, d, slot);
     const int k = static_cast<int>(i % s.top_k);
@@ -290,13 +299,17 @@ cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffer
 }
 
 cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
-                                      const NcclDispatchLaunch& args, int32_t rows, cudaStream_t stream) {
-  // A warp per token; at least enough blocks to write the padding quickly.
-  const int64_t padding = static_cast<int64_t>(shape.world_size) * args.tokens_per_rank * shape.top_k;
-  int32_t blocks = blocks_for(args.num_tokens, kWarpsPerBlock, args.max_blocks);
+                                      const NcclDispatchLaunch& args, int32_t rows, int32_t slot_begin,
+                                      int32_t slot_end, cudaStream_t stream) {
+  if (slot_begin < 0 || slot_begin > slot_end || slot_end > args.tokens_per_rank) return cudaErrorInvalidValue;
+  if (slot_begin == slot_end) return cudaSuccess;
+  // A warp per token from slot_begin on; at least enough blocks to write the padding quickly.
+  const int64_t tokens = args.num_tokens > slot_begin ? args.num_tokens - slot_begin : 0;
+  const int64_t padding = static_cast<int64_t>(shape.world_size) * (slot_end - slot_begin) * shape.top_k;
+  int32_t blocks = blocks_for(tokens, kWarpsPerBlock, args.max_blocks);
   const int32_t padding_blocks = blocks_for(padding, 4 * kBlockThreads, args.max_blocks);
   if (padding_blocks > blocks) blocks = padding_blocks;
-  pack_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, args, rows);
+  pack_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, args, rows, slot_begin, slot_end);
   return cudaGetLastError();
 }
 

@@ -4,7 +4,9 @@
 // bytes between these kernels; nothing here touches another GPU's memory.
 //
 // One dispatch = route -> scan -> pack -> (NCCL grouped send/recv) -> finish;
-// one combine  = (NCCL grouped send/recv) -> reduce.  docs/nccl_backend.md.
+// one combine  = (NCCL grouped send/recv) -> reduce.  Either can be cut into
+// row ranges whose pack / reduction overlaps the transfer of the next range
+// (src/nccl/nccl_chunk_plan.hpp).  docs/nccl_backend.md.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -99,9 +101,13 @@ struct NcclCombineLaunch {
 cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffers& buffers,
                                        const NcclDispatchLaunch& args, cudaStream_t stream);
 // After route: rows, rewritten ids, weights, scales and padding rows into the
-// send segments (peers) and the result rows (own), as `rows` selects.
+// send segments (peers) and the result rows (own), as `rows` selects, for the
+// slots [slot_begin, slot_end) of every segment (0 <= slot_begin <= slot_end <=
+// tokens_per_rank, else cudaErrorInvalidValue and nothing launched): a
+// pipelined dispatch packs one row range while NCCL moves the previous one.
 cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
-                                      const NcclDispatchLaunch& args, int32_t rows, cudaStream_t stream);
+                                      const NcclDispatchLaunch& args, int32_t rows, int32_t slot_begin,
+                                      int32_t slot_end, cudaStream_t stream);
 // After the NCCL exchange: checks every received header, then recv_counts,
 // local_expert_counts and the gathered EPLB statistics.
 cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers,

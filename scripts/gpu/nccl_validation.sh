@@ -49,7 +49,7 @@ if has build; then
 fi
 
 if has suite; then
-  for t in nccl_gpu_np2 nccl_gpu_specific_np2 nccl_gpu_network_np2; do
+  for t in nccl_gpu_np2 nccl_gpu_specific_np2 nccl_gpu_network_np2 nccl_gpu_pipelined_np2; do
     start=$(date +%s)
     (cd $BUILD && timeout 100 ctest -R "^$t\$" -V --timeout 95) > "$OUT/ctest_$t.log" 2>&1
     rc=$?

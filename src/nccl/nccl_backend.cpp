@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "nccl/nccl_chunk_plan.hpp"
 #include "nccl/nccl_communicator.hpp"
 #include "nccl/nccl_library.hpp"
 #include "nccl/nccl_stage_profile.hpp"
@@ -64,21 +65,24 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
   }
 }
 
-// Combine moves its rows in this many NCCL groups, each followed by the
-// reduction of the tokens it completes, overlapping the next transfer.
-// MOE_EP_NCCL_COMBINE_CHUNKS (1..16) overrides; it changes no result, but
-// every rank must issue the same NCCL calls: create checks it is the same
-// everywhere.
-// Default 1: on NVLink each extra NCCL group costs about 20 us of GPU time,
-// more than the reduction it hides (docs/nccl_backend.md, measurements).
-constexpr int kMaxCombineChunks = 16;
-constexpr int kDefaultCombineChunks = 1;
+// Pipelining (docs/nccl_backend.md): MOE_EP_NCCL_DISPATCH_CHUNKS = n cuts
+// dispatch's exchange into n row ranges, the packing of range c + 1 running
+// while NCCL moves range c; MOE_EP_NCCL_COMBINE_CHUNKS = n does the same for
+// combine, the reduction of range c running while NCCL moves range c + 1.
+// 1..16, default 1 (one NCCL group, no overlap).  They change no result, but
+// every rank must issue the same NCCL calls: create checks that the values
+// are the same everywhere.
+const char* const kDispatchChunksVariable = "MOE_EP_NCCL_DISPATCH_CHUNKS";
+const char* const kCombineChunksVariable = "MOE_EP_NCCL_COMBINE_CHUNKS";
 
-int32_t combine_chunks_from_environment() {
-  const char* v = std::getenv("MOE_EP_NCCL_COMBINE_CHUNKS");
-  if (v == nullptr) return kDefaultCombineChunks;
-  const long n = std::strtol(v, nullptr, 10);
-  return n >= 1 && n <= kMaxCombineChunks ? static_cast<int32_t>(n) : kDefaultCombineChunks;
+void check_same_everywhere(const Bootstrap& bootstrap, const char* variable, int32_t mine) {
+  const std::vector<int32_t> all = bootstrap.allgather_value(mine);
+  for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
+    if (all[r] != all[0]) {
+      fail(MOE_EP_ERROR_INVALID_ARGUMENT, variable, ": expected the same value on every rank, got ", all[0],
+           " on rank 0 and ", all[r], " on rank ", r);
+    }
+  }
 }
 
 class NcclBackend final : public Backend {
@@ -94,13 +98,8 @@ class NcclBackend final : public Backend {
       message = e.what();
     }
     bootstrap.agree(status, message);
-    const std::vector<int32_t> chunks = bootstrap.allgather_value(combine_chunks_);
-    for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
-      if (chunks[r] != chunks[0]) {
-        fail(MOE_EP_ERROR_INVALID_ARGUMENT, "MOE_EP_NCCL_COMBINE_CHUNKS: expected the same value on every rank, got ",
-             chunks[0], " on rank 0 and ", chunks[r], " on rank ", r);
-      }
-    }
+    check_same_everywhere(bootstrap, kDispatchChunksVariable, dispatch_chunks_);
+    check_same_everywhere(bootstrap, kCombineChunksVariable, combine_chunks_);
     {
       const DeviceGuard guard(device_);
       try {
@@ -127,7 +126,8 @@ class NcclBackend final : public Backend {
     }
     log_info("rank ", layout_.rank, ": NCCL ", api_->version(), " (", api_->path, ") on device ", device_, ", ",
              sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ",
-             config_.timeout_ms, " ms, combine in ", combine_chunks_, " chunk(s)");
+             config_.timeout_ms, " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_,
+             " row range(s)");
   }
 
   ~NcclBackend() override { shutdown(); }
@@ -152,18 +152,20 @@ class NcclBackend final : public Backend {
     if (dispatch_profile_) dispatch_profile_->begin(s);
     check_cuda(kernels::launch_nccl_dispatch_route(shape_, buffers_, a, s), "launching the NCCL dispatch routing");
     if (dispatch_profile_) dispatch_profile_->mark(s);
-    // The own rows are packed on the side stream while the peers' rows go to NCCL.
-    fork(s, 0);
-    kernels::NcclDispatchLaunch own = a;
-    own.max_blocks = side_blocks();
-    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, side_stream_),
-               "launching the NCCL dispatch pack (own rows)");
-    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, s),
-               "launching the NCCL dispatch pack (peer rows)");
-    if (dispatch_profile_) dispatch_profile_->mark(s);
-    exchange_dispatch_segments(tpr, s);
-    if (dispatch_profile_) dispatch_profile_->mark(s);
-    join(s);
+    const NcclChunkPlan plan = plan_nccl_chunks(tpr, layout_.world_size > 1 ? dispatch_chunks_ : 1);
+    if (plan.count == 1) {
+      // The own rows are packed on the side stream while the peers' rows go to NCCL.
+      fork(s, side_stream_);
+      pack_own_rows(a, side_blocks(), side_stream_);
+      check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
+                 "launching the NCCL dispatch pack (peer rows)");
+      if (dispatch_profile_) dispatch_profile_->mark(s);
+      exchange_dispatch_rows(tpr, plan.ranges[0], true, s);
+      if (dispatch_profile_) dispatch_profile_->mark(s);
+      join(side_stream_, s);
+    } else {
+      pipeline_dispatch(a, plan, s);
+    }
     check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, s), "launching the NCCL dispatch finish");
     if (dispatch_profile_) dispatch_profile_->mark(s);
     note_launch(s);
@@ -184,46 +186,26 @@ class NcclBackend final : public Backend {
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int64_t tpr = call.tokens_per_rank;
-    const uint64_t row_bytes = layout_.combine_row_bytes;
     const char* expert_output = static_cast<const char*>(call.expert_output);
     kernels::NcclCombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
     a.expert_output = call.expert_output;
     a.output = call.output ? call.output : buffers_.combine_out;
-    if (combine_profile_) combine_profile_->begin(s);
-    // Chunk c moves slots [c*q, (c+1)*q) of every segment; a token's slot on
-    // any rank is at most its index, so tokens [c*q, (c+1)*q) can be summed
-    // (on the side stream) while the next chunks are in flight.
-    const int64_t chunks = layout_.world_size > 1 ? combine_chunks_ : 1;
-    const int64_t q = (tpr + chunks - 1) / chunks;
-    // One chunk: the reduction runs alone after NCCL, on the caller's stream, with every SM.
-    a.max_blocks = chunks > 1 ? side_blocks() : sm_budget_;
-    const cudaStream_t reduce_stream = chunks > 1 ? side_stream_ : s;
-    bool forked = false;
-    for (int64_t c = 0; c < chunks && c * q < tpr; ++c) {
-      const int64_t first = c * q, rows = std::min(q, tpr - first);
-      group_start();
-      for (int32_t p = 0; p < layout_.world_size; ++p) {
-        if (p == layout_.rank) continue;  // the own rows are read in place by the reduction
-        send(expert_output + (p * tpr + first) * row_bytes, rows * row_bytes, p, s);
-        recv(buffers_.combine_in + (p * tpr + first) * row_bytes, rows * row_bytes, p, s);
-      }
-      group_end();
-      if (combine_profile_ && chunks == 1) combine_profile_->mark(s);
-      a.token_begin = static_cast<int32_t>(std::min<int64_t>(first, call.num_tokens));
-      a.token_end = static_cast<int32_t>(c + 1 == chunks || first + rows >= tpr ? call.num_tokens
-                                                                               : std::min<int64_t>(first + rows, call.num_tokens));
-      if (a.token_begin >= a.token_end) continue;
-      if (chunks > 1) {
-        fork(s, static_cast<int>(c));
-        forked = true;
-      }
-      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, reduce_stream),
-                 "launching the NCCL combine reduction");
+    const NcclChunkPlan plan = plan_nccl_chunks(call.tokens_per_rank, layout_.world_size > 1 ? combine_chunks_ : 1);
+    if (plan.count == 1) {
+      // One range: NCCL, then the reduction alone with every SM, on the caller's stream.
+      if (combine_profile_) combine_profile_->begin(s);
+      exchange_combine_rows(expert_output, tpr, plan.ranges[0], s);
+      if (combine_profile_) combine_profile_->mark(s);
+      a.token_begin = 0;
+      a.token_end = call.num_tokens;
+      a.max_blocks = sm_budget_;
+      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, s), "launching the NCCL combine reduction");
+      if (combine_profile_) combine_profile_->mark(s);
+    } else {
+      pipeline_combine(a, expert_output, tpr, plan, s);
     }
-    if (forked) join(s);  // (a capture may only wait for what it forked)
-    if (combine_profile_ && chunks == 1) combine_profile_->mark(s);
     note_launch(s);
     return a.output;
   }
@@ -263,18 +245,20 @@ class NcclBackend final : public Backend {
       }
       if (healthy && dispatch_profile_) {
         log_info("rank ", layout_.rank, ": ", dispatch_profile_->summary());
-        log_info("rank ", layout_.rank, ": ", combine_profile_->summary(), " (combine in one chunk only)");
+        log_info("rank ", layout_.rank, ": ", combine_profile_->summary(), " (combine in one range only)");
       }
       dispatch_profile_.reset();
       combine_profile_.reset();
       if (comm_) comm_->close(healthy && !comm_->aborted());
       if (workspace_ != nullptr) cudaFree(workspace_);
       if (last_launch_) cudaEventDestroy(last_launch_);
-      for (cudaEvent_t e : fork_events_) {
+      for (cudaEvent_t e : range_events_) {
         if (e) cudaEventDestroy(e);
       }
+      if (fork_event_) cudaEventDestroy(fork_event_);
       if (join_event_) cudaEventDestroy(join_event_);
       if (side_stream_) cudaStreamDestroy(side_stream_);
+      if (nccl_stream_) cudaStreamDestroy(nccl_stream_);
       if (private_stream_) cudaStreamDestroy(private_stream_);
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
     }
@@ -283,8 +267,10 @@ class NcclBackend final : public Backend {
     last_launch_ = nullptr;
     private_stream_ = nullptr;
     side_stream_ = nullptr;
+    nccl_stream_ = nullptr;
+    fork_event_ = nullptr;
     join_event_ = nullptr;
-    for (cudaEvent_t& e : fork_events_) e = nullptr;
+    for (cudaEvent_t& e : range_events_) e = nullptr;
     if (have_previous) cudaSetDevice(previous);
   }
 
@@ -313,7 +299,8 @@ class NcclBackend final : public Backend {
     shape_ = group_shape(layout_);
     plan_ = plan_nccl_workspace(layout_);
     header_bytes_ = static_cast<uint64_t>(kernels::nccl_header_ints(shape_)) * sizeof(int32_t);
-    combine_chunks_ = combine_chunks_from_environment();
+    dispatch_chunks_ = parse_nccl_chunks(std::getenv(kDispatchChunksVariable));
+    combine_chunks_ = parse_nccl_chunks(std::getenv(kCombineChunksVariable));
     if (NcclStageProfile::enabled()) {
       dispatch_profile_ = std::make_unique<NcclStageProfile>(
           "dispatch", std::vector<std::string>{"route", "pack", "nccl", "join+finish"});
@@ -330,9 +317,14 @@ class NcclBackend final : public Backend {
     check_cuda(cudaDeviceGetStreamPriorityRange(&lowest, &greatest), "cudaDeviceGetStreamPriorityRange");
     check_cuda(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, lowest),
                "cudaStreamCreateWithPriority");
-    for (cudaEvent_t& e : fork_events_) {
+    // Greatest priority: when a range's pack or reduction and NCCL's next
+    // kernel wait for SMs at once, NCCL's blocks are placed first.
+    check_cuda(cudaStreamCreateWithPriority(&nccl_stream_, cudaStreamNonBlocking, greatest),
+               "cudaStreamCreateWithPriority");
+    for (cudaEvent_t& e : range_events_) {
       check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     }
+    check_cuda(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     void* p = nullptr;
     check_cuda(cudaMalloc(&p, plan_.total_bytes), "cudaMalloc(NCCL backend workspace)");
@@ -359,44 +351,124 @@ class NcclBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(private_stream_), "zeroing the headers");
   }
 
-  // Segments of tpr rows to and from every peer, one NCCL group.
-  void exchange_dispatch_segments(int32_t tpr, cudaStream_t s) {
-    const uint64_t rows = static_cast<uint64_t>(tpr);
+  // Dispatch in row ranges: the peers' rows of range c are packed on the
+  // caller's stream, then NCCL moves them on nccl_stream_ while the caller's
+  // stream packs range c + 1.  The first range packs alone with every SM; the
+  // later ranges, then the own rows (needed only by the finish kernel), run
+  // one kernel at a time next to NCCL's with half the SMs.  The headers, ids
+  // and weights (small, complete only after the last pack) travel with the
+  // last range; the earlier groups move hidden rows (and scales) only.
+  void pipeline_dispatch(const kernels::NcclDispatchLaunch& a, const NcclChunkPlan& plan, cudaStream_t s) {
+    kernels::NcclDispatchLaunch peers = a;
+    for (int32_t c = 0; c < plan.count; ++c) {
+      const NcclRowRange& r = plan.ranges[c];
+      peers.max_blocks = c == 0 ? sm_budget_ : overlap_blocks();
+      check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, peers, kernels::kPackPeers,
+                                                    static_cast<int32_t>(r.first),
+                                                    static_cast<int32_t>(r.first + r.rows), s),
+                 "launching the NCCL dispatch pack (peer rows of a range)");
+      signal(s, range_events_[c], nccl_stream_);  // (range 0: forks nccl_stream_ from the caller's stream)
+      exchange_dispatch_rows(a.tokens_per_rank, r, c + 1 == plan.count, nccl_stream_);
+    }
+    pack_own_rows(a, overlap_blocks(), s);
+    if (dispatch_profile_) dispatch_profile_->mark(s);  // packing done; "nccl" = what is left of the transfer
+    join(nccl_stream_, s);
+    if (dispatch_profile_) dispatch_profile_->mark(s);
+  }
+
+  // Combine in row ranges: NCCL moves range c on nccl_stream_; the caller's
+  // stream sums the tokens range c completes while NCCL moves range c + 1,
+  // with half the SMs so that NCCL's kernels find room, and the last range
+  // (on the critical path) with every SM.
+  void pipeline_combine(kernels::NcclCombineLaunch a, const char* expert_output, int64_t tpr,
+                        const NcclChunkPlan& plan, cudaStream_t s) {
+    fork(s, nccl_stream_);
+    for (int32_t c = 0; c < plan.count; ++c) {
+      exchange_combine_rows(expert_output, tpr, plan.ranges[c], nccl_stream_);
+      signal(nccl_stream_, range_events_[c], s);
+      const NcclTokenRange tokens = nccl_tokens_complete_after(plan, c, a.num_tokens);
+      if (tokens.begin == tokens.end) continue;
+      a.token_begin = tokens.begin;
+      a.token_end = tokens.end;
+      // The reduction runs up to 2 x max_blocks blocks: overlap_blocks() / 2 keeps it to overlap_blocks().
+      a.max_blocks = c + 1 == plan.count ? sm_budget_ : std::max(1, overlap_blocks() / 2);
+      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, s), "launching the NCCL combine reduction");
+    }
+    join(nccl_stream_, s);  // (already ordered by the last range's event; a capture must join what it forked)
+  }
+
+  void pack_own_rows(const kernels::NcclDispatchLaunch& a, int32_t blocks, cudaStream_t side) {
+    kernels::NcclDispatchLaunch own = a;
+    own.max_blocks = blocks;
+    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, 0, a.tokens_per_rank, side),
+               "launching the NCCL dispatch pack (own rows)");
+  }
+
+  // One NCCL group on `s`: hidden rows (and scales) [r.first, r.first + r.rows)
+  // of every peer's segment, straight into the result rows; with
+  // `with_metadata` also the header and the ids and weights of the whole
+  // segment (one range: exactly the single exchange of an unpipelined call).
+  void exchange_dispatch_rows(int32_t tpr, const NcclRowRange& r, bool with_metadata, cudaStream_t s) {
+    const uint64_t first = static_cast<uint64_t>(r.first), rows = static_cast<uint64_t>(r.rows);
+    const uint64_t segment_rows = static_cast<uint64_t>(tpr);
     const uint64_t K = static_cast<uint64_t>(layout_.top_k);
     const uint64_t H = header_bytes_ / sizeof(int32_t);
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
-      const uint64_t row = static_cast<uint64_t>(p) * rows;
-      send(buffers_.send_header + p * H, header_bytes_, p, s);
-      recv(buffers_.recv_header + p * H, header_bytes_, p, s);
+      const uint64_t segment = static_cast<uint64_t>(p) * segment_rows, row = segment + first;
+      if (with_metadata) {
+        send(buffers_.send_header + p * H, header_bytes_, p, s);
+        recv(buffers_.recv_header + p * H, header_bytes_, p, s);
+      }
       send(buffers_.send_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
       recv(buffers_.recv_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
       if (layout_.scale_row_bytes) {
         send(buffers_.send_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
         recv(buffers_.recv_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
       }
-      send(buffers_.send_ids + row * K, rows * K * sizeof(int32_t), p, s);
-      recv(buffers_.recv_ids + row * K, rows * K * sizeof(int32_t), p, s);
-      send(buffers_.send_weights + row * K, rows * K * sizeof(float), p, s);
-      recv(buffers_.recv_weights + row * K, rows * K * sizeof(float), p, s);
+      if (with_metadata) {
+        send(buffers_.send_ids + segment * K, segment_rows * K * sizeof(int32_t), p, s);
+        recv(buffers_.recv_ids + segment * K, segment_rows * K * sizeof(int32_t), p, s);
+        send(buffers_.send_weights + segment * K, segment_rows * K * sizeof(float), p, s);
+        recv(buffers_.recv_weights + segment * K, segment_rows * K * sizeof(float), p, s);
+      }
     }
     group_end();
   }
 
-  // The side stream waits for `stream`'s work so far (event `index`); join
-  // makes `stream` wait for everything issued on the side stream.  Events, so
-  // that a CUDA graph capture follows the fork and the join.
-  void fork(cudaStream_t stream, int index) {
-    check_cuda(cudaEventRecord(fork_events_[index], stream), "cudaEventRecord(fork)");
-    check_cuda(cudaStreamWaitEvent(side_stream_, fork_events_[index], 0), "cudaStreamWaitEvent(fork)");
+  // Combine rows [r.first, r.first + r.rows) of every peer's segment: the
+  // caller's expert_output is already rank-major, sent as it is; the peer's
+  // rows for this rank land in combine_in.  One NCCL group on `s`.
+  void exchange_combine_rows(const char* expert_output, int64_t tpr, const NcclRowRange& r, cudaStream_t s) {
+    const uint64_t row_bytes = layout_.combine_row_bytes;
+    group_start();
+    for (int32_t p = 0; p < layout_.world_size; ++p) {
+      if (p == layout_.rank) continue;  // the own rows are read in place by the reduction
+      const uint64_t row = static_cast<uint64_t>(p * tpr + r.first);
+      send(expert_output + row * row_bytes, r.rows * row_bytes, p, s);
+      recv(buffers_.combine_in + row * row_bytes, r.rows * row_bytes, p, s);
+    }
+    group_end();
   }
-  void join(cudaStream_t stream) {
-    check_cuda(cudaEventRecord(join_event_, side_stream_), "cudaEventRecord(join)");
-    check_cuda(cudaStreamWaitEvent(stream, join_event_, 0), "cudaStreamWaitEvent(join)");
+
+  // `to` waits for the work issued on `from` so far.  Events, so that a CUDA
+  // graph capture follows every fork and join; a capture must join into the
+  // caller's stream everything it forked from it.
+  void signal(cudaStream_t from, cudaEvent_t event, cudaStream_t to) {
+    check_cuda(cudaEventRecord(event, from), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(to, event, 0), "cudaStreamWaitEvent");
   }
+  void fork(cudaStream_t stream, cudaStream_t side) { signal(stream, fork_event_, side); }
+  void join(cudaStream_t side, cudaStream_t stream) { signal(side, join_event_, stream); }
   // Blocks of the kernels that run next to NCCL's: leave it SMs.
   int32_t side_blocks() const { return sm_budget_ > 4 ? sm_budget_ / 2 : sm_budget_; }
+  // A pipelined call runs one kernel at a time next to NCCL's (a range's pack
+  // or reduction) with at most this many blocks: a 512-thread block of ours and
+  // one of NCCL's may not fit one SM together (registers), and our blocks stay
+  // resident for the whole kernel, so NCCL's next group must find SMs that
+  // none of ours occupies.
+  int32_t overlap_blocks() const { return std::max(1, sm_budget_ / 2); }
 
   void group_start() { comm_->complete("ncclGroupStart", api_->GroupStart()); }
   void group_end() { comm_->complete("ncclGroupEnd", api_->GroupEnd()); }
@@ -516,10 +588,13 @@ class NcclBackend final : public Backend {
   kernels::NcclBuffers buffers_{};
   cudaStream_t private_stream_ = nullptr;
   cudaEvent_t last_launch_ = nullptr;
-  cudaStream_t side_stream_ = nullptr;          // own-row packing, combine reductions
-  cudaEvent_t fork_events_[kMaxCombineChunks] = {};
+  cudaStream_t side_stream_ = nullptr;          // own-row packing (lowest priority)
+  cudaStream_t nccl_stream_ = nullptr;          // NCCL groups of a pipelined call (greatest priority)
+  cudaEvent_t range_events_[kMaxNcclChunks] = {};  // range c packed (dispatch) / moved (combine)
+  cudaEvent_t fork_event_ = nullptr;
   cudaEvent_t join_event_ = nullptr;
-  int32_t combine_chunks_ = kDefaultCombineChunks;
+  int32_t dispatch_chunks_ = 1;                 // MOE_EP_NCCL_DISPATCH_CHUNKS
+  int32_t combine_chunks_ = 1;                  // MOE_EP_NCCL_COMBINE_CHUNKS
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
   moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;
   std::string broken_message_;
