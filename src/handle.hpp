@@ -23,7 +23,7 @@ struct moe_ep_handle_s {
   moe_ep_status_t broken_status = MOE_EP_SUCCESS;
   std::string broken_message;
 
-  // Storage for the shapes of the result views (SPEC §3: owned by the handle).
+  // Storage for the shapes of the result views (docs/semantics.md §3: owned by the handle).
   int64_t shape_hidden[2]{}, shape_ids[2]{}, shape_weights[2]{}, shape_scales[2]{};
   int64_t shape_recv_counts[1]{}, shape_local_expert_counts[1]{}, shape_eplb[2]{};
   int64_t shape_output[2]{};

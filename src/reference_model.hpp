@@ -1,4 +1,4 @@
-// The semantics of dispatch and combine (SPEC §4) as plain host functions over
+// The semantics of dispatch and combine (docs/semantics.md §4) as plain host functions over
 // the inputs of every rank.  The HOST backend runs them after gathering its
 // peers' inputs; written for clarity, not speed.
 #pragma once

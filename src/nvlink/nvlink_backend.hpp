@@ -1,5 +1,5 @@
 // The NVLINK_TWO_SIDED backend: GPU kernels over cuMem VMM memory shared by
-// the ranks of one NVLink domain (SPEC §5).
+// the ranks of one NVLink domain (docs/semantics.md §5).
 #pragma once
 
 #include <cstdint>

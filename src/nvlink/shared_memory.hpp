@@ -1,5 +1,5 @@
 // One cuMem VMM allocation per rank, mapped into every rank of the group
-// (SPEC §5).  Handles are FABRIC when every rank can create and export one,
+// (docs/semantics.md §5).  Handles are FABRIC when every rank can create and export one,
 // else POSIX file descriptors passed over AF_UNIX sockets (one host only).
 // Every rank's allocation is mapped once, at construction, into one virtual
 // range [base, base + world*size); everything is unmapped and released by the

@@ -1,6 +1,6 @@
 // Where each region lives in one rank's workspace (the same on every rank, so
 // that a peer's region is its base plus the same offset), and how big the
-// whole is.  Sizes follow SPEC §6: one dispatch receive region and one combine
+// whole is.  Sizes follow docs/semantics.md §6: one dispatch receive region and one combine
 // region of world x max_tokens_per_rank rows, no double buffering.
 #pragma once
 

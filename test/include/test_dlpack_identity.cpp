@@ -1,4 +1,4 @@
-// moe_ep_tensor_t is binary-identical to DLPack's DLTensor (SPEC §3): same
+// moe_ep_tensor_t is binary-identical to DLPack's DLTensor (docs/semantics.md §3): same
 // size, alignment and field offsets, checked against the real dlpack.h at
 // compile time, and a DLTensor passed through the API is read correctly.
 #include <dlpack/dlpack.h>

@@ -387,7 +387,8 @@ TEST_CASE("100 create/destroy cycles leave device memory where it was", "[gpu][l
   REQUIRE(mpi_all(after + (2u << 20) >= before));  // within one allocation granule
 }
 
-TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within SPEC §6", "[gpu][lifecycle]") {
+TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within docs/semantics.md §6",
+          "[gpu][lifecycle]") {
   WorkloadSpec s = spec_for_world(256, 8, 7168, 512);
   moe_ep_params_t p = s.params();
   moe_ep_config_t c;
@@ -405,7 +406,7 @@ TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within SPE
   const size_t during = free_device_memory();
   moe_ep_destroy(&h);
   const uint64_t used = before - during;
-  INFO("workspace_size " << bytes << ", device memory taken " << used << ", SPEC bound " << bound);
+  INFO("workspace_size " << bytes << ", device memory taken " << used << ", bound (docs/semantics.md §6) " << bound);
   REQUIRE(mpi_all(bytes <= bound));
   REQUIRE(mpi_all(used >= bytes && used <= bytes + (4u << 20)));
 }

@@ -1,4 +1,4 @@
-// The reference model against hand-computed cases (SPEC §4): layout, order,
+// The reference model against hand-computed cases (docs/semantics.md §4): layout, order,
 // masked picks, ownership rewrite, counts, padding, and combine order.
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// Versioned structs (SPEC §3): older, smaller structs get defaults for their
+// Versioned structs (docs/semantics.md §3): older, smaller structs get defaults for their
 // missing tail; newer, larger ones are accepted only with a zero tail; output
 // structs are written up to the caller's size only.
 #include <catch2/catch.hpp>

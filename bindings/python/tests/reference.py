@@ -1,4 +1,4 @@
-"""A numpy model of dispatch and combine, written from SPEC §4 and moe_ep_c.h
+"""A numpy model of dispatch and combine, written from docs/semantics.md §4 and moe_ep_c.h
 (not from the library's sources), plus deterministic random cases.
 
 Every rank builds the inputs of *every* rank from the same seed, so each can

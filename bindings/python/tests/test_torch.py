@@ -36,7 +36,7 @@ HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device visible to torch")
 
 
-# --- a torch model of SPEC §4 ------------------------------------------------------
+# --- a torch model of docs/semantics.md §4 ------------------------------------------------------
 
 class TorchCase:
     def __init__(self, seed, world, E, K, H, tpr, dtype=torch.bfloat16, device="cpu"):

@@ -1,5 +1,5 @@
 //! The safe crate on the HOST backend: one rank, and several ranks as threads,
-//! checked against a small model of SPEC §4 written here.
+//! checked against a small model of docs/semantics.md §4 written here.
 use moe_ep::*;
 use std::sync::Arc;
 
