@@ -10,7 +10,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <chrono>
 #include <algorithm>
 #include <cstdlib>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "gpu/own_work.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
 #include "nccl/nccl_communicator.hpp"
 #include "nccl/nccl_library.hpp"
@@ -251,7 +251,7 @@ class NcclBackend final : public Backend {
       combine_profile_.reset();
       if (comm_) comm_->close(healthy && !comm_->aborted());
       if (workspace_ != nullptr) cudaFree(workspace_);
-      if (last_launch_) cudaEventDestroy(last_launch_);
+      own_work_.reset();
       for (cudaEvent_t e : range_events_) {
         if (e) cudaEventDestroy(e);
       }
@@ -264,7 +264,7 @@ class NcclBackend final : public Backend {
     }
     comm_.reset();
     workspace_ = nullptr;
-    last_launch_ = nullptr;
+    own_work_.reset();
     private_stream_ = nullptr;
     side_stream_ = nullptr;
     nccl_stream_ = nullptr;
@@ -311,7 +311,7 @@ class NcclBackend final : public Backend {
   void allocate() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    own_work_ = std::make_unique<OwnWork>();
     // Lowest priority: the side stream's kernels must not keep SMs from NCCL's.
     int lowest = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&lowest, &greatest), "cudaDeviceGetStreamPriorityRange");
@@ -345,7 +345,7 @@ class NcclBackend final : public Backend {
       recv(buffers_.recv_header + p, sizeof(int32_t), p, private_stream_);
     }
     group_end();
-    check_cuda(cudaEventRecord(last_launch_, private_stream_), "cudaEventRecord");
+    own_work_->note(private_stream_);
     wait_for_own_work();
     check_cuda(cudaMemsetAsync(workspace_, 0, plan_.recv_counts, private_stream_), "zeroing the headers");
     check_cuda(cudaStreamSynchronize(private_stream_), "zeroing the headers");
@@ -486,58 +486,33 @@ class NcclBackend final : public Backend {
     }
   }
 
-  // Remembers how to wait for this call: an event, or (inside a CUDA graph
-  // capture, where recording one would join the graph) the whole device.
-  void note_launch(cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-    if (capture != cudaStreamCaptureStatusNone) {
-      captured_ = true;
-      return;
-    }
-    check_cuda(cudaEventRecord(last_launch_, stream), "cudaEventRecord");
-  }
+  // After each call: waiting for the handle's work waits for this handle only
+  // (its last eager call and its last graph replay; gpu/own_work.hpp).
+  void note_launch(cudaStream_t stream) { own_work_->note(stream); }
 
   // Waits for this handle's work, bounded by timeout_ms: NCCL's kernels wait
   // for peers without a bound of their own, so when the deadline passes (or
   // NCCL reports an error) the communicator is aborted, which makes them exit,
   // and the handle is broken: TIMEOUT from then on.
   void wait_for_own_work() {
-    auto done = std::make_shared<std::atomic<int>>(0);  // 0 running, 1 done, 2 CUDA error
-    std::thread device_waiter;
-    const bool whole_device = captured_;
-    if (whole_device) {  // graph replays: no event of ours to query
-      const int device = device_;
-      device_waiter = std::thread([done, device] {
-        done->store(cudaSetDevice(device) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess ? 1 : 2);
-      });
-    }
+    if (!own_work_) return;  // nothing was ever launched
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
     while (true) {
-      if (!whole_device) {
-        const cudaError_t q = cudaEventQuery(last_launch_);
-        if (q == cudaSuccess) done->store(1);
-        else if (q != cudaErrorNotReady) done->store(2);
-      }
-      if (done->load() != 0) break;
+      const cudaError_t q = own_work_->query();
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) check_cuda(q, "waiting for the handle's work");
       const nccl::Result nccl_state = comm_->async_error();
       const bool expired = std::chrono::steady_clock::now() > deadline;
       if ((nccl_state != nccl::kSuccess && nccl_state != nccl::kInProgress) || expired) {
         const std::string what =
             expired ? "no completion within timeout_ms = " + std::to_string(config_.timeout_ms)
                     : "NCCL reported " + std::string(api_->GetErrorString(nccl_state));
-        comm_->abort();  // NCCL's kernels exit; the device waiter returns
-        if (device_waiter.joinable()) device_waiter.detach();
+        comm_->abort();  // NCCL's kernels exit
         break_handle(MOE_EP_ERROR_TIMEOUT, "dispatch/combine on rank " + std::to_string(layout_.rank) + ": " + what +
                                                " (a peer died, stalled, or issued different calls); the NCCL "
                                                "communicator was aborted; destroy this handle");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    if (device_waiter.joinable()) device_waiter.join();
-    if (done->load() == 2) {
-      check_cuda(whole_device ? cudaGetLastError() : cudaEventQuery(last_launch_), "waiting for the handle's work");
-      fail(MOE_EP_ERROR_CUDA, "waiting for the handle's work: a CUDA error");
     }
   }
 
@@ -587,7 +562,7 @@ class NcclBackend final : public Backend {
   char* workspace_ = nullptr;
   kernels::NcclBuffers buffers_{};
   cudaStream_t private_stream_ = nullptr;
-  cudaEvent_t last_launch_ = nullptr;
+  std::unique_ptr<OwnWork> own_work_;  // the handle's last eager call and graph replay
   cudaStream_t side_stream_ = nullptr;          // own-row packing (lowest priority)
   cudaStream_t nccl_stream_ = nullptr;          // NCCL groups of a pipelined call (greatest priority)
   cudaEvent_t range_events_[kMaxNcclChunks] = {};  // range c packed (dispatch) / moved (combine)
@@ -598,7 +573,6 @@ class NcclBackend final : public Backend {
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
   moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;
   std::string broken_message_;
-  bool captured_ = false;
   bool released_ = false;
 };
 

@@ -15,6 +15,7 @@
 
 #include "collective_step.hpp"
 #include "error.hpp"
+#include "gpu/own_work.hpp"
 #include "input_errors.hpp"
 #include "moe_ep_kernels.h"
 #include "nvlink/cuda_check.hpp"
@@ -228,8 +229,7 @@ class NvlinkBackend final : public Backend {
       clock.step("own work");
       memory_.reset();
       clock.step("unmap and release the workspace");
-      if (last_launch_) cudaEventDestroy(last_launch_);
-      if (graph_done_) cudaEventDestroy(graph_done_);
+      own_work_.reset();
       if (private_stream_) cudaStreamDestroy(private_stream_);
       clock.step("stream and events");
       release_mirror_slot(mirror_);  // back to the pool: cudaFreeHost would wait for the device
@@ -240,8 +240,7 @@ class NvlinkBackend final : public Backend {
       }
     }
     memory_.reset();
-    last_launch_ = nullptr;
-    graph_done_ = nullptr;
+    own_work_.reset();
     private_stream_ = nullptr;
     mirror_ = nullptr;
     if (have_previous) cudaSetDevice(previous);
@@ -281,8 +280,7 @@ class NvlinkBackend final : public Backend {
   void initialise_workspace() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    check_cuda(cudaEventCreateWithFlags(&last_launch_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check_cuda(cudaEventCreateWithFlags(&graph_done_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    own_work_ = std::make_unique<OwnWork>();
     const MirrorSlot mirror = acquire_mirror_slot();
     mirror_ = mirror.host;
 
@@ -317,34 +315,12 @@ class NvlinkBackend final : public Backend {
     if (phase != kernels::kPhaseNone) fail(MOE_EP_ERROR_TIMEOUT, timeout_message(phase, mirror_->timeout_peer));
   }
 
-  // Records an event after this call's kernel, so that waiting for the
-  // handle's work waits for this handle only (never the whole device): an
-  // eager call records last_launch_; inside a CUDA graph capture the record
-  // joins the graph as an external event-record node (graph_done_), which
-  // every replay records again when the replayed kernels are done.
-  void note_launch(cudaStream_t stream) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    check_cuda(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-    if (capture != cudaStreamCaptureStatusNone) {
-      check_cuda(cudaEventRecordWithFlags(graph_done_, stream, cudaEventRecordExternal),
-                 "cudaEventRecordWithFlags(cudaEventRecordExternal) in a CUDA graph capture");
-      captured_ = true;
-      return;
-    }
-    check_cuda(cudaEventRecord(last_launch_, stream), "cudaEventRecord");
-  }
+  // After each call: waiting for the handle's work waits for this handle only
+  // (its last eager call and its last graph replay; gpu/own_work.hpp).
+  void note_launch(cudaStream_t stream) { own_work_->note(stream); }
 
-  // The handle's last eager call and its last graph replay.
   cudaError_t wait_for_own_work_noexcept() noexcept {
-    cudaError_t rc = last_launch_ ? cudaEventSynchronize(last_launch_) : cudaSuccess;
-    if (rc == cudaSuccess && captured_ && graph_done_) {
-      rc = cudaEventSynchronize(graph_done_);
-      if (rc == cudaErrorCapturedEvent) {  // a driver that keeps the external record captured: old, safe way
-        cudaGetLastError();
-        rc = cudaDeviceSynchronize();
-      }
-    }
-    return rc;
+    return own_work_ ? own_work_->synchronize() : cudaSuccess;
   }
 
   void wait_for_own_work() { check_cuda(wait_for_own_work_noexcept(), "waiting for the handle's last kernel"); }
@@ -401,14 +377,12 @@ class NvlinkBackend final : public Backend {
   std::unique_ptr<SharedMemory> memory_;
   kernels::HostTimeoutMirror* mirror_ = nullptr;
   cudaStream_t private_stream_ = nullptr;
-  cudaEvent_t last_launch_ = nullptr;  // after the last eager kernel
-  cudaEvent_t graph_done_ = nullptr;   // after the last replayed kernel (captured calls)
+  std::unique_ptr<OwnWork> own_work_;  // the handle's last eager call and graph replay
   int32_t combine_schedule_ = kernels::kCombineAuto;
   int32_t combine_phases_ = 0;
   int32_t combine_reduce_blocks_ = 0;
   int32_t group_min_sm_budget_ = 0;
   bool small_batch_ = true;
-  bool captured_ = false;  // some call was captured into a CUDA graph
   bool released_ = false;
 };
 
