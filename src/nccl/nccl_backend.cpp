@@ -18,7 +18,9 @@
 #include <thread>
 #include <vector>
 
+#include "collective_step.hpp"
 #include "error.hpp"
+#include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
 #include "nccl/nccl_communicator.hpp"
@@ -89,37 +91,22 @@ class NcclBackend final : public Backend {
  public:
   NcclBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
       : layout_(layout), config_(config) {
-    moe_ep_status_t status = MOE_EP_SUCCESS;
-    std::string message;
+    // Each local step is agreed on (run_then_agree: a failure of any type on
+    // one rank fails create on every rank); whatever was acquired before a
+    // failure is released here (the destructor does not run).
     try {
-      prepare_locally();
-    } catch (const Error& e) {
-      status = e.status();
-      message = e.what();
-    }
-    bootstrap.agree(status, message);
-    check_same_everywhere(bootstrap, kDispatchChunksVariable, dispatch_chunks_);
-    check_same_everywhere(bootstrap, kCombineChunksVariable, combine_chunks_);
-    {
-      const DeviceGuard guard(device_);
-      try {
-        check_one_rank_per_gpu(bootstrap, device_);
-      } catch (const Error& e) {
-        status = e.status();
-        message = e.what();
+      run_then_agree(bootstrap, [&] { prepare_locally(); });
+      check_same_everywhere(bootstrap, kDispatchChunksVariable, dispatch_chunks_);
+      check_same_everywhere(bootstrap, kCombineChunksVariable, combine_chunks_);
+      {
+        const DeviceGuard guard(device_);
+        run_then_agree(bootstrap, [&] { check_one_rank_per_gpu(bootstrap, device_); });
+        comm_ = std::make_unique<NcclCommunicator>(*api_, bootstrap, config_.timeout_ms);
       }
-      bootstrap.agree(status, message);
-      comm_ = std::make_unique<NcclCommunicator>(*api_, bootstrap, config_.timeout_ms);
-    }
-    try {
-      allocate();
-      connect_peers();
-    } catch (const Error& e) {
-      status = e.status();
-      message = e.what();
-    }
-    try {
-      bootstrap.agree(status, message);
+      run_then_agree(bootstrap, [&] {
+        allocate();
+        connect_peers();
+      });
     } catch (...) {
       shutdown();
       throw;
@@ -214,10 +201,8 @@ class NcclBackend final : public Backend {
     try {
       const DeviceGuard guard(device_);
       wait_for_own_work();
-      kernels::NcclDeviceErrors e{};
-      check_cuda(cudaMemcpyAsync(&e, buffers_.errors, sizeof(e), cudaMemcpyDeviceToHost, private_stream_),
-                 "reading the device error record");
-      check_cuda(cudaStreamSynchronize(private_stream_), "reading the device error record");
+      const kernels::NcclDeviceErrors e =
+          read_from_device(buffers_.errors, private_stream_, "reading the device error record");
       if (e.bad_id_count == 0 && e.bad_peer_count == 0) return MOE_EP_SUCCESS;
       *message = e.bad_id_count != 0 ? bad_ids_message(e) : "";
       if (e.bad_peer_count != 0) *message += (message->empty() ? "" : "; ") + bad_peer_message(e);
@@ -526,9 +511,7 @@ class NcclBackend final : public Backend {
     kernels::NcclDeviceErrors cleared{};
     cleared.bad_id_first = ~uint64_t{0};
     cleared.bad_peer_first = std::numeric_limits<int32_t>::max();
-    check_cuda(cudaMemcpyAsync(buffers_.errors, &cleared, sizeof(cleared), cudaMemcpyHostToDevice, private_stream_),
-               "clearing the device error record");
-    check_cuda(cudaStreamSynchronize(private_stream_), "clearing the device error record");
+    write_to_device(buffers_.errors, &cleared, sizeof(cleared), private_stream_, "clearing the device error record");
   }
 
   std::string bad_ids_message(const kernels::NcclDeviceErrors& e) const {

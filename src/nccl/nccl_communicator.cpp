@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "collective_step.hpp"
 #include "error.hpp"
 
 namespace moe_ep {
@@ -31,28 +32,23 @@ moe_ep_status_t status_of(nccl::Result r) {
 NcclCommunicator::NcclCommunicator(const nccl::Api& api, const Bootstrap& bootstrap, int32_t timeout_ms)
     : api_(api), rank_(bootstrap.rank()), timeout_ms_(timeout_ms) {
   nccl::UniqueId id{};
-  moe_ep_status_t status = MOE_EP_SUCCESS;
-  std::string message;
-  if (bootstrap.rank() == 0) {
+  run_then_agree(bootstrap, [&] {
+    if (bootstrap.rank() != 0) return;
     const nccl::Result r = api_.GetUniqueId(&id);
-    if (r != nccl::kSuccess) {
-      status = status_of(r);
-      message = api_.describe("ncclGetUniqueId", r, nullptr);
-    }
-  }
-  bootstrap.agree(status, message);
+    if (r != nccl::kSuccess) throw Error(status_of(r), api_.describe("ncclGetUniqueId", r, nullptr));
+  });
   id = bootstrap.allgather_value(id)[0];
 
-  try {
-    nccl::Config config = nccl::default_config(/*blocking=*/0);
-    complete("ncclCommInitRankConfig",
-             api_.CommInitRankConfig(&comm_, bootstrap.world_size(), id, bootstrap.rank(), &config));
-  } catch (const Error& e) {
-    status = e.status();
-    message = e.what();
-    close(false);
-  }
-  bootstrap.agree(status, message);
+  run_then_agree(bootstrap, [&] {
+    try {
+      nccl::Config config = nccl::default_config(/*blocking=*/0);
+      complete("ncclCommInitRankConfig",
+               api_.CommInitRankConfig(&comm_, bootstrap.world_size(), id, bootstrap.rank(), &config));
+    } catch (...) {
+      close(false);
+      throw;
+    }
+  });
 }
 
 nccl::Result NcclCommunicator::wait_ready(std::chrono::steady_clock::time_point deadline) const {

@@ -15,6 +15,7 @@
 
 #include "collective_step.hpp"
 #include "error.hpp"
+#include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
 #include "input_errors.hpp"
 #include "moe_ep_kernels.h"
@@ -194,10 +195,8 @@ class NvlinkBackend final : public Backend {
     try {
       const DeviceGuard guard(device_);
       wait_for_own_work();
-      kernels::DeviceErrors e{};
-      check_cuda(cudaMemcpyAsync(&e, &control_device()->errors, sizeof(e), cudaMemcpyDeviceToHost, private_stream_),
-                 "reading the device error record");
-      check_cuda(cudaStreamSynchronize(private_stream_), "reading the device error record");
+      const kernels::DeviceErrors e =
+          read_from_device(&control_device()->errors, private_stream_, "reading the device error record");
       if (e.timeout_phase != kernels::kPhaseNone) {
         *message = timeout_message(e.timeout_phase, e.timeout_peer);
         return MOE_EP_ERROR_TIMEOUT;
@@ -332,10 +331,8 @@ class NvlinkBackend final : public Backend {
     cleared.first_peer_count_error.source = -1;
     char* at = reinterpret_cast<char*>(&control_device()->errors);
     const size_t from = offsetof(kernels::DeviceErrors, bad_id_count);
-    check_cuda(cudaMemcpyAsync(at + from, reinterpret_cast<const char*>(&cleared) + from,
-                               sizeof(cleared) - from, cudaMemcpyHostToDevice, private_stream_),
-               "clearing the input error record");
-    check_cuda(cudaStreamSynchronize(private_stream_), "clearing the input error record");
+    write_to_device(at + from, reinterpret_cast<const char*>(&cleared) + from, sizeof(cleared) - from, private_stream_,
+                    "clearing the input error record");
   }
 
   std::string timeout_message(uint32_t phase, int32_t peer) const {
