@@ -545,7 +545,7 @@ class NcclBackend final : public Backend {
   char* workspace_ = nullptr;
   kernels::NcclBuffers buffers_{};
   cudaStream_t private_stream_ = nullptr;
-  std::unique_ptr<OwnWork> own_work_;  // the handle's last eager call and graph replay
+  std::unique_ptr<OwnWork> own_work_;           // the handle's last eager call and graph replay
   cudaStream_t side_stream_ = nullptr;          // own-row packing (lowest priority)
   cudaStream_t nccl_stream_ = nullptr;          // NCCL groups of a pipelined call (greatest priority)
   cudaEvent_t range_events_[kMaxNcclChunks] = {};  // range c packed (dispatch) / moved (combine)

@@ -318,9 +318,7 @@ class NvlinkBackend final : public Backend {
   // (its last eager call and its last graph replay; gpu/own_work.hpp).
   void note_launch(cudaStream_t stream) { own_work_->note(stream); }
 
-  cudaError_t wait_for_own_work_noexcept() noexcept {
-    return own_work_ ? own_work_->synchronize() : cudaSuccess;
-  }
+  cudaError_t wait_for_own_work_noexcept() noexcept { return own_work_ ? own_work_->synchronize() : cudaSuccess; }
 
   void wait_for_own_work() { check_cuda(wait_for_own_work_noexcept(), "waiting for the handle's last kernel"); }
 
