@@ -300,3 +300,28 @@ def test_library_override_env_is_honoured():
     if not path:
         pytest.skip("MOE_EP_LIBRARY not set")
     assert _lib.lib().loaded_from == path
+
+
+def _header_backends():
+    """MOE_EP_BACKEND_* name -> value, read from the public header."""
+    with open(os.path.join(REPO, "include", "moe_ep_c.h")) as f:
+        return {m.group(1): int(m.group(2)) for m in re.finditer(r"MOE_EP_BACKEND_(\w+)\s*=\s*(\d+)", f.read())}
+
+
+def test_backend_constants_and_names_match_the_header():
+    header = _header_backends()
+    assert set(header) == {"AUTO", "NVLINK_TWO_SIDED", "HOST", "NCCL"}
+    for name, value in header.items():
+        assert getattr(moe_ep, "BACKEND_" + name) == value
+    for name, value in (("auto", "AUTO"), ("nvlink", "NVLINK_TWO_SIDED"), ("host", "HOST"), ("nccl", "NCCL")):
+        assert moe_ep.core.make_config(backend=name).backend == header[value]
+
+
+def test_julia_and_rust_backend_constants_match_the_header():
+    header = _header_backends()
+    with open(os.path.join(REPO, "bindings", "julia", "MoeEp", "src", "MoeEp.jl")) as f:
+        julia = {m.group(1): int(m.group(2)) for m in re.finditer(r"const BACKEND_(\w+) = Int32\((\d+)\)", f.read())}
+    with open(os.path.join(REPO, "bindings", "rust", "moe-ep-sys", "src", "lib.rs")) as f:
+        rust = {m.group(1): int(m.group(2)) for m in re.finditer(r"pub const MOE_EP_BACKEND_(\w+): i32 = (\d+);", f.read())}
+    assert julia == header
+    assert rust == header

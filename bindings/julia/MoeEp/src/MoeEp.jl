@@ -32,6 +32,7 @@ const DEVICE_CUDA = Int32(2)
 const BACKEND_AUTO = Int32(0)
 const BACKEND_NVLINK_TWO_SIDED = Int32(1)
 const BACKEND_HOST = Int32(2)
+const BACKEND_NCCL = Int32(3)
 
 struct MoeEpError <: Exception
     status::Int32

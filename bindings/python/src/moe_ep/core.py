@@ -23,7 +23,8 @@ _DTYPES = {
 }
 
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "nvlink": _lib.BACKEND_NVLINK_TWO_SIDED,
-             "nvlink_two_sided": _lib.BACKEND_NVLINK_TWO_SIDED, "host": _lib.BACKEND_HOST}
+             "nvlink_two_sided": _lib.BACKEND_NVLINK_TWO_SIDED, "host": _lib.BACKEND_HOST,
+             "nccl": _lib.BACKEND_NCCL}
 
 
 def dtype_tuple(dtype):
@@ -79,7 +80,7 @@ def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dty
 
 def make_config(backend=None, num_sms=None, timeout_ms=None, device=None):
     """A moe_ep_config_t; None keeps moe_ep_config_init's defaults.  backend:
-    "auto", "host", "nvlink" or a MOE_EP_BACKEND_* int."""
+    "auto", "host", "nvlink", "nccl" or a MOE_EP_BACKEND_* int."""
     c = _lib.Config()
     check(_lib.lib().moe_ep_config_init(ctypes.byref(c)))
     if backend is not None:
@@ -176,7 +177,7 @@ class MoeEp:
       invalid_expert_id    -- default -1
       enable_eplb_stats    -- default False
       combine_dtype        -- "bfloat16" (default), "float16" or "float32"
-      backend              -- "auto" (default), "nvlink" or "host"
+      backend              -- "auto" (default), "nvlink", "nccl" or "host"
       num_sms, timeout_ms, device -- see moe_ep_config_t in moe_ep_c.h
 
     dtypes are names ("bfloat16"), numpy/torch dtypes or (code, bits, lanes).

@@ -41,6 +41,7 @@ pub const MOE_EP_DTYPE_FLOAT4_E2M1FN: u8 = 17;
 pub const MOE_EP_BACKEND_AUTO: i32 = 0;
 pub const MOE_EP_BACKEND_NVLINK_TWO_SIDED: i32 = 1;
 pub const MOE_EP_BACKEND_HOST: i32 = 2;
+pub const MOE_EP_BACKEND_NCCL: i32 = 3;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -104,6 +104,8 @@ pub enum Backend {
     Auto,
     NvlinkTwoSided,
     Host,
+    /// NCCL moves the bytes (several nodes, GPUs without NVLink); NCCL is loaded at run time.
+    Nccl,
 }
 
 /// `moe_ep_config_t`, starting from the library's defaults.
@@ -121,6 +123,7 @@ impl Config {
             Backend::Auto => sys::MOE_EP_BACKEND_AUTO,
             Backend::NvlinkTwoSided => sys::MOE_EP_BACKEND_NVLINK_TWO_SIDED,
             Backend::Host => sys::MOE_EP_BACKEND_HOST,
+            Backend::Nccl => sys::MOE_EP_BACKEND_NCCL,
         };
         self
     }
