@@ -20,6 +20,7 @@
 
 #include "hold_kernel.hpp"
 #include "moe_ep_c.h"
+#include "workload.hpp"
 
 namespace {
 
@@ -82,14 +83,7 @@ struct Rank {
   int64_t expert_shape[2] = {kWorld * kTokens, kHidden};
 
   moe_ep_status_t create(const moe_ep_bootstrap_t& b) {
-    moe_ep_params_t p;
-    moe_ep_params_init(&p);
-    p.num_experts = kExperts;
-    p.top_k = kTopK;
-    p.max_tokens_per_rank = kTokens;
-    p.hidden_size = kHidden;
-    p.hidden_dtype = moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1};
-    p.combine_dtype = moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1};
+    moe_ep_params_t p = moe_ep_verify::required_params(kExperts, kTopK, kTokens, kHidden);  // bf16 both ways
     moe_ep_config_t c;
     moe_ep_config_init(&c);
     c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
