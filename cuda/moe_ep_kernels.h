@@ -72,6 +72,10 @@ struct WorkspaceOffsets {
   uint64_t combine_started;     // [world] uint64: epoch of the source's running combine
   uint64_t combine_chunk_flags; // [world][max_tpr] uint64, index = source, phase: push blocks' counter adds
   uint64_t combine_in;          // [(world-1)*max_tpr][combine_row_bytes]
+  uint64_t combine_input;       // [world*max_tpr][combine_row_bytes]: the zero-copy combine input
+                                // view (config->zero_copy_combine; 0 bytes otherwise).  Written by
+                                // this rank's expert computation, read in place by combine; shared
+                                // so that a source rank can pull its rows from every peer's copy.
   // Private to the rank.
   uint64_t peer_bases;          // [world] uint64: where each rank's workspace is mapped here
   uint64_t control;             // ControlBlock

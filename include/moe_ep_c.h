@@ -229,6 +229,14 @@ typedef struct moe_ep_config_t {
                          calls other than the fd exchange).  Expiry: TIMEOUT,
                          and the handle is unusable (destroy it).            */
   int32_t device;     /* CUDA ordinal; -1 (default) = the current device       */
+  int32_t zero_copy_combine; /* 0 (default) or 1: every dispatch result holds
+                         combine_input, a [P, hidden_size] combine_dtype view
+                         of the workspace that the expert computation may
+                         write its output into and pass to combine as
+                         expert_output (no copy).  Costs world_size *
+                         max_tokens_per_rank * hidden_size combine_dtype
+                         elements of workspace (moe_ep_workspace_size counts
+                         them).  Must be the same on every rank.              */
 } moe_ep_config_t;
 
 MOE_EP_API moe_ep_status_t moe_ep_config_init(moe_ep_config_t* config);
@@ -276,6 +284,16 @@ typedef struct moe_ep_dispatch_result_t {
   moe_ep_tensor_t local_expert_counts;  /* [E / world_size] int32: received
                                            (row, pick) pairs per local expert      */
   moe_ep_tensor_t eplb_gathered_stats;  /* [world_size, E] int32, if eplb stats on */
+  moe_ep_tensor_t combine_input;        /* [P, hidden_size] combine_dtype, if the
+                                           handle was created with
+                                           config->zero_copy_combine: write the
+                                           expert output here and pass this view
+                                           (or an equal tensor: same address,
+                                           [P, H] or [world_size, tokens_per_rank,
+                                           H]) as combine's expert_output.  Its
+                                           contents are undefined after dispatch;
+                                           valid until the matching combine is
+                                           issued, like the other views         */
 } moe_ep_dispatch_result_t;
 
 MOE_EP_API moe_ep_status_t moe_ep_dispatch_result_init(moe_ep_dispatch_result_t* result);
@@ -327,7 +345,10 @@ MOE_EP_API moe_ep_status_t moe_ep_dispatch(moe_ep_handle_t handle,
  * [world_size, tokens_per_rank, hidden_size] combine_dtype, row i holding the
  * output for receive row i of the matching dispatch.  output: [T, hidden_size]
  * combine_dtype, or NULL for library-owned memory.  Sums over ranks in
- * ascending rank order with fp32 accumulation: bitwise reproducible. */
+ * ascending rank order with fp32 accumulation: bitwise reproducible.
+ * expert_output may be the dispatch result's combine_input view (zero-copy
+ * combine input, same results bitwise as a copy of it); a tensor that overlaps
+ * that view without starting at its address is INVALID_ARGUMENT. */
 MOE_EP_API moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle,
                                           const moe_ep_tensor_t* expert_output,
                                           const moe_ep_tensor_t* output,

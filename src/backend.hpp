@@ -32,6 +32,8 @@ struct DispatchBuffers {
   int32_t* recv_counts = nullptr;        // [world]
   int32_t* local_expert_counts = nullptr;// [experts_per_rank]
   int32_t* eplb_gathered = nullptr;      // [world, num_experts], NULL if off
+  void* combine_input = nullptr;         // [world*tpr, combine_row_bytes] zero-copy combine
+                                         // input region, NULL unless layout.zero_copy_combine
 };
 
 // One validated combine, for the dispatch that preceded it.
@@ -40,6 +42,11 @@ struct CombineCall {
   int32_t tokens_per_rank = 0;    // of the matching dispatch
   const void* expert_output = nullptr;  // [world*tpr, combine_row_bytes]
   void* output = nullptr;               // [T, combine_row_bytes] or NULL = backend-owned
+  // expert_output is the combine_input region this backend returned from the
+  // matching dispatch (the caller wrote the expert output in place).  A backend
+  // may read it from there without staging it; the results must be bitwise the
+  // same as for a copy of it.
+  bool expert_output_is_workspace = false;
 };
 
 class Backend {

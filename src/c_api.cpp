@@ -149,7 +149,8 @@ moe_ep_status_t moe_ep_workspace_size(const moe_ep_params_t* params, const moe_e
     if (world_size <= 0) moe_ep::fail_argument("world_size", "> 0", world_size);
     const moe_ep_params_t p = moe_ep::read_params(params);
     const moe_ep_config_t c = moe_ep::read_config(config);
-    const moe_ep::Layout layout = moe_ep::make_layout(p, world_size, 0);
+    moe_ep::Layout layout = moe_ep::make_layout(p, world_size, 0);
+    layout.zero_copy_combine = c.zero_copy_combine != 0;
     const int32_t backend = moe_ep::resolve_backend_locally(c);
     *bytes = backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED ? moe_ep::nvlink_workspace_bytes(layout, c)
              : backend == MOE_EP_BACKEND_NCCL           ? moe_ep::nccl_workspace_bytes(layout)

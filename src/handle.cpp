@@ -56,6 +56,7 @@ struct GroupFingerprint {
   int32_t backend;
   int32_t world_size;
   int32_t timeout_ms;
+  int32_t zero_copy_combine;
 };
 
 struct FingerprintField {
@@ -77,6 +78,7 @@ constexpr FingerprintField kFingerprintFields[] = {
     {"config->backend", &GroupFingerprint::backend},
     {"bootstrap->world_size", &GroupFingerprint::world_size},
     {"config->timeout_ms", &GroupFingerprint::timeout_ms},
+    {"config->zero_copy_combine", &GroupFingerprint::zero_copy_combine},
 };
 static_assert(sizeof(kFingerprintFields) / sizeof(kFingerprintFields[0]) ==
                   sizeof(GroupFingerprint) / sizeof(int32_t),
@@ -100,6 +102,7 @@ GroupFingerprint fingerprint(const Layout& l, int32_t backend, int32_t timeout_m
   f.backend = backend;
   f.world_size = l.world_size;
   f.timeout_ms = timeout_ms;
+  f.zero_copy_combine = l.zero_copy_combine ? 1 : 0;
   return f;
 }
 
@@ -199,6 +202,7 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
     const moe_ep_params_t params = read_params(params_arg);
     handle->config = read_config(config_arg);
     handle->layout = make_layout(params, bootstrap.world_size(), bootstrap.rank());
+    handle->layout.zero_copy_combine = handle->config.zero_copy_combine != 0;
     handle->config.backend = resolve_backend_locally(handle->config);
     mine = fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms);
   });
@@ -286,6 +290,54 @@ moe_ep_tensor_t view(void* data, const moe_ep_device_t& dev, const moe_ep_dtype_
   return t;
 }
 
+// The address a tensor's elements start at (data + byte_offset), 0 for none.
+uintptr_t tensor_address(const moe_ep_tensor_t* t) {
+  if (t == nullptr || t->data == nullptr) return 0;
+  return reinterpret_cast<uintptr_t>(t->data) + static_cast<uintptr_t>(t->byte_offset);
+}
+
+// An expert_output that starts at the combine_input view must have the shape of
+// the matching dispatch; the usual shape message would not say why (typically a
+// view kept from an earlier dispatch with another tokens_per_rank).
+void check_zero_copy_shape(const moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output) {
+  if (h.combine_input == nullptr || tensor_address(expert_output) != reinterpret_cast<uintptr_t>(h.combine_input)) {
+    return;
+  }
+  const Layout& l = h.layout;
+  const int64_t tpr = h.last_dispatch.tokens_per_rank;
+  const std::vector<int64_t> shape = tensor_shape(*expert_output, "expert_output");
+  const bool flat = shape == std::vector<int64_t>{l.world_size * tpr, l.hidden_size};
+  const bool split = shape == std::vector<int64_t>{l.world_size, tpr, l.hidden_size};
+  if (!flat && !split) {
+    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "expert_output: starts at the combine_input view, so expected the shape of ",
+         "the matching dispatch (tokens_per_rank ", tpr, "): ", shape_string({l.world_size * tpr, l.hidden_size}),
+         " or ", shape_string({l.world_size, tpr, l.hidden_size}), ", got ", shape_string(shape),
+         " (a combine_input view kept from an earlier dispatch?)");
+  }
+}
+
+// Whether the validated expert_output (`data`, receive_rows(tpr) rows) is the
+// combine_input view of the matching dispatch.  A tensor that overlaps the
+// region without starting at it is refused: a backend reading the region in
+// place could not tell which rows the caller meant.
+bool is_combine_input_view(const moe_ep_handle_s& h, const void* data, int64_t tpr) {
+  if (h.combine_input == nullptr || data == nullptr) return false;
+  const Layout& l = h.layout;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t region = reinterpret_cast<uintptr_t>(h.combine_input);
+  if (begin == region) return true;
+  const uint64_t bytes = static_cast<uint64_t>(l.receive_rows(static_cast<int32_t>(tpr))) * l.combine_row_bytes;
+  const uint64_t region_bytes = combine_input_region_bytes(l);  // sizes were checked at create
+  const bool overlaps = begin < region ? region - begin < bytes : begin - region < region_bytes;
+  if (overlaps) {
+    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "expert_output: overlaps the combine_input view (", region_bytes,
+         " bytes at ", h.combine_input, ") without starting at it (starts ",
+         begin < region ? "before" : "inside", " it, at ", data,
+         "); pass the combine_input view itself or a tensor outside it");
+  }
+  return false;
+}
+
 }  // namespace
 
 void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg,
@@ -319,6 +371,8 @@ void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg,
   result.local_expert_counts =
       view(out.local_expert_counts, dev, dtype_int32(), h.shape_local_expert_counts, {l.experts_per_rank()});
   result.eplb_gathered_stats = view(out.eplb_gathered, dev, dtype_int32(), h.shape_eplb, {l.world_size, l.num_experts});
+  result.combine_input = view(out.combine_input, dev, l.combine_dtype, h.shape_combine_input, {P, l.hidden_size});
+  h.combine_input = out.combine_input;
   write_versioned(result_arg, result, "result");
 }
 
@@ -338,8 +392,10 @@ void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe
   CombineCall c;
   c.num_tokens = h.last_dispatch.num_tokens;
   c.tokens_per_rank = h.last_dispatch.tokens_per_rank;
+  check_zero_copy_shape(h, expert_output);
   c.expert_output = check_tensor(expert_output, "expert_output", l.combine_dtype,
                                  {{l.world_size * tpr, l.hidden_size}, {l.world_size, tpr, l.hidden_size}}, dev);
+  c.expert_output_is_workspace = is_combine_input_view(h, c.expert_output, tpr);
   if (output) c.output = check_tensor(output, "output", l.combine_dtype, {{T, l.hidden_size}}, dev);
 
   void* out = h.backend->combine(c, stream);

@@ -27,6 +27,10 @@ struct moe_ep_handle_s {
   int64_t shape_hidden[2]{}, shape_ids[2]{}, shape_weights[2]{}, shape_scales[2]{};
   int64_t shape_recv_counts[1]{}, shape_local_expert_counts[1]{}, shape_eplb[2]{};
   int64_t shape_output[2]{};
+  int64_t shape_combine_input[2]{};
+  // The last dispatch's combine_input region (the same every dispatch), NULL
+  // unless config.zero_copy_combine.
+  void* combine_input = nullptr;
 };
 
 namespace moe_ep {

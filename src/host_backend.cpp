@@ -79,6 +79,7 @@ class HostBackend final : public Backend {
     }
     combine_output_.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.max_tokens_per_rank),
                                              layout_.combine_row_bytes, "combine output")));
+    combine_input_.resize(bytes(combine_input_region_bytes(layout_)));  // empty unless zero_copy_combine
   }
 
   const char* name() const override { return "host"; }
@@ -130,9 +131,12 @@ class HostBackend final : public Backend {
     result.recv_counts = out.recv_counts;
     result.local_expert_counts = out.local_expert_counts;
     result.eplb_gathered = layout_.eplb_stats ? eplb_gathered_.data() : nullptr;
+    result.combine_input = layout_.zero_copy_combine ? combine_input_.data() : nullptr;
     return result;
   }
 
+  // call.expert_output_is_workspace needs nothing special here: the allgather
+  // reads the rows in place from whichever host buffer holds them.
   void* combine(const CombineCall& call, void* /*stream*/) override {
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(call.tokens_per_rank));
     const uint64_t per_rank = checked_mul(rows, layout_.combine_row_bytes, "combine rows");
@@ -252,6 +256,7 @@ class HostBackend final : public Backend {
   std::vector<int32_t> local_expert_counts_;
   std::vector<int32_t> eplb_gathered_;
   std::vector<uint8_t> combine_output_;
+  std::vector<uint8_t> combine_input_;  // the zero-copy combine input region (config->zero_copy_combine)
   std::vector<int32_t> my_ids_;
   moe_ep_status_t async_status_ = MOE_EP_SUCCESS;
   std::string async_message_;
@@ -273,8 +278,9 @@ uint64_t host_workspace_bytes(const Layout& l) {
                                     static_cast<uint64_t>(l.num_experts), what),
                         what);
   }
-  return checked_add(total, checked_mul(static_cast<uint64_t>(l.max_tokens_per_rank), l.combine_row_bytes, what),
-                     what);
+  total = checked_add(total, checked_mul(static_cast<uint64_t>(l.max_tokens_per_rank), l.combine_row_bytes, what),
+                      what);
+  return checked_add(total, combine_input_region_bytes(l), what);
 }
 
 std::unique_ptr<Backend> make_host_backend(const Layout& layout, std::shared_ptr<BoundedExchange> exchange) {

@@ -26,6 +26,7 @@ moe_ep_config_t default_config() {
   c.num_sms = 0;
   c.timeout_ms = kDefaultTimeoutMs;
   c.device = -1;
+  c.zero_copy_combine = 0;
   return c;
 }
 
@@ -122,6 +123,7 @@ moe_ep_config_t read_config(const moe_ep_config_t* user) {
   if (c.num_sms < 0) fail_argument("config->num_sms", ">= 0 (0 = choose)", c.num_sms);
   if (c.timeout_ms <= 0) fail_argument("config->timeout_ms", "> 0", c.timeout_ms);
   if (c.device < -1) fail_argument("config->device", ">= -1 (-1 = current device)", c.device);
+  c.zero_copy_combine = c.zero_copy_combine != 0 ? 1 : 0;  // a flag: anything but 0 is on
   return c;
 }
 
@@ -153,6 +155,12 @@ Layout make_layout(const moe_ep_params_t& p, int32_t world_size, int32_t rank) {
   l.combine_row_bytes = dtype_row_bytes(p.combine_dtype, p.hidden_size);
   require_footprint_fits(l);
   return l;
+}
+
+uint64_t combine_input_region_bytes(const Layout& l) {
+  if (!l.zero_copy_combine) return 0;
+  const uint64_t rows = static_cast<uint64_t>(l.receive_rows(l.max_tokens_per_rank));
+  return checked_mul(rows, l.combine_row_bytes, "zero-copy combine input region");
 }
 
 }  // namespace moe_ep

@@ -36,6 +36,9 @@ struct Layout {
   bool eplb_stats = false;
   moe_ep_dtype_t combine_dtype{};
   uint64_t combine_row_bytes = 0;
+  // config->zero_copy_combine: the workspace holds a combine input region of
+  // receive_rows(max_tokens_per_rank) combine rows (set from the config, not the params).
+  bool zero_copy_combine = false;
 
   int32_t experts_per_rank() const { return num_experts / world_size; }
   // Rank owning a valid expert id (caller checks the id is in range).
@@ -48,5 +51,9 @@ struct Layout {
 
 // Validates the group-dependent rules (world_size > 0, num_experts % world_size == 0).
 Layout make_layout(const moe_ep_params_t& params, int32_t world_size, int32_t rank);
+
+// Bytes of the zero-copy combine input region: receive_rows(max_tokens_per_rank)
+// rows of combine_row_bytes, or 0 when the layout does not have one.
+uint64_t combine_input_region_bytes(const Layout& layout);
 
 }  // namespace moe_ep

@@ -165,6 +165,7 @@ class NcclBackend final : public Backend {
     b.recv_counts = buffers_.recv_counts;
     b.local_expert_counts = buffers_.local_expert_counts;
     b.eplb_gathered = buffers_.eplb_gathered;
+    b.combine_input = layout_.zero_copy_combine ? workspace_ + plan_.combine_input : nullptr;
     return b;
   }
 

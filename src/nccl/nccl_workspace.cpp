@@ -66,6 +66,7 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   o.errors = p.place(sizeof(kernels::NcclDeviceErrors));
   o.combine_in = p.place(times(rows, l.combine_row_bytes));
   o.combine_out = p.place(times(M, l.combine_row_bytes));
+  o.combine_input = p.place(combine_input_region_bytes(l));
   o.total_bytes = p.end();
   return o;
 }

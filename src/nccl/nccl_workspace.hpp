@@ -14,6 +14,11 @@ struct NcclWorkspacePlan {
   uint64_t recv_hidden, recv_scales, recv_ids, recv_weights, recv_header, recv_counts, local_expert_counts,
       eplb_gathered, send_hidden, send_scales, send_ids, send_weights, send_header, token_slots, chunk_offsets,
       dest_rows, expert_hist, errors, combine_in, combine_out;
+  // The zero-copy combine input region (config->zero_copy_combine; 0 bytes
+  // otherwise, last so that every other offset stays what it was).  A plain
+  // device buffer: combine's NCCL sends read the caller's expert_output
+  // wherever it is, so the view needs no staging buffer of its own.
+  uint64_t combine_input;
   uint64_t total_bytes;
 };
 

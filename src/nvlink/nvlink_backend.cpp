@@ -165,6 +165,7 @@ class NvlinkBackend final : public Backend {
     b.recv_counts = reinterpret_cast<int32_t*>(base + offsets_.recv_counts);
     b.local_expert_counts = reinterpret_cast<int32_t*>(base + offsets_.local_expert_counts);
     b.eplb_gathered = layout_.eplb_stats ? reinterpret_cast<int32_t*>(base + offsets_.eplb_gathered) : nullptr;
+    b.combine_input = layout_.zero_copy_combine ? base + offsets_.combine_input : nullptr;
     return b;
   }
 
@@ -174,6 +175,9 @@ class NvlinkBackend final : public Backend {
     kernels::CombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
+    // A combine_input view (call.expert_output_is_workspace) is read by the
+    // same kernels as any expert_output for now: correct, not yet faster (the
+    // in-place pull is described in docs/nvlink_backend.md, "What is left").
     a.expert_output = call.expert_output;
     a.output = call.output ? call.output : memory_->local() + offsets_.combine_out;
     a.num_blocks = kernels::combine_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);

@@ -46,6 +46,9 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.combine_started = p.place(W * sizeof(uint64_t));
   o.combine_chunk_flags = p.place(W * M * sizeof(uint64_t));
   o.combine_in = p.place((W - 1) * M * l.combine_row_bytes);
+  // Last of the shared regions and 0 bytes unless enabled: without
+  // zero_copy_combine every offset and the total are what they were before it.
+  o.combine_input = p.place(combine_input_region_bytes(l));
   // Private.
   o.peer_bases = p.place(W * sizeof(uint64_t));
   o.control = p.place(sizeof(kernels::ControlBlock));
