@@ -55,3 +55,28 @@ def test_parameter_mismatch_fails_on_every_rank(thread_group):
     for e in errors:
         assert isinstance(e, moe_ep.MoeEpError) and e.status == moe_ep.ERROR_INVALID_ARGUMENT
         assert "hidden_size" in e.message
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_zero_copy_combine_input(thread_group, world):
+    """zero_copy_combine: the expert output written into DispatchResult.combine_input
+    and passed back combines bitwise like the reference (= like a copy); without
+    the flag the view is absent."""
+    case = reference.Case(seed=40 + world, world=world, num_experts=2 * world, top_k=2, hidden=5,
+                          tokens_per_rank=4, combine_dtype=np.float32)
+
+    def rank_fn(rank, bs):
+        with moe_ep.MoeEp(bs, **host_kwargs(case, zero_copy_combine=True)) as ep:
+            zero_copy = checks.run_rank(ep, case, rank, zero_copy=True)
+            copied = checks.run_rank(ep, case, rank)
+        with moe_ep.MoeEp(bs, **host_kwargs(case)) as plain:
+            inp = case.inputs[rank]
+            r = plain.dispatch(inp["x"], inp["ids"], inp["w"], inp["scale"])
+            absent = r.combine_input is None
+            plain.combine(case.expert_output(rank))
+        return zero_copy, copied, absent
+
+    for rank, (zero_copy, copied, absent) in enumerate(thread_group(world).run(rank_fn)):
+        checks.compare(case, rank, zero_copy)
+        np.testing.assert_array_equal(zero_copy["output"], copied["output"])
+        assert absent

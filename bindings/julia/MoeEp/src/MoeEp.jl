@@ -111,6 +111,7 @@ mutable struct Config
     num_sms::Int32
     timeout_ms::Int32
     device::Int32
+    zero_copy_combine::Int32
 end
 
 mutable struct DispatchArgs
@@ -133,6 +134,7 @@ mutable struct DispatchResult
     recv_counts::Tensor
     local_expert_counts::Tensor
     eplb_gathered_stats::Tensor
+    combine_input::Tensor
 end
 
 mutable struct CombineResult
@@ -156,12 +158,13 @@ function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dty
     return p
 end
 
-function Config(; backend=nothing, timeout_ms=nothing, device=nothing)
-    c = Config(0, 0, 0, 0, 0)
+function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy_combine=nothing)
+    c = Config(0, 0, 0, 0, 0, 0)
     check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config},), c))
     backend === nothing || (c.backend = backend)
     timeout_ms === nothing || (c.timeout_ms = timeout_ms)
     device === nothing || (c.device = device)
+    zero_copy_combine === nothing || (c.zero_copy_combine = Int32(zero_copy_combine))
     return c
 end
 
@@ -217,8 +220,12 @@ function host_view(t::Tensor, ::Type{T}) where {T}
 end
 
 """Collective.  hidden: (R, T) array; ids: (K, T) Int32; weights: (K, T) Float32.
-Returns a NamedTuple of arrays aliasing library memory, valid until `combine`."""
-function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing, hidden_type::Type=eltype(hidden))
+Returns a NamedTuple of arrays aliasing library memory, valid until `combine`.
+With `Config(zero_copy_combine=true)`, `combine_input` is an (H, P) array of
+`combine_type` (UInt16 = raw bits of the default bf16; Float32 or Float16 for
+those combine dtypes): write the expert output into it and pass it to `combine`."""
+function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing, hidden_type::Type=eltype(hidden),
+                  combine_type::Type=UInt16)
     keep = Any[]
     th = host_tensor(hidden, keep)
     ti = host_tensor(ids, keep)
@@ -230,7 +237,7 @@ function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing,
         args.hidden_states = Base.unsafe_convert(Ptr{Tensor}, th)
         args.topk_ids = Base.unsafe_convert(Ptr{Tensor}, ti)
         tw === nothing || (args.topk_weights = Base.unsafe_convert(Ptr{Tensor}, tw))
-        r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
+        r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
         check(ccall((:moe_ep_dispatch_result_init, libmoe_ep), Int32, (Ref{DispatchResult},), r))
         check(ccall((:moe_ep_dispatch, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{DispatchArgs}, Ref{DispatchResult}, Ptr{Cvoid}),
                     h.ptr, args, r, C_NULL))
@@ -242,7 +249,8 @@ function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing,
             topk_ids=host_view(r.topk_ids, Int32),
             topk_weights=host_view(r.topk_weights, Float32),
             recv_counts=host_view(r.recv_counts, Int32),
-            local_expert_counts=host_view(r.local_expert_counts, Int32))
+            local_expert_counts=host_view(r.local_expert_counts, Int32),
+            combine_input=host_view(r.combine_input, combine_type))
 end
 
 """Collective.  expert_output: (H, P) array.  Returns an (H, T) array aliasing

@@ -127,6 +127,7 @@ class Config(Structure):
         ("num_sms", c_int32),
         ("timeout_ms", c_int32),
         ("device", c_int32),
+        ("zero_copy_combine", c_int32),
     ]
 
 
@@ -143,7 +144,8 @@ class DispatchArgs(Structure):
 
 
 DISPATCH_RESULT_FIELDS = ("hidden_states", "topk_ids", "topk_weights", "hidden_states_scale",
-                          "recv_counts", "local_expert_counts", "eplb_gathered_stats")
+                          "recv_counts", "local_expert_counts", "eplb_gathered_stats",
+                          "combine_input")
 
 
 class DispatchResult(Structure):

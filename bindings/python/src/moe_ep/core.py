@@ -78,7 +78,7 @@ def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dty
     return p
 
 
-def make_config(backend=None, num_sms=None, timeout_ms=None, device=None):
+def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None):
     """A moe_ep_config_t; None keeps moe_ep_config_init's defaults.  backend:
     "auto", "host", "nvlink", "nccl" or a MOE_EP_BACKEND_* int."""
     c = _lib.Config()
@@ -91,6 +91,8 @@ def make_config(backend=None, num_sms=None, timeout_ms=None, device=None):
         c.timeout_ms = timeout_ms
     if device is not None:
         c.device = device
+    if zero_copy_combine is not None:
+        c.zero_copy_combine = int(bool(zero_copy_combine))
     return c
 
 
@@ -107,7 +109,7 @@ def _backend_value(backend):
     return int(backend)
 
 
-_CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device")
+_CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device", "zero_copy_combine")
 
 
 def _split_kwargs(kwargs):
@@ -179,6 +181,9 @@ class MoeEp:
       combine_dtype        -- "bfloat16" (default), "float16" or "float32"
       backend              -- "auto" (default), "nvlink", "nccl" or "host"
       num_sms, timeout_ms, device -- see moe_ep_config_t in moe_ep_c.h
+      zero_copy_combine    -- default False; True: every DispatchResult has
+                              combine_input, a writable [P, H] view to write the
+                              expert output into and pass to combine (no copy)
 
     dtypes are names ("bfloat16"), numpy/torch dtypes or (code, bits, lanes).
     Tensors are any objects with __dlpack__; see dispatch() and combine().
@@ -187,14 +192,14 @@ class MoeEp:
     def __init__(self, bootstrap, num_experts, top_k, max_tokens_per_rank, hidden_size, *,
                  hidden_dtype=None, hidden_row_elems=None, scale_row_elems=None, scale_dtype=None,
                  invalid_expert_id=None, enable_eplb_stats=None, combine_dtype=None,
-                 backend=None, num_sms=None, timeout_ms=None, device=None):
+                 backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None):
         self._params = make_params(num_experts, top_k, max_tokens_per_rank, hidden_size,
                                    hidden_dtype=hidden_dtype, hidden_row_elems=hidden_row_elems,
                                    scale_row_elems=scale_row_elems, scale_dtype=scale_dtype,
                                    invalid_expert_id=invalid_expert_id,
                                    enable_eplb_stats=enable_eplb_stats, combine_dtype=combine_dtype)
         self._config = make_config(backend=backend, num_sms=num_sms, timeout_ms=timeout_ms,
-                                   device=device)
+                                   device=device, zero_copy_combine=zero_copy_combine)
         self._bootstrap = bootstrap  # destroy calls back into it
         self._ptr = _lib.HandlePtr()
         self._epochs = {"dispatch": 0, "combine": 0}
@@ -273,7 +278,10 @@ class MoeEp:
           invalid_expert_id), topk_weights [P, K] float32 (if given),
           hidden_states_scale [P, S], recv_counts [world_size] int32,
           local_expert_counts [E / world_size] int32, eplb_gathered_stats
-          [world_size, E] int32 (if enabled)."""
+          [world_size, E] int32 (if enabled), combine_input [P, H]
+          combine_dtype (if zero_copy_combine): write the expert output into
+          it (e.g. numpy.from_dlpack(r.combine_input)[...] = y) and pass
+          r.combine_input to combine as expert_output."""
         handle = self._live()
         s = _stream_int(stream)
         args = _lib.DispatchArgs()

@@ -126,6 +126,7 @@ pub struct moe_ep_config_t {
     pub num_sms: i32,
     pub timeout_ms: i32,
     pub device: i32,
+    pub zero_copy_combine: i32,
 }
 
 #[repr(C)]
@@ -152,6 +153,7 @@ pub struct moe_ep_dispatch_result_t {
     pub recv_counts: moe_ep_tensor_t,
     pub local_expert_counts: moe_ep_tensor_t,
     pub eplb_gathered_stats: moe_ep_tensor_t,
+    pub combine_input: moe_ep_tensor_t,
 }
 
 #[repr(C)]

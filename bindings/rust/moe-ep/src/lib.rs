@@ -139,6 +139,12 @@ impl Config {
         self.0.device = d;
         self
     }
+    /// Every dispatch result then holds `combine_input`, a view to write the
+    /// expert output into; `MoeEp::combine_from_input` combines it in place.
+    pub fn zero_copy_combine(mut self, on: bool) -> Self {
+        self.0.zero_copy_combine = on as i32;
+        self
+    }
     pub fn raw(&self) -> &sys::moe_ep_config_t {
         &self.0
     }
@@ -208,6 +214,10 @@ pub struct DispatchResult<'h> {
     pub recv_counts: View<'h>,
     pub local_expert_counts: View<'h>,
     pub eplb_gathered_stats: Option<View<'h>>,
+    /// [P, hidden_size] combine_dtype, with `Config::zero_copy_combine`: write
+    /// the expert output here (`as_mut_slice`), drop the result, then call
+    /// `MoeEp::combine_from_input`.
+    pub combine_input: Option<View<'h>>,
 }
 
 fn required<'h>(t: &sys::moe_ep_tensor_t, name: &str) -> Result<View<'h>> {
@@ -221,6 +231,9 @@ pub struct MoeEp {
     // The library calls back into the bootstrap until destroy: boxed so that
     // the ctx pointer it holds stays valid for the handle's whole life.
     ctx: Box<bootstrap::Ctx>,
+    // The last dispatch's combine_input (address, device, dtype, shape), for
+    // combine_from_input; None without zero_copy_combine or after its combine.
+    combine_input: Option<(*mut c_void, Device, DType, [i64; 2])>,
 }
 
 // SAFETY: the library allows a handle to move between threads as long as one
@@ -237,7 +250,7 @@ impl MoeEp {
         let mut raw: sys::moe_ep_handle_t = ptr::null_mut();
         let status = unsafe { sys::moe_ep_create(&b, &params.0, config_ptr(config), &mut raw) };
         Self::with_bootstrap_error(&ctx, check(status))?;
-        Ok(MoeEp { raw, ctx })
+        Ok(MoeEp { raw, ctx, combine_input: None })
     }
 
     /// A BOOTSTRAP failure says which callback failed and why.
@@ -293,7 +306,10 @@ impl MoeEp {
         check(unsafe { sys::moe_ep_dispatch_result_init(&mut r) })?;
         let status = unsafe { sys::moe_ep_dispatch(self.raw, &a, &mut r, stream) };
         Self::with_bootstrap_error(&self.ctx, check(status))?;
+        let combine_input = View::from_raw(&r.combine_input);
+        self.combine_input = combine_input.as_ref().map(|v| (v.data_ptr(), v.device(), v.dtype(), [v.shape()[0], v.shape()[1]]));
         Ok(DispatchResult {
+            combine_input,
             tokens_per_rank: r.tokens_per_rank,
             hidden_states: required(&r.hidden_states, "hidden_states")?,
             topk_ids: required(&r.topk_ids, "topk_ids")?,
@@ -316,6 +332,29 @@ impl MoeEp {
         unsafe { self.combine_on_stream(expert_output, Some(output), ptr::null_mut()) }.map(|_| ())
     }
 
+    /// Collective combine of the expert output the caller wrote into the last
+    /// dispatch's `combine_input` (zero-copy), into library-owned memory.
+    pub fn combine_from_input(&mut self) -> Result<View<'_>> {
+        let eo = self.combine_input_tensor()?;
+        unsafe { self.combine_on_stream(&eo, None, ptr::null_mut()) }.map(|v| v.expect("output"))
+    }
+
+    /// `combine_from_input` into the caller's `output` [T, hidden_size].
+    pub fn combine_from_input_into(&mut self, output: &mut TensorMut<'_>) -> Result<()> {
+        let eo = self.combine_input_tensor()?;
+        unsafe { self.combine_on_stream(&eo, Some(output), ptr::null_mut()) }.map(|_| ())
+    }
+
+    fn combine_input_tensor(&self) -> Result<TensorRef<'static>> {
+        let (data, device, dtype, shape) = self.combine_input.ok_or_else(|| {
+            Error::new(Status::INVALID_STATE,
+                       "combine_from_input: no combine_input view (the handle was created without \
+                        Config::zero_copy_combine, or no dispatch is waiting for its combine)")
+        })?;
+        // SAFETY: the library's view, valid until the combine this tensor is passed to.
+        unsafe { TensorRef::from_raw(data, device, dtype, &shape) }
+    }
+
     /// # Safety
     /// `stream` must be a valid `cudaStream_t` of the handle's device, or null.
     pub unsafe fn combine_on_stream(&mut self, expert_output: &TensorRef<'_>, output: Option<&mut TensorMut<'_>>,
@@ -329,6 +368,7 @@ impl MoeEp {
                                 stream)
         };
         Self::with_bootstrap_error(&self.ctx, check(status))?;
+        self.combine_input = None;  // issued: the view is no longer the caller's
         if out.is_some() {
             return Ok(None);
         }

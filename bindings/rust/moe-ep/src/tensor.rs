@@ -244,6 +244,16 @@ impl<'h> View<'h> {
         self.shape.iter().product::<i64>() as usize
     }
 
+    /// The elements, writable, for host views of dtype `T::DTYPE` (for
+    /// `DispatchResult::combine_input`, the one view meant to be written).
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        let n = self.as_slice::<T>()?.len();
+        if n == 0 {
+            return Ok(&mut []);
+        }
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.data as *mut T, n) })
+    }
+
     /// The elements, for host views of dtype `T::DTYPE`.
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         if !self.device.is_host() {

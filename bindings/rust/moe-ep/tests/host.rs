@@ -146,17 +146,29 @@ impl Case {
 /// Runs rank `me` of `case`; returns what the library produced.
 fn run_rank(case: &Case, me: usize, bs: Arc<dyn Bootstrap>)
             -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>) {
+    run_rank_with(case, me, bs, false)
+}
+
+/// `zero_copy`: the expert output is written into the dispatch result's
+/// combine_input and combined from there.
+fn run_rank_with(case: &Case, me: usize, bs: Arc<dyn Bootstrap>, zero_copy: bool)
+                 -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>) {
     let params = Params::new(case.e as i32, case.k as i32, case.tpr as i32, case.h as i32)
         .unwrap()
         .hidden_dtype(DType::F32)
         .combine_dtype(DType::F32);
-    let mut ep = MoeEp::new(bs, &params, Some(&host())).unwrap();
+    let mut ep = MoeEp::new(bs, &params, Some(&host().zero_copy_combine(zero_copy))).unwrap();
     let inp = &case.inputs[me];
     let (t, k, h) = (inp.t as i64, case.k as i64, case.h as i64);
     let args = DispatchArgs::new(TensorRef::from_slice(&inp.x, &[t, h]).unwrap(),
                                  TensorRef::from_slice(&inp.ids, &[t, k]).unwrap())
         .weights(TensorRef::from_slice(&inp.w, &[t, k]).unwrap());
-    let r = ep.dispatch(&args).unwrap();
+    let mut r = ep.dispatch(&args).unwrap();
+    assert_eq!(r.combine_input.is_some(), zero_copy);
+    if let Some(view) = r.combine_input.as_mut() {
+        assert_eq!(view.shape(), &[(case.world * case.tpr) as i64, case.h as i64]);
+        view.as_mut_slice::<f32>().unwrap().copy_from_slice(&case.expert_output(me));
+    }
     let got = (r.tokens_per_rank, r.recv_counts.as_slice::<i32>().unwrap().to_vec(),
                r.hidden_states.as_slice::<f32>().unwrap().to_vec(), r.topk_ids.as_slice::<i32>().unwrap().to_vec(),
                r.topk_weights.as_ref().unwrap().as_slice::<f32>().unwrap().to_vec(),
@@ -169,7 +181,11 @@ fn run_rank(case: &Case, me: usize, bs: Arc<dyn Bootstrap>)
     } else {
         vec![(case.world * case.tpr) as i64, h]
     };
-    let y = ep.combine(&TensorRef::from_slice(&eo, &shape).unwrap()).unwrap();
+    let y = if zero_copy {
+        ep.combine_from_input().unwrap()
+    } else {
+        ep.combine(&TensorRef::from_slice(&eo, &shape).unwrap()).unwrap()
+    };
     assert_eq!(y.shape(), &[t, h]);
     let y = y.as_slice::<f32>().unwrap().to_vec();
     ep.destroy().unwrap();
@@ -318,13 +334,17 @@ fn bootstrap_errors_are_reported_with_their_cause() {
 }
 
 fn run_threads(case: &Arc<Case>) {
+    run_threads_with(case, false);
+}
+
+fn run_threads_with(case: &Arc<Case>, zero_copy: bool) {
     let ranks = thread_group(case.world as i32);
     let handles: Vec<_> = ranks
         .into_iter()
         .enumerate()
         .map(|(me, bs)| {
             let case = case.clone();
-            std::thread::spawn(move || run_rank(&case, me, bs))
+            std::thread::spawn(move || run_rank_with(&case, me, bs, zero_copy))
         })
         .collect();
     let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect();
@@ -356,4 +376,20 @@ fn workspace_size_grows_with_tokens() {
     let e = workspace_size(&Params::new(4, 2, 8, 16).unwrap(), None, 3).unwrap_err();
     assert_eq!(e.status, Status::INVALID_ARGUMENT);
     assert!(is_platform_supported(0).is_ok());
+}
+
+#[test]
+fn threads_zero_copy_combine_input() {
+    // Bitwise the model's sum, as for a combine from the caller's own buffer.
+    run_threads_with(&Arc::new(Case::new(4, 1, 4, 2, 5, 6)), true);
+    run_threads_with(&Arc::new(Case::new(5, 3, 9, 2, 4, 7)), true);
+}
+
+#[test]
+fn combine_from_input_without_the_flag_is_invalid_state() {
+    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let mut ep = MoeEp::new(thread_group(1).remove(0), &params, Some(&host())).unwrap();
+    let e = ep.combine_from_input().unwrap_err();
+    assert_eq!(e.status, Status::INVALID_STATE);
+    ep.destroy().unwrap();
 }
