@@ -73,6 +73,7 @@ class Handle {
     config.timeout_ms = o.timeout_ms;
     config.num_sms = o.num_sms;
     config.device = backend == MOE_EP_BACKEND_HOST ? -1 : device;
+    config.zero_copy_combine = backend != MOE_EP_BACKEND_HOST && o.zero_copy_combine ? 1 : 0;
     if (moe_ep_create(&b, &params, &config, &h_) != MOE_EP_SUCCESS) {
       throw std::runtime_error(std::string("moe_ep_create: ") + moe_ep_last_error());
     }
@@ -115,6 +116,19 @@ struct DeviceInputs {
   DeviceBuffer hidden, ids, weights, scales, eplb, expert_output, output;
 };
 
+// Writes the expert output into the dispatch result's combine_input view (on
+// the stream, after the dispatch) and returns the view's address.
+const void* load_combine_input(const WorkloadSpec& w, const moe_ep_dispatch_result_t& r,
+                               const std::vector<uint8_t>& eo, cudaStream_t stream) {
+  const moe_ep_tensor_t& v = r.combine_input;
+  if (v.data == nullptr || v.ndim != 2 || v.shape[0] != w.receive_rows() || v.shape[1] != w.hidden_size) {
+    throw std::runtime_error("zero_copy_combine: the dispatch result has no [P, hidden] combine_input view");
+  }
+  cuda_ok(cudaMemcpyAsync(v.data, eo.data(), eo.size(), cudaMemcpyHostToDevice, stream), "upload into combine_input");
+  cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  return v.data;
+}
+
 }  // namespace
 
 int32_t gpu_backend_under_test() {
@@ -127,6 +141,7 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
   const int device = o.device >= 0 ? o.device : gpu_device();
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   WorkloadSpec spec = spec_in;
+  if (o.graph && o.zero_copy_combine) throw std::runtime_error("run_gpu_case: zero_copy_combine runs eager rounds only");
   if (o.graph && spec.tokens.empty()) {  // a graph has fixed shapes: fix every rank's T
     std::vector<int> drawn;  // drawn before filling spec.tokens: num_tokens() reads it once it is set
     for (int r = 0; r < spec.world; ++r) drawn.push_back(spec.num_tokens(r));
@@ -157,7 +172,7 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
     const std::vector<uint8_t> eo = make_expert_output(w, rank);
     gpu.upload(data, eo);
     DispatchArgs gpu_args(w, T, gpu.memory(), dev);
-    const TensorView gpu_eo = expert_output_view(w, gpu.expert_output.get(), dev);
+    const void* gpu_eo_address = gpu.expert_output.get();  // or the combine_input view (zero-copy)
     const TensorView gpu_output = combine_output_view(w, gpu.output.get(), T, dev);
     if (o.caller_output) {
       cuda_ok(cudaMemset(gpu.output.get(), kPoison, size_t(T) * w.combine_row_bytes()), "poison");
@@ -169,6 +184,7 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
 
     auto gpu_dispatch = [&] { return moe_ep_dispatch(nv.get(), gpu_args.get(), &gpu_result, stream); };
     auto gpu_combine = [&] {
+      const TensorView gpu_eo = expert_output_view(w, gpu_eo_address, dev);
       return moe_ep_combine(nv.get(), gpu_eo.get(), o.caller_output ? gpu_output.get() : nullptr, &gpu_combined,
                             stream);
     };
@@ -185,6 +201,7 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
       cuda_ok(cudaGraphLaunch(graph_exec, stream), "cudaGraphLaunch");
     } else {
       expect_ok(gpu_dispatch(), "moe_ep_dispatch");
+      if (o.zero_copy_combine) gpu_eo_address = load_combine_input(w, gpu_result, eo, stream);
       if (o.between_dispatch_and_combine) o.between_dispatch_and_combine();
       expect_ok(gpu_combine(), "moe_ep_combine");
     }

@@ -25,6 +25,9 @@ struct GpuCaseOptions {
   int rounds = 3;              // dispatch/combine pairs, each on new inputs
   bool caller_output = false;  // combine into the caller's buffer (else library-owned)
   bool graph = false;          // capture dispatch+combine once, replay it every round
+  bool zero_copy_combine = false;  // GPU handle with config.zero_copy_combine: the expert output is
+                                   // written into the dispatch result's combine_input view, which
+                                   // combine then takes (eager rounds only; the HOST oracle takes a copy)
   int timeout_ms = 20000;
   int num_sms = 0;
   int device = -1;             // -1 = gpu_device()

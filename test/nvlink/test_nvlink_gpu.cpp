@@ -167,6 +167,17 @@ TEST_CASE("combine into the caller's buffer, and with few SMs", "[gpu]") {
   check_case(s, few);
 }
 
+TEST_CASE("zero-copy combine input: combine from the combine_input view equals the HOST oracle", "[gpu][zero_copy]") {
+  WorkloadSpec s = spec_for_world(64, 8, 256, 512);
+  s.seed = 67;
+  GpuCaseOptions zero_copy;
+  zero_copy.zero_copy_combine = true;
+  check_case(s, zero_copy);
+  s.runtime_max_tokens_per_rank = 100;  // a view of fewer rows than the region holds
+  zero_copy.caller_output = true;
+  check_case(s, zero_copy);
+}
+
 TEST_CASE("a CUDA graph of dispatch + combine replays with results identical to eager calls", "[gpu][graph]") {
   WorkloadSpec s = spec_for_world(64, 8, 7168, 64);
   s.seed = 71;

@@ -24,6 +24,7 @@ struct BenchOptions {
   double zipf_s = 1.2, mask_fraction = 0.0;
   int warmup = 5, iters = 20, check = 1;
   bool graph = false, baselines = true;
+  bool zero_copy_combine = false;  // expert output written into the dispatch result's combine_input view
   bool launch_gate = true;  // queue each batch of launches ahead (GPU time); false: host-driven
   std::string json_path;
 };

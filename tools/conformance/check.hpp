@@ -48,6 +48,8 @@ struct CheckCase {
   int min_experts = 0;         // ... rounded up to at least this (a multiple of world)
   bool top_k_is_all = false;   // top_k = num_experts
   bool invalid_above = false;  // invalid_expert_id = num_experts + 5 (a positive invalid id)
+  bool zero_copy = false;      // config->zero_copy_combine: the expert output goes into the
+                               // dispatch result's combine_input view, which combine then takes
   TokenRule tokens = TokenRule::random;
 };
 

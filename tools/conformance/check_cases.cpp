@@ -86,6 +86,10 @@ class Case {
     c_.shape.eplb_given = given;
     return *this;
   }
+  Case& zero_copy_combine() {
+    c_.zero_copy = true;
+    return *this;
+  }
   Case& routing(RoutingKind kind, double zipf_s = 0) {
     c_.shape.routing.kind = kind;
     c_.shape.routing.zipf_s = zipf_s;
@@ -144,6 +148,10 @@ std::vector<CheckCase> check_cases() {
       // The routing shapes the benchmark uses.
       Case("routing_balanced").routing(RoutingKind::balanced).top_k(4).experts_per_rank(8).tokens(TokenRule::full),
       Case("routing_zipf").routing(RoutingKind::zipf, 1.5).top_k(4).experts_per_rank(8),
+      // Zero-copy combine input: the expert output written into the dispatch
+      // result's combine_input view and passed back as expert_output.
+      Case("zero_copy_input").zero_copy_combine().hidden(96).top_k(3).runtime_max(12),
+      Case("zero_copy_fp32").zero_copy_combine().hidden(33).dtypes("bf16", "fp32").tokens(TokenRule::unequal),
   };
 }
 

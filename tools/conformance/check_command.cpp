@@ -44,7 +44,7 @@ class CaseRunner {
   // alternate, and so do the 2-D and 3-D expert_output forms.
   void run_eager(Verdict& v) {
     const WorkloadSpec first = spec(0, false);
-    EpHandle handle(s_.bootstrap(), first.params(), s_.config());
+    EpHandle handle(s_.bootstrap(), first.params(), config());
     Buffers b(first, s_.place());
     for (int round = 0; round < o_.rounds; ++round) eager_round(handle, b, spec(round, false), round, v);
   }
@@ -53,15 +53,18 @@ class CaseRunner {
   // on new inputs twice, then one eager call on the same handle.
   void run_graph(Verdict& v) {
     const WorkloadSpec first = spec(kFirstGraphRound, true);
-    EpHandle handle(s_.bootstrap(), first.params(), s_.config());
+    EpHandle handle(s_.bootstrap(), first.params(), config());
     Buffers b(first, s_.place());
     b.inputs.load(first, me_, make_routing(first, me_), s_.stream());
     moe_ep_dispatch_result_t dr;
     moe_ep_combine_result_t cr;
     {
       CapturedCall dispatch(s_.stream(), [&](void* st) { return b.inputs.dispatch(handle.get(), first, &dr, st); });
+      // Zero-copy: the view's address is fixed per handle, so the captured
+      // combine reads whatever each replay wrote there.
+      const void* expert_output = c_.zero_copy ? dr.combine_input.data : b.expert_output.data();
       CapturedCall combine(s_.stream(), [&](void* st) {
-        return run_combine(handle.get(), first, s_.place(), b.expert_output, false, &b.output, b.inputs.num_tokens(),
+        return run_combine(handle.get(), first, s_.place(), expert_output, false, &b.output, b.inputs.num_tokens(),
                            &cr, st);
       });
       for (int replay = 0; replay < 2; ++replay) {
@@ -71,7 +74,7 @@ class CaseRunner {
         if (b.inputs.num_tokens() != first.tokens[me_]) fail("tool bug: graph replay with a different token count");
         dispatch.launch(s_.stream());
         verify_dispatch(w, all, dr, v);
-        b.expert_output.upload(make_expert_output(w, me_), s_.stream());
+        load_expert_output(w, b, dr);
         b.output.fill(0xFF, s_.stream());
         combine.launch(s_.stream());
         verify_combine(w, all, cr, b.output.data(), b.inputs.num_tokens(), v);
@@ -91,6 +94,16 @@ class CaseRunner {
     Buffer expert_output, output;
   };
 
+  moe_ep_config_t config() const { return with_zero_copy_combine(s_.config(), c_.zero_copy); }
+
+  // Where this round's expert output goes: the tool's buffer, or (zero-copy)
+  // the dispatch result's combine_input view.  Returns what combine gets.
+  const void* load_expert_output(const WorkloadSpec& w, Buffers& b, const moe_ep_dispatch_result_t& dr) {
+    if (c_.zero_copy) return fill_combine_input(w, me_, s_.place(), dr, s_.stream());
+    b.expert_output.upload(make_expert_output(w, me_), s_.stream());
+    return b.expert_output.data();
+  }
+
   WorkloadSpec spec(int round, bool fixed_counts) const {
     return case_spec(s_.options().seed, c_, s_.world().size, round, fixed_counts);
   }
@@ -101,11 +114,11 @@ class CaseRunner {
     moe_ep_dispatch_result_t dr;
     TOOL_CHECK_MOE(b.inputs.dispatch(handle.get(), w, &dr, s_.stream()));
     verify_dispatch(w, all, dr, v);
-    b.expert_output.upload(make_expert_output(w, me_), s_.stream());
+    const void* expert_output = load_expert_output(w, b, dr);
     const bool caller_output = round % 2 == 0, as_3d = round % 3 == 1;
     if (caller_output) b.output.fill(0xFF, s_.stream());  // poison: every element must be written
     moe_ep_combine_result_t cr;
-    TOOL_CHECK_MOE(run_combine(handle.get(), w, s_.place(), b.expert_output, as_3d, caller_output ? &b.output : nullptr,
+    TOOL_CHECK_MOE(run_combine(handle.get(), w, s_.place(), expert_output, as_3d, caller_output ? &b.output : nullptr,
                                b.inputs.num_tokens(), &cr, s_.stream()));
     verify_combine(w, all, cr, caller_output ? b.output.data() : nullptr, b.inputs.num_tokens(), v);
     verify_async(w, all, handle, v);

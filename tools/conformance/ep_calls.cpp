@@ -41,12 +41,30 @@ moe_ep_status_t DispatchInputs::dispatch(moe_ep_handle_t handle, const WorkloadS
 }
 
 moe_ep_status_t run_combine(moe_ep_handle_t handle, const WorkloadSpec& s, const Place& place,
-                            const Buffer& expert_output, bool as_3d, const Buffer* output, int num_tokens,
+                            const void* expert_output, bool as_3d, const Buffer* output, int num_tokens,
                             moe_ep_combine_result_t* result, void* stream) {
-  const TensorView input = expert_output_view(s, expert_output.data(), place.dlpack(), as_3d);
+  const TensorView input = expert_output_view(s, expert_output, place.dlpack(), as_3d);
   const TensorView out = combine_output_view(s, output ? output->data() : nullptr, num_tokens, place.dlpack());
   TOOL_CHECK_MOE(moe_ep_combine_result_init(result));
   return moe_ep_combine(handle, input.get(), output ? out.get() : nullptr, result, stream);
+}
+
+moe_ep_config_t with_zero_copy_combine(moe_ep_config_t config, bool zero_copy) {
+  config.zero_copy_combine = zero_copy ? 1 : 0;
+  return config;
+}
+
+void* fill_combine_input(const WorkloadSpec& s, int rank, const Place& place, const moe_ep_dispatch_result_t& r,
+                         void* stream) {
+  const int64_t P = s.receive_rows();
+  if (r.combine_input.data == nullptr || r.combine_input.ndim != 2 || r.combine_input.shape[0] != P ||
+      r.combine_input.shape[1] != s.hidden_size) {
+    fail("zero-copy combine: the dispatch result has no [" + std::to_string(P) + ", " + std::to_string(s.hidden_size) +
+         "] combine_input view (config->zero_copy_combine was set)");
+  }
+  const std::vector<uint8_t> rows = make_expert_output(s, rank);
+  upload_at(place, r.combine_input.data, rows.data(), rows.size(), stream);
+  return r.combine_input.data;
 }
 
 void poison_dispatch_payload(const WorkloadSpec& s, const Place& place, const moe_ep_dispatch_result_t& r,

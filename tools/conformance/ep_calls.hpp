@@ -44,11 +44,21 @@ class DispatchInputs {
 };
 
 // Combine of the dispatch just issued.  expert_output holds [P, H] rows of
-// combine_dtype, passed as [P, H] or, with as_3d, as [world, tpr, H]; output
-// NULL asks for library-owned memory.
+// combine_dtype (a tool buffer, or the dispatch result's combine_input view),
+// passed as [P, H] or, with as_3d, as [world, tpr, H]; output NULL asks for
+// library-owned memory.
 moe_ep_status_t run_combine(moe_ep_handle_t handle, const WorkloadSpec& spec, const Place& place,
-                            const Buffer& expert_output, bool as_3d, const Buffer* output, int num_tokens,
+                            const void* expert_output, bool as_3d, const Buffer* output, int num_tokens,
                             moe_ep_combine_result_t* result, void* stream);
+
+// The config a handle of this run uses, with config->zero_copy_combine set as asked.
+moe_ep_config_t with_zero_copy_combine(moe_ep_config_t config, bool zero_copy);
+
+// Zero-copy combine: writes rank `rank`'s expert output for `spec` into the
+// dispatch result's combine_input view and returns the view's address.
+// Fails (a tool error) when the result has no view.
+void* fill_combine_input(const WorkloadSpec& spec, int rank, const Place& place,
+                         const moe_ep_dispatch_result_t& result, void* stream);
 
 // Overwrites the payload rows of a dispatch result (hidden, scales): the
 // caller may use them until it issues the combine, so a later dispatch must

@@ -70,6 +70,9 @@ void add_bench(CLI::App& app, BenchOptions& o) {
   bench->add_option("-c,--check", o.check, "1 = count #wrong once per size before timing, 0 = skip");
   bench->add_flag("-G,--graph", o.graph, "time CUDA-graph replays of dispatch and of combine (GPU)");
   bench->add_flag("!--no-baselines", o.baselines, "skip the ceiling and NCCL baselines");
+  bench->add_flag("--zero-copy-combine", o.zero_copy_combine,
+                  "create with config.zero_copy_combine: the expert output is written into the dispatch result's "
+                  "combine_input view (outside the timed loop) and the timed combine takes that view");
   bench->add_flag("!--no-launch-gate", o.launch_gate,
                   "GPU: do not queue launches ahead of the GPU; times then include the host's launch cost");
   bench->add_option("-J,--json", o.json_path, "write every figure, the byte formulas and the machine to this file");

@@ -47,13 +47,17 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 void Buffer::upload(const void* src, uint64_t bytes, void* stream) {
   if (bytes > bytes_) fail("Buffer::upload: " + std::to_string(bytes) + " bytes into " + std::to_string(bytes_));
+  upload_at(place_, data_, src, bytes, stream);
+}
+
+void upload_at(const Place& place, void* data, const void* src, uint64_t bytes, void* stream) {
   if (bytes == 0) return;
-  if (place_.device) {
-    TOOL_CHECK_CUDA(cudaMemcpyAsync(data_, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
+  if (place.device) {
+    TOOL_CHECK_CUDA(cudaMemcpyAsync(data, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
     // The source is pageable host memory that the caller may free: finish now.
     TOOL_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
   } else {
-    std::memcpy(data_, src, bytes);
+    std::memcpy(data, src, bytes);
   }
 }
 

@@ -51,5 +51,8 @@ std::vector<uint8_t> download(const Place& place, const void* data, uint64_t byt
 moe_ep_verify::MemoryReader reader(const Place& place, void* stream);
 // Fills result memory in place (poisoning a result the caller owns until combine).
 void fill_at(const Place& place, void* data, uint64_t bytes, uint8_t byte, void* stream);
+// Copies `bytes` of host memory to `data` (host or device memory of `place`);
+// finished on return (the source may be freed).
+void upload_at(const Place& place, void* data, const void* src, uint64_t bytes, void* stream);
 
 }  // namespace moe_ep_tool
