@@ -62,6 +62,7 @@ int main(void) {
   FIELD(moe_ep_config_t, num_sms);
   FIELD(moe_ep_config_t, timeout_ms);
   FIELD(moe_ep_config_t, device);
+  FIELD(moe_ep_config_t, zero_copy_combine);
 
   STRUCT(moe_ep_dispatch_args_t);
   FIELD(moe_ep_dispatch_args_t, struct_size);
@@ -82,6 +83,7 @@ int main(void) {
   FIELD(moe_ep_dispatch_result_t, recv_counts);
   FIELD(moe_ep_dispatch_result_t, local_expert_counts);
   FIELD(moe_ep_dispatch_result_t, eplb_gathered_stats);
+  FIELD(moe_ep_dispatch_result_t, combine_input);
 
   STRUCT(moe_ep_combine_result_t);
   FIELD(moe_ep_combine_result_t, struct_size);

@@ -104,6 +104,27 @@ def test_dispatch_combine_single_rank_by_hand():
         np.testing.assert_array_equal(y, np.where(np.arange(5)[:, None] == 3, 0, x))
 
 
+def test_zero_copy_combine_input_single_rank():
+    x, ids, w = inputs()
+    with small_ep(zero_copy_combine=True) as ep:
+        r = ep.dispatch(x, ids, w)
+        assert r.combine_input.shape == (8, 3) and r.combine_input.dtype == "float32"
+        with pytest.raises(moe_ep.MoeEpError) as e:
+            r.combine_input.write(np.zeros((8, 2), np.float32))
+        assert e.value.status == moe_ep.ERROR_INVALID_ARGUMENT
+        rows = np.from_dlpack(r.hidden_states).copy()
+        r.combine_input.write(rows)  # identity experts, written in place
+        view = r.combine_input
+        y = np.from_dlpack(ep.combine(view)).copy()
+        np.testing.assert_array_equal(y, np.where(np.arange(5)[:, None] == 3, 0, x))
+        # Issued: the view has expired for the binding too.
+        assert not view.valid
+        with pytest.raises(moe_ep.MoeEpError):
+            view.write(rows)
+    with small_ep() as plain:
+        assert plain.dispatch(x, ids, w).combine_input is None
+
+
 @pytest.mark.parametrize("combine_dtype", [np.float32, np.float16])
 def test_random_case_single_rank(combine_dtype):
     case = reference.Case(seed=11, world=1, num_experts=6, top_k=3, hidden=5, tokens_per_rank=9,

@@ -94,6 +94,23 @@ class View:
         versioned = max_version is not None and max_version[0] >= 1
         return _dlpack.export(self, self.data_ptr, self.device, self.dtype_tuple, self.shape, versioned)
 
+    def write(self, array):
+        """Copies `array` (any object numpy can read, with this view's shape
+        and element width) into a host view: for DispatchResult.combine_input
+        with numpy, whose from_dlpack arrays may be read-only (numpy < 2.1).
+        CUDA views: write through torch.from_dlpack(view) or cupy instead."""
+        import numpy as np
+        self._check_valid()
+        if self.device[0] not in (_lib.DEVICE_CPU, _lib.DEVICE_CUDA_HOST):
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"View.write: the view lives on device {self.device}; "
+                             "write through torch.from_dlpack(view) or cupy.from_dlpack(view)")
+        a = np.ascontiguousarray(array)
+        if tuple(a.shape) != self.shape or a.itemsize * 8 != self.dtype_tuple[1]:
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"View.write: expected {list(self.shape)} elements of "
+                             f"{self.dtype_tuple[1]} bits, got {list(a.shape)} of {a.itemsize * 8} bits")
+        if a.nbytes:
+            ctypes.memmove(self.data_ptr, a.ctypes.data, a.nbytes)
+
     def _borrow(self):
         """This view as a DLTensor pointer (to pass it back into the library,
         e.g. dispatch output straight into combine)."""

@@ -280,8 +280,9 @@ class MoeEp:
           local_expert_counts [E / world_size] int32, eplb_gathered_stats
           [world_size, E] int32 (if enabled), combine_input [P, H]
           combine_dtype (if zero_copy_combine): write the expert output into
-          it (e.g. numpy.from_dlpack(r.combine_input)[...] = y) and pass
-          r.combine_input to combine as expert_output."""
+          it (host: r.combine_input.write(y); CUDA: through
+          torch.from_dlpack(r.combine_input)) and pass r.combine_input to
+          combine as expert_output."""
         handle = self._live()
         s = _stream_int(stream)
         args = _lib.DispatchArgs()
