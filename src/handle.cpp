@@ -330,9 +330,8 @@ bool is_combine_input_view(const moe_ep_handle_s& h, const void* data, int64_t t
   const uint64_t region_bytes = combine_input_region_bytes(l);  // sizes were checked at create
   const bool overlaps = begin < region ? region - begin < bytes : begin - region < region_bytes;
   if (overlaps) {
-    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "expert_output: overlaps the combine_input view (", region_bytes,
-         " bytes at ", h.combine_input, ") without starting at it (starts ",
-         begin < region ? "before" : "inside", " it, at ", data,
+    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "expert_output: overlaps the combine_input view (", region_bytes, " bytes at ",
+         h.combine_input, ") without starting at it (starts ", begin < region ? "before" : "inside", " it, at ", data,
          "); pass the combine_input view itself or a tensor outside it");
   }
   return false;

@@ -278,8 +278,8 @@ uint64_t host_workspace_bytes(const Layout& l) {
                                     static_cast<uint64_t>(l.num_experts), what),
                         what);
   }
-  total = checked_add(total, checked_mul(static_cast<uint64_t>(l.max_tokens_per_rank), l.combine_row_bytes, what),
-                      what);
+  total =
+      checked_add(total, checked_mul(static_cast<uint64_t>(l.max_tokens_per_rank), l.combine_row_bytes, what), what);
   return checked_add(total, combine_input_region_bytes(l), what);
 }
 

@@ -85,12 +85,15 @@ struct StructLayout<moe_ep_dispatch_result_t> {
   using T = moe_ep_dispatch_result_t;
   static constexpr const char* c_name = "moe_ep_dispatch_result_t";
   static constexpr const char* init_name = "moe_ep_dispatch_result_init";
-  static constexpr size_t field_ends[] = {
-      MOE_EP_FIELD_END(T, tokens_per_rank),     MOE_EP_FIELD_END(T, hidden_states),
-      MOE_EP_FIELD_END(T, topk_ids),            MOE_EP_FIELD_END(T, topk_weights),
-      MOE_EP_FIELD_END(T, hidden_states_scale), MOE_EP_FIELD_END(T, recv_counts),
-      MOE_EP_FIELD_END(T, local_expert_counts), MOE_EP_FIELD_END(T, eplb_gathered_stats),
-      MOE_EP_FIELD_END(T, combine_input)};
+  static constexpr size_t field_ends[] = {MOE_EP_FIELD_END(T, tokens_per_rank),
+                                          MOE_EP_FIELD_END(T, hidden_states),
+                                          MOE_EP_FIELD_END(T, topk_ids),
+                                          MOE_EP_FIELD_END(T, topk_weights),
+                                          MOE_EP_FIELD_END(T, hidden_states_scale),
+                                          MOE_EP_FIELD_END(T, recv_counts),
+                                          MOE_EP_FIELD_END(T, local_expert_counts),
+                                          MOE_EP_FIELD_END(T, eplb_gathered_stats),
+                                          MOE_EP_FIELD_END(T, combine_input)};
   // 0.1 ended at eplb_gathered_stats; combine_input was appended after 0.1.
   static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, eplb_gathered_stats), sizeof(T)};
 };

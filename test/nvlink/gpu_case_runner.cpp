@@ -118,8 +118,8 @@ struct DeviceInputs {
 
 // Writes the expert output into the dispatch result's combine_input view (on
 // the stream, after the dispatch) and returns the view's address.
-const void* load_combine_input(const WorkloadSpec& w, const moe_ep_dispatch_result_t& r,
-                               const std::vector<uint8_t>& eo, cudaStream_t stream) {
+const void* load_combine_input(const WorkloadSpec& w, const moe_ep_dispatch_result_t& r, const std::vector<uint8_t>& eo,
+                               cudaStream_t stream) {
   const moe_ep_tensor_t& v = r.combine_input;
   if (v.data == nullptr || v.ndim != 2 || v.shape[0] != w.receive_rows() || v.shape[1] != w.hidden_size) {
     throw std::runtime_error("zero_copy_combine: the dispatch result has no [P, hidden] combine_input view");
@@ -141,7 +141,8 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
   const int device = o.device >= 0 ? o.device : gpu_device();
   cuda_ok(cudaSetDevice(device), "cudaSetDevice");
   WorkloadSpec spec = spec_in;
-  if (o.graph && o.zero_copy_combine) throw std::runtime_error("run_gpu_case: zero_copy_combine runs eager rounds only");
+  if (o.graph && o.zero_copy_combine)
+    throw std::runtime_error("run_gpu_case: zero_copy_combine runs eager rounds only");
   if (o.graph && spec.tokens.empty()) {  // a graph has fixed shapes: fix every rank's T
     std::vector<int> drawn;  // drawn before filling spec.tokens: num_tokens() reads it once it is set
     for (int r = 0; r < spec.world; ++r) drawn.push_back(spec.num_tokens(r));

@@ -220,7 +220,12 @@ void BenchReport::write_json(const std::vector<SizeResult>& results, const std::
   const WorkloadSpec& w = shape_;
   j.key("config").begin_object();
   j.field("backend", s_.backend_label()).field("ranks", s_.world().size).field("mode", mode());
-  j.field("graph", graph_).field("zero_copy_combine", o_.zero_copy_combine).field("launch_gate", o_.launch_gate).field("num_sms", o_.common.num_sms).field("warmup", o_.warmup).field("iters", o_.iters);
+  j.field("graph", graph_)
+      .field("zero_copy_combine", o_.zero_copy_combine)
+      .field("launch_gate", o_.launch_gate)
+      .field("num_sms", o_.common.num_sms)
+      .field("warmup", o_.warmup)
+      .field("iters", o_.iters);
   j.field("hidden", w.hidden_size).field("payload_dtype", dtype_name(w.hidden_dtype)).field("row_elems", w.row_elems());
   j.field("scale_row_elems", w.scale_row_elems).field("scale_dtype", dtype_name(w.scale_dtype));
   j.field("combine_dtype", dtype_name(w.combine_dtype)).field("top_k", w.top_k).field("experts", w.num_experts);

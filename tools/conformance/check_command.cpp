@@ -64,8 +64,8 @@ class CaseRunner {
       // combine reads whatever each replay wrote there.
       const void* expert_output = c_.zero_copy ? dr.combine_input.data : b.expert_output.data();
       CapturedCall combine(s_.stream(), [&](void* st) {
-        return run_combine(handle.get(), first, s_.place(), expert_output, false, &b.output, b.inputs.num_tokens(),
-                           &cr, st);
+        return run_combine(handle.get(), first, s_.place(), expert_output, false, &b.output, b.inputs.num_tokens(), &cr,
+                           st);
       });
       for (int replay = 0; replay < 2; ++replay) {
         const WorkloadSpec w = spec(kFirstGraphRound + replay, true);

@@ -57,8 +57,8 @@ moe_ep_config_t with_zero_copy_combine(moe_ep_config_t config, bool zero_copy);
 // Zero-copy combine: writes rank `rank`'s expert output for `spec` into the
 // dispatch result's combine_input view and returns the view's address.
 // Fails (a tool error) when the result has no view.
-void* fill_combine_input(const WorkloadSpec& spec, int rank, const Place& place,
-                         const moe_ep_dispatch_result_t& result, void* stream);
+void* fill_combine_input(const WorkloadSpec& spec, int rank, const Place& place, const moe_ep_dispatch_result_t& result,
+                         void* stream);
 
 // Overwrites the payload rows of a dispatch result (hidden, scales): the
 // caller may use them until it issues the combine, so a later dispatch must
