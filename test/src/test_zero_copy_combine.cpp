@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,17 @@
 using namespace moe_ep_test;
 
 namespace {
+
+// Catch's macros are not thread safe: rank threads check with NEED, which
+// throws; run_ranks rethrows the first failure on the test's thread.
+void need(bool ok, const char* what, int line, const std::string& context = "") {
+  if (!ok) {
+    throw std::runtime_error("line " + std::to_string(line) + ": " + what + (context.empty() ? "" : " (" + context + ")") +
+                             "; last error: " + moe_ep_last_error());
+  }
+}
+#define NEED(cond) need((cond), #cond, __LINE__)
+#define NEED_IN(cond, context) need((cond), #cond, __LINE__, (context))
 
 constexpr int32_t kHidden = 24;
 constexpr int32_t kTopK = 3;
@@ -84,15 +96,15 @@ std::vector<uint16_t> pair(moe_ep_handle_t h, int rank, int world, int32_t runti
   Inputs in(rank, world, tokens, runtime_max, round);
   moe_ep_dispatch_result_t res;
   moe_ep_dispatch_result_init(&res);
-  REQUIRE(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
+  NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
   const int64_t P = static_cast<int64_t>(world) * tpr;
-  REQUIRE(res.combine_input.data != nullptr);
-  REQUIRE(res.combine_input.ndim == 2);
-  REQUIRE(res.combine_input.shape[0] == P);
-  REQUIRE(res.combine_input.shape[1] == kHidden);
-  REQUIRE(res.combine_input.dtype.code == MOE_EP_DTYPE_BFLOAT);
-  REQUIRE(res.combine_input.dtype.bits == 16);
-  REQUIRE(res.combine_input.device.device_type == MOE_EP_DEVICE_CPU);
+  NEED(res.combine_input.data != nullptr);
+  NEED(res.combine_input.ndim == 2);
+  NEED(res.combine_input.shape[0] == P);
+  NEED(res.combine_input.shape[1] == kHidden);
+  NEED(res.combine_input.dtype.code == MOE_EP_DTYPE_BFLOAT);
+  NEED(res.combine_input.dtype.bits == 16);
+  NEED(res.combine_input.device.device_type == MOE_EP_DEVICE_CPU);
   auto* view = static_cast<uint16_t*>(res.combine_input.data);
   std::vector<uint16_t> copy(static_cast<size_t>(P) * kHidden);
   for (int64_t r = 0; r < P; ++r) {
@@ -111,14 +123,14 @@ std::vector<uint16_t> pair(moe_ep_handle_t h, int rank, int world, int32_t runti
   moe_ep_tensor_t out_t = cpu_tensor(out.data(), bf16, out_shape, 2);
   moe_ep_combine_result_t cres;
   moe_ep_combine_result_init(&cres);
-  REQUIRE(moe_ep_combine(h, &expert, &out_t, &cres, nullptr) == MOE_EP_SUCCESS);
+  NEED(moe_ep_combine(h, &expert, &out_t, &cres, nullptr) == MOE_EP_SUCCESS);
   return out;
 }
 
 moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const moe_ep_config_t& c) {
   const moe_ep_params_t p = zc_params(b.world_size);
   moe_ep_handle_t h = nullptr;
-  REQUIRE(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
+  NEED(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
   return h;
 }
 
@@ -134,13 +146,14 @@ TEST_CASE("zero-copy combine: the view combines bitwise like a copy of it, 1 to 
           const bool split = round == 1;
           const std::vector<uint16_t> from_view = pair(h, rank, world, runtime_max, round, true, split);
           const std::vector<uint16_t> from_copy = pair(h, rank, world, runtime_max, round, false, false);
-          INFO("world " << world << " rank " << rank << " runtime_max " << runtime_max << " round " << round);
-          CHECK(from_view == from_copy);
+          const std::string where = "world " + std::to_string(world) + " rank " + std::to_string(rank) +
+                                    " runtime_max " + std::to_string(runtime_max) + " round " + std::to_string(round);
+          NEED_IN(from_view == from_copy, where);
           // The rows really moved: some output is not the 0xFFFF the buffer started with.
-          for (uint16_t v : from_view) CHECK(v != 0xFFFF);
+          for (uint16_t v : from_view) NEED(v != 0xFFFF);
         }
       }
-      CHECK(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
+      NEED(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
     });
   }
 }
@@ -151,16 +164,16 @@ TEST_CASE("zero-copy combine: no view without the flag", "[host][zero_copy]") {
     Inputs in(rank, 2, 4, 0, 0);
     moe_ep_dispatch_result_t res;
     moe_ep_dispatch_result_init(&res);
-    REQUIRE(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
-    CHECK(res.combine_input.data == nullptr);
-    CHECK(res.combine_input.ndim == 0);
+    NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
+    NEED(res.combine_input.data == nullptr);
+    NEED(res.combine_input.ndim == 0);
     std::vector<uint16_t> expert(static_cast<size_t>(2) * kMaxTokens * kHidden, bf16_bits(1.0f));
     int64_t shape[2] = {2 * kMaxTokens, kHidden};
     moe_ep_tensor_t e = cpu_tensor(expert.data(), moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1}, shape, 2);
     moe_ep_combine_result_t cres;
     moe_ep_combine_result_init(&cres);
-    CHECK(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
-    CHECK(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
+    NEED(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
   });
 }
 
@@ -173,32 +186,32 @@ TEST_CASE("zero-copy combine: a stale, reshaped or overlapping view is refused",
     Inputs small(0, 1, 3, 5, 0);
     moe_ep_dispatch_result_t res;
     moe_ep_dispatch_result_init(&res);
-    REQUIRE(moe_ep_dispatch(h, &small.args, &res, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_dispatch(h, &small.args, &res, nullptr) == MOE_EP_SUCCESS);
     const moe_ep_tensor_t stale = res.combine_input;
     int64_t stale_shape[2] = {stale.shape[0], stale.shape[1]};
     moe_ep_tensor_t kept = stale;
     kept.shape = stale_shape;  // the caller's copy of the shape outlives the view's
-    REQUIRE(moe_ep_combine(h, &stale, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_combine(h, &stale, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
     // ... after the pair: no dispatch in flight.
-    CHECK(moe_ep_combine(h, &kept, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_STATE);
+    NEED(moe_ep_combine(h, &kept, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_STATE);
     // ... passed to the combine of a later dispatch of tokens_per_rank 9.
     Inputs full(0, 1, 3, 0, 0);
-    REQUIRE(moe_ep_dispatch(h, &full.args, &res, nullptr) == MOE_EP_SUCCESS);
-    CHECK(moe_ep_combine(h, &kept, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(moe_ep_last_error()).find("combine_input") != std::string::npos);
+    NEED(moe_ep_dispatch(h, &full.args, &res, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_combine(h, &kept, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    NEED(std::string(moe_ep_last_error()).find("combine_input") != std::string::npos);
     // A tensor that starts inside the view.
     moe_ep_tensor_t inside = res.combine_input;
     inside.byte_offset = 2 * kHidden;  // one bf16 row further
-    CHECK(moe_ep_combine(h, &inside, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(moe_ep_last_error()).find("overlaps the combine_input view") != std::string::npos);
+    NEED(moe_ep_combine(h, &inside, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    NEED(std::string(moe_ep_last_error()).find("overlaps the combine_input view") != std::string::npos);
     // A tensor that starts before the view and runs into it (never read: refused first).
     moe_ep_tensor_t before = res.combine_input;
     before.data = static_cast<char*>(res.combine_input.data) - 2;
-    CHECK(moe_ep_combine(h, &before, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
-    CHECK(std::string(moe_ep_last_error()).find("starts before") != std::string::npos);
+    NEED(moe_ep_combine(h, &before, nullptr, &cres, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    NEED(std::string(moe_ep_last_error()).find("starts before") != std::string::npos);
     // The handle is still usable: the view itself combines.
-    CHECK(moe_ep_combine(h, &res.combine_input, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
-    CHECK(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
+    NEED(moe_ep_combine(h, &res.combine_input, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
   });
 }
 
@@ -214,22 +227,22 @@ TEST_CASE("zero-copy combine: older struct sizes of the grown structs", "[host][
     moe_ep_dispatch_result_init(&res);
     std::memset(&res.combine_input, 0xAB, sizeof(res.combine_input));
     res.struct_size = offsetof(moe_ep_dispatch_result_t, combine_input);
-    REQUIRE(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
     const auto* tail = reinterpret_cast<const unsigned char*>(&res.combine_input);
-    for (size_t i = 0; i < sizeof(res.combine_input); ++i) CHECK(tail[i] == 0xAB);
-    CHECK(res.hidden_states.data != nullptr);
+    for (size_t i = 0; i < sizeof(res.combine_input); ++i) NEED(tail[i] == 0xAB);
+    NEED(res.hidden_states.data != nullptr);
     std::vector<uint16_t> expert(static_cast<size_t>(kMaxTokens) * kHidden, 0);
     int64_t shape[2] = {kMaxTokens, kHidden};
     moe_ep_tensor_t e = cpu_tensor(expert.data(), moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1}, shape, 2);
     moe_ep_combine_result_t cres;
     moe_ep_combine_result_init(&cres);
-    REQUIRE(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
     // The old-size config created a handle without the view.
     moe_ep_dispatch_result_init(&res);
-    REQUIRE(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
-    CHECK(res.combine_input.data == nullptr);
-    REQUIRE(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
-    CHECK(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
+    NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
+    NEED(res.combine_input.data == nullptr);
+    NEED(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
+    NEED(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
   });
   // Sizes that cut the new fields are refused; the defaults leave the flag off.
   moe_ep_config_t c;
