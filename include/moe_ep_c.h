@@ -229,7 +229,7 @@ typedef struct moe_ep_config_t {
                          calls other than the fd exchange).  Expiry: TIMEOUT,
                          and the handle is unusable (destroy it).            */
   int32_t device;     /* CUDA ordinal; -1 (default) = the current device       */
-  int32_t zero_copy_combine; /* 0 (default) or 1: every dispatch result holds
+  int32_t zero_copy_combine; /* 0 (default) = off, else on: every dispatch result holds
                          combine_input, a [P, hidden_size] combine_dtype view
                          of the workspace that the expert computation may
                          write its output into and pass to combine as

@@ -222,10 +222,11 @@ end
 """Collective.  hidden: (R, T) array; ids: (K, T) Int32; weights: (K, T) Float32.
 Returns a NamedTuple of arrays aliasing library memory, valid until `combine`.
 With `Config(zero_copy_combine=true)`, `combine_input` is an (H, P) array of
-`combine_type` (UInt16 = raw bits of the default bf16; Float32 or Float16 for
-those combine dtypes): write the expert output into it and pass it to `combine`."""
+`combine_type` (Float32 or Float16: the handle's combine dtype, as `combine`
+takes): write the expert output into it and pass it to `combine`, which then
+reads it in place."""
 function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing, hidden_type::Type=eltype(hidden),
-                  combine_type::Type=UInt16)
+                  combine_type::Type=Float32)
     keep = Any[]
     th = host_tensor(hidden, keep)
     ti = host_tensor(ids, keep)
