@@ -22,8 +22,8 @@ namespace {
 // throws; run_ranks rethrows the first failure on the test's thread.
 void need(bool ok, const char* what, int line, const std::string& context = "") {
   if (!ok) {
-    throw std::runtime_error("line " + std::to_string(line) + ": " + what + (context.empty() ? "" : " (" + context + ")") +
-                             "; last error: " + moe_ep_last_error());
+    throw std::runtime_error("line " + std::to_string(line) + ": " + what +
+                             (context.empty() ? "" : " (" + context + ")") + "; last error: " + moe_ep_last_error());
   }
 }
 #define NEED(cond) need((cond), #cond, __LINE__)
