@@ -355,6 +355,12 @@ MOE_EP_API moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle,
                                           moe_ep_combine_result_t* result,
                                           void* stream);
 
+/* The backend this handle runs on (MOE_EP_BACKEND_NVLINK_TWO_SIDED, _HOST or
+ * _NCCL): what AUTO chose, agreed on every rank.  Tells an application created
+ * with AUTO where its tensors must live (CPU memory for HOST, the handle's
+ * device otherwise).  Local, no synchronisation. */
+MOE_EP_API moe_ep_status_t moe_ep_get_backend(moe_ep_handle_t handle, int32_t* backend);
+
 /* Errors found on the device after a call returned (bad expert ids, timeouts).
  * Synchronises with the handle's outstanding work.  *status = SUCCESS if none;
  * otherwise the first error, its message in moe_ep_last_error().  Sticky: a

@@ -184,6 +184,14 @@ moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle, const moe_ep_tensor_t* ex
   });
 }
 
+moe_ep_status_t moe_ep_get_backend(moe_ep_handle_t handle, int32_t* backend) {
+  return guarded([&] {
+    require_handle(handle);
+    require_out(backend, "backend");
+    *backend = handle->config.backend;
+  });
+}
+
 moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle, moe_ep_status_t* status) {
   moe_ep_status_t found = MOE_EP_SUCCESS;
   std::string message;

@@ -359,6 +359,31 @@ TEST_CASE("destroy is idempotent and NULL is a no-op", "[validation]") {
   CHECK(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
 }
 
+TEST_CASE("get_backend: what the handle runs on, AUTO resolved; bad arguments named", "[validation]") {
+  int32_t backend = -1;
+  CHECK(moe_ep_get_backend(nullptr, &backend) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(moe_ep_last_error()), Contains("handle"));
+  const moe_ep_bootstrap_t b = solo_bootstrap();
+  const moe_ep_params_t p = small_params();
+  for (const int32_t asked : {int32_t{MOE_EP_BACKEND_HOST}, int32_t{MOE_EP_BACKEND_AUTO}}) {
+    moe_ep_config_t c = host_config();
+    c.backend = asked;
+    moe_ep_handle_t h = nullptr;
+    REQUIRE(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
+    CHECK(moe_ep_get_backend(h, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(std::string(moe_ep_last_error()), Contains("backend"));
+    backend = -1;
+    REQUIRE(moe_ep_get_backend(h, &backend) == MOE_EP_SUCCESS);
+    int32_t supported = 0;
+    REQUIRE(moe_ep_is_platform_supported(0, &supported) == MOE_EP_SUCCESS);
+    // One rank: AUTO takes NVLINK_TWO_SIDED where the platform supports it, HOST here without a GPU.
+    const int32_t expected =
+        asked == MOE_EP_BACKEND_AUTO && supported ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : MOE_EP_BACKEND_HOST;
+    CHECK(backend == expected);
+    moe_ep_destroy(&h);
+  }
+}
+
 TEST_CASE("async error: bad expert ids are dropped and reported once", "[validation]") {
   Fixture f;
   f.ids[1] = 4;   // out of range

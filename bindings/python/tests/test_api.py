@@ -87,6 +87,7 @@ def test_platform_support_and_workspace():
 def test_dispatch_combine_single_rank_by_hand():
     x, ids, w = inputs()
     with small_ep() as ep:
+        assert ep.backend == "host"
         r = ep.dispatch(x, ids, w)
         assert r.tokens_per_rank == 8
         assert r.hidden_states.shape == (8, 3) and r.hidden_states.dtype == "float32"

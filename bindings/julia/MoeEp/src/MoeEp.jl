@@ -11,7 +11,7 @@
 module MoeEp
 
 export MoeEpError, get_version, Params, Config, SingleRankBootstrap, Handle, create, dispatch, combine,
-       async_error, destroy!
+       backend, async_error, destroy!
 
 const libmoe_ep = get(ENV, "MOE_EP_LIBRARY", "libmoe_ep.so.0")
 
@@ -268,6 +268,14 @@ function combine(h::Handle, expert_output::Array{T}) where {T}
     h.keep = keep
     out = host_view(r.output, T)
     return out === nothing ? Array{T}(undef, 0, 0) : out
+end
+
+"""The backend the handle runs on (BACKEND_NVLINK_TWO_SIDED, BACKEND_HOST or
+BACKEND_NCCL): what BACKEND_AUTO chose, the same on every rank."""
+function backend(h::Handle)
+    b = Ref{Int32}(-1)
+    check(ccall((:moe_ep_get_backend, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int32}), h.ptr, b))
+    return b[]
 end
 
 """The first device-side error since the last check, or nothing."""

@@ -178,6 +178,7 @@ _FUNCTIONS = [
     ("moe_ep_dispatch", c_int32, [HandlePtr, POINTER(DispatchArgs), POINTER(DispatchResult), c_void_p]),
     ("moe_ep_combine", c_int32, [HandlePtr, POINTER(Tensor), POINTER(Tensor), POINTER(CombineResult),
                                  c_void_p]),
+    ("moe_ep_get_backend", c_int32, [HandlePtr, POINTER(c_int32)]),
     ("moe_ep_get_async_error", c_int32, [HandlePtr, POINTER(c_int32)]),
     ("moe_ep_destroy", c_int32, [POINTER(HandlePtr)]),
 ]

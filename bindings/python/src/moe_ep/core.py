@@ -346,6 +346,16 @@ class MoeEp:
             return output
         return View(self, "combine", result.output)
 
+    @property
+    def backend(self):
+        """The backend this handle runs on ("nvlink", "host" or "nccl"): what
+        "auto" chose, the same on every rank.  HOST takes CPU arrays, the others
+        arrays on the handle's GPU."""
+        value = ctypes.c_int32(-1)
+        check(_lib.lib().moe_ep_get_backend(self._live(), ctypes.byref(value)))
+        return {_lib.BACKEND_NVLINK_TWO_SIDED: "nvlink", _lib.BACKEND_HOST: "host",
+                _lib.BACKEND_NCCL: "nccl"}[value.value]
+
     def async_error(self):
         """The first device-side error since the last check (synchronises with
         the handle's work) as a MoeEpError, or None."""

@@ -192,6 +192,7 @@ unsafe extern "C" {
     pub fn moe_ep_combine(handle: moe_ep_handle_t, expert_output: *const moe_ep_tensor_t,
                           output: *const moe_ep_tensor_t, result: *mut moe_ep_combine_result_t,
                           stream: *mut c_void) -> moe_ep_status_t;
+    pub fn moe_ep_get_backend(handle: moe_ep_handle_t, backend: *mut i32) -> moe_ep_status_t;
     pub fn moe_ep_get_async_error(handle: moe_ep_handle_t, status: *mut moe_ep_status_t) -> moe_ep_status_t;
     pub fn moe_ep_destroy(handle: *mut moe_ep_handle_t) -> moe_ep_status_t;
 }

@@ -377,6 +377,19 @@ impl MoeEp {
             .ok_or_else(|| Error::new(Status::INTERNAL, "combine returned no output"))?))
     }
 
+    /// The backend this handle runs on: what `Backend::Auto` chose, the same
+    /// on every rank (HOST takes CPU tensors, the others the handle's GPU).
+    pub fn backend(&self) -> Result<Backend> {
+        let mut b = -1;
+        check(unsafe { sys::moe_ep_get_backend(self.raw, &mut b) })?;
+        match b {
+            sys::MOE_EP_BACKEND_NVLINK_TWO_SIDED => Ok(Backend::NvlinkTwoSided),
+            sys::MOE_EP_BACKEND_HOST => Ok(Backend::Host),
+            sys::MOE_EP_BACKEND_NCCL => Ok(Backend::Nccl),
+            other => Err(Error::new(Status::INTERNAL, format!("moe_ep_get_backend returned {other}"))),
+        }
+    }
+
     /// The first device-side error since the last check (synchronises with
     /// the handle's work), or None.
     pub fn async_error(&mut self) -> Result<Option<Error>> {

@@ -222,6 +222,7 @@ fn version_is_the_headers() {
 fn single_rank_by_hand() {
     let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
+    assert_eq!(ep.backend().unwrap(), Backend::Host);
     let x: Vec<f32> = (0..15).map(|v| v as f32).collect();
     let ids = vec![0, 1, 2, -1, 3, 3, -1, -1, 1, 2];
     let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[5, 3]).unwrap(),
