@@ -529,18 +529,19 @@ TEST_CASE("zero-copy pull combine is safe (3 ranks, 3 rounds)", "[protocol][zero
 TEST_CASE("zero-copy pull combine: every weakened variant is caught", "[protocol][zero-copy]") {
   struct Case {
     Protocol variant;
+    const char* name;
     const char* expect;
   };
   const Case cases[] = {
-      {Protocol::PullBeforeStarted, "pulls combine_input rows of round 0"},
-      {Protocol::PullViewBeforeDispatch, "overwrites its combine_input rows"},
-      {Protocol::PullIgnoringBit, "pulls combine_input rows of round 0"},
-      {Protocol::PullWithoutAdvancing, "deadlock"},
-      {Protocol::PullStartedOnlyFromPulled, "overwrites dispatch rows"},
+      {Protocol::PullBeforeStarted, "pull before started", "pulls combine_input rows of round 0"},
+      {Protocol::PullViewBeforeDispatch, "view before dispatch", "overwrites its combine_input rows"},
+      {Protocol::PullIgnoringBit, "bit ignored", "pulls combine_input rows of round 0"},
+      {Protocol::PullWithoutAdvancing, "counters not advanced", "deadlock"},
+      {Protocol::PullStartedOnlyFromPulled, "started only from pulled peers", "overwrites dispatch rows"},
   };
   for (const Case& c : cases) {
     const std::string v = first_violation(2, 2, c.variant);
-    INFO("variant " << static_cast<int>(c.variant) << ":\n" << v);
+    INFO(c.name << ":\n" << v);
     REQUIRE(!v.empty());
     CHECK(v.find(c.expect) != std::string::npos);
   }
