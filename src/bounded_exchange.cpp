@@ -121,15 +121,8 @@ void run_worker(std::shared_ptr<BoundedExchange::Shared> s) {
     std::string message;
     try {
       s->bootstrap.allgather(s->send.data(), s->recv.data(), s->bytes_per_rank, s->step.c_str());
-    } catch (const Error& e) {
-      status = e.status();
-      message = e.what();
-    } catch (const std::bad_alloc&) {
-      status = MOE_EP_ERROR_OUT_OF_MEMORY;
-      message = "out of host memory in the bootstrap exchange";
     } catch (...) {
-      status = MOE_EP_ERROR_INTERNAL;
-      message = "internal error: unexpected exception in the bootstrap exchange";
+      status = status_of_current_exception(&message);
     }
     lock.lock();
     s->status = status;

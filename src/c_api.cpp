@@ -1,8 +1,7 @@
 // The C shim: every exported function.  Each body runs inside guarded(), which
 // maps C++ exceptions to a status and the thread-local message, so that no
 // exception ever crosses the ABI.
-#include <new>
-#include <stdexcept>
+#include <string>
 
 #include "dtype.hpp"
 #include "error.hpp"
@@ -21,21 +20,11 @@ moe_ep_status_t guarded(Body&& body) noexcept {
   try {
     body();
     return MOE_EP_SUCCESS;
-  } catch (const moe_ep::Error& e) {
-    moe_ep::set_last_error(e.what());
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    moe_ep::set_last_error("out of host memory");
-    return MOE_EP_ERROR_OUT_OF_MEMORY;
-  } catch (const std::length_error& e) {  // a container asked for more than it can ever hold
-    moe_ep::set_last_error(std::string("out of host memory: ") + e.what());
-    return MOE_EP_ERROR_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    moe_ep::set_last_error(std::string("internal error: ") + e.what());
-    return MOE_EP_ERROR_INTERNAL;
   } catch (...) {
-    moe_ep::set_last_error("internal error: unknown exception");
-    return MOE_EP_ERROR_INTERNAL;
+    std::string message;
+    const moe_ep_status_t status = moe_ep::status_of_current_exception(&message);
+    moe_ep::set_last_error(message);
+    return status;
   }
 }
 

@@ -5,9 +5,6 @@
 // collective call.
 #pragma once
 
-#include <exception>
-#include <new>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -15,30 +12,6 @@
 #include "error.hpp"
 
 namespace moe_ep {
-
-// The status and message of the exception being handled (call inside a
-// catch block): a moe_ep::Error keeps its own, running out of host memory is
-// OUT_OF_MEMORY, anything else INTERNAL.
-inline moe_ep_status_t status_of_current_exception(std::string* message) {
-  try {
-    throw;
-  } catch (const Error& e) {
-    *message = e.what();
-    return e.status();
-  } catch (const std::bad_alloc&) {
-    *message = "out of host memory";
-    return MOE_EP_ERROR_OUT_OF_MEMORY;
-  } catch (const std::length_error&) {  // a container asked for more than it can hold
-    *message = "out of host memory (a buffer too large to allocate)";
-    return MOE_EP_ERROR_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    *message = std::string("internal error: ") + e.what();
-    return MOE_EP_ERROR_INTERNAL;
-  } catch (...) {
-    *message = "internal error: unknown exception";
-    return MOE_EP_ERROR_INTERNAL;
-  }
-}
 
 // Collective.  Runs `local_work` on this rank, then Exchange::agree: if any
 // rank's work threw, every rank throws (the failing rank its own error, the

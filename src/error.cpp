@@ -1,5 +1,7 @@
 #include "error.hpp"
 
+#include <new>
+
 namespace moe_ep {
 namespace {
 // Thread-local so that two threads using two handles never see each other's message.
@@ -17,6 +19,41 @@ void set_last_error(const std::string& message) noexcept {
 void clear_last_error() noexcept { t_last_error.clear(); }
 
 const char* last_error() noexcept { return t_last_error.c_str(); }
+
+namespace {
+void set_message(std::string* message, const char* text) noexcept {
+  try {
+    *message = text;
+  } catch (...) {
+    message->clear();  // no memory even for the message
+  }
+}
+}  // namespace
+
+moe_ep_status_t status_of_current_exception(std::string* message) noexcept {
+  try {
+    throw;
+  } catch (const Error& e) {
+    set_message(message, e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    set_message(message, "out of host memory");
+    return MOE_EP_ERROR_OUT_OF_MEMORY;
+  } catch (const std::length_error&) {
+    set_message(message, "out of host memory (a buffer too large to allocate)");
+    return MOE_EP_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    try {
+      *message = std::string("internal error: ") + e.what();
+    } catch (...) {
+      message->clear();
+    }
+    return MOE_EP_ERROR_INTERNAL;
+  } catch (...) {
+    set_message(message, "internal error: unknown exception");
+    return MOE_EP_ERROR_INTERNAL;
+  }
+}
 
 const char* status_name(moe_ep_status_t status) noexcept {
   switch (status) {

@@ -35,6 +35,13 @@ template <typename Expected, typename Actual>
   fail(MOE_EP_ERROR_INVALID_ARGUMENT, argument, ": expected ", expected, ", got ", actual);
 }
 
+// The status and message of the exception being handled (call inside a catch
+// block): a moe_ep::Error keeps its own, running out of host memory
+// (std::bad_alloc, or std::length_error: a container asked for more than it
+// can hold) is OUT_OF_MEMORY, anything else INTERNAL.  The one mapping of the
+// library: the C shim, collective steps and the bootstrap thread all use it.
+moe_ep_status_t status_of_current_exception(std::string* message) noexcept;
+
 void set_last_error(const std::string& message) noexcept;
 void clear_last_error() noexcept;
 const char* last_error() noexcept;

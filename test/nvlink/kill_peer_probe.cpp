@@ -148,18 +148,24 @@ int usable_gpus() {
   return usable;
 }
 
+// This rank's bootstrap over the shared group.
+moe_ep_bootstrap_t shared_bootstrap(RankBootstrap* ctx) {
+  moe_ep_bootstrap_t b;
+  moe_ep_bootstrap_init(&b);
+  b.rank = ctx->rank;
+  b.world_size = kWorld;
+  b.ctx = ctx;
+  b.allgather = shared_allgather;
+  b.barrier = shared_barrier;
+  return b;
+}
+
 // Rank body of the kill round.  Rank 1 queues its dispatch behind a held
 // stream and SIGKILLs itself: its dispatch was issued and never ran.
 int kill_round_rank(SharedGroup* group, int rank) {
   if (usable_gpus() < kWorld) return kSkipped;
   RankBootstrap ctx{group, rank};
-  moe_ep_bootstrap_t b;
-  moe_ep_bootstrap_init(&b);
-  b.rank = rank;
-  b.world_size = kWorld;
-  b.ctx = &ctx;
-  b.allgather = shared_allgather;
-  b.barrier = shared_barrier;
+  const moe_ep_bootstrap_t b = shared_bootstrap(&ctx);
   Rank me;
   me.device = rank;
   cudaSetDevice(rank);
@@ -205,13 +211,7 @@ int kill_round_rank(SharedGroup* group, int rank) {
 // A fresh group after the kill: create and one good round on both ranks.
 int fresh_group_rank(SharedGroup* group, int rank) {
   RankBootstrap ctx{group, rank};
-  moe_ep_bootstrap_t b;
-  moe_ep_bootstrap_init(&b);
-  b.rank = rank;
-  b.world_size = kWorld;
-  b.ctx = &ctx;
-  b.allgather = shared_allgather;
-  b.barrier = shared_barrier;
+  const moe_ep_bootstrap_t b = shared_bootstrap(&ctx);
   Rank me;
   me.device = rank;
   cudaSetDevice(rank);

@@ -20,25 +20,10 @@ using namespace moe_ep_verify;
 
 namespace {
 
-int32_t solo_allgather(void*, const void* send, void* recv, size_t bytes) {
-  std::memcpy(recv, send, bytes);
-  return 0;
-}
-int32_t solo_barrier(void*) { return 0; }
 int32_t failing_allgather(void*, const void*, void*, size_t) { return 5; }
 int32_t explaining_allgather(void*, const void*, void*, size_t) {
   moe_ep_set_last_error("peer 3 closed the store");
   return 6;
-}
-
-moe_ep_bootstrap_t solo_bootstrap() {
-  moe_ep_bootstrap_t b;
-  moe_ep_bootstrap_init(&b);
-  b.rank = 0;
-  b.world_size = 1;
-  b.allgather = solo_allgather;
-  b.barrier = solo_barrier;
-  return b;
 }
 
 moe_ep_params_t small_params() {
@@ -63,7 +48,7 @@ struct Fixture {
   moe_ep_dispatch_result_t result{};
 
   Fixture() {
-    const moe_ep_bootstrap_t b = solo_bootstrap();
+    const moe_ep_bootstrap_t b = single_rank_bootstrap();
     const moe_ep_params_t p = small_params();
     const moe_ep_config_t c = host_config();
     REQUIRE(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
@@ -250,7 +235,7 @@ TEST_CASE("create: bad bootstrap, params and backend are reported", "[validation
   const moe_ep_params_t p = small_params();
   const moe_ep_config_t c = host_config();
   moe_ep_handle_t h = reinterpret_cast<moe_ep_handle_t>(0x1);
-  moe_ep_bootstrap_t b = solo_bootstrap();
+  moe_ep_bootstrap_t b = single_rank_bootstrap();
 
   SECTION("NULL bootstrap") {
     expect_error(moe_ep_create(nullptr, &p, &c, &h), MOE_EP_ERROR_INVALID_ARGUMENT, {"bootstrap", "got NULL"});
@@ -349,7 +334,7 @@ TEST_CASE("destroy is idempotent and NULL is a no-op", "[validation]") {
   CHECK(moe_ep_destroy(nullptr) == MOE_EP_SUCCESS);
   moe_ep_handle_t h = nullptr;
   CHECK(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
-  const moe_ep_bootstrap_t b = solo_bootstrap();
+  const moe_ep_bootstrap_t b = single_rank_bootstrap();
   const moe_ep_params_t p = small_params();
   const moe_ep_config_t c = host_config();
   REQUIRE(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
@@ -363,7 +348,7 @@ TEST_CASE("get_backend: what the handle runs on, AUTO resolved; bad arguments na
   int32_t backend = -1;
   CHECK(moe_ep_get_backend(nullptr, &backend) == MOE_EP_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(std::string(moe_ep_last_error()), Contains("handle"));
-  const moe_ep_bootstrap_t b = solo_bootstrap();
+  const moe_ep_bootstrap_t b = single_rank_bootstrap();
   const moe_ep_params_t p = small_params();
   for (const int32_t asked : {int32_t{MOE_EP_BACKEND_HOST}, int32_t{MOE_EP_BACKEND_AUTO}}) {
     moe_ep_config_t c = host_config();

@@ -362,14 +362,7 @@ TEST_CASE("sizes: huge params are INVALID_ARGUMENT or OUT_OF_MEMORY, never a wra
     CHECK(bytes == rows * (2048 + 8) + 4 * (8 + 1) + (1ull << 20) * 2048);
   }
   SECTION("create: overflow is INVALID_ARGUMENT, a failed allocation OUT_OF_MEMORY") {
-    moe_ep_bootstrap_t b;
-    moe_ep_bootstrap_init(&b);
-    b.world_size = 1;
-    b.allgather = [](void*, const void* s, void* r, size_t n) -> int32_t {
-      std::memcpy(r, s, n);
-      return 0;
-    };
-    b.barrier = [](void*) -> int32_t { return 0; };
+    const moe_ep_bootstrap_t b = single_rank_bootstrap();
     moe_ep_handle_t h = nullptr;
     moe_ep_params_t huge = make_params(1 << 30, 8, INT32_MAX, (1 << 29) - 1);
     CHECK(moe_ep_create(&b, &huge, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
@@ -385,14 +378,7 @@ TEST_CASE("sizes: huge params are INVALID_ARGUMENT or OUT_OF_MEMORY, never a wra
 }
 
 TEST_CASE("tensors: data + byte_offset must not wrap and must be aligned", "[trust]") {
-  moe_ep_bootstrap_t b;
-  moe_ep_bootstrap_init(&b);
-  b.world_size = 1;
-  b.allgather = [](void*, const void* s, void* r, size_t n) -> int32_t {
-    std::memcpy(r, s, n);
-    return 0;
-  };
-  b.barrier = [](void*) -> int32_t { return 0; };
+  const moe_ep_bootstrap_t b = single_rank_bootstrap();
   Rank r;
   REQUIRE(r.create(b, 1000) == MOE_EP_SUCCESS);
   std::vector<float> hidden(2 * Rank::kHidden, 1.0f);

@@ -133,4 +133,17 @@ void run_ranks(int world_size, const std::function<void(int, const moe_ep_bootst
   }
 }
 
+moe_ep_bootstrap_t single_rank_bootstrap() {
+  moe_ep_bootstrap_t b;
+  moe_ep_bootstrap_init(&b);
+  b.rank = 0;
+  b.world_size = 1;
+  b.allgather = [](void*, const void* send, void* recv, size_t bytes) -> int32_t {
+    std::memcpy(recv, send, bytes);
+    return 0;
+  };
+  b.barrier = [](void*) -> int32_t { return 0; };
+  return b;
+}
+
 }  // namespace moe_ep_test

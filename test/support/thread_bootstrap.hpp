@@ -15,6 +15,9 @@ namespace moe_ep_test {
 // bytes), which it may rewrite.  `call` counts this rank's allgathers from 0.
 using Tamper = std::function<void(int rank, int64_t call, void* recv, size_t bytes_per_rank)>;
 
+// A group of one: allgather copies send to recv, barrier returns at once.
+moe_ep_bootstrap_t single_rank_bootstrap();
+
 // Runs body(rank, bootstrap) on `world_size` threads and joins them.  Any
 // exception thrown by a body is rethrown (the first one) after the join.
 //

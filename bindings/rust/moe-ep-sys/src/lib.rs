@@ -101,6 +101,13 @@ pub struct moe_ep_bootstrap_t {
     pub barrier: moe_ep_barrier_fn,
 }
 
+impl Default for moe_ep_bootstrap_t {
+    /// All zero, no callbacks: what `moe_ep_bootstrap_init` then fills.
+    fn default() -> Self {
+        Self { struct_size: 0, rank: 0, world_size: 0, ctx: std::ptr::null_mut(), allgather: None, barrier: None }
+    }
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct moe_ep_params_t {

@@ -34,14 +34,7 @@ impl Ctx {
     }
 
     pub(crate) fn raw(&self) -> Result<sys::moe_ep_bootstrap_t, crate::Error> {
-        let mut b = sys::moe_ep_bootstrap_t {
-            struct_size: 0,
-            rank: 0,
-            world_size: 0,
-            ctx: std::ptr::null_mut(),
-            allgather: None,
-            barrier: None,
-        };
+        let mut b = sys::moe_ep_bootstrap_t::default();
         crate::error::check(unsafe { sys::moe_ep_bootstrap_init(&mut b) })?;
         b.rank = self.inner.rank();
         b.world_size = self.inner.world_size();

@@ -29,17 +29,6 @@ pub struct MpiBootstrap {
 unsafe impl Send for MpiBootstrap {}
 unsafe impl Sync for MpiBootstrap {}
 
-fn empty() -> sys::moe_ep_bootstrap_t {
-    sys::moe_ep_bootstrap_t {
-        struct_size: 0,
-        rank: 0,
-        world_size: 0,
-        ctx: std::ptr::null_mut(),
-        allgather: None,
-        barrier: None,
-    }
-}
-
 impl MpiBootstrap {
     /// Collective over `comm`.
     ///
@@ -47,7 +36,7 @@ impl MpiBootstrap {
     /// `comm` must point at a valid `MPI_Comm` of the MPI libmoe_ep_mpi was
     /// built with, for the duration of the call.
     pub unsafe fn from_raw_comm(comm: *const c_void) -> Result<Self> {
-        let mut raw = empty();
+        let mut raw = sys::moe_ep_bootstrap_t::default();
         check(unsafe { sys::moe_ep_mpi_bootstrap_init(comm, &mut raw) })?;
         Ok(Self::wrap(raw))
     }
@@ -56,7 +45,7 @@ impl MpiBootstrap {
     /// (`MPI_Comm_c2f`).  A handle that names no communicator is refused by
     /// the adapter with its reason.
     pub fn from_fortran_handle(fint: i32) -> Result<Self> {
-        let mut raw = empty();
+        let mut raw = sys::moe_ep_bootstrap_t::default();
         check(unsafe { sys::moe_ep_mpi_bootstrap_init_fint(fint, &mut raw) })?;
         Ok(Self::wrap(raw))
     }
