@@ -162,7 +162,9 @@ __device__ void push_rows(const CombineParams& p, const int32_t* counts, int pus
   }
 }
 
-// Where the partial of local token `token` from rank q lives (q's slot known).
+// Where the partial of local token `token` from rank q lives (q's slot known):
+// this rank's own in its expert_output; a peer's in this rank's combine_in
+// (pushed there), or, on the pull path, in the peer's combine_input view.
 __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q, int32_t slot) {
   const KernelContext& c = p.ctx;
   const int64_t tpr = p.args.tokens_per_rank;
@@ -170,6 +172,7 @@ __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q
   if (q == c.shape.rank) {
     return static_cast<const char*>(p.args.expert_output) + (c.shape.rank * tpr + slot) * row_bytes;
   }
+  if (p.args.pull) return c.rank_base(q) + c.offsets.combine_input + (c.shape.rank * tpr + slot) * row_bytes;
   return c.state.local_base + c.offsets.combine_in + (c.combine_segment(q, c.shape.rank) * tpr + slot) * row_bytes;
 }
 
@@ -392,9 +395,40 @@ __device__ void combine_overlapped(const CombineParams& p, const int32_t* counts
   if (blockIdx.x == gridDim.x - 1) wait_for_peers_started(p, epoch);
 }
 
+// Zero-copy pull: every rank wrote its expert output into its combine_input
+// view before its combine started (its experts, or the host's copy in
+// stream order), and block 0 announced "started" at kernel start.  Once every
+// peer has announced it, each block sums its tokens' partials straight from
+// the views of the ranks that computed them: each row crosses NVLink once, in
+// one pass, with no staging region, no fence and no push/reduce split.  The
+// wait for every peer (not only those holding this block's rows) is also what
+// releases the peers' receive rows to this rank's next dispatch; a peer
+// rewrites its view only after its next dispatch completed, which needs this
+// rank's next dispatch, issued after this kernel ended
+// (docs/nvlink_backend.md, "Zero-copy pull combine").
+template <typename Element>
+__device__ void combine_pull(const CombineParams& p, bool aligned, uint64_t epoch) {
+  const KernelContext& c = p.ctx;
+  __shared__ int32_t failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  for (int q = threadIdx.x; q < c.shape.world_size; q += blockDim.x) {
+    if (q == c.shape.rank) continue;
+    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, c.control(), c.state.mirror,
+                             c.state.timeout_ns, kPhaseCombine, q)) {
+      failed = 1;
+    }
+  }
+  __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
+  if (failed) return;
+  reduce_tokens<Element>(p, Roles(1, gridDim.x, 0), aligned, epoch, false);
+}
+
 template <typename Element>
 __device__ void combine_body(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
-  if (p.args.schedule == kCombineOverlapped) {  // resolved by launch_combine: never kCombineAuto here
+  if (p.args.pull) {
+    combine_pull<Element>(p, aligned, epoch);
+  } else if (p.args.schedule == kCombineOverlapped) {  // resolved by launch_combine: never kCombineAuto here
     combine_overlapped<Element>(p, counts, aligned, epoch);
   } else {
     combine_serial<Element>(p, counts, aligned, epoch);
@@ -417,7 +451,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   if (static_cast<int>(threadIdx.x) < s.world_size) counts[threadIdx.x] = my_count;
   __syncthreads();
   if (timed_out != kPhaseNone) return;  // block-uniform
-  if (blockIdx.x == 0 && p.args.schedule == kCombineOverlapped) {  // "started"; nothing to order before it
+  // "Started": nothing of this kernel to order before it (on the pull path the
+  // view's rows were written by earlier work in stream order).
+  if (blockIdx.x == 0 && (p.args.schedule == kCombineOverlapped || p.args.pull)) {
     for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
       if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
     }
@@ -608,6 +644,11 @@ int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t toke
   return blocks < 1 ? 1 : static_cast<int32_t>(blocks);
 }
 
+int32_t combine_pull_blocks(int32_t num_tokens, int32_t sm_budget) {
+  const int32_t blocks = num_tokens < sm_budget ? num_tokens : sm_budget;
+  return blocks < 1 ? 1 : blocks;
+}
+
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
                            const CombineLaunch& args, cudaStream_t stream) {
   CombineParams p;
@@ -617,7 +658,8 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.args = args;
   p.phases = combine_phases(shape, args.phases);
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
-  if (args.small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallBatchMaxTokens) {
+  if (args.pull == 0 && args.small_batch != 0 && args.schedule == kCombineSerial &&
+      args.tokens_per_rank <= kSmallBatchMaxTokens) {
     combine_small_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
   } else {
     combine_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);

@@ -175,6 +175,11 @@ struct CombineLaunch {
   int32_t reduce_blocks;       // overlapped: blocks that reduce, 0 = 5/11 of the grid
   int32_t small_batch;         // nonzero: the small-batch kernel where it applies (serial schedule,
                                // tokens_per_rank <= kSmallBatchMaxTokens)
+  int32_t pull;                // nonzero: zero-copy pull (config.zero_copy_combine, the same on every
+                               // rank): every rank's expert output is in its combine_input view when
+                               // its combine starts, and each source reads its rows from the peers'
+                               // views; expert_output is then only read for this rank's own rows.
+                               // schedule, phases, reduce_blocks and small_batch are ignored.
 };
 
 // Publication phases of the overlapped combine (one counter each per source)
@@ -199,6 +204,8 @@ int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tok
                         int32_t sm_budget);
 int32_t combine_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tokens_per_rank,
                        int32_t sm_budget);
+// The pull path (CombineLaunch::pull) only reduces this rank's tokens.
+int32_t combine_pull_blocks(int32_t num_tokens, int32_t sm_budget);
 
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets,
                             const HandleState& state, const DispatchLaunch& args,

@@ -175,12 +175,19 @@ class NvlinkBackend final : public Backend {
     kernels::CombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
-    // A combine_input view (call.expert_output_is_workspace) is read by the
-    // same kernels as any expert_output for now: correct, not yet faster (the
-    // in-place pull is described in docs/nvlink_backend.md, "What is left").
     a.expert_output = call.expert_output;
     a.output = call.output ? call.output : memory_->local() + offsets_.combine_out;
     a.num_blocks = kernels::combine_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    // config.zero_copy_combine (the same on every rank): every combine of the
+    // group pulls from the peers' combine_input views, so an expert_output
+    // elsewhere is first copied into this rank's view (the peers' rows only;
+    // the own rows are read where they are).
+    a.pull = layout_.zero_copy_combine && layout_.world_size > 1 ? 1 : 0;
+    if (a.pull) {
+      a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
+      if (!call.expert_output_is_workspace) copy_into_view(call, s);
+    }
     a.schedule = kernels::resolve_combine_schedule(combine_schedule_, layout_.world_size, call.tokens_per_rank,
                                                    group_min_sm_budget_);
     a.phases = combine_phases_;
@@ -189,10 +196,31 @@ class NvlinkBackend final : public Backend {
                             call.tokens_per_rank <= kernels::kSmallBatchMaxTokens
                         ? 1
                         : 0;
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
     note_launch(s);
     return a.output;
+  }
+
+  // Copies the rows of every peer's segment of expert_output into this rank's
+  // combine_input view, in stream order before the combine kernel, so that the
+  // peers find them there (segments [0, rank) and (rank, world) of tpr rows).
+  void copy_into_view(const CombineCall& call, cudaStream_t s) {
+    const size_t row_bytes = static_cast<size_t>(layout_.combine_row_bytes);
+    const size_t segment_bytes = static_cast<size_t>(call.tokens_per_rank) * row_bytes;  // sizes checked at create
+    const char* src = static_cast<const char*>(call.expert_output);
+    char* view = memory_->local() + offsets_.combine_input;
+    const size_t rank = static_cast<size_t>(layout_.rank);
+    const size_t world = static_cast<size_t>(layout_.world_size);
+    if (rank > 0) {
+      check_cuda(cudaMemcpyAsync(view, src, rank * segment_bytes, cudaMemcpyDeviceToDevice, s),
+                 "copying expert_output into the combine_input view");
+    }
+    if (rank + 1 < world) {
+      const size_t after = (rank + 1) * segment_bytes;
+      check_cuda(
+          cudaMemcpyAsync(view + after, src + after, (world - rank - 1) * segment_bytes, cudaMemcpyDeviceToDevice, s),
+          "copying expert_output into the combine_input view");
+    }
   }
 
   moe_ep_status_t poll_async_error(std::string* message) override {

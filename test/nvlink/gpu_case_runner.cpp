@@ -129,6 +129,13 @@ const void* load_combine_input(const WorkloadSpec& w, const moe_ep_dispatch_resu
   return v.data;
 }
 
+// Poisons the dispatch result's combine_input view (on the stream).
+void poison_combine_input(const WorkloadSpec& w, const moe_ep_dispatch_result_t& r, cudaStream_t stream) {
+  if (r.combine_input.data == nullptr) throw std::runtime_error("zero_copy_combine: no combine_input view to poison");
+  cuda_ok(cudaMemsetAsync(r.combine_input.data, kPoison, size_t(w.receive_rows()) * w.combine_row_bytes(), stream),
+          "poison combine_input");
+}
+
 }  // namespace
 
 int32_t gpu_backend_under_test() {
@@ -202,7 +209,13 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
       cuda_ok(cudaGraphLaunch(graph_exec, stream), "cudaGraphLaunch");
     } else {
       expect_ok(gpu_dispatch(), "moe_ep_dispatch");
-      if (o.zero_copy_combine) gpu_eo_address = load_combine_input(w, gpu_result, eo, stream);
+      if (o.zero_copy_combine) {
+        if (!o.zero_copy_passes_view || o.zero_copy_passes_view(rank, round)) {
+          gpu_eo_address = load_combine_input(w, gpu_result, eo, stream);
+        } else {
+          poison_combine_input(w, gpu_result, stream);
+        }
+      }
       if (o.between_dispatch_and_combine) o.between_dispatch_and_combine();
       expect_ok(gpu_combine(), "moe_ep_combine");
     }

@@ -28,6 +28,11 @@ struct GpuCaseOptions {
   bool zero_copy_combine = false;  // GPU handle with config.zero_copy_combine: the expert output is
                                    // written into the dispatch result's combine_input view, which
                                    // combine then takes (eager rounds only; the HOST oracle takes a copy)
+  // With zero_copy_combine: the ranks and rounds for which this returns false
+  // pass their own expert_output buffer instead of the view (combine then
+  // copies it into the view for the peers); their view is poisoned after the
+  // dispatch, so a missed copy shows.  Empty: every rank passes the view.
+  std::function<bool(int rank, int round)> zero_copy_passes_view;
   int timeout_ms = 20000;
   int num_sms = 0;
   int device = -1;             // -1 = gpu_device()

@@ -178,6 +178,23 @@ TEST_CASE("zero-copy combine input: combine from the combine_input view equals t
   check_case(s, zero_copy);
 }
 
+TEST_CASE("zero-copy combine input: ranks that pass their own buffer instead of the view", "[gpu][zero_copy]") {
+  WorkloadSpec s = spec_for_world(64, 8, 7168, 96);
+  s.seed = 68;
+  GpuCaseOptions mixed;
+  mixed.zero_copy_combine = true;
+  mixed.rounds = 4;
+  // Odd ranks pass their own buffer in even rounds, even ranks in odd rounds:
+  // every rank takes both ways, next to peers that take either.
+  mixed.zero_copy_passes_view = [](int rank, int round) { return (rank + round) % 2 == 0; };
+  check_case(s, mixed);
+  GpuCaseOptions none = mixed;
+  none.zero_copy_passes_view = [](int, int) { return false; };
+  none.num_sms = 4;
+  s.seed = 69;
+  check_case(s, none);
+}
+
 TEST_CASE("a CUDA graph of dispatch + combine replays with results identical to eager calls", "[gpu][graph]") {
   WorkloadSpec s = spec_for_world(64, 8, 7168, 64);
   s.seed = 71;

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for the zero-copy pull combine (config.zero_copy_combine):
+# build; the GPU suite's zero-copy cases and a few neighbours on the NVLink
+# backend (2 ranks; on a one-GPU machine both ranks share the GPU); the
+# conformance check's zero-copy cases; compute-sanitizer memcheck and
+# racecheck on the zero-copy cases; then, where there are 2 GPUs, a bench of
+# the copy path against the pull path (graph, DeepSeek shape, all SMs and 16).
+#   usage: OUT=/dir bash scripts/gpu/pull_combine_check.sh [BUDGET_S]
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUDGET=${1:-400}
+START=$(date +%s)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh NCCL_NVLS_ENABLE=0
+BUILD=${BUILD:-build-final}
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+rc=0
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  if [ "$left" -lt 15 ]; then echo "$name: SKIPPED (budget)" | tee -a "$SUMMARY"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$OUT/step.log" 2>&1
+  local s=$?
+  { echo "===== $name (exit $s)"; cat "$OUT/step.log"; } >> "$OUT/logs.txt"
+  echo "$name: exit $s in $(( $(date +%s) - t0 )) s | $(grep -hE "${PICK:-All tests passed|test cases|passed, |ERROR SUMMARY|RACECHECK SUMMARY|skipped:}" "$OUT/step.log" | tail -${NPICK:-2} | tr '\n' ' ')" | tee -a "$SUMMARY"
+  [ "$s" -eq 0 ] || { rc=1; tail -25 "$OUT/step.log"; }
+}
+GPUS=$(nvidia-smi -L | wc -l)
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy), $GPUS GPU(s)" | tee -a "$SUMMARY"
+PICK="Linking|error" step build 240 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_conformance"
+TOOL=$BUILD/tools/moe_ep_conformance
+GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
+MPI2="mpirun -np 2 --bind-to none --oversubscribe"
+SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
+step suite_zero_copy 120 $MPI2 $GPU_TEST "[zero_copy],[graph],[peer_counts],[bad_ids]"
+step check_nvlink_zero_copy 90 $MPI2 $TOOL check --backend nvlink --filter zero_copy
+step memcheck_zero_copy 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[zero_copy]"
+step racecheck_zero_copy 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[zero_copy]"
+if [ "$GPUS" -ge 2 ]; then
+  B="$TOOL bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -G --no-baselines -w 10 -n 50"
+  for sms in 0 16; do
+    NPICK=8 PICK="^ +[0-9]+ " step bench_copy_sms$sms 60 $MPI2 $B -t 1,128,512,4096 --num-sms $sms -J "$OUT/bench_copy_sms$sms.json"
+    NPICK=8 PICK="^ +[0-9]+ " step bench_pull_sms$sms 60 $MPI2 $B -t 1,128,512,4096 --num-sms $sms --zero-copy-combine -J "$OUT/bench_pull_sms$sms.json"
+  done
+fi
+echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
+exit $rc
