@@ -365,42 +365,48 @@ __device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
 }
 
 // Block 0, last: wait until every rank's blocks have all arrived here, then
-// produce recv_counts and local_expert_counts.
-__device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh) {
-  // (epoch was read at kernel start: only this block of the previous call wrote it.)
+// produce recv_counts and local_expert_counts.  One barrier after every wait,
+// then every count load in one round (L2 loads, ordered after the waits'
+// acquires by the barrier).  `wait_ok` is shared memory of kMaxWorldSize
+// entries.  (epoch was read at kernel start: only this block of the previous
+// call wrote it.)
+__device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh, uint32_t* wait_ok) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   const int world = s.world_size, epr = s.experts_per_rank;
-  int32_t* recv_counts = c.local<int32_t>(c.offsets.recv_counts);
-  int32_t* counts_private = c.local<int32_t>(c.offsets.counts_private);
-  const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
   for (int src = threadIdx.x; src < world; src += blockDim.x) {
     const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
-    int32_t count = 0;
-    if (wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror, c.state.timeout_ns,
-                            kPhaseDispatch, src)) {
-      count = accepted_rows(c, src, load_relaxed_sys(counts_in + src), p.args.tokens_per_rank);
-    }
-    recv_counts[src] = count;
-    counts_private[src] = count;
+    wait_ok[src] = wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror,
+                                       c.state.timeout_ns, kPhaseDispatch, src)
+                       ? 1u
+                       : 0u;
   }
   if (s.num_experts > kSharedHistogram) {  // the global histogram starts the next call at zero
     int32_t* hist = histogram_of(p, sh);
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
   }
   __syncthreads();
+  const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
   const int32_t* experts_in = c.local<int32_t>(c.offsets.expert_counts_in);
+  const int src = threadIdx.x;  // world <= kMaxWorldSize < kBlockThreads
+  const int32_t count =
+      src < world && wait_ok[src] != 0 ? accepted_rows(c, src, __ldcg(counts_in + src), p.args.tokens_per_rank) : 0;
   int32_t* local_expert_counts = c.local<int32_t>(c.offsets.local_expert_counts);
   for (int e = threadIdx.x; e < epr; e += blockDim.x) {
     int32_t sum = 0;
-    for (int src = 0; src < world; ++src) sum += load_relaxed_sys(experts_in + src * epr + e);
+    for (int q = 0; q < world; ++q) sum += __ldcg(experts_in + q * epr + e);
     local_expert_counts[e] = sum;
+  }
+  if (src < world) {
+    c.local<int32_t>(c.offsets.recv_counts)[src] = count;
+    c.local<int32_t>(c.offsets.counts_private)[src] = count;
   }
   if (threadIdx.x == 0) c.control()->epoch = epoch;  // combine reads it; the next dispatch advances it
 }
 
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const DispatchParams p) {
   __shared__ RoutingShared sh;
+  __shared__ uint32_t wait_ok[kMaxWorldSize];
   ControlBlock* control = p.ctx.control();
   const int T = p.args.num_tokens;
   const int t0 = static_cast<int>(static_cast<int64_t>(T) * blockIdx.x / gridDim.x);
@@ -424,7 +430,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   });
   write_padding(p, sh.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
-  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh);
+  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh, wait_ok);
 }
 
 // ---- Small-batch kernel (tokens_per_rank <= kSmallBatchMaxTokens) ----------
@@ -514,42 +520,6 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   }
 }
 
-// Block 0, last: one barrier after every wait, then every count load in one
-// round (L2 loads, ordered after the waits' acquires by the barrier).
-__device__ void finish_dispatch_small(const DispatchParams& p, uint64_t epoch, SmallShared& sh) {
-  const KernelContext& c = p.ctx;
-  const GroupShape& s = c.shape;
-  const int world = s.world_size, epr = s.experts_per_rank;
-  for (int src = threadIdx.x; src < world; src += blockDim.x) {
-    const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
-    sh.wait_ok[src] = wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror,
-                                          c.state.timeout_ns, kPhaseDispatch, src)
-                          ? 1u
-                          : 0u;
-  }
-  if (s.num_experts > kSharedHistogram) {  // the global histogram starts the next call at zero
-    int32_t* hist = histogram_of(p, sh.r);
-    for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
-  }
-  __syncthreads();
-  const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
-  const int32_t* experts_in = c.local<int32_t>(c.offsets.expert_counts_in);
-  const int src = threadIdx.x;  // world <= kMaxWorldSize < kBlockThreads
-  const int32_t count =
-      src < world && sh.wait_ok[src] != 0 ? accepted_rows(c, src, __ldcg(counts_in + src), p.args.tokens_per_rank) : 0;
-  int32_t* local_expert_counts = c.local<int32_t>(c.offsets.local_expert_counts);
-  for (int e = threadIdx.x; e < epr; e += blockDim.x) {
-    int32_t sum = 0;
-    for (int q = 0; q < world; ++q) sum += __ldcg(experts_in + q * epr + e);
-    local_expert_counts[e] = sum;
-  }
-  if (src < world) {
-    c.local<int32_t>(c.offsets.recv_counts)[src] = count;
-    c.local<int32_t>(c.offsets.counts_private)[src] = count;
-  }
-  if (threadIdx.x == 0) c.control()->epoch = epoch;
-}
-
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const DispatchParams p) {
   __shared__ SmallShared sh;
   ControlBlock* control = p.ctx.control();
@@ -574,7 +544,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
                   [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
   write_padding(p, sh.r.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
-  if (blockIdx.x == 0) finish_dispatch_small(p, epoch, sh);
+  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh.r, sh.wait_ok);
 }
 
 }  // namespace
