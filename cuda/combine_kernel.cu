@@ -17,6 +17,7 @@
 #include "device_sync.cuh"
 #include "float_convert.cuh"
 #include "kernel_common.cuh"
+#include "kernel_launch.cuh"
 #include "moe_ep_kernels.h"
 #include "row_copy.cuh"
 
@@ -438,6 +439,8 @@ __device__ void combine_body(const CombineParams& p, const int32_t* counts, bool
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const CombineParams p) {
   __shared__ int32_t counts[kMaxWorldSize];
   __shared__ uint32_t timed_out;
+  wait_for_prior_grid();
+  allow_dependent_launch();
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   ControlBlock* control = c.control();
@@ -600,6 +603,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_small_kernel(const C
   __shared__ int32_t counts[kMaxWorldSize];
   __shared__ uint32_t timed_out;
   __shared__ int32_t failed;
+  wait_for_prior_grid();
+  allow_dependent_launch();
   switch (p.ctx.shape.combine_dtype) {
     case kCombineBf16: combine_small<Bf16Element>(p, counts, &timed_out, &failed); break;
     case kCombineFp16: combine_small<Fp16Element>(p, counts, &timed_out, &failed); break;
@@ -660,11 +665,9 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
   if (args.pull == 0 && args.small_batch != 0 && args.schedule == kCombineSerial &&
       args.tokens_per_rank <= kSmallBatchMaxTokens) {
-    combine_small_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
-  } else {
-    combine_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+    return launch_kernel(combine_small_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
   }
-  return cudaGetLastError();
+  return launch_kernel(combine_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
 }
 
 }  // namespace kernels

@@ -16,6 +16,7 @@
 #include "device_sync.cuh"
 #include "fast_division.h"
 #include "kernel_common.cuh"
+#include "kernel_launch.cuh"
 #include "moe_ep_kernels.h"
 #include "row_copy.cuh"
 
@@ -407,6 +408,8 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const DispatchParams p) {
   __shared__ RoutingShared sh;
   __shared__ uint32_t wait_ok[kMaxWorldSize];
+  wait_for_prior_grid();
+  allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
   const int T = p.args.num_tokens;
   const int t0 = static_cast<int>(static_cast<int64_t>(T) * blockIdx.x / gridDim.x);
@@ -522,6 +525,8 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
 
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const DispatchParams p) {
   __shared__ SmallShared sh;
+  wait_for_prior_grid();
+  allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
   int t0, t1;
   small_own_range(p.args.num_tokens, &t0, &t1);
@@ -566,11 +571,9 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
   p.ctx.state = state;
   p.args = args;
   if (args.small_batch != 0 && args.tokens_per_rank <= kSmallBatchMaxTokens) {
-    dispatch_small_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
-  } else {
-    dispatch_kernel<<<args.num_blocks, kBlockThreads, 0, stream>>>(p);
+    return launch_kernel(dispatch_small_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
   }
-  return cudaGetLastError();
+  return launch_kernel(dispatch_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
 }
 
 }  // namespace kernels

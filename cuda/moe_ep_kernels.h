@@ -131,6 +131,7 @@ struct DispatchLaunch {
   const int32_t* eplb_local;   // [num_experts] or NULL: counted picks are sent
   int32_t num_blocks;          // grid size, at most the SMs the handle may use
   int32_t small_batch;         // nonzero: the small-batch kernel where it applies (tokens_per_rank <= kSmallBatchMaxTokens)
+  int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
 };
 
 // Calls of at most this many tokens per rank may run the small-batch kernels:
@@ -180,6 +181,7 @@ struct CombineLaunch {
                                // its combine starts, and each source reads its rows from the peers'
                                // views; expert_output is then only read for this rank's own rows.
                                // schedule, phases, reduce_blocks and small_batch are ignored.
+  int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
 };
 
 // Publication phases of the overlapped combine (one counter each per source)

@@ -65,6 +65,14 @@ bool small_batch_from_environment() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// MOE_EP_PDL=0 turns Programmatic Dependent Launch off (default on where the
+// device has compute capability 9.0 or newer).  A per-rank setting: it changes
+// when a kernel may be scheduled, never what it does.
+bool pdl_from_environment() {
+  const char* v = std::getenv("MOE_EP_PDL");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // Milliseconds per named step, for the destroy log line.
 class TeardownClock {
  public:
@@ -133,7 +141,7 @@ class NvlinkBackend final : public Backend {
              combine_schedule_ == kernels::kCombineOverlapped ? "overlapped"
              : combine_schedule_ == kernels::kCombineAuto     ? "auto"
                                                               : "serial",
-             ", small-batch kernels ", small_batch_ ? "on" : "off");
+             ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off");
   }
 
   const char* name() const override { return "nvlink_two_sided"; }
@@ -152,6 +160,7 @@ class NvlinkBackend final : public Backend {
     a.eplb_local = call.eplb_local;
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
     a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
+    a.pdl = pdl_;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
     note_launch(s);
@@ -192,6 +201,7 @@ class NvlinkBackend final : public Backend {
                                                    group_min_sm_budget_);
     a.phases = combine_phases_;
     a.reduce_blocks = combine_reduce_blocks_;
+    a.pdl = pdl_;
     a.small_batch = small_batch_ && a.schedule == kernels::kCombineSerial &&
                             call.tokens_per_rank <= kernels::kSmallBatchMaxTokens
                         ? 1
@@ -304,6 +314,7 @@ class NvlinkBackend final : public Backend {
     combine_phases_ = int_from_environment("MOE_EP_COMBINE_PHASES");
     combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
     small_batch_ = small_batch_from_environment();
+    pdl_ = cc >= 90 && pdl_from_environment() ? 1 : 0;
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -410,6 +421,7 @@ class NvlinkBackend final : public Backend {
   int32_t combine_reduce_blocks_ = 0;
   int32_t group_min_sm_budget_ = 0;
   bool small_batch_ = true;
+  int32_t pdl_ = 0;  // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   bool released_ = false;
 };
 

@@ -1,0 +1,52 @@
+// Launching the NVLink kernels, optionally with Programmatic Dependent Launch.
+//
+// With PDL (compute capability 9.0 and newer) a kernel may be scheduled while
+// the kernel before it in the stream is still running: its launch latency
+// (about 3 us in a graph) then overlaps the previous kernel's tail instead of
+// following it.  Every kernel launched this way calls wait_for_prior_grid()
+// before it touches memory that earlier work wrote (the caller's inputs, the
+// control block, the combine_input view), which waits for the previous grid's
+// completion and the visibility of its writes, exactly like an ordinary
+// stream dependency.  Each kernel also calls allow_dependent_launch() once it
+// has started, so that the next PDL-launched kernel (ours or the caller's) may
+// be scheduled onto free SMs early; it still waits for this kernel to finish
+// before reading anything.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace moe_ep {
+namespace kernels {
+
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` on `blocks` blocks of `threads` threads, with the
+// programmatic stream serialisation attribute when `pdl` is nonzero.
+template <typename Params>
+cudaError_t launch_kernel(void (*kernel)(Params), int blocks, int threads, cudaStream_t stream, int pdl,
+                          const Params& params) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = pdl != 0 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+}  // namespace kernels
+}  // namespace moe_ep
