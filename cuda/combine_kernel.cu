@@ -1,4 +1,5 @@
-// Combine: one kernel per call.  Every row this rank received from a peer s
+// Combine, push schedules (the pull schedule of config.zero_copy_combine is
+// combine_pull.cu): one kernel per call.  Every row this rank received from a peer s
 // (rows s*tpr + j, j < recv_count[s]) goes back to s's combine_in region
 // (segment of this rank, row j); each local token then sums its partials over
 // ranks in ascending rank order, in fp32 starting from 0.0f exactly as the
@@ -14,6 +15,7 @@
 // lets the next dispatch reuse the single receive region (docs/nvlink_backend.md).
 #include <stdint.h>
 
+#include "combine_common.cuh"
 #include "device_sync.cuh"
 #include "float_convert.cuh"
 #include "kernel_common.cuh"
@@ -25,29 +27,8 @@ namespace moe_ep {
 namespace kernels {
 namespace {
 
-struct CombineParams {
-  KernelContext ctx;
-  CombineLaunch args;
-  int32_t chunk_rows;  // rows per publication phase, combine_phase_rows()
-  int32_t phases;      // publication phases of every call (a constant of the handle)
-};
-
-// The reduce moves 32 lanes x 4 vectors per step and source (2 KiB).
-constexpr int kReduceVectorsPerLane = 4;
-constexpr int kReduceSegmentBytes = 32 * kReduceVectorsPerLane * 16;
-
-__device__ __forceinline__ bool combine_rows_aligned(const CombineParams& p) {
-  return p.ctx.shape.combine_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.args.expert_output) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.args.output) % 16 == 0;
-}
-
 __device__ __forceinline__ int combine_segments(const CombineParams& p, bool aligned) {
   return aligned ? static_cast<int>((p.ctx.shape.combine_row_bytes + kSegmentBytes - 1) / kSegmentBytes) : 1;
-}
-
-__device__ __forceinline__ int reduce_segments(const CombineParams& p, bool aligned) {
-  return aligned ? static_cast<int>((p.ctx.shape.combine_row_bytes + kReduceSegmentBytes - 1) / kReduceSegmentBytes)
-                 : 1;
 }
 
 // How the grid splits into push blocks [0, push) and reduce blocks
@@ -163,33 +144,6 @@ __device__ void push_rows(const CombineParams& p, const int32_t* counts, int pus
   }
 }
 
-// Where the partial of local token `token` from rank q lives (q's slot known):
-// this rank's own in its expert_output; a peer's in this rank's combine_in
-// (pushed there), or, on the pull path, in the peer's combine_input view.
-__device__ __forceinline__ const char* partial_row(const CombineParams& p, int q, int32_t slot) {
-  const KernelContext& c = p.ctx;
-  const int64_t tpr = p.args.tokens_per_rank;
-  const int64_t row_bytes = c.shape.combine_row_bytes;
-  if (q == c.shape.rank) {
-    return static_cast<const char*>(p.args.expert_output) + (c.shape.rank * tpr + slot) * row_bytes;
-  }
-  if (p.args.pull) return c.rank_base(q) + c.offsets.combine_input + (c.shape.rank * tpr + slot) * row_bytes;
-  return c.state.local_base + c.offsets.combine_in + (c.combine_segment(q, c.shape.rank) * tpr + slot) * row_bytes;
-}
-
-// One 2 KiB segment of an output row, 16-byte vectors.
-template <typename Element>
-__device__ __forceinline__ void accumulate(float (&acc)[kReduceVectorsPerLane][16 / sizeof(typename Element::Bits)],
-                                           const uint4 (&v)[kReduceVectorsPerLane]) {
-  using Bits = typename Element::Bits;
-#pragma unroll
-  for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-    const Bits* b = reinterpret_cast<const Bits*>(&v[u]);
-#pragma unroll
-    for (int e = 0; e < static_cast<int>(16 / sizeof(Bits)); ++e) acc[u][e] += Element::load(b[e]);
-  }
-}
-
 // One 2 KiB segment of an output row, 16-byte vectors.  The partials are
 // loaded two ranks at a time before either is added (more bytes in flight per
 // warp), and added strictly in ascending rank order.
@@ -198,10 +152,8 @@ __device__ void reduce_segment(const CombineParams& p, int32_t token, int segmen
                                int lane) {
   using Bits = typename Element::Bits;
   constexpr int kPerVector = 16 / sizeof(Bits);
-  const int64_t row_bytes = p.ctx.shape.combine_row_bytes;
   const int64_t offset = static_cast<int64_t>(segment) * kReduceSegmentBytes;
-  const int vectors =
-      static_cast<int>((row_bytes - offset < kReduceSegmentBytes ? row_bytes - offset : kReduceSegmentBytes) / 16);
+  const int vectors = reduce_segment_vectors(p, segment);
   float acc[kReduceVectorsPerLane][kPerVector];
 #pragma unroll
   for (int u = 0; u < kReduceVectorsPerLane; ++u) {
@@ -228,34 +180,7 @@ __device__ void reduce_segment(const CombineParams& p, int32_t token, int segmen
     accumulate<Element>(acc, va);
     if (b) accumulate<Element>(acc, vb);
   }
-  uint4* dst = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) + token * row_bytes + offset);
-#pragma unroll
-  for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-    if (u * 32 + lane >= vectors) continue;
-    uint4 out;
-    Bits* o = reinterpret_cast<Bits*>(&out);
-#pragma unroll
-    for (int e = 0; e < kPerVector; ++e) o[e] = Element::store(acc[u][e]);
-    dst[u * 32 + lane] = out;
-  }
-}
-
-// Rows of any size or alignment: element by element.
-template <typename Element>
-__device__ void reduce_row_any(const CombineParams& p, int32_t token, const TokenDestinations& srcs, int lane) {
-  using Bits = typename Element::Bits;
-  const int H = p.ctx.shape.hidden_size;
-  Bits* dst = reinterpret_cast<Bits*>(static_cast<char*>(p.args.output) + token * p.ctx.shape.combine_row_bytes);
-  for (int h0 = 0; h0 < H; h0 += 32) {  // warp-uniform trip count: slot() shuffles need every lane
-    const int h = h0 + lane;
-    float acc = 0.0f;
-    for (uint64_t rest = srcs.mask; rest != 0; rest &= rest - 1) {
-      const int q = lowest_rank(rest);
-      const Bits* src = reinterpret_cast<const Bits*>(partial_row(p, q, srcs.slot(q)));
-      if (h < H) acc += Element::load(__ldcg(src + h));
-    }
-    if (h < H) dst[h] = Element::store(acc);
-  }
+  store_segment<Element>(p, token, offset, vectors, acc, lane);
 }
 
 // Lane q waits for the phase holding this token's row from rank q (and lane
@@ -396,40 +321,9 @@ __device__ void combine_overlapped(const CombineParams& p, const int32_t* counts
   if (blockIdx.x == gridDim.x - 1) wait_for_peers_started(p, epoch);
 }
 
-// Zero-copy pull: every rank wrote its expert output into its combine_input
-// view before its combine started (its experts, or the host's copy in
-// stream order), and block 0 announced "started" at kernel start.  Once every
-// peer has announced it, each block sums its tokens' partials straight from
-// the views of the ranks that computed them: each row crosses NVLink once, in
-// one pass, with no staging region, no fence and no push/reduce split.  The
-// wait for every peer (not only those holding this block's rows) is also what
-// releases the peers' receive rows to this rank's next dispatch; a peer
-// rewrites its view only after its next dispatch completed, which needs this
-// rank's next dispatch, issued after this kernel ended
-// (docs/nvlink_backend.md, "Zero-copy pull combine").
-template <typename Element>
-__device__ void combine_pull(const CombineParams& p, bool aligned, uint64_t epoch) {
-  const KernelContext& c = p.ctx;
-  __shared__ int32_t failed;
-  if (threadIdx.x == 0) failed = 0;
-  __syncthreads();
-  for (int q = threadIdx.x; q < c.shape.world_size; q += blockDim.x) {
-    if (q == c.shape.rank) continue;
-    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, c.control(), c.state.mirror,
-                             c.state.timeout_ns, kPhaseCombine, q)) {
-      failed = 1;
-    }
-  }
-  __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
-  if (failed) return;
-  reduce_tokens<Element>(p, Roles(1, gridDim.x, 0), aligned, epoch, false);
-}
-
 template <typename Element>
 __device__ void combine_body(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
-  if (p.args.pull) {
-    combine_pull<Element>(p, aligned, epoch);
-  } else if (p.args.schedule == kCombineOverlapped) {  // resolved by launch_combine: never kCombineAuto here
+  if (p.args.schedule == kCombineOverlapped) {  // resolved by launch_combine: never kCombineAuto here
     combine_overlapped<Element>(p, counts, aligned, epoch);
   } else {
     combine_serial<Element>(p, counts, aligned, epoch);
@@ -454,9 +348,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   if (static_cast<int>(threadIdx.x) < s.world_size) counts[threadIdx.x] = my_count;
   __syncthreads();
   if (timed_out != kPhaseNone) return;  // block-uniform
-  // "Started": nothing of this kernel to order before it (on the pull path the
-  // view's rows were written by earlier work in stream order).
-  if (blockIdx.x == 0 && (p.args.schedule == kCombineOverlapped || p.args.pull)) {
+  if (blockIdx.x == 0 && p.args.schedule == kCombineOverlapped) {  // "started"; nothing to order before it
     for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
       if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
     }
@@ -663,11 +555,11 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.args = args;
   p.phases = combine_phases(shape, args.phases);
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
-  if (args.pull == 0 && args.small_batch != 0 && args.schedule == kCombineSerial &&
-      args.tokens_per_rank <= kSmallBatchMaxTokens) {
-    return launch_kernel(combine_small_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
+  if (args.pull != 0) return launch_combine_pull(p, stream);
+  if (args.small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallBatchMaxTokens) {
+    return launch_kernel(combine_small_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
   }
-  return launch_kernel(combine_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
+  return launch_kernel(combine_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
 }
 
 }  // namespace kernels

@@ -571,9 +571,9 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
   p.ctx.state = state;
   p.args = args;
   if (args.small_batch != 0 && args.tokens_per_rank <= kSmallBatchMaxTokens) {
-    return launch_kernel(dispatch_small_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
+    return launch_kernel(dispatch_small_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
   }
-  return launch_kernel(dispatch_kernel, args.num_blocks, kBlockThreads, stream, args.pdl, p);
+  return launch_kernel(dispatch_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
 }
 
 }  // namespace kernels

@@ -30,15 +30,16 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
-// Launches `kernel` on `blocks` blocks of `threads` threads, with the
-// programmatic stream serialisation attribute when `pdl` is nonzero.
+// Launches `kernel` on `blocks` blocks of `threads` threads with
+// `shared_bytes` of dynamic shared memory, with the programmatic stream
+// serialisation attribute when `pdl` is nonzero.
 template <typename Params>
-cudaError_t launch_kernel(void (*kernel)(Params), int blocks, int threads, cudaStream_t stream, int pdl,
-                          const Params& params) {
+cudaError_t launch_kernel(void (*kernel)(Params), int blocks, int threads, size_t shared_bytes, cudaStream_t stream,
+                          int pdl, const Params& params) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(blocks));
   config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared_bytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;

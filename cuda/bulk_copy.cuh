@@ -1,0 +1,89 @@
+// Bulk asynchronous copies from global memory (local or a peer's, over
+// NVLink) into shared memory, completed on a shared-memory barrier
+// (compute capability 9.0 and newer: cp.async.bulk and mbarrier).
+//
+// Why: a warp that loads into registers can keep only a few KiB in flight, so
+// a handful of SMs cannot cover NVLink's latency; a bulk copy is issued by one
+// thread, costs no registers, and is limited only by the shared memory given
+// to it.  One barrier per buffer: the issuing thread announces the bytes
+// (expect_tx) and starts the copy; the copy's completion flips the barrier's
+// phase, which the consuming threads wait for with the phase's parity.
+#pragma once
+
+#include <stdint.h>
+
+#include "device_sync.cuh"
+
+namespace moe_ep {
+namespace kernels {
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define MOE_EP_HAVE_BULK_COPY 1
+#endif
+
+#ifdef MOE_EP_HAVE_BULK_COPY
+// One thread: a barrier that completes a phase after one arrival plus the
+// announced bytes.
+__device__ __forceinline__ void barrier_init(uint64_t* barrier) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)) : "memory");
+}
+
+// After barrier_init, before any copy uses the barriers: makes the
+// initialisation visible to the copy engine (the async proxy).
+__device__ __forceinline__ void barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Orders this thread's earlier generic accesses (and, after a barrier or a
+// warp sync, those of the threads it synchronised with) before its later bulk
+// copies: global memory (what an acquire made visible) and shared memory (a
+// buffer read by the warp before it is refilled).
+__device__ __forceinline__ void fence_before_bulk_copies() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// One thread: copies `bytes` (a multiple of 16; both addresses 16-byte
+// aligned) from global `src` into shared `dst`, completing on `barrier`.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   shared_address(dst)),
+               "l"(src), "r"(bytes), "r"(shared_address(barrier))
+               : "memory");
+}
+
+__device__ __forceinline__ bool barrier_try_wait(uint64_t* barrier, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(shared_address(barrier)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Waits for the phase of `barrier` with this parity to complete; false after
+// timeout_ns (the copy reads mapped memory, so it always completes; the bound
+// is the rule for every device-side wait).
+__device__ inline bool barrier_wait(uint64_t* barrier, uint32_t parity, int64_t timeout_ns) {
+  if (barrier_try_wait(barrier, parity)) return true;
+  const uint64_t start = global_timer_ns();
+  for (uint32_t polls = 1;; ++polls) {
+    if (barrier_try_wait(barrier, parity)) return true;
+    if ((polls & 1023u) == 0 && static_cast<int64_t>(global_timer_ns() - start) > timeout_ns) return false;
+  }
+}
+#endif
+
+}  // namespace kernels
+}  // namespace moe_ep

@@ -1,0 +1,236 @@
+// Combine, pull schedule (config.zero_copy_combine): every rank's expert
+// output is in its shared combine_input view before its combine starts
+// (written there by its experts, or copied there by the host code in stream
+// order), so each source rank sums its tokens' partials straight from the
+// views of the ranks that computed them.  Each row crosses NVLink once, in one
+// pass: no push, no staging region, no fence, no publication counter.
+//
+// Protocol: block 0 stores "started N" at every peer at kernel start; every
+// block waits for every peer's "started N" before reading any view.  That wait
+// (for every peer, not only those holding this block's rows) is also what
+// releases the peers' receive rows to this rank's next dispatch; a peer
+// rewrites its view only after its next dispatch has completed, which needs
+// this rank's next dispatch, issued after this kernel ended
+// (docs/nvlink_backend.md, "Combine"; model-checked in test_reuse_protocol_model).
+//
+// Loads: each warp walks its (token, 2 KiB segment) items and, per item, the
+// ranks holding a partial in ascending order; one lane issues a bulk copy of
+// each partial segment into one of the warp's kPullStages shared-memory
+// buffers, up to kPullStages ahead of the lanes that add them, so a few SMs
+// keep enough bytes in flight to cover NVLink's latency.  The partials are
+// added in ascending rank order in fp32 from 0.0f, as every schedule does.
+#include <stdint.h>
+
+#include "bulk_copy.cuh"
+#include "combine_common.cuh"
+#include "device_sync.cuh"
+#include "kernel_launch.cuh"
+
+namespace moe_ep {
+namespace kernels {
+namespace {
+
+constexpr int kPullStages = 6;
+constexpr size_t kPullBufferBytes = size_t{kWarpsPerBlock} * kPullStages * kReduceSegmentBytes;
+constexpr size_t kPullBarrierBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(uint64_t);
+constexpr size_t kPullItemBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(int64_t);
+constexpr size_t kPullRankBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(int32_t);
+constexpr size_t kPullSharedBytes = kPullBufferBytes + kPullBarrierBytes + kPullItemBytes + kPullRankBytes;
+
+// Rows of any size or alignment (and devices without bulk copies): a token per
+// warp, element by element, from the same places.
+template <typename Element>
+__device__ void pull_reduce_rows(const CombineParams& p) {
+  const GroupShape& s = p.ctx.shape;
+  const int lane = threadIdx.x % 32;
+  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; token < p.args.num_tokens;
+       token += step) {
+    const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
+    reduce_row_any<Element>(p, static_cast<int32_t>(token), srcs, lane);
+  }
+}
+
+#ifdef MOE_EP_HAVE_BULK_COPY
+// One warp's buffers and what each holds: the copy of one rank's partial of
+// one (token, segment) item.
+struct WarpStages {
+  char* buffers;       // [kPullStages][kReduceSegmentBytes]
+  uint64_t* barriers;  // [kPullStages]
+  int64_t* items;      // [kPullStages]: the item whose partial the buffer holds
+  int32_t* ranks;      // [kPullStages]: the rank that computed it (for a timeout record)
+
+  __device__ WarpStages(char* shared, int warp) {
+    const int first = warp * kPullStages;
+    buffers = shared + static_cast<size_t>(first) * kReduceSegmentBytes;
+    barriers = reinterpret_cast<uint64_t*>(shared + kPullBufferBytes) + first;
+    items = reinterpret_cast<int64_t*>(shared + kPullBufferBytes + kPullBarrierBytes) + first;
+    ranks = reinterpret_cast<int32_t*>(shared + kPullBufferBytes + kPullBarrierBytes + kPullItemBytes) + first;
+  }
+};
+
+// The producer side of a warp: walks the same (item, rank) sequence as the
+// consumer, issuing one bulk copy per step into the next free buffer.
+class PartialProducer {
+ public:
+  __device__ PartialProducer(const CombineParams& p, const WarpStages& stages, int64_t first, int64_t step,
+                             int64_t items, int segments)
+      : p_(p), stages_(stages), item_(first - step), step_(step), items_(items), segments_(segments) {}
+
+  // Warp-collective.  Issues the copy of the next partial into buffer
+  // `issued % kPullStages`; false when every partial has been issued.
+  __device__ bool issue(uint32_t issued) {
+    const int lane = threadIdx.x % 32;
+    const int world = p_.ctx.shape.world_size;
+    while (rest_ == 0) {
+      if (item_ + step_ >= items_) return false;
+      item_ += step_;
+      const int32_t* slots = p_.ctx.local<int32_t>(p_.ctx.offsets.token_slots);
+      srcs_ = TokenDestinations::load(slots + (item_ / segments_) * world, world, lane);
+      rest_ = srcs_.mask;
+    }
+    const int q = lowest_rank(rest_);
+    rest_ &= rest_ - 1;
+    const int32_t slot = srcs_.slot(q);  // every lane
+    const int segment = static_cast<int>(item_ % segments_);
+    const int stage = static_cast<int>(issued % kPullStages);
+    if (lane == 0) {
+      stages_.items[stage] = item_;
+      stages_.ranks[stage] = q;
+      fence_before_bulk_copies();  // the buffer's last reads, the acquire of "started"
+      bulk_copy_to_shared(stages_.buffers + static_cast<size_t>(stage) * kReduceSegmentBytes,
+                          partial_row(p_, q, slot) + static_cast<int64_t>(segment) * kReduceSegmentBytes,
+                          static_cast<uint32_t>(reduce_segment_vectors(p_, segment)) * 16u, stages_.barriers + stage);
+    }
+    __syncwarp();  // the buffer's item and rank, for every lane
+    return true;
+  }
+
+ private:
+  const CombineParams& p_;
+  const WarpStages& stages_;
+  int64_t item_;
+  const int64_t step_, items_;
+  const int segments_;
+  TokenDestinations srcs_{};
+  uint64_t rest_ = 0;
+};
+
+// Aligned rows: bulk copies into the warp's buffers, kPullStages ahead.
+template <typename Element>
+__device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
+  using Bits = typename Element::Bits;
+  constexpr int kPerVector = 16 / sizeof(Bits);
+  const KernelContext& c = p.ctx;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const WarpStages stages(shared, warp);
+  if (lane == 0) {
+    for (int s = 0; s < kPullStages; ++s) barrier_init(stages.barriers + s);
+    barrier_init_fence();
+  }
+  __syncwarp();
+  const int segments = reduce_segments(p, true);
+  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  PartialProducer producer(p, stages, first, step, items, segments);
+  uint32_t issued = 0, consumed = 0;
+  while (issued < kPullStages && producer.issue(issued)) ++issued;
+  for (int64_t item = first; item < items; item += step) {
+    const int segment = static_cast<int>(item % segments);
+    const int vectors = reduce_segment_vectors(p, segment);
+    float acc[kReduceVectorsPerLane][kPerVector];
+#pragma unroll
+    for (int u = 0; u < kReduceVectorsPerLane; ++u) {
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e) acc[u][e] = 0.0f;
+    }
+    // The item's partials are the next buffers whose item is this one (none:
+    // every pick of the token was masked, the output row is zeros).
+    while (consumed < issued && stages.items[consumed % kPullStages] == item) {
+      const int stage = static_cast<int>(consumed % kPullStages);
+      if (!barrier_wait(stages.barriers + stage, (consumed / kPullStages) & 1u, c.state.timeout_ns)) {
+        if (lane == 0) record_timeout(c.control(), c.state.mirror, kPhaseCombine, stages.ranks[stage]);
+        return;
+      }
+      const uint4* buffer =
+          reinterpret_cast<const uint4*>(stages.buffers + static_cast<size_t>(stage) * kReduceSegmentBytes);
+      uint4 v[kReduceVectorsPerLane] = {};
+#pragma unroll
+      for (int u = 0; u < kReduceVectorsPerLane; ++u) {
+        if (u * 32 + lane < vectors) v[u] = buffer[u * 32 + lane];
+      }
+      accumulate<Element>(acc, v);
+      __syncwarp();  // every lane has read the buffer before it is refilled
+      ++consumed;
+      if (producer.issue(issued)) ++issued;
+    }
+    store_segment<Element>(p, static_cast<int32_t>(item / segments),
+                           static_cast<int64_t>(segment) * kReduceSegmentBytes, vectors, acc, lane);
+  }
+}
+#endif
+
+template <typename Element>
+__device__ void pull_reduce(const CombineParams& p, char* shared) {
+#ifdef MOE_EP_HAVE_BULK_COPY
+  if (combine_rows_aligned(p)) {
+    pull_reduce_bulk<Element>(p, shared);
+    return;
+  }
+#endif
+  (void)shared;
+  pull_reduce_rows<Element>(p);
+}
+
+__global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const CombineParams p) {
+  extern __shared__ __align__(128) char pull_shared[];
+  __shared__ uint32_t timed_out;
+  __shared__ int32_t failed;
+  wait_for_prior_grid();
+  allow_dependent_launch();
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  ControlBlock* control = c.control();
+  if (threadIdx.x == 0) {
+    timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
+    failed = 0;
+  }
+  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
+  __syncthreads();
+  if (timed_out != kPhaseNone) return;  // block-uniform
+  // "Started N": this rank's view holds its expert output N (written by
+  // earlier work in stream order, before this kernel began).
+  if (blockIdx.x == 0) {
+    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
+      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
+    }
+  }
+  for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
+    if (q == s.rank) continue;
+    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, control, c.state.mirror,
+                             c.state.timeout_ns, kPhaseCombine, q)) {
+      failed = 1;
+    }
+  }
+  __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
+  if (failed) return;
+  switch (s.combine_dtype) {
+    case kCombineBf16: pull_reduce<Bf16Element>(p, pull_shared); break;
+    case kCombineFp16: pull_reduce<Fp16Element>(p, pull_shared); break;
+    default: pull_reduce<Fp32Element>(p, pull_shared); break;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(combine_pull_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPullSharedBytes);
+  if (e != cudaSuccess) return e;
+  return launch_kernel(combine_pull_kernel, p.args.num_blocks, kBlockThreads, kPullSharedBytes, stream, p.args.pdl, p);
+}
+
+}  // namespace kernels
+}  // namespace moe_ep
