@@ -32,15 +32,20 @@ step() {
 GPUS=$(nvidia-smi -L | wc -l)
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy), $GPUS GPU(s)" | tee -a "$SUMMARY"
 PICK="Linking|error" step build 240 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_conformance"
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32"
 TOOL=$BUILD/tools/moe_ep_conformance
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 MPI2="mpirun -np 2 --bind-to none --oversubscribe"
 SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
 step suite_zero_copy 120 $MPI2 $GPU_TEST "[zero_copy],[graph],[peer_counts],[bad_ids]"
+for t in nvlink_gpu_np1 nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_general_kernels_np2; do
+  step "ctest_$t" 150 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 140
+done
 step check_nvlink_zero_copy 90 $MPI2 $TOOL check --backend nvlink --filter zero_copy
 step memcheck_zero_copy 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[zero_copy]"
 step racecheck_zero_copy 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[zero_copy]"
+step synccheck_zero_copy 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "[zero_copy]"
+step memcheck_pdl_kernels 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[peer_counts],[bad_ids]"
 if [ "$GPUS" -ge 2 ]; then
   B="$TOOL bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -G --no-baselines -w 10 -n 50"
   for sms in 0 16; do
