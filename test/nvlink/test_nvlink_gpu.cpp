@@ -436,7 +436,11 @@ TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within doc
   const uint64_t used = before - during;
   INFO("workspace_size " << bytes << ", device memory taken " << used << ", bound (docs/semantics.md §6) " << bound);
   REQUIRE(mpi_all(bytes <= bound));
-  REQUIRE(mpi_all(used >= bytes && used <= bytes + (4u << 20)));
+  // Ranks that share this GPU (more ranks than GPUs) allocate theirs from the
+  // same free memory during the same collective create.
+  const uint64_t sharing = static_cast<uint64_t>((s.world + gpu_device_count() - 1) / gpu_device_count());
+  INFO("ranks per GPU at most " << sharing);
+  REQUIRE(mpi_all(used >= bytes && used <= sharing * (bytes + (4u << 20))));
 }
 
 TEST_CASE("runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank, nothing read "
