@@ -63,8 +63,7 @@ namespace {
 std::string device_label(int device) {
   cudaDeviceProp prop = {};
   PROBE_CUDA(cudaGetDeviceProperties(&prop, device));
-  return "GPU " + std::to_string(device) + " (" + prop.name + ", " + std::to_string(prop.multiProcessorCount) +
-         " SMs)";
+  return "GPU " + std::to_string(device) + " (" + prop.name + ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
 }
 
 void enable_peer(int from, int to) {
@@ -99,8 +98,8 @@ Sides open_sides(bool force_same_gpu) {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();
-    throw NoDevice(std::string("cudaGetDeviceCount: ") + cudaGetErrorName(status) + " (" +
-                   cudaGetErrorString(status) + ")");
+    throw NoDevice(std::string("cudaGetDeviceCount: ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
+                   ")");
   }
   if (count < 1) throw NoDevice("cudaGetDeviceCount reports 0 devices");
 

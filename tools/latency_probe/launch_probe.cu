@@ -80,7 +80,8 @@ BlockTime time_block(const Stream& stream, const Event& begin, const Event& end,
   PROBE_CUDA(cudaEventRecord(begin.get(), stream.get()));
   const auto host_start = std::chrono::steady_clock::now();
   for (int r = 0; r < replays; ++r) submit();
-  const double host_ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - host_start).count();
+  const double host_ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - host_start).count();
   PROBE_CUDA(cudaEventRecord(end.get(), stream.get()));
   PROBE_CUDA(cudaEventSynchronize(end.get()));
   float ms = 0;
@@ -129,9 +130,7 @@ std::vector<Measurement> measure_launch(const Sides& sides, const ProbeOptions& 
   }
   if (!capture_errors[0].empty()) throw ProbeError("graph of one kernel: " + capture_errors[0]);
 
-  auto replay = [&](size_t g) {
-    return [&, g]() { PROBE_CUDA(cudaGraphLaunch(graphs[g].get(), stream.get())); };
-  };
+  auto replay = [&](size_t g) { return [&, g]() { PROBE_CUDA(cudaGraphLaunch(graphs[g].get(), stream.get())); }; };
   auto eager = [&]() { launch(empty_kernel, 1, kEmptyKernelThreads, stream.get(), false, 0, 0); };
 
   // Warm up every graph and the eager path once (first replays upload the graph).

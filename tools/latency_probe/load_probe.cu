@@ -13,11 +13,11 @@ namespace moe_ep_probe {
 
 namespace {
 
-constexpr unsigned kWordsPerLine = 16;         // 128-byte lines of 8-byte words
-constexpr unsigned kRingLines = 1u << 19;      // 64 MiB of lines to scatter a cold ring over
-constexpr unsigned kHotRingNodes = 64;         // 8 KiB: stays in L2
-constexpr size_t kFlushBytes = 512ull << 20;   // written before a cold chase: ten times the L2
-constexpr unsigned kScrambler = 2654435761u;   // odd: k -> k * kScrambler mod 2^n is a permutation
+constexpr unsigned kWordsPerLine = 16;        // 128-byte lines of 8-byte words
+constexpr unsigned kRingLines = 1u << 19;     // 64 MiB of lines to scatter a cold ring over
+constexpr unsigned kHotRingNodes = 64;        // 8 KiB: stays in L2
+constexpr size_t kFlushBytes = 512ull << 20;  // written before a cold chase: ten times the L2
+constexpr unsigned kScrambler = 2654435761u;  // odd: k -> k * kScrambler mod 2^n is a permutation
 
 // Node k sits at line (k * kScrambler) mod `lines` (distinct lines for k < lines)
 // and points to node k + 1; the last node points back to node 0 (line 0).
@@ -61,8 +61,8 @@ const Ring kRings[] = {
     {"load_local_hbm", "the same from side A's own memory after flushing its L2 (each line loaded once: HBM)", false,
      true},
     {"load_remote_l2_hit",
-     "dependent 8-byte ld.relaxed.sys from side B's memory, hot in B's L2 (64-line ring): one remote round trip",
-     true, false},
+     "dependent 8-byte ld.relaxed.sys from side B's memory, hot in B's L2 (64-line ring): one remote round trip", true,
+     false},
     {"load_remote_hbm", "the same from side B's memory after flushing B's L2 (each line loaded once)", true, true},
 };
 
@@ -78,8 +78,8 @@ Measurement chase(const Sides& sides, const ProbeOptions& options, const Ring& r
   Stream owner_stream(owner), chase_stream(sides.device_a);
   {
     DeviceScope scope(owner);
-    launch(build_ring_kernel, (nodes + 255) / 256, 256, owner_stream.get(), false, ring.as<unsigned long long>(),
-           nodes, lines);
+    launch(build_ring_kernel, (nodes + 255) / 256, 256, owner_stream.get(), false, ring.as<unsigned long long>(), nodes,
+           lines);
   }
   owner_stream.synchronize();
 
@@ -98,13 +98,14 @@ Measurement chase(const Sides& sides, const ProbeOptions& options, const Ring& r
     }
     {
       DeviceScope scope(sides.device_a);
-      launch(chase_kernel, 1, 1, chase_stream.get(), false, static_cast<const unsigned long long*>(ring.as<unsigned long long>()),
-             loads, stamps.as<long long>(), scratch.as<unsigned long long>(), scratch.as<unsigned long long>() + 1);
+      launch(chase_kernel, 1, 1, chase_stream.get(), false,
+             static_cast<const unsigned long long*>(ring.as<unsigned long long>()), loads, stamps.as<long long>(),
+             scratch.as<unsigned long long>(), scratch.as<unsigned long long>() + 1);
     }
     chase_stream.synchronize();
     unsigned long long ns_and_cycles[2] = {0, 0};
-    PROBE_CUDA(cudaMemcpy(ns_and_cycles, scratch.as<unsigned long long>() + 1, sizeof ns_and_cycles,
-                          cudaMemcpyDeviceToHost));
+    PROBE_CUDA(
+        cudaMemcpy(ns_and_cycles, scratch.as<unsigned long long>() + 1, sizeof ns_and_cycles, cudaMemcpyDeviceToHost));
     PROBE_CUDA(cudaMemcpy(host_stamps.data(), stamps.as<long long>(), stamps.bytes(), cudaMemcpyDeviceToHost));
     if (ns_and_cycles[0] == 0 || ns_and_cycles[1] == 0) {
       m.error = "the chase kernel's clocks did not advance";

@@ -40,7 +40,7 @@ struct SideResult {
 struct PingPongArgs {
   unsigned* my_flag;    // this side's memory: the peer stores the round here
   unsigned* peer_flag;  // the peer's memory
-  uint4* my_row;  // the row (row protocols); the same bytes as tagged words (flags in the data)
+  uint4* my_row;        // the row (row protocols); the same bytes as tagged words (flags in the data)
   uint4* peer_row;
   ulonglong2* my_words;
   ulonglong2* peer_words;

@@ -31,9 +31,8 @@ RunInfo run_info(const Sides& sides, const ProbeOptions& o) {
   info.side_b = sides.name_b;
   info.link = sides.link;
   info.same_gpu = sides.same_gpu;
-  info.config = {{"round_trips", o.round_trips},     {"warmup_trips", o.warmup_trips},
-                 {"kernel_runs", o.kernel_runs},     {"graph_replays", o.graph_replays},
-                 {"graph_blocks", o.graph_blocks},   {"chase_loads", o.chase_loads},
+  info.config = {{"round_trips", o.round_trips},     {"warmup_trips", o.warmup_trips}, {"kernel_runs", o.kernel_runs},
+                 {"graph_replays", o.graph_replays}, {"graph_blocks", o.graph_blocks}, {"chase_loads", o.chase_loads},
                  {"timeout_ms", o.timeout_ms}};
   return info;
 }

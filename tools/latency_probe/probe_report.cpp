@@ -89,7 +89,10 @@ void print_table(std::ostream& out, const RunInfo& info, const std::vector<Measu
     const Summary s = summarize(m.samples_us);
     out << pad(m.name, 34, false) << pad(fixed(s.median, 3), 11, true) << pad(fixed(s.p10, 3), 9, true)
         << pad(fixed(s.p90, 3), 9, true) << pad(std::to_string(s.count), 8, true) << "\n";
-    for (const auto& [key, value] : m.extras) out << "    " << key << " = " << fixed(value, 3) << "\n";
+    for (const auto& [key, value] : m.extras) {
+      const bool whole = std::isfinite(value) && value == std::floor(value) && std::fabs(value) < 1e15;
+      out << "    " << key << " = " << fixed(value, whole ? 0 : 3) << "\n";
+    }
   }
   out << "\nWhat each line measures:\n";
   for (const auto& m : results) out << "  " << m.name << ": " << m.what << "\n";

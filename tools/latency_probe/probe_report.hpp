@@ -35,9 +35,9 @@ Summary summarize(std::vector<double> samples);
 
 // What the run measured on: printed above the table and stored in the JSON.
 struct RunInfo {
-  std::string side_a;    // "GPU 0 (NVIDIA H200)"
+  std::string side_a;  // "GPU 0 (NVIDIA H200)"
   std::string side_b;
-  std::string link;      // "NVLink peer access (GPU 0 <-> GPU 1)" or "same GPU: not NVLink"
+  std::string link;  // "NVLink peer access (GPU 0 <-> GPU 1)" or "same GPU: not NVLink"
   bool same_gpu = false;
   double globaltimer_tick_ns = 0;  // smallest step of %globaltimer seen; 0: not measured
   std::vector<std::pair<std::string, long>> config;

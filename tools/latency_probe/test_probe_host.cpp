@@ -60,8 +60,8 @@ TEST_CASE("options: defaults, both spellings of a value, groups in run order", "
   CHECK(d.json_path.empty());
   CHECK_FALSE(d.same_gpu);
 
-  const ProbeOptions o = parse_options({"--round-trips", "500", "--timeout-ms=20", "--json", "x.json", "--same-gpu",
-                                        "--only", "ll,flag,ll"});
+  const ProbeOptions o = parse_options(
+      {"--round-trips", "500", "--timeout-ms=20", "--json", "x.json", "--same-gpu", "--only", "ll,flag,ll"});
   CHECK(o.round_trips == 500);
   CHECK(o.timeout_ms == 20);
   CHECK(o.json_path == "x.json");
@@ -74,8 +74,7 @@ TEST_CASE("options: a bad argument names itself, what was expected and what was 
   CHECK(option_error({"--round-trips", "0"}) == "--round-trips: expected an integer in [1, 1000000], got '0'");
   CHECK(option_error({"--round-trips=abc"}) == "--round-trips: expected an integer in [1, 1000000], got 'abc'");
   CHECK(option_error({"--graph-replays", "5x"}) == "--graph-replays: expected an integer in [1, 100000], got '5x'");
-  CHECK(option_error({"--timeout-ms", "99999999999999999999"}).find("got '99999999999999999999'") !=
-        std::string::npos);
+  CHECK(option_error({"--timeout-ms", "99999999999999999999"}).find("got '99999999999999999999'") != std::string::npos);
   CHECK(option_error({"--timeout-ms", ""}).find("got ''") != std::string::npos);
   CHECK(option_error({"--kernel-runs"}) == "--kernel-runs: expected a value after it, got the end of the line");
   CHECK(option_error({"--json="}) == "--json: expected a file name, got ''");
@@ -88,9 +87,9 @@ TEST_CASE("options: a bad argument names itself, what was expected and what was 
 
 TEST_CASE("usage names every option and the exit statuses", "[latency_probe]") {
   const std::string usage = usage_text();
-  for (const char* word : {"--json FILE", "--only LIST", "--same-gpu", "--round-trips N", "--warmup-trips N",
-                           "--kernel-runs N", "--graph-replays N", "--graph-blocks N", "--chase-loads N",
-                           "--timeout-ms N", "3 no CUDA device"}) {
+  for (const char* word :
+       {"--json FILE", "--only LIST", "--same-gpu", "--round-trips N", "--warmup-trips N", "--kernel-runs N",
+        "--graph-replays N", "--graph-blocks N", "--chase-loads N", "--timeout-ms N", "3 no CUDA device"}) {
     CHECK(usage.find(word) != std::string::npos);
   }
 }
@@ -107,7 +106,7 @@ TEST_CASE("JSON: strings escaped, measured and failed lines, non-finite numbers 
   const std::vector<Measurement> results = {
       {"flag_one_way_relaxed", "one way", {1, 2, 3, 4}, "", {{"mean_one_way_globaltimer_us", 2.5}}},
       {"ll_row_one_way", "flags in data", {}, "timeout: side B", {}},
-      {"odd", "a NaN extra", {1}, "", {{"x", std::nan("")}}},
+      {"odd", "a NaN extra", {1}, "", {{"x", std::nan("")}, {"blocks_host_bound", 3}}},
   };
   std::ostringstream json;
   write_json(json, info, results);
@@ -119,7 +118,7 @@ TEST_CASE("JSON: strings escaped, measured and failed lines, non-finite numbers 
                   "\"median\": 2.5, \"p10\": 1.3, \"p90\": 3.7") != std::string::npos);
   CHECK(text.find("\"extras\": {\"mean_one_way_globaltimer_us\": 2.5}") != std::string::npos);
   CHECK(text.find("\"ok\": false, \"error\": \"timeout: side B\"}") != std::string::npos);
-  CHECK(text.find("\"x\": null") != std::string::npos);
+  CHECK(text.find("\"x\": null, \"blocks_host_bound\": 3}") != std::string::npos);
   // Balanced braces and brackets (no string here contains one).
   int depth = 0;
   for (char c : text) {
@@ -132,5 +131,7 @@ TEST_CASE("JSON: strings escaped, measured and failed lines, non-finite numbers 
   std::ostringstream table;
   print_table(table, info, results);
   CHECK(table.str().find("same GPU: not NVLink") != std::string::npos);
+  CHECK(table.str().find("    mean_one_way_globaltimer_us = 2.500\n") != std::string::npos);
+  CHECK(table.str().find("    blocks_host_bound = 3\n") != std::string::npos);
   CHECK(table.str().find("ll_row_one_way                      FAILED: timeout: side B") != std::string::npos);
 }
