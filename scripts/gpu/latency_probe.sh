@@ -4,13 +4,17 @@
 # run it once with --json; with two GPUs, once more with both sides on GPU 0
 # (--same-gpu) for the local figures.  Under a minute in all; every wait in
 # the probe is bounded, and every step here by `timeout`.
-#   usage: OUT=/dir bash scripts/gpu/latency_probe.sh [extra probe arguments]
+#   usage: OUT=/dir bash scripts/gpu/latency_probe.sh [extra probe arguments]   (from the repository root)
 #   writes: $OUT/latency.json, latency.txt (table), latency.err (progress),
 #           latency_same_gpu.{json,txt,err}, build.log, gpus.txt, summary.txt
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-final}
+# CLI11, Catch2 and dlpack for the project's configure step (the probe needs none of them): .device-deps/ here,
+# or beside this tree when it is a copy inside the main checkout.
+DEPS=${DEPS:-$PWD/.device-deps/usr}
+[ -d "$DEPS" ] || [ ! -d "$PWD/../.device-deps/usr" ] || DEPS=$(cd "$PWD/../.device-deps/usr" && pwd)
 PROBE=$BUILD/tools/latency_probe/moe_ep_latency_probe
 START=$(date +%s)
 SUMMARY=$OUT/summary.txt
@@ -22,7 +26,7 @@ GPUS=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
 note "commit $(git rev-parse --short HEAD 2> /dev/null || echo copy), $GPUS GPU(s)"
 
 if ! { timeout -k 5 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-         -DCMAKE_PREFIX_PATH="$PWD/.device-deps/usr" && \
+         -DCMAKE_PREFIX_PATH="$DEPS" && \
        timeout -k 5 180 ninja -C "$BUILD" -j32 moe_ep_latency_probe; } > "$OUT/build.log" 2>&1; then
   note "build: FAILED after $(( $(date +%s) - START )) s (tail of $OUT/build.log below)"
   tail -30 "$OUT/build.log"
