@@ -1,0 +1,137 @@
+// The host side of moe_ep_latency_probe without a GPU: statistics, options
+// and the JSON report.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "probe_options.hpp"
+#include "probe_report.hpp"
+
+using namespace moe_ep_probe;
+
+namespace {
+
+std::string option_error(const std::vector<std::string>& args) {
+  try {
+    parse_options(args);
+  } catch (const OptionError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+}  // namespace
+
+TEST_CASE("percentiles interpolate between the two nearest ranks", "[latency_probe]") {
+  const std::vector<double> four = {1, 2, 3, 4};
+  CHECK(percentile_sorted(four, 0.5) == Approx(2.5));
+  CHECK(percentile_sorted(four, 0.0) == Approx(1.0));
+  CHECK(percentile_sorted(four, 1.0) == Approx(4.0));
+  CHECK(percentile_sorted(four, 0.1) == Approx(1.3));
+  std::vector<double> eleven;
+  for (int i = 0; i <= 10; ++i) eleven.push_back(i);
+  CHECK(percentile_sorted(eleven, 0.1) == Approx(1.0));
+  CHECK(percentile_sorted(eleven, 0.9) == Approx(9.0));
+  CHECK(percentile_sorted({}, 0.5) == 0.0);
+  CHECK(percentile_sorted({7}, 0.9) == 7.0);
+}
+
+TEST_CASE("summarize sorts and reports median, p10, p90, mean, min and max", "[latency_probe]") {
+  const Summary s = summarize({9, 1, 5, 3, 7, 2, 8, 4, 6, 10, 0});
+  CHECK(s.count == 11);
+  CHECK(s.median == Approx(5));
+  CHECK(s.p10 == Approx(1));
+  CHECK(s.p90 == Approx(9));
+  CHECK(s.mean == Approx(5));
+  CHECK(s.min == 0);
+  CHECK(s.max == 10);
+  CHECK(summarize({}).count == 0);
+}
+
+TEST_CASE("options: defaults, both spellings of a value, groups in run order", "[latency_probe]") {
+  const ProbeOptions d = parse_options({});
+  CHECK(d.round_trips == 10000);
+  CHECK(d.graph_replays == 1000);
+  CHECK(d.timeout_ms == 1000);
+  CHECK(d.groups == all_groups());
+  CHECK(d.json_path.empty());
+  CHECK_FALSE(d.same_gpu);
+
+  const ProbeOptions o = parse_options(
+      {"--round-trips", "500", "--timeout-ms=20", "--json", "x.json", "--same-gpu", "--only", "ll,flag,ll"});
+  CHECK(o.round_trips == 500);
+  CHECK(o.timeout_ms == 20);
+  CHECK(o.json_path == "x.json");
+  CHECK(o.same_gpu);
+  CHECK(o.groups == std::vector<std::string>{"flag", "ll"});
+  CHECK(parse_options({"-h"}).help);
+}
+
+TEST_CASE("options: a bad argument names itself, what was expected and what was given", "[latency_probe]") {
+  CHECK(option_error({"--round-trips", "0"}) == "--round-trips: expected an integer in [1, 1000000], got '0'");
+  CHECK(option_error({"--round-trips=abc"}) == "--round-trips: expected an integer in [1, 1000000], got 'abc'");
+  CHECK(option_error({"--graph-replays", "5x"}) == "--graph-replays: expected an integer in [1, 100000], got '5x'");
+  CHECK(option_error({"--timeout-ms", "99999999999999999999"}).find("got '99999999999999999999'") != std::string::npos);
+  CHECK(option_error({"--timeout-ms", ""}).find("got ''") != std::string::npos);
+  CHECK(option_error({"--kernel-runs"}) == "--kernel-runs: expected a value after it, got the end of the line");
+  CHECK(option_error({"--json="}) == "--json: expected a file name, got ''");
+  CHECK(option_error({"--same-gpu=1"}) == "--same-gpu: expected no value, got '1'");
+  CHECK(option_error({"--only", "flag,bogus"}).find("'bogus' is not a group") != std::string::npos);
+  CHECK(option_error({"--only", ""}).find("--only: expected") == 0);
+  CHECK(option_error({"--frobnicate"}) == "unknown argument '--frobnicate' (see --help)");
+  CHECK(option_error({"extra"}) == "unknown argument 'extra' (see --help)");
+}
+
+TEST_CASE("usage names every option and the exit statuses", "[latency_probe]") {
+  const std::string usage = usage_text();
+  for (const char* word :
+       {"--json FILE", "--only LIST", "--same-gpu", "--round-trips N", "--warmup-trips N", "--kernel-runs N",
+        "--graph-replays N", "--graph-blocks N", "--chase-loads N", "--timeout-ms N", "3 no CUDA device"}) {
+    CHECK(usage.find(word) != std::string::npos);
+  }
+}
+
+TEST_CASE("JSON: strings escaped, measured and failed lines, non-finite numbers as null", "[latency_probe]") {
+  CHECK(json_string("a\"b\\c\nd\x01") == "\"a\\\"b\\\\c\\nd\\u0001\"");
+
+  RunInfo info;
+  info.side_a = "GPU 0 (\"X\")";
+  info.side_b = "GPU 1";
+  info.link = "same GPU: not NVLink";
+  info.same_gpu = true;
+  info.config = {{"round_trips", 10}};
+  const std::vector<Measurement> results = {
+      {"flag_one_way_relaxed", "one way", {1, 2, 3, 4}, "", {{"mean_one_way_globaltimer_us", 2.5}}},
+      {"ll_row_one_way", "flags in data", {}, "timeout: side B", {}},
+      {"odd", "a NaN extra", {1}, "", {{"x", std::nan("")}, {"blocks_host_bound", 3}}},
+  };
+  std::ostringstream json;
+  write_json(json, info, results);
+  const std::string text = json.str();
+  CHECK(text.find("\"side_a\": \"GPU 0 (\\\"X\\\")\"") != std::string::npos);
+  CHECK(text.find("\"same_gpu\": true") != std::string::npos);
+  CHECK(text.find("\"config\": {\"round_trips\": 10}") != std::string::npos);
+  CHECK(text.find("{\"name\": \"flag_one_way_relaxed\", \"what\": \"one way\", \"ok\": true, \"count\": 4, "
+                  "\"median\": 2.5, \"p10\": 1.3, \"p90\": 3.7") != std::string::npos);
+  CHECK(text.find("\"extras\": {\"mean_one_way_globaltimer_us\": 2.5}") != std::string::npos);
+  CHECK(text.find("\"ok\": false, \"error\": \"timeout: side B\"}") != std::string::npos);
+  CHECK(text.find("\"x\": null, \"blocks_host_bound\": 3}") != std::string::npos);
+  // Balanced braces and brackets (no string here contains one).
+  int depth = 0;
+  for (char c : text) {
+    if (c == '{' || c == '[') ++depth;
+    if (c == '}' || c == ']') --depth;
+    CHECK(depth >= 0);
+  }
+  CHECK(depth == 0);
+
+  std::ostringstream table;
+  print_table(table, info, results);
+  CHECK(table.str().find("same GPU: not NVLink") != std::string::npos);
+  CHECK(table.str().find("    mean_one_way_globaltimer_us = 2.500\n") != std::string::npos);
+  CHECK(table.str().find("    blocks_host_bound = 3\n") != std::string::npos);
+  CHECK(table.str().find("ll_row_one_way                      FAILED: timeout: side B") != std::string::npos);
+}
