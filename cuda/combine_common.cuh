@@ -105,6 +105,45 @@ __device__ __forceinline__ int reduce_segment_vectors(const CombineParams& p, in
   return static_cast<int>((row_bytes - offset < kReduceSegmentBytes ? row_bytes - offset : kReduceSegmentBytes) / 16);
 }
 
+// One 2 KiB segment of an output row, 16-byte vectors.  The partials are
+// loaded two ranks at a time before either is added (more bytes in flight per
+// warp), and added strictly in ascending rank order.
+template <typename Element>
+__device__ void reduce_segment(const CombineParams& p, int32_t token, int segment, const TokenDestinations& srcs,
+                               int lane) {
+  using Bits = typename Element::Bits;
+  constexpr int kPerVector = 16 / sizeof(Bits);
+  const int64_t offset = static_cast<int64_t>(segment) * kReduceSegmentBytes;
+  const int vectors = reduce_segment_vectors(p, segment);
+  float acc[kReduceVectorsPerLane][kPerVector];
+#pragma unroll
+  for (int u = 0; u < kReduceVectorsPerLane; ++u) {
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) acc[u][e] = 0.0f;
+  }
+  uint64_t rest = srcs.mask;  // ascending rank order
+  while (rest != 0) {
+    const int q0 = lowest_rank(rest);
+    rest &= rest - 1;
+    const int q1 = rest != 0 ? lowest_rank(rest) : -1;
+    if (q1 >= 0) rest &= rest - 1;
+    const uint4* a = reinterpret_cast<const uint4*>(partial_row(p, q0, srcs.slot(q0)) + offset);
+    const int32_t slot1 = srcs.slot(q1 >= 0 ? q1 : q0);
+    const uint4* b = q1 >= 0 ? reinterpret_cast<const uint4*>(partial_row(p, q1, slot1) + offset) : nullptr;
+    uint4 va[kReduceVectorsPerLane] = {}, vb[kReduceVectorsPerLane] = {};
+#pragma unroll
+    for (int u = 0; u < kReduceVectorsPerLane; ++u) {
+      if (u * 32 + lane < vectors) {
+        va[u] = __ldcg(a + u * 32 + lane);
+        if (b) vb[u] = __ldcg(b + u * 32 + lane);
+      }
+    }
+    accumulate<Element>(acc, va);
+    if (b) accumulate<Element>(acc, vb);
+  }
+  store_segment<Element>(p, token, offset, vectors, acc, lane);
+}
+
 // The pull schedule (CombineLaunch::pull): its own kernel, combine_pull.cu.
 cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream);
 

@@ -52,6 +52,24 @@ __device__ void pull_reduce_rows(const CombineParams& p) {
   }
 }
 
+// Aligned rows, partials loaded into registers (MOE_EP_PULL_LOADS=registers):
+// what every warp keeps in flight is 4 KiB (two ranks' 2 KiB segments).
+template <typename Element>
+__device__ void pull_reduce_registers(const CombineParams& p) {
+  const GroupShape& s = p.ctx.shape;
+  const int lane = threadIdx.x % 32;
+  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
+  const int segments = reduce_segments(p, true);
+  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; item < items;
+       item += step) {
+    const int64_t token = item / segments;
+    const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
+    reduce_segment<Element>(p, static_cast<int32_t>(token), static_cast<int>(item % segments), srcs, lane);
+  }
+}
+
 #ifdef MOE_EP_HAVE_BULK_COPY
 // One warp's buffers and what each holds: the copy of one rank's partial of
 // one (token, segment) item.
@@ -174,12 +192,16 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 
 template <typename Element>
 __device__ void pull_reduce(const CombineParams& p, char* shared) {
-#ifdef MOE_EP_HAVE_BULK_COPY
   if (combine_rows_aligned(p)) {
-    pull_reduce_bulk<Element>(p, shared);
+#ifdef MOE_EP_HAVE_BULK_COPY
+    if (p.args.pull_registers == 0) {
+      pull_reduce_bulk<Element>(p, shared);
+      return;
+    }
+#endif
+    pull_reduce_registers<Element>(p);
     return;
   }
-#endif
   (void)shared;
   pull_reduce_rows<Element>(p);
 }

@@ -181,6 +181,8 @@ struct CombineLaunch {
                                // its combine starts, and each source reads its rows from the peers'
                                // views; expert_output is then only read for this rank's own rows.
                                // schedule, phases, reduce_blocks and small_batch are ignored.
+  int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
+                               // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
 };
 

@@ -6,8 +6,9 @@
 #   1. bench --zero-copy-combine at 1,128,512,4096 tokens with the baselines
 #      (copy-engine ceiling C, NCCL): the run the targets are judged on;
 #   2. the same without --zero-copy-combine (push combine), no baselines;
-#   3. 4096 tokens at num_sms 24, 16, 8, pull and push;
-#   4. eager 1,128 tokens with MOE_EP_PDL=0 and =1 (back-to-back calls).
+#   3. 512 and 4096 tokens at num_sms 24, 16, 8, pull and push;
+#   4. the pull combine with its partials loaded into registers
+#      (MOE_EP_PULL_LOADS=registers) against bulk copies, 16 SMs and all.
 #   usage: OUT=/dir bash scripts/gpu/pull_perf.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -46,11 +47,10 @@ bench() {  # NAME LIMIT ARGS...
 bench pull_graph 90 $TOOL $B -t 1,128,512,4096 --graph --zero-copy-combine -J "$OUT/bench_pull_graph.json"
 bench push_graph 60 $TOOL $B -t 1,128,512,4096 --graph --no-baselines
 for sms in 24 16 8; do
-  bench pull_sms$sms 40 $TOOL --num-sms $sms $B -t 4096 --graph --no-baselines --zero-copy-combine
-  bench push_sms$sms 40 $TOOL --num-sms $sms $B -t 4096 --graph --no-baselines
+  bench pull_sms$sms 40 $TOOL $B --num-sms $sms -t 512,4096 --graph --no-baselines --zero-copy-combine
+  bench push_sms$sms 40 $TOOL $B --num-sms $sms -t 512,4096 --graph --no-baselines
 done
-for pdl in 0 1; do
-  bench eager_pdl$pdl 40 env MOE_EP_PDL=$pdl $TOOL $B -t 1,128 --no-baselines --zero-copy-combine
-done
+bench pull_registers_sms16 40 env MOE_EP_PULL_LOADS=registers $TOOL $B --num-sms 16 -t 4096 --graph --no-baselines --zero-copy-combine
+bench pull_registers_all 40 env MOE_EP_PULL_LOADS=registers $TOOL $B -t 4096 --graph --no-baselines --zero-copy-combine
 echo "total $(( $(date +%s) - START )) s" | tee -a "$SUMMARY"
 cat "$SUMMARY"

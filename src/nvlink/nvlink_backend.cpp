@@ -73,6 +73,14 @@ bool pdl_from_environment() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// MOE_EP_PULL_LOADS=registers: the pull combine loads the peers' partials
+// into registers instead of bulk copies into shared memory (a diagnostic for
+// comparing the two; per rank, results identical).
+bool pull_registers_from_environment() {
+  const char* v = std::getenv("MOE_EP_PULL_LOADS");
+  return v != nullptr && std::strcmp(v, "registers") == 0;
+}
+
 // Milliseconds per named step, for the destroy log line.
 class TeardownClock {
  public:
@@ -193,6 +201,7 @@ class NvlinkBackend final : public Backend {
     // elsewhere is first copied into this rank's view (the peers' rows only;
     // the own rows are read where they are).
     a.pull = layout_.zero_copy_combine && layout_.world_size > 1 ? 1 : 0;
+    a.pull_registers = pull_registers_;
     if (a.pull) {
       a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
       if (!call.expert_output_is_workspace) copy_into_view(call, s);
@@ -315,6 +324,7 @@ class NvlinkBackend final : public Backend {
     combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
     small_batch_ = small_batch_from_environment();
     pdl_ = cc >= 90 && pdl_from_environment() ? 1 : 0;
+    pull_registers_ = pull_registers_from_environment() ? 1 : 0;
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -421,7 +431,9 @@ class NvlinkBackend final : public Backend {
   int32_t combine_reduce_blocks_ = 0;
   int32_t group_min_sm_budget_ = 0;
   bool small_batch_ = true;
-  int32_t pdl_ = 0;  // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
+  int32_t pdl_ = 0;
+  int32_t pull_registers_ =
+      0;  // MOE_EP_PULL_LOADS=registers  // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   bool released_ = false;
 };
 
