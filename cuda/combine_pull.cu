@@ -89,27 +89,24 @@ struct WarpStages {
 };
 
 // The producer side of a warp: walks the same (item, rank) sequence as the
-// consumer, issuing one bulk copy per step into the next free buffer.  The
-// slots row of the next item is loaded one item ahead, so that moving on to
-// an item does not wait for a load.
+// consumer, issuing one bulk copy per step into the next free buffer.
 class PartialProducer {
  public:
   __device__ PartialProducer(const CombineParams& p, const WarpStages& stages, int64_t first, int64_t step,
                              int64_t items, int segments)
-      : p_(p), stages_(stages), item_(first - step), step_(step), items_(items), segments_(segments) {
-    prefetch_slots(first);
-  }
+      : p_(p), stages_(stages), item_(first - step), step_(step), items_(items), segments_(segments) {}
 
   // Warp-collective.  Issues the copy of the next partial into buffer
   // `issued % kPullStages`; false when every partial has been issued.
   __device__ bool issue(uint32_t issued) {
     const int lane = threadIdx.x % 32;
+    const int world = p_.ctx.shape.world_size;
     while (rest_ == 0) {
       if (item_ + step_ >= items_) return false;
       item_ += step_;
-      srcs_ = TokenDestinations::from_slots(next_low_, next_high_);
+      const int32_t* slots = p_.ctx.local<int32_t>(p_.ctx.offsets.token_slots);
+      srcs_ = TokenDestinations::load(slots + (item_ / segments_) * world, world, lane);
       rest_ = srcs_.mask;
-      prefetch_slots(item_ + step_);
     }
     const int q = lowest_rank(rest_);
     rest_ &= rest_ - 1;
@@ -129,15 +126,6 @@ class PartialProducer {
   }
 
  private:
-  __device__ void prefetch_slots(int64_t item) {
-    if (item >= items_) return;
-    const int lane = threadIdx.x % 32;
-    const int world = p_.ctx.shape.world_size;
-    const int32_t* row = p_.ctx.local<int32_t>(p_.ctx.offsets.token_slots) + (item / segments_) * world;
-    next_low_ = lane < world ? row[lane] : -1;
-    next_high_ = lane + 32 < world ? row[lane + 32] : -1;
-  }
-
   const CombineParams& p_;
   const WarpStages& stages_;
   int64_t item_;
@@ -145,7 +133,6 @@ class PartialProducer {
   const int segments_;
   TokenDestinations srcs_{};
   uint64_t rest_ = 0;
-  int32_t next_low_ = -1, next_high_ = -1;  // slots row of item_ + step_
 };
 
 // Aligned rows: bulk copies into the warp's buffers, kPullStages ahead.

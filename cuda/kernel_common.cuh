@@ -50,13 +50,9 @@ struct TokenDestinations {
   int32_t slot_high;
 
   __device__ __forceinline__ static TokenDestinations load(const int32_t* slots_row, int world, int lane) {
-    return from_slots(lane < world ? slots_row[lane] : -1, lane + 32 < world ? slots_row[lane + 32] : -1);
-  }
-  // From slots a warp already holds (lane i: the slots on ranks i and 32 + i).
-  __device__ __forceinline__ static TokenDestinations from_slots(int32_t low, int32_t high) {
     TokenDestinations d;
-    d.slot_low = low;
-    d.slot_high = high;
+    d.slot_low = lane < world ? slots_row[lane] : -1;
+    d.slot_high = lane + 32 < world ? slots_row[lane + 32] : -1;
     d.mask = static_cast<uint64_t>(__ballot_sync(0xFFFFFFFFu, d.slot_low >= 0)) |
              (static_cast<uint64_t>(__ballot_sync(0xFFFFFFFFu, d.slot_high >= 0)) << 32);
     return d;
