@@ -38,6 +38,8 @@ def run_label(doc):
     mode = "graph" if cfg.get("graph") else "eager"
     if cfg.get("launch_gate") is False:
         mode += ", host-driven"
+    if cfg.get("zero_copy_combine"):
+        mode += ", zero-copy pull combine"
     return f"moe_ep ({mode}, {sms} SMs)"
 
 
