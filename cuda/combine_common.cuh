@@ -43,7 +43,9 @@ __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q
   if (q == c.shape.rank) {
     return static_cast<const char*>(p.args.expert_output) + (c.shape.rank * tpr + slot) * row_bytes;
   }
-  if (p.args.pull) return c.rank_base(q) + c.offsets.combine_input + (c.shape.rank * tpr + slot) * row_bytes;
+  if (p.args.pull && !p.args.pull_staged) {
+    return c.rank_base(q) + c.offsets.combine_input + (c.shape.rank * tpr + slot) * row_bytes;
+  }
   return c.state.local_base + c.offsets.combine_in + (c.combine_segment(q, c.shape.rank) * tpr + slot) * row_bytes;
 }
 

@@ -45,8 +45,8 @@ __device__ void pull_reduce_rows(const CombineParams& p) {
   const int lane = threadIdx.x % 32;
   const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; token < p.args.num_tokens;
-       token += step) {
+  for (int64_t token = p.args.token_begin + static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+       token < p.args.token_end; token += step) {
     const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
     reduce_row_any<Element>(p, static_cast<int32_t>(token), srcs, lane);
   }
@@ -60,10 +60,11 @@ __device__ void pull_reduce_registers(const CombineParams& p) {
   const int lane = threadIdx.x % 32;
   const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   const int segments = reduce_segments(p, true);
-  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
+  const int64_t items = static_cast<int64_t>(p.args.token_end) * segments;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; item < items;
-       item += step) {
+  for (int64_t item = static_cast<int64_t>(p.args.token_begin) * segments +
+                      static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+       item < items; item += step) {
     const int64_t token = item / segments;
     const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
     reduce_segment<Element>(p, static_cast<int32_t>(token), static_cast<int>(item % segments), srcs, lane);
@@ -149,9 +150,10 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
   }
   __syncwarp();
   const int segments = reduce_segments(p, true);
-  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
+  const int64_t items = static_cast<int64_t>(p.args.token_end) * segments;  // the items of [token_begin, token_end)
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  const int64_t first =
+      static_cast<int64_t>(p.args.token_begin) * segments + static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   PartialProducer producer(p, stages, first, step, items, segments);
   uint32_t issued = 0, consumed = 0;
   while (issued < kPullStages && producer.issue(issued)) ++issued;
@@ -206,6 +208,35 @@ __device__ void pull_reduce(const CombineParams& p, char* shared) {
   pull_reduce_rows<Element>(p);
 }
 
+// "Started N" at every peer (by the block that `announces`): this rank's view
+// holds its expert output N, written by earlier work in stream order.  Then
+// the wait for every peer's "started N"; a failed wait sets *failed.
+__device__ void handshake(const KernelContext& c, uint64_t epoch, bool announces, int32_t* failed) {
+  const GroupShape& s = c.shape;
+  if (announces) {
+    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
+      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
+    }
+  }
+  for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
+    if (q == s.rank) continue;
+    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, c.control(), c.state.mirror,
+                             c.state.timeout_ns, kPhaseCombine, q)) {
+      *failed = 1;
+    }
+  }
+}
+
+// The handshake alone, for the copy-engine variant (launch_combine_handshake).
+__global__ void __launch_bounds__(kBlockThreads, 1) combine_handshake_kernel(const KernelContext c) {
+  __shared__ int32_t failed;
+  wait_for_prior_grid();
+  allow_dependent_launch();
+  if (handle_timed_out(c.control())) return;  // every thread reads the same record: block-uniform
+  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&c.control()->epoch);
+  handshake(c, epoch, true, &failed);
+}
+
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const CombineParams p) {
   extern __shared__ __align__(128) char pull_shared[];
   __shared__ uint32_t timed_out;
@@ -222,22 +253,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const Co
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
   __syncthreads();
   if (timed_out != kPhaseNone) return;  // block-uniform
-  // "Started N": this rank's view holds its expert output N (written by
-  // earlier work in stream order, before this kernel began).
-  if (blockIdx.x == 0) {
-    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
-      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
-    }
+  if (!p.args.pull_staged) {
+    handshake(c, epoch, blockIdx.x == 0, &failed);
+    __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
+    if (failed) return;
   }
-  for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
-    if (q == s.rank) continue;
-    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, control, c.state.mirror,
-                             c.state.timeout_ns, kPhaseCombine, q)) {
-      failed = 1;
-    }
-  }
-  __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
-  if (failed) return;
   switch (s.combine_dtype) {
     case kCombineBf16: pull_reduce<Bf16Element>(p, pull_shared); break;
     case kCombineFp16: pull_reduce<Fp16Element>(p, pull_shared); break;
@@ -246,6 +266,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const Co
 }
 
 }  // namespace
+
+cudaError_t launch_combine_handshake(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
+                                     int32_t pdl, cudaStream_t stream) {
+  KernelContext c;
+  c.shape = shape;
+  c.offsets = offsets;
+  c.state = state;
+  return launch_kernel(combine_handshake_kernel, 1, kBlockThreads, 0, stream, pdl, c);
+}
 
 cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream) {
   const cudaError_t e =
