@@ -81,7 +81,10 @@ void BlasGemm::release() {
 void BlasGemm::run(cudaStream_t stream) {
   const auto h = static_cast<cublasHandle_t>(handle_);
   const float alpha = 1.0f, beta = 0.0f;
-  TOOL_CHECK_BLAS(cublasSetStream(h, stream));
+  if (stream != stream_) {  // (re)binding a stream may reset cuBLAS's workspace: only when it changes
+    TOOL_CHECK_BLAS(cublasSetStream(h, stream));
+    stream_ = stream;
+  }
   TOOL_CHECK_BLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, shape_.m, shape_.n, shape_.k, &alpha, a_, CUDA_R_16BF,
                                shape_.m, b_, CUDA_R_16BF, shape_.k, &beta, c_, CUDA_R_16BF, shape_.m,
                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

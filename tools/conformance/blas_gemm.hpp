@@ -38,6 +38,7 @@ class BlasGemm {
   GemmShape shape_;
   void* handle_ = nullptr;  // cublasHandle_t
   void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // the stream the handle is bound to (cuBLAS's default: the legacy stream)
 };
 
 }  // namespace moe_ep_tool
