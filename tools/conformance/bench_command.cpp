@@ -30,7 +30,9 @@ std::vector<int> decode_step_sizes(const BenchOptions& o) {
   return o.sizes_given ? bench_sizes(o) : std::vector<int>{1, 8, 32, 128};
 }
 
-std::vector<int> overlap_sizes(const BenchOptions& o) { return o.sizes_given ? bench_sizes(o) : std::vector<int>{4096}; }
+std::vector<int> overlap_sizes(const BenchOptions& o) {
+  return o.sizes_given ? bench_sizes(o) : std::vector<int>{4096};
+}
 
 namespace {
 

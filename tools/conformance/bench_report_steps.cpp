@@ -27,16 +27,19 @@ void BenchReport::print_decode_step_columns() const {
   const WorkloadSpec& w = shape_;
   std::printf("#\n# decode step: dispatch -> stand-in expert -> combine%s\n",
               graph_ ? ", captured in one CUDA graph" : ", eager calls (-G captures the step in one CUDA graph)");
-  std::printf("#   stand-in expert: y = %g * x per element of every received row (NaN, inf, subnormal -> 0), %s -> %s%s\n",
-              double(kStandInExpertScale), dtype_name(w.hidden_dtype).c_str(), dtype_name(w.combine_dtype).c_str(),
-              o_.zero_copy_combine ? ", written into the dispatch result's combine_input view" : "");
-  std::printf("#   step = the whole step; dispatch, expert, combine = each part alone (%s), in the same loop;\n"
-              "#   sum = dispatch + expert + combine per iteration; %s\n",
-              graph_ ? "a replay of its own graph" : "an eager call", timing_words(s_, o_));
-  std::printf("#   #wrong: dispatch / combine after the parts / combine after the step (on other inputs), "
-              "against the oracle with the stand-in modelled\n#\n");
-  std::printf("# %7s | %8s %8s %8s %8s | %8s %8s %8s | %8s %8s | %s\n", "tokens", "dispatch", "expert", "combine", "sum",
-              "step", "p50", "p99", "sum-step", "step/sum", "#wrong");
+  std::printf(
+      "#   stand-in expert: y = %g * x per element of every received row (NaN, inf, subnormal -> 0), %s -> %s%s\n",
+      double(kStandInExpertScale), dtype_name(w.hidden_dtype).c_str(), dtype_name(w.combine_dtype).c_str(),
+      o_.zero_copy_combine ? ", written into the dispatch result's combine_input view" : "");
+  std::printf(
+      "#   step = the whole step; dispatch, expert, combine = each part alone (%s), in the same loop;\n"
+      "#   sum = dispatch + expert + combine per iteration; %s\n",
+      graph_ ? "a replay of its own graph" : "an eager call", timing_words(s_, o_));
+  std::printf(
+      "#   #wrong: dispatch / combine after the parts / combine after the step (on other inputs), "
+      "against the oracle with the stand-in modelled\n#\n");
+  std::printf("# %7s | %8s %8s %8s %8s | %8s %8s %8s | %8s %8s | %s\n", "tokens", "dispatch", "expert", "combine",
+              "sum", "step", "p50", "p99", "sum-step", "step/sum", "#wrong");
   std::printf("# %7s | %8s %8s %8s %8s | %8s %8s %8s | %8s %8s |\n", "/rank", "(us)", "(us)", "(us)", "(us)", "(us)",
               "(us)", "(us)", "(us)", "");
   std::fflush(stdout);
@@ -67,10 +70,11 @@ void BenchReport::print_overlap_columns(int gemm_sm_target, bool auto_shape) con
                              : "all SMs (no --num-sms)",
               auto_shape ? "N = K = 8192, M chosen per size so that the GEMM alone takes about dispatch + combine alone"
                          : "shape from --gemm-mnk");
-  std::printf("#   alone: the GEMM, then dispatch and combine, one after the other; beside: both started together, "
-              "each timed on its own stream;\n#   wall: from that start until both are done; serial = GEMM alone + "
-              "pair alone; slow = beside / alone; %s\n#\n",
-              timing_words(s_, o_));
+  std::printf(
+      "#   alone: the GEMM, then dispatch and combine, one after the other; beside: both started together, "
+      "each timed on its own stream;\n#   wall: from that start until both are done; serial = GEMM alone + "
+      "pair alone; slow = beside / alone; %s\n#\n",
+      timing_words(s_, o_));
   std::printf("# %7s | %20s | %8s %8s %6s | %8s %8s | %8s %8s | %8s %8s %6s | %8s %8s %6s | %s\n", "tokens", "GEMM",
               "gemm", "beside", "slow", "dispatch", "beside", "combine", "beside", "pair", "beside", "slow", "wall",
               "serial", "ratio", "#wrong");
@@ -84,23 +88,25 @@ void BenchReport::print_overlap_row(const OverlapResult& r) const {
   char shape[64];
   std::snprintf(shape, sizeof shape, "%d x %d x %d", r.gemm.m, r.gemm.n, r.gemm.k);
   const double serial = r.gemm_alone.step.avg + r.pair_alone.step.avg;
-  std::printf("  %7d | %20s | %8.1f %8.1f %6.3f | %8.1f %8.1f | %8.1f %8.1f | %8.1f %8.1f %6.3f | %8.1f %8.1f %6.3f | "
-              "%s/%s%s\n",
-              r.tokens, shape, r.gemm_alone.step.avg, r.gemm_beside.step.avg,
-              ratio(r.gemm_beside.step.avg, r.gemm_alone.step.avg), r.dispatch_alone.step.avg,
-              r.dispatch_beside.step.avg, r.combine_alone.step.avg, r.combine_beside.step.avg, r.pair_alone.step.avg,
-              r.pair_beside.step.avg, ratio(r.pair_beside.step.avg, r.pair_alone.step.avg), r.wall.step.avg, serial,
-              ratio(r.wall.step.avg, serial), wrong_text(r.wrong_dispatch).c_str(), wrong_text(r.wrong_combine).c_str(),
-              r.gate_expired ? "  (launches could not be queued ahead: host-bound times)" : "");
+  std::printf(
+      "  %7d | %20s | %8.1f %8.1f %6.3f | %8.1f %8.1f | %8.1f %8.1f | %8.1f %8.1f %6.3f | %8.1f %8.1f %6.3f | "
+      "%s/%s%s\n",
+      r.tokens, shape, r.gemm_alone.step.avg, r.gemm_beside.step.avg,
+      ratio(r.gemm_beside.step.avg, r.gemm_alone.step.avg), r.dispatch_alone.step.avg, r.dispatch_beside.step.avg,
+      r.combine_alone.step.avg, r.combine_beside.step.avg, r.pair_alone.step.avg, r.pair_beside.step.avg,
+      ratio(r.pair_beside.step.avg, r.pair_alone.step.avg), r.wall.step.avg, serial, ratio(r.wall.step.avg, serial),
+      wrong_text(r.wrong_dispatch).c_str(), wrong_text(r.wrong_combine).c_str(),
+      r.gate_expired ? "  (launches could not be queued ahead: host-bound times)" : "");
   std::fflush(stdout);
 }
 
 void BenchReport::write_decode_step_json(JsonWriter& j, const std::vector<DecodeStepResult>& results) const {
   j.key("decode_step").begin_object();
   j.field("graph", graph_).field("expert_scale", double(kStandInExpertScale));
-  j.field("expert", "y = scale * x per element of every received row (NaN, inf, subnormal -> 0), written as "
-                    "combine_dtype" +
-                        std::string(o_.zero_copy_combine ? " into the combine_input view" : " into a tool buffer"));
+  j.field("expert",
+          "y = scale * x per element of every received row (NaN, inf, subnormal -> 0), written as "
+          "combine_dtype" +
+              std::string(o_.zero_copy_combine ? " into the combine_input view" : " into a tool buffer"));
   j.key("results").begin_array();
   for (const DecodeStepResult& r : results) {
     j.begin_object();

@@ -113,8 +113,7 @@ void DecodeStep::check_parts(DecodeStepResult& r) {
 
 // New inputs, so that an output or expert rows left over from the parts
 // cannot pass for the step's.
-void DecodeStep::check_step(const WorkloadSpec& fresh, const std::vector<RankRouting>& fresh_all,
-                            DecodeStepResult& r) {
+void DecodeStep::check_step(const WorkloadSpec& fresh, const std::vector<RankRouting>& fresh_all, DecodeStepResult& r) {
   const Session& s = runner_.session();
   runner_.load(fresh, fresh_all);
   launch_step(s.stream());

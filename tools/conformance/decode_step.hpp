@@ -39,7 +39,7 @@ class DecodeStep {
                            const std::vector<RankRouting>& fresh_all, bool check, const LoopOptions& loop);
 
  private:
-  void expert(void* stream);       // the stand-in on the last dispatch's result, eagerly
+  void expert(void* stream);         // the stand-in on the last dispatch's result, eagerly
   void launch_expert(void* stream);  // the expert part: a replay of its graph, or eager
   void launch_step(void* stream);    // the whole step: a replay of its graph, or three eager calls
   void capture_parts();

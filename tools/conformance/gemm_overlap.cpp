@@ -28,8 +28,8 @@ enum Phase : int {
 };
 
 constexpr int kAutoNK = 8192;
-constexpr int kProbeRows = 4096;    // the GEMM timed to size the real one
-constexpr int kRowsMultiple = 256;  // the chosen M is a multiple of this ...
+constexpr int kProbeRows = 4096;     // the GEMM timed to size the real one
+constexpr int kRowsMultiple = 256;   // the chosen M is a multiple of this ...
 constexpr int kMaxAutoRows = 65536;  // ... at most this
 
 std::vector<double> sum_range(const LoopResult& t, int first, int last) {  // phases [first, last]
@@ -88,8 +88,8 @@ GemmShape GemmOverlap::shape_for(MoeEpRunner& runner, bool graph, const LoopOpti
   });
   const double gemm_us = stats_of(world.max_each(g.phase_us[0])).avg;
   const double rows = gemm_us > 0 ? kProbeRows * pair_us / gemm_us : kProbeRows;
-  const int m = int(std::clamp(std::ceil(rows / kRowsMultiple) * kRowsMultiple, double(kRowsMultiple),
-                               double(kMaxAutoRows)));
+  const int m =
+      int(std::clamp(std::ceil(rows / kRowsMultiple) * kRowsMultiple, double(kRowsMultiple), double(kMaxAutoRows)));
   return GemmShape{m, kAutoNK, kAutoNK};
 }
 
@@ -119,7 +119,7 @@ OverlapResult GemmOverlap::measure(MoeEpRunner& runner, bool graph, bool check, 
     runner.launch_dispatch(graph, comm_);
     m.mark_on(comm_);  // 4
     runner.launch_combine(graph, comm_);
-    m.mark_on(comm_);  // 5
+    m.mark_on(comm_);                  // 5
     follow(gemm_, comm_, events_[2]);  // both start here
     m.mark_on(comm_);                  // 6
     runner.launch_dispatch(graph, comm_);

@@ -24,8 +24,8 @@ struct OverlapResult {
   Traffic traffic;
   int64_t wrong_dispatch = -1, wrong_combine = -1;  // the bench's check of the pair, -1: not checked
   GemmShape gemm;
-  int gemm_sm_target = 0;        // cublasSetSmCountTarget, 0 = all SMs
-  bool gemm_auto_shape = false;  // M chosen to match dispatch + combine alone
+  int gemm_sm_target = 0;                                             // cublasSetSmCountTarget, 0 = all SMs
+  bool gemm_auto_shape = false;                                       // M chosen to match dispatch + combine alone
   PhaseTiming gemm_alone, dispatch_alone, combine_alone, pair_alone;  // pair = dispatch + combine
   PhaseTiming gemm_beside, dispatch_beside, combine_beside, pair_beside;
   PhaseTiming wall;  // from the common start until both are done

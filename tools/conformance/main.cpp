@@ -81,8 +81,10 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
   bench->add_flag("--overlap-gemm", o.overlap_gemm,
                   "instead of the sweep: dispatch and combine (--num-sms) beside a cuBLAS bf16 GEMM on the other SMs, "
                   "each against itself alone (GPU; default size 4096)");
-  bench->add_option("--gemm-mnk", o.gemm_mnk, "--overlap-gemm: the GEMM's M,N,K (default: N = K = 8192, M sized to "
-                                              "take about as long as dispatch + combine)")
+  bench
+      ->add_option("--gemm-mnk", o.gemm_mnk,
+                   "--overlap-gemm: the GEMM's M,N,K (default: N = K = 8192, M sized to "
+                   "take about as long as dispatch + combine)")
       ->delimiter(',')
       ->expected(3)
       ->check(CLI::Range(1, 1 << 17));
@@ -104,9 +106,8 @@ int main(int argc, char** argv) {
   CLI::App* bench_app = add_bench(app, bench);
   try {
     app.parse(argc, argv);
-    bench.sizes_given = bench_app->count("-t") + bench_app->count("-b") + bench_app->count("-e") +
-                            bench_app->count("-f") >
-                        0;
+    bench.sizes_given =
+        bench_app->count("-t") + bench_app->count("-b") + bench_app->count("-e") + bench_app->count("-f") > 0;
   } catch (const CLI::ParseError& e) {
     const int rc = world.is_root() ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
     MPI_Finalize();
