@@ -20,6 +20,14 @@ const char* timing_words(const Session& s, const BenchOptions& o) {
                          : "CUDA events, launched as the host goes, slowest rank per iteration";
 }
 
+// The bytes that leave a rank in each phase at this size (the sweep's remote bytes).
+void write_remote_bytes(JsonWriter& j, const Traffic& t) {
+  j.key("bytes").begin_object();
+  j.field("dispatch_remote", t.mean_remote_bytes(t.dispatch_row_bytes));
+  j.field("combine_remote", t.mean_remote_bytes(t.combine_row_bytes));
+  j.end_object();
+}
+
 }  // namespace
 
 void BenchReport::print_decode_step_columns() const {
@@ -111,6 +119,7 @@ void BenchReport::write_decode_step_json(JsonWriter& j, const std::vector<Decode
   for (const DecodeStepResult& r : results) {
     j.begin_object();
     j.field("tokens_per_rank", r.tokens);
+    write_remote_bytes(j, r.traffic);
     write_phase_json(j, "dispatch", r.dispatch, -1, -1);
     write_phase_json(j, "expert", r.expert, -1, -1);
     write_phase_json(j, "combine", r.combine, -1, -1);
@@ -133,6 +142,7 @@ void BenchReport::write_overlap_json(JsonWriter& j, const BenchResults& all) con
   for (const OverlapResult& r : all.overlap) {
     j.begin_object();
     j.field("tokens_per_rank", r.tokens);
+    write_remote_bytes(j, r.traffic);
     j.key("gemm").begin_object();
     j.field("m", r.gemm.m).field("n", r.gemm.n).field("k", r.gemm.k).field("dtype", "bf16");
     j.field("sm_target", r.gemm_sm_target).field("auto_shape", r.gemm_auto_shape);
