@@ -243,6 +243,13 @@ Verdict compare_dispatch(const WorkloadSpec& s, const ReceivedDispatch& referenc
 
 Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all, int me,
                       const std::vector<uint8_t>& output) {
+  return check_combine(s, all, me, output, [&s](int expert_rank, int64_t row, int, float* out) {
+    for (int h = 0; h < s.hidden_size; ++h) out[h] = expert_output_value(s, expert_rank, row, h);
+  });
+}
+
+Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all, int me,
+                      const std::vector<uint8_t>& output, const ExpertRowModel& expert_rows) {
   Verdict v;
   const RankRouting& mine = all[me];
   const int H = s.hidden_size, T = mine.num_tokens;
@@ -253,7 +260,7 @@ Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all
   }
   std::vector<std::vector<int>> sent(s.world);  // sent[r]: my tokens that rank r holds, in row order
   for (int r = 0; r < s.world; ++r) sent[r] = tokens_sent(s, mine, r);
-  std::vector<float> acc(H);
+  std::vector<float> acc(H), row_values(H);
   int reported = 0;
   for (int t = 0; t < T; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -261,7 +268,8 @@ Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all
       const auto at = std::lower_bound(sent[r].begin(), sent[r].end(), t);
       if (at == sent[r].end() || *at != t) continue;
       const int64_t row = int64_t(me) * s.tokens_per_rank() + (at - sent[r].begin());
-      for (int h = 0; h < H; ++h) acc[h] += expert_output_value(s, r, row, h);
+      expert_rows(r, row, t, row_values.data());
+      for (int h = 0; h < H; ++h) acc[h] += row_values[h];
     }
     int64_t bad = 0;
     int first = -1;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,16 @@ Verdict check_dispatch(const WorkloadSpec& spec, const std::vector<RankRouting>&
 // never matches).
 Verdict check_combine(const WorkloadSpec& spec, const std::vector<RankRouting>& all, int me,
                       const std::vector<uint8_t>& output);
+
+// What an expert computation wrote on rank `expert_rank` in its receive row
+// `row`, which holds token `token` of the rank being checked: fills `out`
+// with hidden_size values, already rounded to combine_dtype.
+using ExpertRowModel = std::function<void(int expert_rank, int64_t row, int token, float* out)>;
+
+// check_combine for any expert computation: the same sum and comparison, with
+// the expert rows taken from `expert_rows` instead of make_expert_output.
+Verdict check_combine(const WorkloadSpec& spec, const std::vector<RankRouting>& all, int me,
+                      const std::vector<uint8_t>& output, const ExpertRowModel& expert_rows);
 
 // Two backends' results of the same dispatch, field by field, with the same
 // rules as check_dispatch (payload compared on the reference's token rows).

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include "bench_report.hpp"
 #include "counter_rng.hpp"
@@ -11,8 +12,10 @@
 #include "ep_calls.hpp"
 #include "errors.hpp"
 #include "graph_capture.hpp"
+#include "moe_ep_runner.hpp"
 #include "nccl_baseline.hpp"
 #include "peer_copy_ceiling.hpp"
+#include "stand_in_expert.hpp"
 
 namespace moe_ep_tool {
 
@@ -21,6 +24,14 @@ std::vector<int> bench_sizes(const BenchOptions& o) {
   std::vector<int> sizes;
   for (int64_t t = o.min_tokens; t <= o.max_tokens; t *= o.step_factor) sizes.push_back(int(t));
   return sizes;
+}
+
+std::vector<int> decode_step_sizes(const BenchOptions& o) {
+  return o.sizes_given ? bench_sizes(o) : std::vector<int>{1, 8, 32, 128};
+}
+
+std::vector<int> overlap_sizes(const BenchOptions& o) {
+  return o.sizes_given ? bench_sizes(o) : std::vector<int>{4096};
 }
 
 namespace {
@@ -55,123 +66,13 @@ WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int to
   return s;
 }
 
-// moe_ep at one size: inputs, an optional check pass, and the timed loop.
-class MoeEpRunner {
- public:
-  MoeEpRunner(const Session& s, const WorkloadSpec& largest, bool zero_copy)
-      : s_(s),
-        zero_copy_(zero_copy),
-        handle_(s.bootstrap(), largest.params(), with_zero_copy_combine(s.config(), zero_copy)),
-        inputs_(largest, s.place()),
-        expert_output_(s.place(), uint64_t(largest.receive_rows()) * largest.combine_row_bytes()) {}
-
-  void load(const WorkloadSpec& w, const std::vector<RankRouting>& all) {
-    spec_ = w;
-    all_ = &all;
-    inputs_.load(w, me(), all[me()], s_.stream());
-    expert_output_.upload(make_expert_output(w, me()), s_.stream());
-    view_loaded_ = false;
-  }
-
-  // Eager calls (or replays of the captured graphs) checked once: (dispatch, combine) wrong.
-  std::pair<int64_t, int64_t> check(bool graph) {
-    load_view();
-    Verdict d, c;
-    if (graph) {
-      capture();
-      dispatch_graph_->launch(s_.stream());
-    } else {
-      TOOL_CHECK_MOE(dispatch(s_.stream()));
-    }
-    const ReceivedDispatch got = read_dispatch(spec_, dr_, s_.place().dlpack(), reader(s_.place(), s_.stream()), d);
-    d.merge(check_dispatch(spec_, *all_, me(), got));
-    if (graph) {
-      combine_graph_->launch(s_.stream());
-    } else {
-      TOOL_CHECK_MOE(combine(s_.stream()));
-    }
-    const std::vector<uint8_t> out =
-        read_combine(spec_, cr_, inputs_.num_tokens(), s_.place().dlpack(), reader(s_.place(), s_.stream()), c);
-    if (inputs_.num_tokens() > 0) c.merge(check_combine(spec_, *all_, me(), out));
-    moe_ep_status_t async = MOE_EP_SUCCESS;
-    TOOL_CHECK_MOE(moe_ep_get_async_error(handle_.get(), &async));
-    d.add(async != MOE_EP_SUCCESS ? 1 : 0, std::string("async error: ") + moe_ep_status_string(async));
-    if (s_.world().is_root() && (d.wrong || c.wrong)) std::fprintf(stderr, "%s%s", d.details.c_str(), c.details.c_str());
-    return {d.wrong, c.wrong};
-  }
-
-  LoopResult time(const LoopOptions& o, bool graph) {
-    load_view();
-    if (graph) capture();
-    return time_loop(s_, o, 2, [&](Marks& m) {
-      m.mark();
-      if (graph) {
-        dispatch_graph_->launch(s_.stream());
-      } else {
-        TOOL_CHECK_MOE(dispatch(s_.stream()));
-      }
-      m.mark();
-      if (graph) {
-        combine_graph_->launch(s_.stream());
-      } else {
-        TOOL_CHECK_MOE(combine(s_.stream()));
-      }
-      m.mark();
-    });
-  }
-
-  void drop_graphs() {
-    dispatch_graph_.reset();
-    combine_graph_.reset();
-  }
-
- private:
-  int me() const { return s_.world().rank; }
-  moe_ep_status_t dispatch(void* stream) { return inputs_.dispatch(handle_.get(), spec_, &dr_, stream); }
-  moe_ep_status_t combine(void* stream) {
-    const void* expert_output = zero_copy_ ? dr_.combine_input.data : expert_output_.data();
-    return run_combine(handle_.get(), spec_, s_.place(), expert_output, false, nullptr, inputs_.num_tokens(), &cr_,
-                       stream);
-  }
-  // --zero-copy-combine: one untimed pair writes this size's expert output into
-  // the combine_input view; the timed pairs then combine from it.  This relies
-  // on dispatch leaving the view's contents alone (true of every backend), and
-  // check() would count a backend that did not as #wrong.
-  void load_view() {
-    if (!zero_copy_ || view_loaded_) return;
-    TOOL_CHECK_MOE(dispatch(s_.stream()));
-    fill_combine_input(spec_, me(), s_.place(), dr_, s_.stream());
-    TOOL_CHECK_MOE(combine(s_.stream()));
-    view_loaded_ = true;
-  }
-  void capture() {
-    if (dispatch_graph_) return;
-    dispatch_graph_ = std::make_unique<CapturedCall>(s_.stream(), [&](void* st) { return dispatch(st); });
-    combine_graph_ = std::make_unique<CapturedCall>(s_.stream(), [&](void* st) { return combine(st); });
-  }
-
-  const Session& s_;
-  bool zero_copy_ = false;
-  bool view_loaded_ = false;
-  EpHandle handle_;
-  DispatchInputs inputs_;
-  Buffer expert_output_;
-  WorkloadSpec spec_;
-  const std::vector<RankRouting>* all_ = nullptr;
-  moe_ep_dispatch_result_t dr_{};
-  moe_ep_combine_result_t cr_{};
-  std::unique_ptr<CapturedCall> dispatch_graph_, combine_graph_;
-};
-
-std::vector<double> sum_each(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> out(a.size());
-  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
-  return out;
-}
-
 class Sweep {
  public:
-  Sweep(const Session& s, const BenchOptions& o) : s_(s), o_(o), sizes_(bench_sizes(o)) {
+  // sizes: what this run measures; baselines: the ceiling and NCCL, where
+  // they can run (the plain sweep only).
+  Sweep(const Session& s, const BenchOptions& o, std::vector<int> sizes, bool baselines)
+      : s_(s), o_(o), sizes_(std::move(sizes)) {
+    if (sizes_.empty()) fail("no sizes: -b must be <= -e");
     const int largest = *std::max_element(sizes_.begin(), sizes_.end());
     largest_ = bench_spec(o, s.world().size, largest, largest);
     graph_ = o.graph && s.on_gpu();
@@ -179,8 +80,8 @@ class Sweep {
     loop_.iters = o.iters;
     loop_.gated = o.launch_gate;
     const uint64_t row = std::max(largest_.hidden_row_bytes() + largest_.scale_row_bytes(), largest_.combine_row_bytes());
-    if (o.baselines && PeerCopyCeiling::available(s)) ceiling_ = std::make_unique<PeerCopyCeiling>(s, largest * row);
-    if (o.baselines && s.on_gpu() && s.world().size > 1) {
+    if (baselines && PeerCopyCeiling::available(s)) ceiling_ = std::make_unique<PeerCopyCeiling>(s, largest * row);
+    if (baselines && s.on_gpu() && s.world().size > 1) {
       nccl_skipped_ = NcclBaseline::group_refusal(s);
       if (nccl_skipped_.empty()) nccl_ = std::make_unique<NcclBaseline>(s, largest, row);
     }
@@ -212,6 +113,25 @@ class Sweep {
     r.gate_expired = t.gate_expired;
     if (ceiling_) measure_ceiling(r);
     if (nccl_) measure_nccl(r);
+    return r;
+  }
+
+  DecodeStepResult measure_decode_step(DecodeStep& step, int tokens) {
+    const WorkloadSpec w = bench_spec(o_, s_.world().size, largest_.max_tokens_per_rank, tokens);
+    WorkloadSpec fresh = w;  // the same size with other inputs, for the check of the whole step
+    fresh.seed = derive(w.seed, 0x57e9);
+    const std::vector<RankRouting> all = make_all_routing(w), fresh_all = make_all_routing(fresh);
+    DecodeStepResult r = step.measure(w, all, fresh, fresh_all, o_.check != 0, loop_);
+    r.traffic = measure_traffic(w, all);
+    return r;
+  }
+
+  OverlapResult measure_overlap(MoeEpRunner& moe, GemmOverlap& overlap, int tokens) {
+    const WorkloadSpec w = bench_spec(o_, s_.world().size, largest_.max_tokens_per_rank, tokens);
+    const std::vector<RankRouting> all = make_all_routing(w);
+    moe.load(w, all);
+    OverlapResult r = overlap.measure(moe, graph_, o_.check != 0, loop_);
+    r.traffic = measure_traffic(w, all);
     return r;
   }
 
@@ -251,28 +171,83 @@ class Sweep {
 
 }  // namespace
 
+namespace {
+
+void run_sweep(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+  Sweep sweep(session, o, bench_sizes(o), o.baselines);
+  if (!sweep.nccl_skipped().empty() && session.world().is_root()) {
+    std::printf("# NCCL baseline skipped: %s\n", sweep.nccl_skipped().c_str());
+  }
+  report.set_baselines(sweep.has_ceiling(), sweep.has_nccl());
+  report.print_sweep_columns();
+  {
+    MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
+    for (int tokens : sweep.sizes()) {
+      results.sweep.push_back(sweep.measure(moe, tokens));
+      report.print_row(results.sweep.back());
+    }
+  }
+  report.print_baselines(results.sweep);
+}
+
+void run_decode_step(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+  Sweep sweep(session, o, decode_step_sizes(o), false);
+  const std::string refusal = stand_in_expert_refusal(sweep.largest());
+  if (!refusal.empty()) fail(refusal);
+  report.print_decode_step_columns();
+  MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
+  DecodeStep step(moe, sweep.graph());
+  for (int tokens : sweep.sizes()) {
+    results.decode_step.push_back(sweep.measure_decode_step(step, tokens));
+    report.print_decode_step_row(results.decode_step.back());
+  }
+}
+
+void run_overlap(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+  results.overlap_skipped = overlap_refusal(session);
+  if (!results.overlap_skipped.empty()) {
+    report.print_overlap_skipped(results.overlap_skipped);
+    return;
+  }
+  Sweep sweep(session, o, overlap_sizes(o), false);
+  MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
+  GemmOverlap overlap(session, o.gemm_mnk);
+  report.print_overlap_columns(overlap.sm_target(), overlap.auto_shape());
+  for (int tokens : sweep.sizes()) {
+    results.overlap.push_back(sweep.measure_overlap(moe, overlap, tokens));
+    report.print_overlap_row(results.overlap.back());
+  }
+}
+
+// The largest workload of every measurement this run makes (for the header).
+WorkloadSpec largest_shape(const BenchOptions& o, int world) {
+  std::vector<int> sizes;
+  if (!o.decode_step && !o.overlap_gemm) sizes = bench_sizes(o);
+  if (o.decode_step) sizes = decode_step_sizes(o);
+  if (o.overlap_gemm) {
+    const std::vector<int> more = overlap_sizes(o);
+    sizes.insert(sizes.end(), more.begin(), more.end());
+  }
+  if (sizes.empty()) fail("no sizes: -b must be <= -e");
+  const int largest = *std::max_element(sizes.begin(), sizes.end());
+  return bench_spec(o, world, largest, largest);
+}
+
+}  // namespace
+
 int run_bench(const World& world, const BenchOptions& o) {
-  if (bench_sizes(o).empty()) fail("no sizes: -b must be <= -e");
+  const WorkloadSpec shape = largest_shape(o, world.size);
   Session session(world, o.common);
   if (!session.skip_reason().empty()) {
     if (world.is_root()) std::printf("# moe_ep_conformance bench: skipped: %s\n", session.skip_reason().c_str());
     return 0;
   }
-  Sweep sweep(session, o);
-  if (!sweep.nccl_skipped().empty() && world.is_root()) {
-    std::printf("# NCCL baseline skipped: %s\n", sweep.nccl_skipped().c_str());
-  }
-  BenchReport report(session, o, sweep.largest(), sweep.graph(), sweep.has_ceiling(), sweep.has_nccl());
+  BenchReport report(session, o, shape, o.graph && session.on_gpu());
   report.print_header();
-  std::vector<SizeResult> results;
-  {
-    MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
-    for (int tokens : sweep.sizes()) {
-      results.push_back(sweep.measure(moe, tokens));
-      report.print_row(results.back());
-    }
-  }
-  report.print_baselines(results);
+  BenchResults results;
+  if (!o.decode_step && !o.overlap_gemm) run_sweep(session, o, report, results);
+  if (o.decode_step) run_decode_step(session, o, report, results);
+  if (o.overlap_gemm) run_overlap(session, o, report, results);
   const bool ok = report.print_footer(results);
   if (!o.json_path.empty()) report.write_json(results, o.json_path);
   return ok ? 0 : 1;

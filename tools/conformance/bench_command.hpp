@@ -1,11 +1,15 @@
 // `moe_ep_conformance bench`: sweeps tokens per rank and reports dispatch and
 // combine latency and bandwidth next to the peer-copy ceiling and NCCL moving
 // the same routing, in an nccl-tests-like table (and JSON with --json).
+// --decode-step (decode_step.hpp) and --overlap-gemm (gemm_overlap.hpp)
+// measure, instead of the sweep, a decode step and dispatch/combine beside a GEMM.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "decode_step.hpp"
+#include "gemm_overlap.hpp"
 #include "loop_timer.hpp"
 #include "mpi_world.hpp"
 #include "session.hpp"
@@ -26,6 +30,10 @@ struct BenchOptions {
   bool graph = false, baselines = true;
   bool zero_copy_combine = false;  // expert output written into the dispatch result's combine_input view
   bool launch_gate = true;  // queue each batch of launches ahead (GPU time); false: host-driven
+  bool decode_step = false;   // dispatch -> stand-in expert -> combine, one graph per step with -G
+  bool overlap_gemm = false;  // dispatch and combine beside a cuBLAS GEMM
+  std::vector<int> gemm_mnk;  // the overlap's GEMM, M,N,K; empty = sized at each size
+  bool sizes_given = false;   // -t, -b, -e or -f was on the command line (main sets it)
   std::string json_path;
 };
 
@@ -43,9 +51,22 @@ struct SizeResult {
   int64_t nccl_wrong_counts = 0;
 };
 
+// Everything one run measured: the sweep's sizes, or the decode step's and
+// the overlap's.
+struct BenchResults {
+  std::vector<SizeResult> sweep;
+  std::vector<DecodeStepResult> decode_step;
+  std::vector<OverlapResult> overlap;
+  std::string overlap_skipped;  // why --overlap-gemm measured nothing ("" = it did, or was not asked)
+};
+
 int run_bench(const World& world, const BenchOptions& options);
 
 // The sizes -b/-e/-f (or -t) select.
 std::vector<int> bench_sizes(const BenchOptions& options);
+// Those of --decode-step: 1, 8, 32 and 128 tokens per rank unless sizes were given.
+std::vector<int> decode_step_sizes(const BenchOptions& options);
+// Those of --overlap-gemm: 4096 tokens per rank unless sizes were given.
+std::vector<int> overlap_sizes(const BenchOptions& options);
 
 }  // namespace moe_ep_tool

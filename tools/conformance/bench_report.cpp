@@ -45,8 +45,6 @@ std::vector<std::pair<std::string, std::string>> library_environment() {
   return out;
 }
 
-double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }  // bytes/us = MB/s
-
 std::string wrong_text(int64_t wrong) { return wrong < 0 ? "N/A" : std::to_string(wrong); }
 
 void print_phase(double bytes_remote, double bytes_alg, const PhaseTiming& t, int64_t wrong) {
@@ -55,7 +53,12 @@ void print_phase(double bytes_remote, double bytes_alg, const PhaseTiming& t, in
               wrong_text(wrong).c_str());
 }
 
-void write_phase(JsonWriter& j, const std::string& name, const PhaseTiming& t, double remote_bytes, double alg_bytes) {
+}  // namespace
+
+double gbps(double bytes, double us) { return us > 0 ? bytes / us / 1e3 : 0; }  // bytes/us = MB/s
+
+void write_phase_json(JsonWriter& j, const std::string& name, const PhaseTiming& t, double remote_bytes,
+                      double alg_bytes) {
   j.key(name).begin_object();
   j.field("avg_us", t.step.avg).field("p50_us", t.step.p50).field("p99_us", t.step.p99);
   j.field("min_us", t.step.min).field("max_us", t.step.max);
@@ -68,11 +71,13 @@ void write_phase(JsonWriter& j, const std::string& name, const PhaseTiming& t, d
   j.end_object();
 }
 
-}  // namespace
+BenchReport::BenchReport(const Session& s, const BenchOptions& o, const WorkloadSpec& shape, bool graph)
+    : s_(s), o_(o), shape_(shape), graph_(graph) {}
 
-BenchReport::BenchReport(const Session& s, const BenchOptions& o, const WorkloadSpec& shape, bool graph, bool ceiling,
-                         bool nccl)
-    : s_(s), o_(o), shape_(shape), graph_(graph), ceiling_(ceiling), nccl_(nccl) {}
+void BenchReport::set_baselines(bool ceiling, bool nccl) {
+  ceiling_ = ceiling;
+  nccl_ = nccl;
+}
 
 std::vector<std::string> BenchReport::formulas() const {
   return traffic_formulas(s_.link().short_name, s_.link().crossing);
@@ -124,6 +129,11 @@ void BenchReport::print_header() {
                           : o_.launch_gate ? "GPU time: CUDA events around each call, launches queued ahead of the GPU"
                                            : "CUDA events around each call, launched as the host goes (host cost included)");
   std::printf("#   avg/p50/p99 over iterations; rmin/rmax = min/max over ranks of each rank's own avg\n#\n");
+  std::fflush(stdout);
+}
+
+void BenchReport::print_sweep_columns() const {
+  if (!s_.world().is_root()) return;
   std::printf("# %7s |%s |%s\n", "", "                                  dispatch                                      ",
               "                                  combine");
   const std::string bytes_column = std::string(s_.link().short_name) + "_bytes";
@@ -191,27 +201,45 @@ void BenchReport::print_baselines(const std::vector<SizeResult>& results) const 
   std::fflush(stdout);
 }
 
-bool BenchReport::print_footer(const std::vector<SizeResult>& results) const {
+bool BenchReport::print_footer(const BenchResults& all) const {
   int64_t wrong = 0;
   double dispatch_bw = 0, combine_bw = 0;
   bool checked = false;
-  for (const SizeResult& r : results) {
-    checked = checked || r.wrong_dispatch >= 0;
-    wrong += std::max<int64_t>(r.wrong_dispatch, 0) + std::max<int64_t>(r.wrong_combine, 0) + r.nccl_wrong_counts;
+  auto count = [&](int64_t w) {  // -1: not checked
+    checked = checked || w >= 0;
+    wrong += std::max<int64_t>(w, 0);
+  };
+  for (const SizeResult& r : all.sweep) {
+    count(r.wrong_dispatch);
+    count(r.wrong_combine);
+    wrong += r.nccl_wrong_counts;
     dispatch_bw += gbps(r.traffic.mean_remote_bytes(r.traffic.dispatch_row_bytes), r.dispatch.step.avg);
     combine_bw += gbps(r.traffic.mean_remote_bytes(r.traffic.combine_row_bytes), r.combine.step.avg);
+  }
+  for (const DecodeStepResult& r : all.decode_step) {
+    count(r.wrong_dispatch);
+    count(r.wrong_parts);
+    count(r.wrong_step);
+  }
+  for (const OverlapResult& r : all.overlap) {
+    count(r.wrong_dispatch);
+    count(r.wrong_combine);
   }
   if (s_.world().is_root()) {
     std::printf("#\n# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
                 !checked ? "(not checked: -c 0)" : wrong ? "FAILED" : "OK");
-    std::printf("# Avg bus bandwidth    : dispatch %.2f GB/s, combine %.2f GB/s\n#\n", dispatch_bw / results.size(),
-                combine_bw / results.size());
+    if (!all.sweep.empty()) {
+      std::printf("# Avg bus bandwidth    : dispatch %.2f GB/s, combine %.2f GB/s\n", dispatch_bw / all.sweep.size(),
+                  combine_bw / all.sweep.size());
+    }
+    std::printf("#\n");
     std::fflush(stdout);
   }
   return wrong == 0;
 }
 
-void BenchReport::write_json(const std::vector<SizeResult>& results, const std::string& path) const {
+void BenchReport::write_json(const BenchResults& all, const std::string& path) const {
+  const std::vector<SizeResult>& results = all.sweep;
   JsonWriter j;
   j.begin_object();
   j.field("tool", "moe_ep_conformance bench").field("format", 2);
@@ -222,6 +250,8 @@ void BenchReport::write_json(const std::vector<SizeResult>& results, const std::
   j.field("backend", s_.backend_label()).field("ranks", s_.world().size).field("mode", mode());
   j.field("graph", graph_)
       .field("zero_copy_combine", o_.zero_copy_combine)
+      .field("decode_step", o_.decode_step)
+      .field("overlap_gemm", o_.overlap_gemm)
       .field("launch_gate", o_.launch_gate)
       .field("num_sms", o_.common.num_sms)
       .field("warmup", o_.warmup)
@@ -258,29 +288,31 @@ void BenchReport::write_json(const std::vector<SizeResult>& results, const std::
     j.key("rows").values(t.rows).key("valid_picks").values(t.picks);
     j.end_object();
     j.key("moe_ep").begin_object();
-    write_phase(j, "dispatch", r.dispatch, dn, da);
-    write_phase(j, "combine", r.combine, cn, ca);
+    write_phase_json(j, "dispatch", r.dispatch, dn, da);
+    write_phase_json(j, "combine", r.combine, cn, ca);
     j.field("wrong_dispatch", r.wrong_dispatch).field("wrong_combine", r.wrong_combine);
     j.field("launches_queued_ahead", !r.gate_expired);
     j.end_object();
     if (r.has_ceiling) {
       j.key("ceiling").begin_object();
-      write_phase(j, "dispatch", r.ceiling_dispatch, dn, -1);
-      write_phase(j, "combine", r.ceiling_combine, cn, -1);
+      write_phase_json(j, "dispatch", r.ceiling_dispatch, dn, -1);
+      write_phase_json(j, "combine", r.ceiling_combine, cn, -1);
       j.end_object();
     }
     if (r.has_nccl) {
       j.key("nccl").begin_object();
-      write_phase(j, "dispatch", r.nccl_dispatch, dn, da);
-      write_phase(j, "dispatch_counts", r.nccl_counts, -1, -1);
-      write_phase(j, "dispatch_payload", r.nccl_payload, dn, da);
-      write_phase(j, "combine", r.nccl_combine, cn, ca);
+      write_phase_json(j, "dispatch", r.nccl_dispatch, dn, da);
+      write_phase_json(j, "dispatch_counts", r.nccl_counts, -1, -1);
+      write_phase_json(j, "dispatch_payload", r.nccl_payload, dn, da);
+      write_phase_json(j, "combine", r.nccl_combine, cn, ca);
       j.field("wrong_counts", r.nccl_wrong_counts);
       j.end_object();
     }
     j.end_object();
   }
   j.end_array();
+  if (o_.decode_step) write_decode_step_json(j, all.decode_step);
+  if (o_.overlap_gemm) write_overlap_json(j, all);
   j.end_object();
   j.save(path);
   std::printf("# wrote %s\n", path.c_str());

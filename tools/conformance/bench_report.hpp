@@ -1,34 +1,55 @@
 // The benchmark's output: nccl-tests-like header lines, one row per size as
 // it is measured, the baselines side by side with ratios, a footer, and JSON.
+// The decode step's and the overlap's tables and JSON: bench_report_steps.cpp.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "bench_command.hpp"
+#include "json_writer.hpp"
 #include "workload.hpp"
 
 namespace moe_ep_tool {
 
 class BenchReport {
  public:
-  BenchReport(const Session& session, const BenchOptions& options, const WorkloadSpec& shape, bool graph,
-              bool ceiling, bool nccl);
+  // graph: CUDA-graph replays (-G on a GPU backend).
+  BenchReport(const Session& session, const BenchOptions& options, const WorkloadSpec& shape, bool graph);
 
   void print_header();  // collective (gathers the per-rank lines)
+  // The sweep.
+  void set_baselines(bool ceiling, bool nccl);
+  void print_sweep_columns() const;
   void print_row(const SizeResult& r) const;
   void print_baselines(const std::vector<SizeResult>& results) const;
-  // Prints the #wrong summary and the average bus bandwidth; false on any wrong element.
-  bool print_footer(const std::vector<SizeResult>& results) const;
-  void write_json(const std::vector<SizeResult>& results, const std::string& path) const;  // collective
+  // --decode-step.
+  void print_decode_step_columns() const;
+  void print_decode_step_row(const DecodeStepResult& r) const;
+  // --overlap-gemm.
+  void print_overlap_skipped(const std::string& why) const;
+  void print_overlap_columns(int gemm_sm_target, bool auto_shape) const;
+  void print_overlap_row(const OverlapResult& r) const;
+  // Prints the #wrong summary (and the sweep's average bus bandwidth); false on any wrong element.
+  bool print_footer(const BenchResults& results) const;
+  void write_json(const BenchResults& results, const std::string& path) const;  // collective
 
  private:
   std::string mode() const;  // "CUDA-graph replay" or "eager calls"
   std::vector<std::string> formulas() const;  // the byte formulas in this backend's words
+  void write_decode_step_json(JsonWriter& j, const std::vector<DecodeStepResult>& results) const;
+  void write_overlap_json(JsonWriter& j, const BenchResults& results) const;
   const Session& s_;
   const BenchOptions& o_;
   WorkloadSpec shape_;
-  bool graph_, ceiling_, nccl_;
+  bool graph_, ceiling_ = false, nccl_ = false;
 };
+
+// One phase's figures as a JSON object `name` (bytes < 0: no bandwidth field).
+void write_phase_json(JsonWriter& j, const std::string& name, const PhaseTiming& t, double remote_bytes,
+                      double alg_bytes);
+
+// Bytes/us as GB/s (0 for a zero time).
+double gbps(double bytes, double us);
 
 }  // namespace moe_ep_tool

@@ -12,14 +12,22 @@ namespace moe_ep_tool {
 
 class CapturedCall {
  public:
-  // Captures call(stream) (which returns a moe_ep status) in global capture
-  // mode, the strictest one (PyTorch's default): any forbidden call inside
-  // the library fails the capture.
+  // Captures call(stream) (which returns a moe_ep status, or throws) in
+  // global capture mode, the strictest one (PyTorch's default): any forbidden
+  // call inside the library fails the capture.
   template <typename Call>
   CapturedCall(void* stream, Call&& call) {
     const auto s = static_cast<cudaStream_t>(stream);
     TOOL_CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    const moe_ep_status_t status = std::forward<Call>(call)(stream);
+    moe_ep_status_t status = MOE_EP_SUCCESS;
+    try {
+      status = std::forward<Call>(call)(stream);
+    } catch (...) {  // never leave the stream capturing
+      cudaGraph_t partial = nullptr;
+      cudaStreamEndCapture(s, &partial);
+      if (partial) cudaGraphDestroy(partial);
+      throw;
+    }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(s, &graph);  // always end, even after a failure
     if (status != MOE_EP_SUCCESS) {

@@ -15,6 +15,7 @@ constexpr double kGateTimeoutMs = 4000;
 class NoMarks final : public Marks {
  public:
   void mark() override {}
+  void mark_on(void*) override {}
   void hold() override {}
   void release() override {}
 };
@@ -25,6 +26,7 @@ class HostMarks final : public Marks {
   void mark() override {
     points_.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count());
   }
+  void mark_on(void*) override { mark(); }
   void hold() override {}
   void release() override {}
 
@@ -36,13 +38,14 @@ class EventMarks final : public Marks {
  public:
   EventMarks(const Session& s, std::vector<cudaEvent_t>& events, LaunchGate& gate)
       : s_(s), events_(events), gate_(gate) {}
-  void mark() override {
+  void mark() override { mark_on(s_.stream()); }
+  void mark_on(void* stream) override {
     if (used_ == events_.size()) {
       cudaEvent_t e = nullptr;
       TOOL_CHECK_CUDA(cudaEventCreate(&e));
       events_.push_back(e);
     }
-    TOOL_CHECK_CUDA(cudaEventRecord(events_[used_++], stream()));
+    TOOL_CHECK_CUDA(cudaEventRecord(events_[used_++], static_cast<cudaStream_t>(stream)));
   }
   void hold() override { gate_.close(stream(), kGateTimeoutMs); }
   void release() override {

@@ -19,6 +19,11 @@ class Marks {
  public:
   virtual ~Marks() = default;
   virtual void mark() = 0;
+  // A mark on another stream of the same device (the session stream's marks
+  // and these share one clock): a phase that starts on one stream and ends on
+  // another measures the time between the two events, which may be negative.
+  // On the host: the steady clock, like mark().
+  virtual void mark_on(void* stream) = 0;
   // For bodies that must wait on the host mid-iteration (the NCCL count
   // exchange): hold() queues a gate, release() waits for every rank and
   // opens it.  Only in ungated loops.  No-ops on the host.

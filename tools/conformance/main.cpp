@@ -45,7 +45,7 @@ void add_check(CLI::App& app, CheckOptions& o) {
       ->check(CLI::IsMember({"none", "dispatch_payload", "dispatch_order", "recv_counts", "combine_output"}));
 }
 
-void add_bench(CLI::App& app, BenchOptions& o) {
+CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
   CLI::App* bench = app.add_subcommand("bench", "time dispatch and combine over a sweep of tokens per rank");
   add_common(bench, o.common);
   bench->add_option("-b,--min-tokens", o.min_tokens, "smallest tokens per rank")->check(CLI::PositiveNumber);
@@ -75,7 +75,21 @@ void add_bench(CLI::App& app, BenchOptions& o) {
                   "combine_input view (outside the timed loop) and the timed combine takes that view");
   bench->add_flag("!--no-launch-gate", o.launch_gate,
                   "GPU: do not queue launches ahead of the GPU; times then include the host's launch cost");
+  bench->add_flag("--decode-step", o.decode_step,
+                  "instead of the sweep: dispatch -> a stand-in expert kernel -> combine, one CUDA graph per step with "
+                  "-G, timed against its parts (default sizes 1,8,32,128)");
+  bench->add_flag("--overlap-gemm", o.overlap_gemm,
+                  "instead of the sweep: dispatch and combine (--num-sms) beside a cuBLAS bf16 GEMM on the other SMs, "
+                  "each against itself alone (GPU; default size 4096)");
+  bench
+      ->add_option("--gemm-mnk", o.gemm_mnk,
+                   "--overlap-gemm: the GEMM's M,N,K (default: N = K = 8192, M sized to "
+                   "take about as long as dispatch + combine)")
+      ->delimiter(',')
+      ->expected(3)
+      ->check(CLI::Range(1, 1 << 17));
   bench->add_option("-J,--json", o.json_path, "write every figure, the byte formulas and the machine to this file");
+  return bench;
 }
 
 }  // namespace
@@ -89,9 +103,11 @@ int main(int argc, char** argv) {
   CheckOptions check;
   BenchOptions bench;
   add_check(app, check);
-  add_bench(app, bench);
+  CLI::App* bench_app = add_bench(app, bench);
   try {
     app.parse(argc, argv);
+    bench.sizes_given =
+        bench_app->count("-t") + bench_app->count("-b") + bench_app->count("-e") + bench_app->count("-f") > 0;
   } catch (const CLI::ParseError& e) {
     const int rc = world.is_root() ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
     MPI_Finalize();

@@ -25,6 +25,12 @@ Stats stats_of(std::vector<double> v) {
   return s;
 }
 
+std::vector<double> sum_each(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out(std::min(a.size(), b.size()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
 PhaseTiming reduce_phase(const World& world, const std::vector<double>& iteration_us) {
   PhaseTiming t;
   // The step a model takes ends when its slowest rank is done.

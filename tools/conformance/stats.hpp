@@ -23,6 +23,9 @@ struct PhaseTiming {
   int rank_argmin = 0, rank_argmax = 0;
 };
 
+// a[i] + b[i] for each iteration: the time of two phases together.
+std::vector<double> sum_each(const std::vector<double>& a, const std::vector<double>& b);
+
 // Collective: every rank passes its per-iteration times (same count).
 PhaseTiming reduce_phase(const World& world, const std::vector<double>& iteration_us);
 

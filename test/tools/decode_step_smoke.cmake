@@ -1,0 +1,67 @@
+# Runs bench --decode-step --overlap-gemm on the host backend under mpiexec and
+# checks the JSON: the decode step at its default sizes (1, 8, 32, 128 tokens
+# per rank), each with every phase timed and 0 wrong elements in dispatch, in
+# combine after the parts and in combine after the whole step; the overlap
+# skipped with its reason (it needs a GPU).  Times are not judged.
+# Usage: cmake -DMPIEXEC=... -DTOOL=... -DJSON=... -P decode_step_smoke.cmake
+file(REMOVE ${JSON})
+execute_process(
+  COMMAND ${MPIEXEC} -n 2 --oversubscribe ${TOOL} bench --backend host --decode-step --overlap-gemm --hidden 72
+          --experts 8 --topk 3 -w 1 -n 3 --json ${JSON}
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+message("${out}${err}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "bench --decode-step exited with ${rc}")
+endif()
+if(NOT out MATCHES "Out of bounds values : 0 OK")
+  message(FATAL_ERROR "no 'Out of bounds values : 0 OK' line")
+endif()
+file(READ ${JSON} doc)
+
+function(require)  # fails unless the JSON member at the path ARGV exists
+  string(JSON value ERROR_VARIABLE error GET "${doc}" ${ARGV})
+  if(error)
+    message(FATAL_ERROR "JSON member ${ARGV}: ${error}")
+  endif()
+  set(value "${value}" PARENT_SCOPE)
+endfunction()
+
+require(config decode_step)
+if(NOT value STREQUAL "ON" AND NOT value STREQUAL "true")
+  message(FATAL_ERROR "config.decode_step: expected true, got ${value}")
+endif()
+string(JSON sweep LENGTH "${doc}" results)
+if(NOT sweep EQUAL 0)
+  message(FATAL_ERROR "results: --decode-step replaces the sweep, got ${sweep} sizes")
+endif()
+string(JSON sizes LENGTH "${doc}" decode_step results)
+if(NOT sizes EQUAL 4)
+  message(FATAL_ERROR "decode_step.results: expected 4 sizes (1, 8, 32, 128), got ${sizes}")
+endif()
+set(expected_tokens 1 8 32 128)
+foreach(i RANGE 3)
+  list(GET expected_tokens ${i} tokens)
+  require(decode_step results ${i} tokens_per_rank)
+  if(NOT value EQUAL tokens)
+    message(FATAL_ERROR "decode_step.results[${i}].tokens_per_rank = ${value}, expected ${tokens}")
+  endif()
+  foreach(phase dispatch expert combine parts_sum step)
+    require(decode_step results ${i} ${phase} avg_us)
+  endforeach()
+  require(decode_step results ${i} step_over_parts_sum)
+  foreach(wrong wrong_dispatch wrong_parts wrong_step)
+    require(decode_step results ${i} ${wrong})
+    if(NOT value EQUAL 0)
+      message(FATAL_ERROR "decode_step.results[${i}].${wrong} = ${value}")
+    endif()
+  endforeach()
+endforeach()
+require(overlap skipped)
+if(NOT value MATCHES "needs a GPU backend")
+  message(FATAL_ERROR "overlap.skipped: '${value}'")
+endif()
+string(JSON measured LENGTH "${doc}" overlap results)
+if(NOT measured EQUAL 0)
+  message(FATAL_ERROR "overlap.results: expected none on the host backend, got ${measured}")
+endif()
+message("decode step JSON ok: ${sizes} sizes, overlap skipped")
