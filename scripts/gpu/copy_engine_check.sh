@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One device call (2 GPUs) for the copy-engine variant of the pull combine
+# (MOE_EP_COMBINE_COPY_ENGINES): build everything; the NVLink GPU suites (the
+# overlapped one runs the copy-engine variant in 3 chunks, the general-kernels
+# one the register pull); compute-sanitizer memcheck and racecheck on the
+# zero-copy cases with the copy engines; then bench, DeepSeek shape, 4096 tokens,
+# graph, --zero-copy-combine: copy engines against the pull kernel on all, 24,
+# 16 and 8 SMs, and 2 / 4 / 8 chunks on 16 SMs.
+#   usage: OUT=/dir bash scripts/gpu/copy_engine_check.sh [BUDGET_S]
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUDGET=${1:-300}
+START=$(date +%s)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh NCCL_NVLS_ENABLE=0
+BUILD=${BUILD:-build-final}
+SUMMARY=$OUT/ce_summary.txt
+: > "$SUMMARY"
+rc=0
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  if [ "$left" -lt 15 ]; then echo "$name: SKIPPED (budget)" | tee -a "$SUMMARY"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$OUT/step.log" 2>&1
+  local s=$?
+  { echo "===== $name (exit $s)"; cat "$OUT/step.log"; } >> "$OUT/ce_logs.txt"
+  echo "$name: exit $s in $(( $(date +%s) - t0 )) s | $(grep -hE "${PICK:-All tests passed|test cases|passed, |ERROR SUMMARY|RACECHECK SUMMARY|tests passed|^ +4096 }" "$OUT/step.log" | tail -${NPICK:-2} | tr '\n' ' ')" | tee -a "$SUMMARY"
+  [ "$s" -eq 0 ] || { rc=1; tail -25 "$OUT/step.log"; }
+}
+PICK="Linking|error:" step build 200 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32"
+TOOL=$BUILD/tools/moe_ep_conformance
+GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
+MPI2="mpirun -np 2 --bind-to none"
+SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
+for t in nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_general_kernels_np2; do
+  step "ctest_$t" 120 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 110
+done
+step memcheck_ce 90 $MPI2 -x MOE_EP_FABRIC=0 -x MOE_EP_COMBINE_COPY_ENGINES=1 $SAN --tool memcheck $GPU_TEST "[zero_copy]"
+step racecheck_ce 90 $MPI2 -x MOE_EP_FABRIC=0 -x MOE_EP_COMBINE_COPY_ENGINES=1 $SAN --tool racecheck $GPU_TEST "[zero_copy]"
+B="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -w 10 -n 40 --graph --no-baselines --zero-copy-combine -t 4096"
+for sms in 0 24 16 8; do
+  step ce_sms$sms 30 $MPI2 -x MOE_EP_COMBINE_COPY_ENGINES=1 $TOOL $B --num-sms $sms
+  step kernel_sms$sms 30 $MPI2 -x MOE_EP_COMBINE_COPY_ENGINES=0 $TOOL $B --num-sms $sms
+done
+for chunks in 2 8; do
+  step ce_sms16_chunks$chunks 30 $MPI2 -x MOE_EP_COMBINE_COPY_ENGINES=1 -x MOE_EP_COMBINE_COPY_CHUNKS=$chunks $TOOL $B --num-sms 16
+done
+echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
+exit $rc
