@@ -38,12 +38,17 @@ __device__ __forceinline__ void barrier_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
-// Orders this thread's earlier generic accesses (and, after a barrier or a
-// warp sync, those of the threads it synchronised with) before its later bulk
-// copies: global memory (what an acquire made visible) and shared memory (a
-// buffer read by the warp before it is refilled).
-__device__ __forceinline__ void fence_before_bulk_copies() {
+// Orders what this thread (and, after a barrier, the threads it synchronised
+// with) learnt through generic loads, such as an acquire of a peer's flag,
+// before its later bulk copies from global memory.  Once per kernel, after
+// the acquire: it may wait for the thread's outstanding global stores.
+__device__ __forceinline__ void fence_global_before_bulk_copies() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// Orders the warp's generic reads of a shared-memory buffer (after a warp
+// sync) before the bulk copy that refills it.
+__device__ __forceinline__ void fence_shared_before_bulk_copy() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 

@@ -117,7 +117,7 @@ class PartialProducer {
     if (lane == 0) {
       stages_.items[stage] = item_;
       stages_.ranks[stage] = q;
-      fence_before_bulk_copies();  // the buffer's last reads, the acquire of "started"
+      fence_shared_before_bulk_copy();  // the buffer's last reads
       bulk_copy_to_shared(stages_.buffers + static_cast<size_t>(stage) * kReduceSegmentBytes,
                           partial_row(p_, q, slot) + static_cast<int64_t>(segment) * kReduceSegmentBytes,
                           static_cast<uint32_t>(reduce_segment_vectors(p_, segment)) * 16u, stages_.barriers + stage);
@@ -147,6 +147,7 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
   if (lane == 0) {
     for (int s = 0; s < kPullStages; ++s) barrier_init(stages.barriers + s);
     barrier_init_fence();
+    fence_global_before_bulk_copies();  // the handshake's acquires (or the copies' stream order)
   }
   __syncwarp();
   const int segments = reduce_segments(p, true);

@@ -83,18 +83,13 @@ bool pull_registers_from_environment() {
   return v != nullptr && std::strcmp(v, "registers") == 0;
 }
 
-// MOE_EP_COMBINE_COPY_ENGINES: 0 never, 1 always (with config.zero_copy_combine
-// and several ranks), unset or anything else: auto (kCopyEngineMinTokens and
-// more tokens on a reduced SM budget).  Per rank.
+// MOE_EP_COMBINE_COPY_ENGINES=1: the pull combine's copy-engine variant (with
+// config.zero_copy_combine and several ranks); default off: it measured slower
+// than the pull kernel on every SM budget (docs/performance.md).  Per rank.
 int copy_engines_from_environment() {
   const char* v = std::getenv("MOE_EP_COMBINE_COPY_ENGINES");
-  if (v != nullptr && std::strcmp(v, "0") == 0) return 0;
-  if (v != nullptr && std::strcmp(v, "1") == 0) return 1;
-  return -1;
+  return v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
 }
-
-// Auto takes the copy engines for calls of at least this many tokens.
-constexpr int64_t kCopyEngineMinTokens = 1024;
 
 // Milliseconds per named step, for the destroy log line.
 class TeardownClock {
@@ -252,11 +247,7 @@ class NvlinkBackend final : public Backend {
   // need rows below r1 only.  A per-rank choice: what a peer sees (the
   // handshake, reads of its view until this call ends) is the same as for the
   // pull kernel.
-  bool use_copy_engines(const CombineCall& call) const {
-    if (copy_engines_ == 0) return false;
-    if (copy_engines_ == 1) return true;
-    return call.num_tokens >= kCopyEngineMinTokens && sm_budget_ < sm_count_;
-  }
+  bool use_copy_engines(const CombineCall&) const { return copy_engines_ == 1; }
 
   void pull_with_copy_engines(const CombineCall& call, kernels::CombineLaunch& a, cudaStream_t s) {
     check_cuda(kernels::launch_combine_handshake(shape_, offsets_, state_, pdl_, s), "launching the combine handshake");
@@ -506,7 +497,7 @@ class NvlinkBackend final : public Backend {
   bool small_batch_ = true;
   int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers
-  int copy_engines_ = -1;                    // MOE_EP_COMBINE_COPY_ENGINES: 0 never, 1 always, -1 auto
+  int copy_engines_ = 0;                     // MOE_EP_COMBINE_COPY_ENGINES=1
   int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS
   std::unique_ptr<SideCopies> side_copies_;  // made at the first copy-engine combine
   bool released_ = false;
