@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the latency budget (docs/latency_budget.md): build only
 # moe_ep_latency_probe (no libmoe_ep; Release, sm_90, into build-final) and
-# run it once with --json; with two GPUs, once more with both sides on GPU 0
+# run it once with --json (every group, the calls timed as the benchmark
+# times them included); with two GPUs, once more with both sides on GPU 0
 # (--same-gpu) for the local figures.  Under a minute in all; every wait in
 # the probe is bounded, and every step here by `timeout`.
 #   usage: OUT=/dir bash scripts/gpu/latency_probe.sh [extra probe arguments]   (from the repository root)
@@ -49,7 +50,7 @@ run() {
 }
 run latency "$@"
 if [ "$GPUS" -ge 2 ]; then
-  run latency_same_gpu --same-gpu --only flag,row,ll,load "$@"
+  run latency_same_gpu --same-gpu --only flag,row,ll,load,call "$@"
 fi
 note "total $(( $(date +%s) - START )) s, exit $rc"
 exit $rc

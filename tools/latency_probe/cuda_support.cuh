@@ -122,6 +122,32 @@ void launch(void (*kernel)(Params...), unsigned blocks, unsigned threads, cudaSt
   PROBE_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// Captures what `enqueue(stream)` queues on a capturing stream of `device`
+// into a graph and instantiates it; a failure (the runtime refused a node)
+// leaves no capture open and throws.
+template <class Enqueue>
+GraphExec capture_graph(int device, Enqueue enqueue) {
+  DeviceScope scope(device);
+  Stream capture(device);
+  PROBE_CUDA(cudaStreamBeginCapture(capture.get(), cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue(capture.get());
+  } catch (...) {
+    cudaGraph_t broken = nullptr;
+    cudaStreamEndCapture(capture.get(), &broken);
+    if (broken != nullptr) cudaGraphDestroy(broken);
+    cudaGetLastError();
+    throw;
+  }
+  cudaGraph_t graph = nullptr;
+  PROBE_CUDA(cudaStreamEndCapture(capture.get(), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  if (status != cudaSuccess) cudaGraphDestroy(graph);
+  PROBE_CUDA(status);
+  return GraphExec(graph, exec);
+}
+
 // Microseconds from SM cycles, with the ratio a kernel measured itself
 // (global-timer ns over clock64 cycles across its whole run).
 inline double cycles_to_us(long long cycles, double ns_per_cycle) { return double(cycles) * ns_per_cycle / 1000.0; }

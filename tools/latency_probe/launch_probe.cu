@@ -3,11 +3,15 @@
 // behind a gate kernel that keeps the GPU busy while the host enqueues the
 // replays, so the events see the GPU's own rate of starting them, not the
 // host's rate of submitting them (one ungated line shows the latter).
+//
+// Group "call" (its launch half): the same empty kernel timed as the moe_ep
+// benchmark times a call, with events around every replay (evented_loop.cuh).
 #include <chrono>
 #include <string>
 #include <vector>
 
 #include "cuda_support.cuh"
+#include "evented_loop.cuh"
 
 namespace moe_ep_probe {
 
@@ -42,25 +46,7 @@ void enqueue_chain(Chain chain, cudaStream_t stream) {
 }
 
 GraphExec capture_chain(int device, Chain chain) {
-  DeviceScope scope(device);
-  Stream capture(device);
-  PROBE_CUDA(cudaStreamBeginCapture(capture.get(), cudaStreamCaptureModeThreadLocal));
-  try {
-    enqueue_chain(chain, capture.get());
-  } catch (...) {
-    cudaGraph_t broken = nullptr;
-    cudaStreamEndCapture(capture.get(), &broken);
-    if (broken != nullptr) cudaGraphDestroy(broken);
-    cudaGetLastError();
-    throw;
-  }
-  cudaGraph_t graph = nullptr;
-  PROBE_CUDA(cudaStreamEndCapture(capture.get(), &graph));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
-  if (status != cudaSuccess) cudaGraphDestroy(graph);
-  PROBE_CUDA(status);
-  return GraphExec(graph, exec);
+  return capture_graph(device, [chain](cudaStream_t stream) { enqueue_chain(chain, stream); });
 }
 
 struct BlockTime {
@@ -182,6 +168,36 @@ std::vector<Measurement> measure_launch(const Sides& sides, const ProbeOptions& 
                  eager_us,
                  "",
                  {{"blocks_host_bound", host_bound[n]}}});
+  return out;
+}
+
+std::vector<Measurement> measure_evented_launch(const Sides& sides, const ProbeOptions& options) {
+  const int device = sides.device_a;
+  Stream stream(device);
+  // Two graphs of the same kernel: the benchmark alternates two (dispatch, combine).
+  const GraphExec first = capture_chain(device, Chain::one_kernel);
+  const GraphExec second = capture_chain(device, Chain::one_kernel);
+  auto replay = [&](const GraphExec& graph) {
+    return [&stream, &graph]() { PROBE_CUDA(cudaGraphLaunch(graph.get(), stream.get())); };
+  };
+  auto eager = [&]() { launch(empty_kernel, 1, kEmptyKernelThreads, stream.get(), false, 0, 0); };
+  const auto no_check = []() { return std::string(); };
+  const EventedPlan plan = evented_plan(options);
+
+  std::vector<Measurement> out;
+  out.push_back(evented_measurement(
+      "graph_evented_1_kernel",
+      "graph_1_kernel's graph timed as the benchmark times a call: event, replay, event; gated batches; the "
+      "time between the two events",
+      time_evented_calls({{&stream, {replay(first)}}}, plan, no_check)));
+  out.push_back(evented_measurement(
+      "graph_evented_alternating",
+      "two graphs of one empty kernel replayed alternately, an event before, between and after (the benchmark's "
+      "dispatch/combine iteration); both phases' samples",
+      time_evented_calls({{&stream, {replay(first), replay(second)}}}, plan, no_check)));
+  out.push_back(evented_measurement("kernel_evented_eager",
+                                    "as graph_evented_1_kernel with the empty kernel launched without a graph",
+                                    time_evented_calls({{&stream, {eager}}}, plan, no_check)));
   return out;
 }
 

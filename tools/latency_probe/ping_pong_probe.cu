@@ -10,15 +10,13 @@
 #include <vector>
 
 #include "cuda_support.cuh"
+#include "probe_row.cuh"
 
 namespace moe_ep_probe {
 
 namespace {
 
-constexpr unsigned kRowBytes = 14336;             // one token row: hidden 7168, bf16
-constexpr unsigned kRowVectors = kRowBytes / 16;  // 896 16-byte stores
 constexpr unsigned kTaggedWords = kRowBytes / 8;  // 1792 16-byte words, 8 payload bytes each
-constexpr unsigned kRowThreads = 512;
 
 // Per side, in that side's memory: the flag the peer stores into, the result,
 // the row the peer stores into.
@@ -94,9 +92,7 @@ template <bool kFence>
 struct RowThenFlag {
   static constexpr unsigned kThreads = kRowThreads;
   __device__ static long long send(const PingPongArgs& a, unsigned round) {
-    for (unsigned v = threadIdx.x; v < kRowVectors; v += blockDim.x) {
-      a.peer_row[v] = make_uint4(round, v, round ^ v, ~round);
-    }
+    store_row(a.peer_row, round);
     __syncthreads();
     long long fence = 0;
     if (threadIdx.x == 0) {

@@ -17,12 +17,14 @@ using namespace moe_ep_probe;
 
 using GroupFn = std::vector<Measurement> (*)(const Sides&, const ProbeOptions&);
 
-GroupFn group_function(const std::string& group) {
-  if (group == "launch") return measure_launch;
-  if (group == "flag") return measure_flag_one_way;
-  if (group == "row") return measure_row_fence_flag;
-  if (group == "ll") return measure_flags_in_data;
-  return measure_dependent_loads;
+// What a group runs, in order; each part fails on its own.
+std::vector<GroupFn> group_parts(const std::string& group) {
+  if (group == "launch") return {measure_launch};
+  if (group == "flag") return {measure_flag_one_way};
+  if (group == "row") return {measure_row_fence_flag};
+  if (group == "ll") return {measure_flags_in_data};
+  if (group == "call") return {measure_evented_launch, measure_exchange_calls};
+  return {measure_dependent_loads};
 }
 
 RunInfo run_info(const Sides& sides, const ProbeOptions& o) {
@@ -31,9 +33,10 @@ RunInfo run_info(const Sides& sides, const ProbeOptions& o) {
   info.side_b = sides.name_b;
   info.link = sides.link;
   info.same_gpu = sides.same_gpu;
-  info.config = {{"round_trips", o.round_trips},     {"warmup_trips", o.warmup_trips}, {"kernel_runs", o.kernel_runs},
-                 {"graph_replays", o.graph_replays}, {"graph_blocks", o.graph_blocks}, {"chase_loads", o.chase_loads},
-                 {"timeout_ms", o.timeout_ms}};
+  info.config = {
+      {"round_trips", o.round_trips},         {"warmup_trips", o.warmup_trips}, {"kernel_runs", o.kernel_runs},
+      {"graph_replays", o.graph_replays},     {"graph_blocks", o.graph_blocks}, {"chase_loads", o.chase_loads},
+      {"call_iterations", o.call_iterations}, {"call_batch", o.call_batch},     {"timeout_ms", o.timeout_ms}};
   return info;
 }
 
@@ -71,10 +74,12 @@ int run(const ProbeOptions& options) {
   std::vector<Measurement> results;
   for (const std::string& group : options.groups) {
     std::cerr << "moe_ep_latency_probe: measuring " << group << "\n";
-    try {
-      for (Measurement& m : group_function(group)(sides, options)) results.push_back(std::move(m));
-    } catch (const ProbeError& e) {
-      results.push_back({group, "the whole group (a CUDA call failed)", {}, e.what(), {}});
+    for (GroupFn part : group_parts(group)) {
+      try {
+        for (Measurement& m : part(sides, options)) results.push_back(std::move(m));
+      } catch (const ProbeError& e) {
+        results.push_back({group, "the whole group or a part of it (a CUDA call failed)", {}, e.what(), {}});
+      }
     }
   }
 

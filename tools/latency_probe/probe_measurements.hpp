@@ -1,6 +1,7 @@
 // The measurement groups of moe_ep_latency_probe (implemented in CUDA, in
-// launch_probe.cu, ping_pong_probe.cu and load_probe.cu), behind a plain C++
-// interface so that the options, the report and main need no CUDA headers.
+// launch_probe.cu, ping_pong_probe.cu, load_probe.cu and exchange_probe.cu),
+// behind a plain C++ interface so that the options, the report and main need
+// no CUDA headers.
 #pragma once
 
 #include <stdexcept>
@@ -43,5 +44,9 @@ std::vector<Measurement> measure_flag_one_way(const Sides& sides, const ProbeOpt
 std::vector<Measurement> measure_row_fence_flag(const Sides& sides, const ProbeOptions& options);
 std::vector<Measurement> measure_flags_in_data(const Sides& sides, const ProbeOptions& options);
 std::vector<Measurement> measure_dependent_loads(const Sides& sides, const ProbeOptions& options);
+// Group "call": calls timed as the moe_ep benchmark times them (events around
+// each, gated batches): empty kernels, then the minimal two-sided exchange.
+std::vector<Measurement> measure_evented_launch(const Sides& sides, const ProbeOptions& options);
+std::vector<Measurement> measure_exchange_calls(const Sides& sides, const ProbeOptions& options);
 
 }  // namespace moe_ep_probe

@@ -21,12 +21,16 @@ struct IntOption {
 // stores two 8-byte samples; a chase load needs one 128-byte line of a 64 MiB
 // ring) and every run short.
 const IntOption kIntOptions[] = {
-    {"--round-trips", &ProbeOptions::round_trips, 1, 1000000, "timed round trips per ping-pong kernel"},
+    {"--round-trips", &ProbeOptions::round_trips, 1, 1000000,
+     "timed round trips per ping-pong or exchange-loop kernel"},
     {"--warmup-trips", &ProbeOptions::warmup_trips, 0, 100000, "untimed round trips before them"},
-    {"--kernel-runs", &ProbeOptions::kernel_runs, 1, 100, "ping-pong and chase kernels per variant (pooled)"},
+    {"--kernel-runs", &ProbeOptions::kernel_runs, 1, 100,
+     "ping-pong, exchange-loop and chase kernels per variant (pooled)"},
     {"--graph-replays", &ProbeOptions::graph_replays, 1, 100000, "graph replays per timed block"},
     {"--graph-blocks", &ProbeOptions::graph_blocks, 1, 10000, "timed blocks per graph (one sample each)"},
     {"--chase-loads", &ProbeOptions::chase_loads, 100, 100000, "dependent loads per pointer chase"},
+    {"--call-iterations", &ProbeOptions::call_iterations, 1, 100000, "timed calls per line of group call"},
+    {"--call-batch", &ProbeOptions::call_batch, 1, 1000, "calls queued behind each gate (group call)"},
     {"--timeout-ms", &ProbeOptions::timeout_ms, 1, 60000, "bound of every device-side wait"},
 };
 
@@ -43,14 +47,20 @@ long parse_int(const std::string& name, const std::string& text, long min, long 
   return value;
 }
 
+std::string group_list(const char* separator) {
+  std::string out;
+  for (const auto& g : all_groups()) out += (out.empty() ? "" : separator) + g;
+  return out;
+}
+
 std::vector<std::string> parse_groups(const std::string& text) {
   std::vector<std::string> chosen;
   std::istringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     const auto& known = all_groups();
     if (std::find(known.begin(), known.end(), item) == known.end()) {
-      throw OptionError("--only: expected a comma-separated list of launch, flag, row, ll, load; got '" + text +
-                        "' ('" + item + "' is not a group)");
+      throw OptionError("--only: expected a comma-separated list of " + group_list(", ") + "; got '" + text + "' ('" +
+                        item + "' is not a group)");
     }
     if (std::find(chosen.begin(), chosen.end(), item) == chosen.end()) chosen.push_back(item);
   }
@@ -114,11 +124,12 @@ std::string usage_text() {
   out << "usage: moe_ep_latency_probe [options]\n"
          "Measures, one at a time, the hardware and runtime costs on the critical path of a small\n"
          "moe_ep call (docs/latency_budget.md): graph launch, a flag one way over NVLink, a row\n"
-         "plus system fence plus flag, a row with flags in the data, dependent remote loads.\n"
+         "plus system fence plus flag, a row with flags in the data, dependent remote loads; and\n"
+         "(group call) empty kernels and a minimal two-sided exchange timed as the benchmark times a call.\n"
          "Uses GPUs 0 and 1 with peer access; with one GPU both sides run on GPU 0.\n\n"
-         "  --json FILE          also write the results as JSON to FILE\n"
-         "  --only LIST          groups to run, comma-separated: launch,flag,row,ll,load (default: all)\n"
-         "  --same-gpu           both sides on GPU 0 (no NVLink) even where GPU 1 exists\n";
+         "  --json FILE          also write the results as JSON to FILE\n";
+  out << "  --only LIST          groups to run, comma-separated: " << group_list(",") << " (default: all)\n";
+  out << "  --same-gpu           both sides on GPU 0 (no NVLink) even where GPU 1 exists\n";
   for (const auto& o : kIntOptions) {
     std::string flag = std::string(o.name) + " N";
     flag.resize(21, ' ');

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "evented_times.hpp"
 #include "probe_options.hpp"
 #include "probe_report.hpp"
 
@@ -70,6 +71,28 @@ TEST_CASE("options: defaults, both spellings of a value, groups in run order", "
   CHECK(parse_options({"-h"}).help);
 }
 
+TEST_CASE("options: group call and its iterations and batch", "[latency_probe]") {
+  const ProbeOptions d = parse_options({});
+  CHECK(d.call_iterations == 2000);
+  CHECK(d.call_batch == 16);
+  CHECK(d.groups.back() == "call");
+
+  const ProbeOptions o = parse_options({"--only", "call,launch", "--call-iterations=300", "--call-batch", "8"});
+  CHECK(o.groups == std::vector<std::string>{"launch", "call"});
+  CHECK(o.call_iterations == 300);
+  CHECK(o.call_batch == 8);
+  CHECK(parse_options({"--call-batch", "1000"}).call_batch == 1000);
+
+  CHECK(option_error({"--call-batch", "0"}) == "--call-batch: expected an integer in [1, 1000], got '0'");
+  CHECK(option_error({"--call-batch=1001"}) == "--call-batch: expected an integer in [1, 1000], got '1001'");
+  CHECK(option_error({"--call-iterations", "100001"}) ==
+        "--call-iterations: expected an integer in [1, 100000], got '100001'");
+  CHECK(option_error({"--call-iterations"}) == "--call-iterations: expected a value after it, got the end of the line");
+  CHECK(option_error({"--only", "calls"}) ==
+        "--only: expected a comma-separated list of launch, flag, row, ll, load, call; got 'calls' ('calls' is not a "
+        "group)");
+}
+
 TEST_CASE("options: a bad argument names itself, what was expected and what was given", "[latency_probe]") {
   CHECK(option_error({"--round-trips", "0"}) == "--round-trips: expected an integer in [1, 1000000], got '0'");
   CHECK(option_error({"--round-trips=abc"}) == "--round-trips: expected an integer in [1, 1000000], got 'abc'");
@@ -89,7 +112,8 @@ TEST_CASE("usage names every option and the exit statuses", "[latency_probe]") {
   const std::string usage = usage_text();
   for (const char* word :
        {"--json FILE", "--only LIST", "--same-gpu", "--round-trips N", "--warmup-trips N", "--kernel-runs N",
-        "--graph-replays N", "--graph-blocks N", "--chase-loads N", "--timeout-ms N", "3 no CUDA device"}) {
+        "--graph-replays N", "--graph-blocks N", "--chase-loads N", "--call-iterations N", "--call-batch N",
+        "--timeout-ms N", "launch,flag,row,ll,load,call", "3 no CUDA device"}) {
     CHECK(usage.find(word) != std::string::npos);
   }
 }
@@ -134,4 +158,46 @@ TEST_CASE("JSON: strings escaped, measured and failed lines, non-finite numbers 
   CHECK(table.str().find("    mean_one_way_globaltimer_us = 2.500\n") != std::string::npos);
   CHECK(table.str().find("    blocks_host_bound = 3\n") != std::string::npos);
   CHECK(table.str().find("ll_row_one_way                      FAILED: timeout: side B") != std::string::npos);
+}
+
+TEST_CASE("benchmark-style timings: the slower side per iteration and phase, medians per side and phase",
+          "[latency_probe]") {
+  EventedTimes t;
+  // Two sides, two phases, three iterations.
+  t.us = {{{1, 5, 3}, {10, 10, 10}}, {{2, 4, 3}, {11, 9, 30}}};
+  t.batches_gate_expired = 2;
+  const Measurement m = evented_measurement("exchange", "two sides", t);
+  REQUIRE(m.error.empty());
+  CHECK(m.name == "exchange");
+  CHECK(m.samples_us == std::vector<double>{2, 5, 3, 11, 10, 30});
+  REQUIRE(m.extras.size() == 5);
+  CHECK(m.extras[0] == std::make_pair(std::string("side_a_median_us"), 7.5));  // {1, 3, 5, 10, 10, 10}
+  CHECK(m.extras[1] == std::make_pair(std::string("side_b_median_us"), 6.5));  // {2, 3, 4, 9, 11, 30}
+  CHECK(m.extras[2] == std::make_pair(std::string("phase_1_median_us"), 3.0));
+  CHECK(m.extras[3] == std::make_pair(std::string("phase_2_median_us"), 11.0));
+  CHECK(m.extras[4] == std::make_pair(std::string("batches_gate_expired"), 2.0));
+
+  // One side, one phase: its own samples, no per-side or per-phase extras.
+  EventedTimes one;
+  one.us = {{{4, 2}}};
+  const Measurement single = evented_measurement("graph", "one side", one);
+  CHECK(single.samples_us == std::vector<double>{4, 2});
+  REQUIRE(single.extras.size() == 1);
+  CHECK(single.extras[0].first == "batches_gate_expired");
+}
+
+TEST_CASE("benchmark-style timings: an error or a ragged shape fails the line without samples", "[latency_probe]") {
+  EventedTimes failed;
+  failed.us = {{{1}}, {{1}}};
+  failed.error = "timeout: side B waited more than 5 ms for the peer's add of round 7";
+  const Measurement m = evented_measurement("exchange", "x", failed);
+  CHECK(m.error == failed.error);
+  CHECK(m.samples_us.empty());
+
+  EventedTimes ragged;
+  ragged.us = {{{1, 2}}, {{1}}};
+  CHECK(evented_measurement("x", "x", ragged).error.find("different numbers of iterations") != std::string::npos);
+  ragged.us = {{{1}, {2}}, {{1}}};
+  CHECK(evented_measurement("x", "x", ragged).error.find("different numbers of phases") != std::string::npos);
+  CHECK(evented_measurement("x", "x", EventedTimes{}).error == "no sides or no phases were timed");
 }
