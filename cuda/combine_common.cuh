@@ -100,6 +100,19 @@ __device__ __forceinline__ void store_segment(
   }
 }
 
+// One lane's fp32 sums for one 2 KiB segment of an output row, from 0.0f.
+template <typename Element>
+struct SegmentSums {
+  float v[kReduceVectorsPerLane][16 / sizeof(typename Element::Bits)];
+  __device__ __forceinline__ SegmentSums() {
+#pragma unroll
+    for (int u = 0; u < kReduceVectorsPerLane; ++u) {
+#pragma unroll
+      for (int e = 0; e < static_cast<int>(16 / sizeof(typename Element::Bits)); ++e) v[u][e] = 0.0f;
+    }
+  }
+};
+
 // Vectors of 16 bytes in 2 KiB segment `segment` of a combine row.
 __device__ __forceinline__ int reduce_segment_vectors(const CombineParams& p, int segment) {
   const int64_t row_bytes = p.ctx.shape.combine_row_bytes;
@@ -117,12 +130,8 @@ __device__ void reduce_segment(const CombineParams& p, int32_t token, int segmen
   constexpr int kPerVector = 16 / sizeof(Bits);
   const int64_t offset = static_cast<int64_t>(segment) * kReduceSegmentBytes;
   const int vectors = reduce_segment_vectors(p, segment);
-  float acc[kReduceVectorsPerLane][kPerVector];
-#pragma unroll
-  for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-#pragma unroll
-    for (int e = 0; e < kPerVector; ++e) acc[u][e] = 0.0f;
-  }
+  SegmentSums<Element> sums;
+  auto& acc = sums.v;
   uint64_t rest = srcs.mask;  // ascending rank order
   while (rest != 0) {
     const int q0 = lowest_rank(rest);

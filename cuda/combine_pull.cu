@@ -161,12 +161,8 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
   for (int64_t item = first; item < items; item += step) {
     const int segment = static_cast<int>(item % segments);
     const int vectors = reduce_segment_vectors(p, segment);
-    float acc[kReduceVectorsPerLane][kPerVector];
-#pragma unroll
-    for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-#pragma unroll
-      for (int e = 0; e < kPerVector; ++e) acc[u][e] = 0.0f;
-    }
+    SegmentSums<Element> sums;
+    auto& acc = sums.v;
     // The item's partials are the next buffers whose item is this one (none:
     // every pick of the token was masked, the output row is zeros).
     while (consumed < issued && stages.items[consumed % kPullStages] == item) {

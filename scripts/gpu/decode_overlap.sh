@@ -15,34 +15,11 @@
 #   usage: OUT=/dir [DEPS=prefix] bash scripts/gpu/decode_overlap.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
 DEPS=${DEPS:-$PWD/.device-deps/usr}
 BUDGET=300  # the build's; the measurements' is set after it
-START=$(date +%s)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh NCCL_NVLS_ENABLE=0
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-rc=0
-# step NAME LIMIT CMD...: runs if the budget allows; its log is $OUT/NAME.log;
-# the summary gets the exit status and the table rows.
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( BUDGET - ($(date +%s) - START) ))
-  if [ "$left" -lt 15 ]; then echo "$name: SKIPPED (budget)" | tee -a "$SUMMARY"; return; fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local s=$?
-  { echo "===== $name: exit $s in $(( $(date +%s) - t0 )) s"
-    grep -hE "${PICK:-^ +[0-9]+ \||^# +(stand-in expert|GEMM:)|^# overlap|Out of bounds|skipped|error|Error}" "$OUT/$name.log"; } | tee -a "$SUMMARY"
-  [ "$s" -eq 0 ] || { rc=1; tail -25 "$OUT/$name.log"; }
-}
-if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
-  nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-  [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source "$(dirname "$0")/steps.sh"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy)" | tee -a "$SUMMARY"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 
@@ -51,6 +28,7 @@ PICK="overlap-gemm|error:|FAILED" step build 300 bash -c "cmake -S . -B $BUILD -
 [ -x $BUILD/tools/moe_ep_conformance ] || { cat "$SUMMARY"; exit 1; }
 START=$(date +%s)
 BUDGET=${1:-90}
+export PICK='^ +[0-9]+ \||^# +(stand-in expert|GEMM:)|^# overlap|Out of bounds|skipped|error|Error' NPICK=12
 BENCH=(mpirun -np 2 --bind-to none $BUILD/tools/moe_ep_conformance bench --hidden 7168 --topk 8 --experts 256
        --dtype bf16 --routing uniform -G --timeout-ms 10000)
 

@@ -8,27 +8,10 @@
 #   usage: OUT=/dir bash scripts/gpu/pull_combine_check.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
 BUDGET=${1:-400}
-START=$(date +%s)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh NCCL_NVLS_ENABLE=0
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-rc=0
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( BUDGET - ($(date +%s) - START) ))
-  if [ "$left" -lt 15 ]; then echo "$name: SKIPPED (budget)" | tee -a "$SUMMARY"; return; fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/step.log" 2>&1
-  local s=$?
-  { echo "===== $name (exit $s)"; cat "$OUT/step.log"; } >> "$OUT/logs.txt"
-  echo "$name: exit $s in $(( $(date +%s) - t0 )) s | $(grep -hE "${PICK:-All tests passed|test cases|passed, |ERROR SUMMARY|RACECHECK SUMMARY|skipped:}" "$OUT/step.log" | tail -${NPICK:-2} | tr '\n' ' ')" | tee -a "$SUMMARY"
-  [ "$s" -eq 0 ] || { rc=1; tail -25 "$OUT/step.log"; }
-}
+source "$(dirname "$0")/steps.sh"
 GPUS=$(nvidia-smi -L | wc -l)
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy), $GPUS GPU(s)" | tee -a "$SUMMARY"
 PICK="Linking|error" step build 240 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \

@@ -9,34 +9,11 @@
 #   usage: OUT=/dir [DEPS=prefix] bash scripts/gpu/session_validation.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
 DEPS=${DEPS:-$PWD/.device-deps/usr}
 BUDGET=${1:-560}
-START=$(date +%s)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
-export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-rc=0
-# step NAME LIMIT CMD...: runs if the budget allows; full log appended to logs.txt.
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( BUDGET - ($(date +%s) - START) ))
-  if [ "$left" -lt 15 ]; then echo "$name: SKIPPED (budget)" | tee -a "$SUMMARY"; return; fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/step.log" 2>&1
-  local s=$?
-  { echo "===== $name (exit $s)"; cat "$OUT/step.log"; } >> "$OUT/logs.txt"
-  echo "$name: exit $s in $(( $(date +%s) - t0 )) s | $(grep -hE "${PICK:-All tests passed|test cases|passed, |ERROR SUMMARY|RACECHECK SUMMARY|skipped:|tests passed}" "$OUT/step.log" | tail -${NPICK:-2} | tr '\n' ' ')" | tee -a "$SUMMARY"
-  [ "$s" -eq 0 ] || { rc=1; tail -25 "$OUT/step.log"; }
-}
-if ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
-  nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-  [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+source "$(dirname "$0")/steps.sh"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy); nccl ${nccl_root:-system}" | tee -a "$SUMMARY"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 

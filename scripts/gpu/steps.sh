@@ -1,0 +1,48 @@
+# Sourced by the device scripts (scripts/gpu/*.sh): the environment every GPU
+# run needs, NCCL from pip where the system has none, and `step`.
+#
+#   step NAME LIMIT CMD...   runs CMD with a timeout of LIMIT seconds, or of
+#       what is left of BUDGET seconds since START (skipped under 15 s); its
+#       output is appended behind a header to $OUT/logs.txt; one line per step
+#       goes to $SUMMARY: exit status, seconds, and the last $NPICK (default 2)
+#       lines of the output that match $PICK (default: test and sanitizer
+#       verdicts).  A failing step sets rc=1 and prints the end of its output.
+#       STEP_LOG_DIR (default: a temporary folder) keeps NAME.log per step.
+# Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+SUMMARY=${SUMMARY:-$OUT/summary.txt}
+BUDGET=${BUDGET:-560}
+START=$(date +%s)
+STEP_LOG_DIR=${STEP_LOG_DIR:-$(mktemp -d)}
+rc=0
+: > "$SUMMARY"
+
+if ! ldconfig -p 2> /dev/null | grep -q libnccl.so.2; then
+  nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null)
+  [ -n "$nccl_root" ] && export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if [ "$left" -lt 15 ]; then
+    echo "$name: SKIPPED (budget)" | tee -a "$SUMMARY"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0 log s
+  t0=$(date +%s)
+  log="$STEP_LOG_DIR/$name.log"
+  timeout -k 5 "$limit" "$@" > "$log" 2>&1
+  s=$?
+  { echo "===== $name (exit $s)"; cat "$log"; } >> "$OUT/logs.txt"
+  local picked
+  picked=$(grep -hE "${PICK:-All tests passed|test cases|passed, |ERROR SUMMARY|RACECHECK SUMMARY|tests passed|skipped:}" "$log" |
+    tail -"${NPICK:-2}" | tr '\n' ' ')
+  echo "$name: exit $s in $(($(date +%s) - t0)) s | $picked" | tee -a "$SUMMARY"
+  [ "$s" -eq 0 ] || { rc=1; tail -25 "$log"; }
+}
