@@ -16,6 +16,8 @@ namespace {
 // Elements per 16-byte vector of Element.
 template <typename Element>
 constexpr int kPerVector = 16 / sizeof(typename Element::Bits);
+// Rows of one token whose vectors are loaded together before they are summed.
+constexpr int kRowsAtOnce = 4;
 
 template <typename Element, bool kVector>
 __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, NcclBuffers b, NcclCombineLaunch a) {
@@ -40,21 +42,45 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
     if (kVector) {
       constexpr int V = kPerVector<Element>;
       const int64_t vectors = s.hidden_size / V;
-      for (int64_t v = lane; v < vectors; v += 32) {
-        float acc[V];
+      // Two vectors per lane and up to kRowsAtOnce rows loaded before any is
+      // summed: enough bytes in flight to run at memory speed.  The sums
+      // still add the rows one by one in ascending rank order.
+      for (int64_t v = lane; v < vectors; v += 2 * 32) {
+        const bool second = v + 32 < vectors;
+        float acc[2][V];
 #pragma unroll
-        for (int j = 0; j < V; ++j) acc[j] = 0.0f;
-        for (int i = 0; i < n; ++i) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(rows[i] + v * 16);
-          const Bits* e = reinterpret_cast<const Bits*>(&raw);
+        for (int j = 0; j < V; ++j) acc[0][j] = acc[1][j] = 0.0f;
+        for (int first = 0; first < n; first += kRowsAtOnce) {
+          uint4 raw[kRowsAtOnce][2];
 #pragma unroll
-          for (int j = 0; j < V; ++j) acc[j] += Element::load(e[j]);
+          for (int i = 0; i < kRowsAtOnce; ++i) {
+            if (first + i < n) {
+              const uint4* row = reinterpret_cast<const uint4*>(rows[first + i]);
+              raw[i][0] = __ldg(row + v);
+              if (second) raw[i][1] = __ldg(row + v + 32);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < kRowsAtOnce; ++i) {
+            if (first + i < n) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const Bits* e = reinterpret_cast<const Bits*>(&raw[i][h]);
+#pragma unroll
+                for (int j = 0; j < V; ++j) acc[h][j] += Element::load(e[j]);
+              }
+            }
+          }
         }
-        uint4 packed;
-        Bits* e = reinterpret_cast<Bits*>(&packed);
 #pragma unroll
-        for (int j = 0; j < V; ++j) e[j] = Element::store(acc[j]);
-        *reinterpret_cast<uint4*>(out + v * 16) = packed;
+        for (int h = 0; h < 2; ++h) {
+          if (h == 1 && !second) break;
+          uint4 packed;
+          Bits* e = reinterpret_cast<Bits*>(&packed);
+#pragma unroll
+          for (int j = 0; j < V; ++j) e[j] = Element::store(acc[h][j]);
+          reinterpret_cast<uint4*>(out)[v + 32 * h] = packed;
+        }
       }
     } else {
       for (int64_t h = lane; h < s.hidden_size; h += 32) {
