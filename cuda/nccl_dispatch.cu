@@ -312,7 +312,8 @@ __device__ void finish_counts(const GroupShape& s, const NcclBuffers& b, int32_t
 
 // Grid-stride copy of `bytes` bytes (4-byte units where both ends allow).
 __device__ void grid_copy(char* dst, const char* src, int64_t bytes, int64_t thread, int64_t threads) {
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | static_cast<uintptr_t>(bytes)) & 3) == 0) {
+  const uintptr_t ends = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src);
+  if (((ends | static_cast<uintptr_t>(bytes)) & 3) == 0) {
     for (int64_t i = thread; i < bytes / 4; i += threads) {
       reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
     }
@@ -385,11 +386,11 @@ cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers
   return cudaGetLastError();
 }
 
-cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers,
-                                        int32_t tokens_per_rank, int32_t max_blocks, cudaStream_t stream) {
+cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
+                                        int32_t max_blocks, cudaStream_t stream) {
   // The received metadata of every peer: about 4 entries per thread.
-  const int64_t entries = static_cast<int64_t>(shape.world_size - 1) * tokens_per_rank *
-                          (shape.top_k + (shape.scale_row_bytes + 3) / 4);
+  const int64_t entries =
+      static_cast<int64_t>(shape.world_size - 1) * tokens_per_rank * (shape.top_k + (shape.scale_row_bytes + 3) / 4);
   const int32_t blocks = blocks_for(entries, 4 * kBlockThreads, max_blocks);
   finish_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, tokens_per_rank);
   return cudaGetLastError();

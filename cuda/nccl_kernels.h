@@ -80,10 +80,10 @@ struct NcclBuffers {
   // Send side, one segment of tpr rows per destination (own segment unused:
   // the pack kernel writes this rank's own rows straight into the results).
   char* send_hidden;
-  char* send_meta;             // [world][meta stride]
-  // Private.
-  int32_t* local_slots;        // [max_tpr][world]: slot among the route chunk's tokens bound to each rank, -1 = not sent
-  int32_t* token_slots;        // [max_tpr][world]: slot of the token on each rank, -1 = not sent (kept for combine)
+  char* send_meta;  // [world][meta stride]
+  // Private.  Slots are [max_tpr][world], -1 where the token is not sent.
+  int32_t* local_slots;        // the token's slot among its route chunk's tokens bound to each rank
+  int32_t* token_slots;        // its slot in each rank's segment (kept for combine)
   int32_t* chunk_offsets;      // [chunks][world]: rows per route chunk, then (scan) exclusive prefix
   int32_t* dest_rows;          // [world]: rows this rank sends each rank
   int32_t* expert_hist;        // [E]: this call's valid picks per expert (zero between calls)
@@ -135,8 +135,8 @@ cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers
 // After the NCCL exchange: checks every received header, then recv_counts,
 // local_expert_counts and the gathered EPLB statistics (block 0), and moves
 // the received ids, weights and scales into the result rows (every block).
-cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers,
-                                        int32_t tokens_per_rank, int32_t max_blocks, cudaStream_t stream);
+cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
+                                        int32_t max_blocks, cudaStream_t stream);
 // After combine's NCCL exchange of the slots the tokens [token_begin,
 // token_end) use (a token's slot on any rank is at most its index): the sum
 // over ranks in ascending rank order, fp32 accumulation (bitwise equal to the

@@ -17,8 +17,8 @@
 #include "nccl/nccl_library.hpp"
 #include "nccl/nccl_workspace.hpp"
 #include "nccl_kernels.h"
-#include "nvlink/workspace_plan.hpp"
 #include "nvlink/nvlink_backend.hpp"
+#include "nvlink/workspace_plan.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
 
