@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
             if (first + i < n) {
               const uint4* row = reinterpret_cast<const uint4*>(rows[first + i]);
               raw[i][0] = __ldg(row + v);
-              if (second) raw[i][1] = __ldg(row + v + 32);
+              raw[i][1] = second ? __ldg(row + v + 32) : make_uint4(0u, 0u, 0u, 0u);
             }
           }
 #pragma unroll

@@ -411,12 +411,15 @@ class NcclBackend final : public Backend {
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
       const uint64_t row = static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) + first;
-      send(buffers_.send_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
-      recv(buffers_.recv_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
+      // The metadata first: the header opens what the peer receives, so a
+      // peer that posted other sizes (a different runtime max) still finds
+      // it where it looks and rejects the segment.
       if (with_metadata) {
         send(buffers_.send_meta + p * plan_.meta_stride, meta_bytes, p, s);
         recv(buffers_.recv_meta + p * plan_.meta_stride, meta_bytes, p, s);
       }
+      send(buffers_.send_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
+      recv(buffers_.recv_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
     }
     group_end();
   }
