@@ -44,21 +44,32 @@ __device__ __forceinline__ int owner(const GroupShape& s, int32_t id) {
 // atomic per expert and block instead of one per pick).
 constexpr int kSharedHistogram = 4096;
 
+// Picks of a token loaded together before any is counted: their loads are in
+// flight at once instead of one after another behind the counting atomics.
+constexpr int kPicksAtOnce = 16;
+
 // Ranks owning a valid pick of the token; counts the picks into `hist`, records bad ids.
 __device__ uint64_t route_token(const GroupShape& s, const NcclBuffers& b, const int32_t* ids, int32_t token,
                                 int32_t* hist) {
   uint64_t mask = 0;
   const int32_t* row = ids + static_cast<int64_t>(token) * s.top_k;
-  for (int k = 0; k < s.top_k; ++k) {
-    const int32_t id = __ldg(row + k);
-    if (valid_expert(s, id)) {
-      mask |= uint64_t{1} << owner(s, id);
-      atomicAdd(hist + id, 1);
-    } else if (id != s.invalid_expert_id) {
-      atomicAdd(&b.errors->bad_id_count, 1u);
-      const uint64_t position = static_cast<uint64_t>(token) * s.top_k + k;
-      atomicMin(reinterpret_cast<unsigned long long*>(&b.errors->bad_id_first),
-                static_cast<unsigned long long>((position << 32) | static_cast<uint32_t>(id)));
+  for (int first = 0; first < s.top_k; first += kPicksAtOnce) {
+    int32_t picked[kPicksAtOnce];
+#pragma unroll
+    for (int i = 0; i < kPicksAtOnce; ++i) picked[i] = first + i < s.top_k ? __ldg(row + first + i) : 0;
+#pragma unroll
+    for (int i = 0; i < kPicksAtOnce; ++i) {
+      if (first + i >= s.top_k) break;
+      const int32_t id = picked[i];
+      if (valid_expert(s, id)) {
+        mask |= uint64_t{1} << owner(s, id);
+        atomicAdd(hist + id, 1);
+      } else if (id != s.invalid_expert_id) {
+        atomicAdd(&b.errors->bad_id_count, 1u);
+        const uint64_t position = static_cast<uint64_t>(token) * s.top_k + first + i;
+        atomicMin(reinterpret_cast<unsigned long long*>(&b.errors->bad_id_first),
+                  static_cast<unsigned long long>((position << 32) | static_cast<uint32_t>(id)));
+      }
     }
   }
   return mask;
@@ -70,6 +81,9 @@ __device__ __forceinline__ char* meta_for(const GroupShape& s, const NcclBuffers
   return (d == s.rank ? b.recv_meta : b.send_meta) + d * nccl_meta_stride(s);
 }
 
+// Route chunks whose rows the scan loads together.
+constexpr int kChunksAtOnce = 8;
+
 // The last block of the route kernel, once every block's counts are visible:
 // chunk rows -> exclusive prefix per destination, rows per destination, and
 // the header of every destination; then the histogram and the counter are
@@ -78,11 +92,20 @@ __device__ void scan_and_write_headers(const GroupShape& s, const NcclBuffers& b
                                        int chunks) {
   for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) {
     int32_t running = 0;
-    for (int c = 0; c < chunks; ++c) {
-      int32_t* at = b.chunk_offsets + static_cast<int64_t>(c) * s.world_size + d;
-      const int32_t rows = __ldcg(at);
-      *at = running;
-      running += rows;
+    // kChunksAtOnce chunks' rows loaded before any prefix is stored (the
+    // stores could alias the loads for all the compiler knows).
+    for (int first = 0; first < chunks; first += kChunksAtOnce) {
+      int32_t rows[kChunksAtOnce];
+#pragma unroll
+      for (int i = 0; i < kChunksAtOnce; ++i) {
+        rows[i] = first + i < chunks ? __ldcg(b.chunk_offsets + static_cast<int64_t>(first + i) * s.world_size + d) : 0;
+      }
+#pragma unroll
+      for (int i = 0; i < kChunksAtOnce; ++i) {
+        if (first + i >= chunks) break;
+        b.chunk_offsets[static_cast<int64_t>(first + i) * s.world_size + d] = running;
+        running += rows[i];
+      }
     }
     b.dest_rows[d] = running;
     int32_t* h = reinterpret_cast<int32_t*>(meta_for(s, b, d));
@@ -119,15 +142,9 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(GroupShape s, Nccl
   const int32_t t = blockIdx.x * kNcclRouteChunk + static_cast<int32_t>(threadIdx.x);
   const bool here = t < a.num_tokens;
   const uint64_t mask = here ? route_token(s, b, a.topk_ids, t, shared ? shared_hist : b.expert_hist) : 0;
-  const uint32_t below = (1u << lane) - 1u;
   for (int d = 0; d < s.world_size; ++d) {
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
     if (lane == 0) warp_counts[warp][d] = __popc(ballot);
-    // The token's position among the warp's tokens bound to d; the warp's offset is added below.
-    if (here) {
-      b.local_slots[static_cast<int64_t>(t) * s.world_size + d] =
-          ((mask >> d) & 1u) ? static_cast<int32_t>(__popc(ballot & below)) : -1;
-    }
   }
   __syncthreads();
   if (shared) {
@@ -146,11 +163,14 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(GroupShape s, Nccl
     b.chunk_offsets[static_cast<int64_t>(blockIdx.x) * s.world_size + d] = static_cast<int32_t>(running);
   }
   __syncthreads();
-  if (here) {
-    int32_t* slots = b.local_slots + static_cast<int64_t>(t) * s.world_size;
-    for (int d = 0; d < s.world_size; ++d) {
-      // The position written above (same thread) plus the warp's offset.
-      if ((mask >> d) & 1u) slots[d] += static_cast<int32_t>(warp_counts[warp][d]);
+  // The token's slot in the chunk: the warp's offset plus its position among
+  // the warp's tokens bound to d (the same ballots again); -1 where not sent.
+  const uint32_t below = (1u << lane) - 1u;
+  for (int d = 0; d < s.world_size; ++d) {
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
+    if (here) {
+      b.local_slots[static_cast<int64_t>(t) * s.world_size + d] =
+          ((mask >> d) & 1u) ? static_cast<int32_t>(warp_counts[warp][d] + __popc(ballot & below)) : -1;
     }
   }
   // The last block to get here scans: every thread's stores made visible at
@@ -388,10 +408,11 @@ cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers
 
 cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
                                         int32_t max_blocks, cudaStream_t stream) {
-  // The received metadata of every peer: about 4 entries per thread.
+  // The received metadata of every peer: about one entry per thread (each
+  // thread's loads wait behind its previous stores).
   const int64_t entries =
       static_cast<int64_t>(shape.world_size - 1) * tokens_per_rank * (shape.top_k + (shape.scale_row_bytes + 3) / 4);
-  const int32_t blocks = blocks_for(entries, 4 * kBlockThreads, max_blocks);
+  const int32_t blocks = blocks_for(entries, kBlockThreads, max_blocks);
   finish_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, tokens_per_rank);
   return cudaGetLastError();
 }
