@@ -3,10 +3,10 @@
 // integers, launch functions returning cudaError_t.  NCCL itself moves the
 // bytes between these kernels; nothing here touches another GPU's memory.
 //
-// One dispatch = route -> scan -> pack -> (NCCL grouped send/recv) -> finish;
-// one combine  = (NCCL grouped send/recv) -> reduce.  Either can be cut into
-// row ranges whose pack / reduction overlaps the transfer of the next range
-// (src/nccl/nccl_chunk_plan.hpp).  docs/nccl_backend.md.
+// One dispatch = route (with the scan, one launch) -> pack -> (NCCL grouped
+// send/recv) -> finish; one combine = (NCCL grouped send/recv) -> reduce.
+// Either can be cut into row ranges whose pack / reduction overlaps the
+// transfer of the next range (src/nccl/nccl_chunk_plan.hpp).  docs/nccl_backend.md.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,6 +30,29 @@ MOE_EP_HOST_DEVICE inline int32_t nccl_header_ints(const GroupShape& s) {
   return kNcclHeaderFixed + s.experts_per_rank + (s.eplb_enabled ? s.num_experts : 0);
 }
 
+// The metadata of one segment of tpr rows, contiguous so that one NCCL send
+// moves it (every extra send or receive in a group costs NCCL a few us):
+//   [header][ids: tpr x top_k int32][weights: tpr x top_k float][scales: tpr rows]
+// Each rank has one such block per peer on the send side and per source on
+// the receive side, at a fixed stride sized for max_tokens_per_rank.
+MOE_EP_HOST_DEVICE inline int64_t nccl_meta_ids_offset(const GroupShape& s) {
+  return static_cast<int64_t>(nccl_header_ints(s)) * 4;
+}
+MOE_EP_HOST_DEVICE inline int64_t nccl_meta_weights_offset(const GroupShape& s, int64_t tpr) {
+  return nccl_meta_ids_offset(s) + tpr * s.top_k * 4;
+}
+MOE_EP_HOST_DEVICE inline int64_t nccl_meta_scales_offset(const GroupShape& s, int64_t tpr) {
+  return nccl_meta_ids_offset(s) + tpr * s.top_k * 8;
+}
+MOE_EP_HOST_DEVICE inline int64_t nccl_meta_bytes(const GroupShape& s, int64_t tpr) {
+  return nccl_meta_scales_offset(s, tpr) + tpr * s.scale_row_bytes;
+}
+// Distance between two ranks' blocks (16-byte multiple).  The host checks the
+// products for overflow when it plans the workspace.
+MOE_EP_HOST_DEVICE inline int64_t nccl_meta_stride(const GroupShape& s) {
+  return (nccl_meta_bytes(s, s.max_tokens_per_rank) + 15) / 16 * 16;
+}
+
 // Errors the kernels record (device memory, atomics); the host reads and
 // clears them in poll_async_error.
 struct NcclDeviceErrors {
@@ -50,22 +73,21 @@ struct NcclBuffers {
   char* recv_scales;           // NULL without scales
   int32_t* recv_ids;
   float* recv_weights;
-  int32_t* recv_header;        // [world][header ints]
+  char* recv_meta;             // [world][meta stride]: what each source sent (own: header only)
   int32_t* recv_counts;        // [world]
   int32_t* local_expert_counts;// [experts_per_rank]
   int32_t* eplb_gathered;      // [world][E], NULL when EPLB is off
   // Send side, one segment of tpr rows per destination (own segment unused:
   // the pack kernel writes this rank's own rows straight into the results).
   char* send_hidden;
-  char* send_scales;
-  int32_t* send_ids;
-  float* send_weights;
-  int32_t* send_header;        // [world][header ints]
-  // Private.
-  int32_t* token_slots;        // [max_tpr][world]: slot of the token on each rank, -1 = not sent
-  int32_t* chunk_offsets;      // [chunks][world]: rows per chunk, then (scan) exclusive prefix
+  char* send_meta;  // [world][meta stride]
+  // Private.  Slots are [max_tpr][world], -1 where the token is not sent.
+  int32_t* local_slots;        // the token's slot among its route chunk's tokens bound to each rank
+  int32_t* token_slots;        // its slot in each rank's segment (kept for combine)
+  int32_t* chunk_offsets;      // [chunks][world]: rows per route chunk, then (scan) exclusive prefix
   int32_t* dest_rows;          // [world]: rows this rank sends each rank
-  int32_t* expert_hist;        // [E]: this call's valid picks per expert
+  int32_t* expert_hist;        // [E]: this call's valid picks per expert (zero between calls)
+  uint32_t* route_done;        // route blocks finished in this call (zero between calls)
   NcclDeviceErrors* errors;
   char* combine_in;            // [world][max_tpr][combine_row_bytes]
   char* combine_out;           // [max_tpr][combine_row_bytes]: library-owned output
@@ -96,22 +118,25 @@ struct NcclCombineLaunch {
   int32_t max_blocks;
 };
 
-// Before the NCCL exchange: routing and headers (route + scan).
-// Stream-ordered, no host synchronisation.
+// Before the NCCL exchange, one launch: routing, and (its last block) the
+// scan of the chunk counts and the headers.  Stream-ordered, no host
+// synchronisation; leaves expert_hist and route_done zero for the next call.
 cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffers& buffers,
                                        const NcclDispatchLaunch& args, cudaStream_t stream);
-// After route: rows, rewritten ids, weights, scales and padding rows into the
-// send segments (peers) and the result rows (own), as `rows` selects, for the
-// slots [slot_begin, slot_end) of every segment (0 <= slot_begin <= slot_end <=
-// tokens_per_rank, else cudaErrorInvalidValue and nothing launched): a
-// pipelined dispatch packs one row range while NCCL moves the previous one.
+// After route: the token slots (kept for combine), rows, rewritten ids,
+// weights, scales and padding rows into the send segments (peers) and the
+// result rows (own), as `rows` selects, for the slots [slot_begin, slot_end)
+// of every segment (0 <= slot_begin <= slot_end <= tokens_per_rank, else
+// cudaErrorInvalidValue and nothing launched): a pipelined dispatch packs one
+// row range while NCCL moves the previous one.
 cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
                                       const NcclDispatchLaunch& args, int32_t rows, int32_t slot_begin,
                                       int32_t slot_end, cudaStream_t stream);
 // After the NCCL exchange: checks every received header, then recv_counts,
-// local_expert_counts and the gathered EPLB statistics.
-cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers,
-                                        int32_t tokens_per_rank, cudaStream_t stream);
+// local_expert_counts and the gathered EPLB statistics (block 0), and moves
+// the received ids, weights and scales into the result rows (every block).
+cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
+                                        int32_t max_blocks, cudaStream_t stream);
 // After combine's NCCL exchange of the slots the tokens [token_begin,
 // token_end) use (a token's slot on any rank is at most its index): the sum
 // over ranks in ascending rank order, fp32 accumulation (bitwise equal to the

@@ -1,7 +1,8 @@
 // The NCCL backend.  Dispatch: kernels route and pack this rank's rows into
-// one fixed-size segment of tokens_per_rank rows per destination, one grouped
-// ncclSend/ncclRecv exchanges the segments (straight into the result rows),
-// and a finish kernel checks the headers and writes the counts.  Combine: one
+// one fixed-size segment of tokens_per_rank rows per destination (and one
+// metadata block: header, ids, weights, scales), one grouped ncclSend/ncclRecv
+// exchanges them (the rows straight into the result rows), and a finish
+// kernel checks the headers, writes the counts and unpacks the metadata.  Combine: one
 // grouped ncclSend/ncclRecv returns every rank's expert output segments, and a
 // kernel sums them in ascending rank order.  No host synchronisation inside
 // either call; every wait on the host is bounded by timeout_ms.
@@ -141,19 +142,23 @@ class NcclBackend final : public Backend {
     if (dispatch_profile_) dispatch_profile_->mark(s);
     const NcclChunkPlan plan = plan_nccl_chunks(tpr, layout_.world_size > 1 ? dispatch_chunks_ : 1);
     if (plan.count == 1) {
-      // The own rows are packed on the side stream while the peers' rows go to NCCL.
-      fork(s, side_stream_);
-      pack_own_rows(a, side_blocks(), side_stream_);
+      // The peers' rows are packed first with every SM and nothing else
+      // running (NCCL waits for them); then the own rows are packed on the
+      // side stream with a quarter of the SMs while NCCL moves the peers'
+      // rows (the transfer leaves most of the memory bandwidth unused).
       check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
                  "launching the NCCL dispatch pack (peer rows)");
       if (dispatch_profile_) dispatch_profile_->mark(s);
+      fork(s, side_stream_);
+      pack_own_rows(a, own_pack_blocks(), side_stream_);
       exchange_dispatch_rows(tpr, plan.ranges[0], true, s);
       if (dispatch_profile_) dispatch_profile_->mark(s);
       join(side_stream_, s);
     } else {
       pipeline_dispatch(a, plan, s);
     }
-    check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, s), "launching the NCCL dispatch finish");
+    check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, sm_budget_, s),
+               "launching the NCCL dispatch finish");
     if (dispatch_profile_) dispatch_profile_->mark(s);
     note_launch(s);
 
@@ -284,7 +289,9 @@ class NcclBackend final : public Backend {
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sms ? config_.num_sms : sms;
     shape_ = group_shape(layout_);
     plan_ = plan_nccl_workspace(layout_);
-    header_bytes_ = static_cast<uint64_t>(kernels::nccl_header_ints(shape_)) * sizeof(int32_t);
+    if (plan_.meta_stride != static_cast<uint64_t>(kernels::nccl_meta_stride(shape_))) {
+      fail(MOE_EP_ERROR_INTERNAL, "NCCL backend: the workspace plan and the kernels disagree on the metadata stride");
+    }
     dispatch_chunks_ = parse_nccl_chunks(std::getenv(kDispatchChunksVariable));
     combine_chunks_ = parse_nccl_chunks(std::getenv(kCombineChunksVariable));
     if (NcclStageProfile::enabled()) {
@@ -327,8 +334,8 @@ class NcclBackend final : public Backend {
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;
-      send(buffers_.send_header + p, sizeof(int32_t), p, private_stream_);
-      recv(buffers_.recv_header + p, sizeof(int32_t), p, private_stream_);
+      send(buffers_.send_meta + p * plan_.meta_stride, sizeof(int32_t), p, private_stream_);
+      recv(buffers_.recv_meta + p * plan_.meta_stride, sizeof(int32_t), p, private_stream_);
     }
     group_end();
     own_work_->note(private_stream_);
@@ -341,9 +348,10 @@ class NcclBackend final : public Backend {
   // caller's stream, then NCCL moves them on nccl_stream_ while the caller's
   // stream packs range c + 1.  The first range packs alone with every SM; the
   // later ranges, then the own rows (needed only by the finish kernel), run
-  // one kernel at a time next to NCCL's with half the SMs.  The headers, ids
-  // and weights (small, complete only after the last pack) travel with the
-  // last range; the earlier groups move hidden rows (and scales) only.
+  // one kernel at a time next to NCCL's with half the SMs.  The metadata
+  // blocks (headers, ids, weights, scales: small, complete only after the
+  // last pack) travel with the last range; the earlier groups move hidden
+  // rows only.
   void pipeline_dispatch(const kernels::NcclDispatchLaunch& a, const NcclChunkPlan& plan, cudaStream_t s) {
     kernels::NcclDispatchLaunch peers = a;
     for (int32_t c = 0; c < plan.count; ++c) {
@@ -390,35 +398,28 @@ class NcclBackend final : public Backend {
                "launching the NCCL dispatch pack (own rows)");
   }
 
-  // One NCCL group on `s`: hidden rows (and scales) [r.first, r.first + r.rows)
-  // of every peer's segment, straight into the result rows; with
-  // `with_metadata` also the header and the ids and weights of the whole
-  // segment (one range: exactly the single exchange of an unpipelined call).
+  // One NCCL group on `s`: hidden rows [r.first, r.first + r.rows) of every
+  // peer's segment, straight into the result rows; with `with_metadata` also
+  // the segment's metadata block (header, ids, weights, scales: one send and
+  // one receive, the finish kernel moves it into the results).  One range:
+  // exactly the single exchange of an unpipelined call, two sends and two
+  // receives per peer.
   void exchange_dispatch_rows(int32_t tpr, const NcclRowRange& r, bool with_metadata, cudaStream_t s) {
     const uint64_t first = static_cast<uint64_t>(r.first), rows = static_cast<uint64_t>(r.rows);
-    const uint64_t segment_rows = static_cast<uint64_t>(tpr);
-    const uint64_t K = static_cast<uint64_t>(layout_.top_k);
-    const uint64_t H = header_bytes_ / sizeof(int32_t);
+    const uint64_t meta_bytes = static_cast<uint64_t>(kernels::nccl_meta_bytes(shape_, tpr));
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
-      const uint64_t segment = static_cast<uint64_t>(p) * segment_rows, row = segment + first;
+      const uint64_t row = static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) + first;
+      // The metadata first: the header opens what the peer receives, so a
+      // peer that posted other sizes (a different runtime max) still finds
+      // it where it looks and rejects the segment.
       if (with_metadata) {
-        send(buffers_.send_header + p * H, header_bytes_, p, s);
-        recv(buffers_.recv_header + p * H, header_bytes_, p, s);
+        send(buffers_.send_meta + p * plan_.meta_stride, meta_bytes, p, s);
+        recv(buffers_.recv_meta + p * plan_.meta_stride, meta_bytes, p, s);
       }
       send(buffers_.send_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
       recv(buffers_.recv_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
-      if (layout_.scale_row_bytes) {
-        send(buffers_.send_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
-        recv(buffers_.recv_scales + row * layout_.scale_row_bytes, rows * layout_.scale_row_bytes, p, s);
-      }
-      if (with_metadata) {
-        send(buffers_.send_ids + segment * K, segment_rows * K * sizeof(int32_t), p, s);
-        recv(buffers_.recv_ids + segment * K, segment_rows * K * sizeof(int32_t), p, s);
-        send(buffers_.send_weights + segment * K, segment_rows * K * sizeof(float), p, s);
-        recv(buffers_.recv_weights + segment * K, segment_rows * K * sizeof(float), p, s);
-      }
     }
     group_end();
   }
@@ -447,8 +448,10 @@ class NcclBackend final : public Backend {
   }
   void fork(cudaStream_t stream, cudaStream_t side) { signal(stream, fork_event_, side); }
   void join(cudaStream_t side, cudaStream_t stream) { signal(side, join_event_, stream); }
-  // Blocks of the kernels that run next to NCCL's: leave it SMs.
-  int32_t side_blocks() const { return sm_budget_ > 4 ? sm_budget_ / 2 : sm_budget_; }
+  // Blocks of the own rows' pack, which runs next to NCCL's transfer: about
+  // 1 TB/s of copying (a quarter of the SMs) ends it well inside the transfer
+  // at 4096 tokens while leaving NCCL SMs and most of the memory bandwidth.
+  int32_t own_pack_blocks() const { return sm_budget_ > 8 ? sm_budget_ / 4 : sm_budget_; }
   // A pipelined call runs one kernel at a time next to NCCL's (a range's pack
   // or reduction) with at most this many blocks: a 512-thread block of ours and
   // one of NCCL's may not fit one SM together (registers), and our blocks stay
@@ -541,7 +544,6 @@ class NcclBackend final : public Backend {
   int sm_budget_ = 0;
   kernels::GroupShape shape_{};
   NcclWorkspacePlan plan_{};
-  uint64_t header_bytes_ = 0;
   std::unique_ptr<NcclCommunicator> comm_;
   char* workspace_ = nullptr;
   kernels::NcclBuffers buffers_{};

@@ -16,7 +16,9 @@
 #include "nccl/nccl_backend.hpp"
 #include "nccl/nccl_library.hpp"
 #include "nccl/nccl_workspace.hpp"
+#include "nccl_kernels.h"
 #include "nvlink/nvlink_backend.hpp"
+#include "nvlink/workspace_plan.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
 
@@ -147,6 +149,15 @@ TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow i
   CHECK(plan.send_hidden % 256 == 0);
   CHECK(plan.combine_in % 256 == 0);
   CHECK(plan.total_bytes == moe_ep::nccl_workspace_bytes(l));
+  // One metadata block per rank, as the kernels index it: header, then ids and
+  // weights of every row (no scales here), on both sides.
+  const moe_ep::kernels::GroupShape shape = moe_ep::group_shape(l);
+  CHECK(plan.meta_stride == static_cast<uint64_t>(moe_ep::kernels::nccl_meta_stride(shape)));
+  CHECK(plan.meta_stride % 16 == 0);
+  CHECK(plan.meta_stride >= 4ull * moe_ep::kernels::nccl_header_ints(shape) + 4096ull * 8 * 8);
+  CHECK(moe_ep::kernels::nccl_meta_bytes(shape, 4096) <= static_cast<int64_t>(plan.meta_stride));
+  CHECK(plan.recv_counts - plan.recv_meta >= 2 * plan.meta_stride);
+  CHECK(plan.local_slots - plan.send_meta >= 2 * plan.meta_stride);
   // Three row buffers of world x max_tokens rows: receive, send, combine input.
   CHECK(plan.total_bytes < 3 * rows * 7168 * 2 + 64ull * 1024 * 1024);
 
