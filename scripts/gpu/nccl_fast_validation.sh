@@ -17,38 +17,16 @@
 #   usage: OUT=/dir [DEPS=prefix] [BUILD=dir] bash scripts/gpu/nccl_fast_validation.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
 DEPS=${DEPS:-$PWD/.device-deps/usr}
 BUDGET=${1:-400}
-START=$(date +%s)
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
-export NCCL_NVLS_ENABLE=0
 BUILD=${BUILD:-build-nccl-fast}
 SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-rc=0
-# step NAME LIMIT CMD...: runs if the budget allows; its log is kept as $OUT/NAME.log.
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( BUDGET - ($(date +%s) - START) ))
-  if [ "$left" -lt 15 ]; then echo "$name: SKIPPED (budget)" | tee -a "$SUMMARY"; return; fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  local t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local s=$?
-  echo "$name: exit $s in $(( $(date +%s) - t0 )) s | $(grep -hE "${PICK:-All tests passed|test cases|passed, |skipped:|tests passed}" "$OUT/$name.log" | tail -${NPICK:-2} | tr '\n' ' ')" | tee -a "$SUMMARY"
-  [ "$s" -eq 0 ] || { rc=1; tail -25 "$OUT/$name.log"; }
-}
-
-# NCCL from pip (nvidia-nccl-cu13) when the loader cannot find libnccl.so.2 by
-# itself: on the loader path for the tests, and named for the library.
-if [ -z "${MOE_EP_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
-  nccl_root=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null)
-  if [ -n "$nccl_root" ] && [ -f "$nccl_root/lib/libnccl.so.2" ]; then
-    export LD_LIBRARY_PATH="$nccl_root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export MOE_EP_NCCL_LIBRARY="$nccl_root/lib/libnccl.so.2"
-  fi
+STEP_LOG_DIR=$OUT  # the ratios below read the bench logs
+source "$(dirname "$0")/steps.sh"
+# NCCL from pip (steps.sh put it on the loader path for the tests) is also
+# named for the library.
+if [ -z "${MOE_EP_NCCL_LIBRARY:-}" ] && [ -n "${nccl_root:-}" ] && [ -f "$nccl_root/lib/libnccl.so.2" ]; then
+  export MOE_EP_NCCL_LIBRARY="$nccl_root/lib/libnccl.so.2"
 fi
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy); libnccl ${MOE_EP_NCCL_LIBRARY:-from the loader path}" | tee -a "$SUMMARY"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
