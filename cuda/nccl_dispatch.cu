@@ -247,7 +247,7 @@ __device__ __forceinline__ TokenDestinations final_slots(const GroupShape& s, co
 // ascending source order), so tokens below slot_begin have nothing there and
 // are not visited (a pipelined dispatch's first range, from 0, stores every
 // token's slots); the others skip the destinations whose slot lies outside.
-__global__ void __launch_bounds__(kBlockThreads, 2) pack_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a,
+__global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a,
                                                              int32_t which, int32_t slot_begin, int32_t slot_end) {
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * kWarpsPerBlock;
