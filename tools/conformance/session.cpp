@@ -44,7 +44,7 @@ GpuInfo select_gpu(const World& world) {
 namespace {
 
 // The backends --backend can name.  A new backend is one row here; `auto`
-// picks the first GPU backend that every rank supports, else host.
+// takes what the library's AUTO chooses for this group.
 struct BackendChoice {
   const char* name;
   int32_t id;
@@ -57,14 +57,47 @@ const BackendChoice kBackends[] = {
     {"nccl", MOE_EP_BACKEND_NCCL, true, {"net", "NCCL moves between ranks"}},
 };
 
-// The tool resolves AUTO itself (as the library would) so that it knows where
-// to put the input tensors before the first call.
-const BackendChoice& resolve_backend(const std::string& asked, const World& world, const GpuInfo& gpu, bool* resolved) {
+// Parameters of the smallest handle, for asking the library a collective
+// question (which backend AUTO takes; whether NCCL accepts this group).
+moe_ep_params_t probe_params(int world_size) {
+  moe_ep_params_t p;
+  TOOL_CHECK_MOE(moe_ep_params_init(&p));
+  p.num_experts = world_size;
+  p.top_k = 1;
+  p.max_tokens_per_rank = 1;
+  p.hidden_size = 8;
+  return p;
+}
+
+// The library's AUTO for this group (agreed over every rank, NCCL included),
+// read from a probe handle before the first call, so that the tool knows where
+// to put the input tensors and runs where an application's AUTO would.
+int32_t library_auto_choice(const moe_ep_bootstrap_t& bootstrap, const World& world, const GpuInfo& gpu,
+                            int timeout_ms) {
+  const moe_ep_params_t p = probe_params(world.size);
+  moe_ep_config_t c;
+  TOOL_CHECK_MOE(moe_ep_config_init(&c));
+  c.backend = MOE_EP_BACKEND_AUTO;
+  c.timeout_ms = timeout_ms;
+  c.device = gpu.present ? gpu.device : -1;
+  moe_ep_handle_t h = nullptr;
+  TOOL_CHECK_MOE(moe_ep_create(&bootstrap, &p, &c, &h));
+  int32_t backend = MOE_EP_BACKEND_HOST;
+  const moe_ep_status_t s = moe_ep_get_backend(h, &backend);
+  TOOL_CHECK_MOE(moe_ep_destroy(&h));
+  TOOL_CHECK_MOE(s);
+  return backend;
+}
+
+const BackendChoice& resolve_backend(const std::string& asked, const World& world, const GpuInfo& gpu,
+                                     const moe_ep_bootstrap_t& bootstrap, int timeout_ms, bool* resolved) {
   *resolved = asked == "auto";
   if (*resolved) {
-    int32_t supported = 0;
-    if (gpu.present) TOOL_CHECK_MOE(moe_ep_is_platform_supported(gpu.device, &supported));
-    return world.all(supported != 0) ? kBackends[1] : kBackends[0];
+    const int32_t id = library_auto_choice(bootstrap, world, gpu, timeout_ms);
+    for (const BackendChoice& b : kBackends) {
+      if (b.id == id) return b;
+    }
+    fail("--backend auto: the library chose backend " + std::to_string(id) + ", which the tool does not know");
   }
   for (const BackendChoice& b : kBackends) {
     if (asked != b.name) continue;
@@ -91,7 +124,8 @@ Session::Session(const World& world, const CommonOptions& options)
     : world_(world), options_(options), gpu_(select_gpu(world)) {
   MPI_Comm comm = world_.comm;
   TOOL_CHECK_MOE(moe_ep_mpi_bootstrap_init(&comm, &bootstrap_));
-  const BackendChoice& chosen = resolve_backend(options.backend, world_, gpu_, &auto_resolved_);
+  const BackendChoice& chosen =
+      resolve_backend(options.backend, world_, gpu_, bootstrap_, options.timeout_ms, &auto_resolved_);
   backend_ = chosen.id;
   backend_name_ = chosen.name;
   on_gpu_ = chosen.on_gpu;
@@ -109,12 +143,7 @@ Session::Session(const World& world, const CommonOptions& options)
 // group, e.g. two ranks on one GPU) becomes the reason to skip; any other
 // failure is an error.
 std::string Session::probe_refusal() const {
-  moe_ep_params_t p;
-  TOOL_CHECK_MOE(moe_ep_params_init(&p));
-  p.num_experts = world_.size;
-  p.top_k = 1;
-  p.max_tokens_per_rank = 1;
-  p.hidden_size = 8;
+  const moe_ep_params_t p = probe_params(world_.size);
   const moe_ep_config_t c = config();
   moe_ep_handle_t h = nullptr;
   const moe_ep_status_t s = moe_ep_create(&bootstrap_, &p, &c, &h);
