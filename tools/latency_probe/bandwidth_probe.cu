@@ -40,11 +40,11 @@ static_assert(kRingBytes / kStages / (16u << 10) >= 1, "the 16 KiB ring holds at
 enum Status : unsigned { kOk = 0, kTimedOut = 1, kNoBulkCopy = 2 };
 
 struct StreamArgs {
-  const char* src;      // block b reads src + b x slice_bytes (reading modes)
-  char* dst;            // block b writes dst + b x slice_bytes (writing modes)
-  size_t slice_bytes;   // a multiple of kBandwidthSliceGranule
-  unsigned* sink;       // [blocks]: one value per block, so that no load is dead
-  unsigned* status;     // Status; set by any thread that gave up
+  const char* src;     // block b reads src + b x slice_bytes (reading modes)
+  char* dst;           // block b writes dst + b x slice_bytes (writing modes)
+  size_t slice_bytes;  // a multiple of kBandwidthSliceGranule
+  unsigned* sink;      // [blocks]: one value per block, so that no load is dead
+  unsigned* status;    // Status; set by any thread that gave up
   unsigned long long timeout_ns;
 };
 
@@ -92,11 +92,10 @@ __device__ __forceinline__ uint32_t smem(const void* p) { return static_cast<uin
 
 __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* barrier, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem(barrier)), "r"(parity)
-      : "memory");
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done)
+               : "r"(smem(barrier)), "r"(parity)
+               : "memory");
   return done != 0;
 }
 
@@ -134,7 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1) bulk_read_kernel(StreamArgs a) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem(barriers + s)) : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (size_t i = 0; i < kStages && i < chunks; ++i) copy_in(buffers + i * kChunk, src + i * stride, kChunk, barriers + i);
+    for (size_t i = 0; i < kStages && i < chunks; ++i)
+      copy_in(buffers + i * kChunk, src + i * stride, kChunk, barriers + i);
   }
   __syncwarp();
   unsigned acc = 0;
@@ -201,12 +201,12 @@ struct Mode {
   const char* what;
   StreamKernel kernel;
   Memory memory;  // peer: both GPUs at once, each streaming the other's memory
-  bool bulk;  // needs compute capability 9.0
+  bool bulk;      // needs compute capability 9.0
 };
 
 const Mode kModes[] = {
-    {"local_read", "16-byte __ldcg loads from the own HBM, 8 per thread in flight", register_stream_kernel<Access::read>,
-     Memory::local, false},
+    {"local_read", "16-byte __ldcg loads from the own HBM, 8 per thread in flight",
+     register_stream_kernel<Access::read>, Memory::local, false},
     {"local_copy",
      "the same loads, each vector stored to a second own buffer (__stcg); GB/s of data copied (each byte read once "
      "and written once)",
@@ -229,8 +229,8 @@ const Mode kModes[] = {
      "cp.async.bulk.global.shared::cta of 4 KiB chunks (one shared buffer filled once) into the peer's memory, lane "
      "0 of 16 warps, at most 5 groups per warp unread (wait_group.read 4); both GPUs at once",
      bulk_write_kernel<4096>, Memory::peer, true},
-    {"bulk_write_remote_16k", "as bulk_write_remote_4k with 16 KiB chunks, lane 0 of 4 warps",
-     bulk_write_kernel<16384>, Memory::peer, true},
+    {"bulk_write_remote_16k", "as bulk_write_remote_4k with 16 KiB chunks, lane 0 of 4 warps", bulk_write_kernel<16384>,
+     Memory::peer, true},
 };
 
 constexpr int kWarmupRuns = 1;
@@ -239,9 +239,9 @@ constexpr int kTimedRuns = 5;
 // What one GPU streams: its source, destination and scratch words.
 struct GpuSide {
   const Stream* stream;
-  const DeviceBuffer* src;       // what the kernel reads (own or the peer's)
-  const DeviceBuffer* dst;       // what it writes (own or the peer's)
-  const DeviceBuffer* scratch;   // own: [0] status, then one sink word per block
+  const DeviceBuffer* src;      // what the kernel reads (own or the peer's)
+  const DeviceBuffer* dst;      // what it writes (own or the peer's)
+  const DeviceBuffer* scratch;  // own: [0] status, then one sink word per block
 };
 
 // The buffers one GPU owns.
@@ -321,8 +321,8 @@ RunTimes run_once(const Mode& mode, int blocks, size_t slice, const std::vector<
     unsigned status = 0;
     PROBE_CUDA(cudaMemcpy(&status, sides[k].scratch->as<unsigned>(), sizeof status, cudaMemcpyDeviceToHost));
     if (status == kTimedOut) {
-      out.error = std::string("timeout: a bulk copy's barrier wait on side ") + (k == 0 ? "A" : "B") +
-                  " passed --timeout-ms";
+      out.error =
+          std::string("timeout: a bulk copy's barrier wait on side ") + (k == 0 ? "A" : "B") + " passed --timeout-ms";
     } else if (status == kNoBulkCopy) {
       out.error = "the kernel was built without cp.async.bulk (compute capability 9.0 code is needed)";
     } else if (status != kOk) {
@@ -394,9 +394,12 @@ std::vector<Measurement> measure_sm_bandwidth(const Sides& sides, const ProbeOpt
   PROBE_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, sides.device_a));
   const std::vector<int> grids = bandwidth_grids(sm_count);
   if (shared_optin < int(kSharedBytes)) {
-    return {{"bw", "per-SM bandwidth", {}, "needs " + std::to_string(kSharedBytes) +
-                                                " bytes of shared memory per block, the device allows " +
-                                                std::to_string(shared_optin), {}}};
+    return {{"bw",
+             "per-SM bandwidth",
+             {},
+             "needs " + std::to_string(kSharedBytes) + " bytes of shared memory per block, the device allows " +
+                 std::to_string(shared_optin),
+             {}}};
   }
   const bool two_gpus = !sides.same_gpu;
   GpuBuffers a(sides.device_a, grids.back());
@@ -418,7 +421,9 @@ std::vector<Measurement> measure_sm_bandwidth(const Sides& sides, const ProbeOpt
     for (const GpuSide& g : gpus) prepare(mode.kernel, g.stream->device());
     for (int blocks : grids) {
       if (mode.bulk && major < 9) {
-        out.push_back({std::string("bw_") + mode.key + "_G" + std::to_string(blocks), mode.what, {},
+        out.push_back({std::string("bw_") + mode.key + "_G" + std::to_string(blocks),
+                       mode.what,
+                       {},
                        "cp.async.bulk needs compute capability 9.0, the device has " + std::to_string(major) + ".x",
                        {}});
         continue;
