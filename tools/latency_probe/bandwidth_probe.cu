@@ -393,6 +393,7 @@ std::vector<Measurement> measure_sm_bandwidth(const Sides& sides, const ProbeOpt
   PROBE_CUDA(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, sides.device_a));
   PROBE_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, sides.device_a));
   const std::vector<int> grids = bandwidth_grids(sm_count);
+  if (grids.empty()) throw ProbeError("cudaDevAttrMultiProcessorCount reports " + std::to_string(sm_count) + " SMs");
   if (shared_optin < int(kSharedBytes)) {
     return {{"bw",
              "per-SM bandwidth",
