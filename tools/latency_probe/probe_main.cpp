@@ -24,6 +24,7 @@ std::vector<GroupFn> group_parts(const std::string& group) {
   if (group == "row") return {measure_row_fence_flag};
   if (group == "ll") return {measure_flags_in_data};
   if (group == "call") return {measure_evented_launch, measure_exchange_calls};
+  if (group == "bw") return {measure_sm_bandwidth};
   return {measure_dependent_loads};
 }
 

@@ -1,5 +1,6 @@
 // The measurement groups of moe_ep_latency_probe (implemented in CUDA, in
-// launch_probe.cu, ping_pong_probe.cu, load_probe.cu and exchange_probe.cu),
+// launch_probe.cu, ping_pong_probe.cu, load_probe.cu, exchange_probe.cu and
+// bandwidth_probe.cu),
 // behind a plain C++ interface so that the options, the report and main need
 // no CUDA headers.
 #pragma once
@@ -48,5 +49,9 @@ std::vector<Measurement> measure_dependent_loads(const Sides& sides, const Probe
 // each, gated batches): empty kernels, then the minimal two-sided exchange.
 std::vector<Measurement> measure_evented_launch(const Sides& sides, const ProbeOptions& options);
 std::vector<Measurement> measure_exchange_calls(const Sides& sides, const ProbeOptions& options);
+// Group "bw" (bandwidth_probe.cu): GB/s per GPU and per SM of register and
+// bulk-copy streams, local and over the peer link, for several grid sizes
+// of one block per SM; samples in GB/s.
+std::vector<Measurement> measure_sm_bandwidth(const Sides& sides, const ProbeOptions& options);
 
 }  // namespace moe_ep_probe

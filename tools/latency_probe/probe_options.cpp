@@ -125,7 +125,9 @@ std::string usage_text() {
          "Measures, one at a time, the hardware and runtime costs on the critical path of a small\n"
          "moe_ep call (docs/latency_budget.md): graph launch, a flag one way over NVLink, a row\n"
          "plus system fence plus flag, a row with flags in the data, dependent remote loads; and\n"
-         "(group call) empty kernels and a minimal two-sided exchange timed as the benchmark times a call.\n"
+         "(group call) empty kernels and a minimal two-sided exchange timed as the benchmark times a call;\n"
+         "(group bw) the bandwidth per GPU and per SM of register and bulk-copy streams, local and over\n"
+         "the peer link, for 1, 4, 8, 16, 24 and all SMs (lines marked GB/s: the columns are GB/s, not us).\n"
          "Uses GPUs 0 and 1 with peer access; with one GPU both sides run on GPU 0.\n\n"
          "  --json FILE          also write the results as JSON to FILE\n";
   out << "  --only LIST          groups to run, comma-separated: " << group_list(",") << " (default: all)\n";

@@ -14,7 +14,7 @@ enum ExitCode : int { kExitMeasured = 0, kExitMeasurementFailed = 1, kExitBadArg
 
 // The measurement groups, in the order they run and print.
 inline const std::vector<std::string>& all_groups() {
-  static const std::vector<std::string> groups = {"launch", "flag", "row", "ll", "load", "call"};
+  static const std::vector<std::string> groups = {"launch", "flag", "row", "ll", "load", "call", "bw"};
   return groups;
 }
 

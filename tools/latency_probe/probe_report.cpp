@@ -88,7 +88,9 @@ void print_table(std::ostream& out, const RunInfo& info, const std::vector<Measu
     }
     const Summary s = summarize(m.samples_us);
     out << pad(m.name, 34, false) << pad(fixed(s.median, 3), 11, true) << pad(fixed(s.p10, 3), 9, true)
-        << pad(fixed(s.p90, 3), 9, true) << pad(std::to_string(s.count), 8, true) << "\n";
+        << pad(fixed(s.p90, 3), 9, true) << pad(std::to_string(s.count), 8, true);
+    if (m.unit != "us") out << "  " << m.unit;  // the columns hold this unit, not us
+    out << "\n";
     for (const auto& [key, value] : m.extras) {
       const bool whole = std::isfinite(value) && value == std::floor(value) && std::fabs(value) < 1e15;
       out << "    " << key << " = " << fixed(value, whole ? 0 : 3) << "\n";
@@ -110,6 +112,7 @@ void write_json(std::ostream& out, const RunInfo& info, const std::vector<Measur
   for (size_t i = 0; i < results.size(); ++i) {
     const Measurement& m = results[i];
     out << (i ? ",\n" : "\n") << "    {\"name\": " << json_string(m.name) << ", \"what\": " << json_string(m.what);
+    if (m.unit != "us") out << ", \"unit\": " << json_string(m.unit);  // else the file's "unit"
     if (!m.error.empty()) {
       out << ", \"ok\": false, \"error\": " << json_string(m.error) << "}";
       continue;

@@ -11,7 +11,8 @@
 
 namespace moe_ep_probe {
 
-// One measured quantity: its samples in microseconds, or why it has none.
+// One measured quantity: its samples (in microseconds unless `unit` says
+// otherwise), or why it has none.
 struct Measurement {
   std::string name;  // stable key, e.g. "flag_one_way_relaxed"
   std::string what;  // one line for the reader
@@ -21,6 +22,9 @@ struct Measurement {
   // timer as a cross-check of the per-sample clock), in microseconds unless
   // the key says otherwise.
   std::vector<std::pair<std::string, double>> extras;
+  // The samples' unit: "us" (every latency line) or "GB/s" (group bw).  The
+  // table marks a line in another unit; the JSON gives it on that line.
+  std::string unit = "us";
 };
 
 struct Summary {

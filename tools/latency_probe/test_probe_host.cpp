@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "bandwidth_plan.hpp"
 #include "evented_times.hpp"
 #include "probe_options.hpp"
 #include "probe_report.hpp"
@@ -75,7 +76,7 @@ TEST_CASE("options: group call and its iterations and batch", "[latency_probe]")
   const ProbeOptions d = parse_options({});
   CHECK(d.call_iterations == 2000);
   CHECK(d.call_batch == 16);
-  CHECK(d.groups.back() == "call");
+  CHECK(d.groups.back() == "bw");
 
   const ProbeOptions o = parse_options({"--only", "call,launch", "--call-iterations=300", "--call-batch", "8"});
   CHECK(o.groups == std::vector<std::string>{"launch", "call"});
@@ -89,8 +90,8 @@ TEST_CASE("options: group call and its iterations and batch", "[latency_probe]")
         "--call-iterations: expected an integer in [1, 100000], got '100001'");
   CHECK(option_error({"--call-iterations"}) == "--call-iterations: expected a value after it, got the end of the line");
   CHECK(option_error({"--only", "calls"}) ==
-        "--only: expected a comma-separated list of launch, flag, row, ll, load, call; got 'calls' ('calls' is not a "
-        "group)");
+        "--only: expected a comma-separated list of launch, flag, row, ll, load, call, bw; got 'calls' ('calls' is not "
+        "a group)");
 }
 
 TEST_CASE("options: a bad argument names itself, what was expected and what was given", "[latency_probe]") {
@@ -113,7 +114,7 @@ TEST_CASE("usage names every option and the exit statuses", "[latency_probe]") {
   for (const char* word :
        {"--json FILE", "--only LIST", "--same-gpu", "--round-trips N", "--warmup-trips N", "--kernel-runs N",
         "--graph-replays N", "--graph-blocks N", "--chase-loads N", "--call-iterations N", "--call-batch N",
-        "--timeout-ms N", "launch,flag,row,ll,load,call", "3 no CUDA device"}) {
+        "--timeout-ms N", "launch,flag,row,ll,load,call,bw", "3 no CUDA device"}) {
     CHECK(usage.find(word) != std::string::npos);
   }
 }
@@ -200,4 +201,64 @@ TEST_CASE("benchmark-style timings: an error or a ragged shape fails the line wi
   ragged.us = {{{1}, {2}}, {{1}}};
   CHECK(evented_measurement("x", "x", ragged).error.find("different numbers of phases") != std::string::npos);
   CHECK(evented_measurement("x", "x", EventedTimes{}).error == "no sides or no phases were timed");
+}
+
+TEST_CASE("options: group bw alone, and with others in run order", "[latency_probe]") {
+  CHECK(parse_options({"--only", "bw"}).groups == std::vector<std::string>{"bw"});
+  CHECK(parse_options({"--only=bw,launch"}).groups == std::vector<std::string>{"launch", "bw"});
+  CHECK(option_error({"--only", "bandwidth"}).find("'bandwidth' is not a group") != std::string::npos);
+}
+
+TEST_CASE("bandwidth: grid sizes 1, 4, 8, 16, 24 up to the SM count, then the SM count", "[latency_probe]") {
+  CHECK(bandwidth_grids(132) == std::vector<int>{1, 4, 8, 16, 24, 132});
+  CHECK(bandwidth_grids(24) == std::vector<int>{1, 4, 8, 16, 24});
+  CHECK(bandwidth_grids(20) == std::vector<int>{1, 4, 8, 16, 20});
+  CHECK(bandwidth_grids(4) == std::vector<int>{1, 4});
+  CHECK(bandwidth_grids(1) == std::vector<int>{1});
+  CHECK(bandwidth_grids(0).empty());
+  CHECK(bandwidth_grids(-3).empty());
+}
+
+TEST_CASE("bandwidth: a block's slice is its share of the kernel's bytes, whole granules", "[latency_probe]") {
+  const size_t MiB = 1ull << 20, KiB = 1ull << 10;
+  // The probe's own sizes: 32 MiB per block up to 8 blocks, then 256 MiB shared.
+  CHECK(bandwidth_slice_bytes(1, 32 * MiB, 256 * MiB, 64 * KiB) == 32 * MiB);
+  CHECK(bandwidth_slice_bytes(8, 32 * MiB, 256 * MiB, 64 * KiB) == 32 * MiB);
+  CHECK(bandwidth_slice_bytes(16, 32 * MiB, 256 * MiB, 64 * KiB) == 16 * MiB);
+  CHECK(bandwidth_slice_bytes(24, 32 * MiB, 256 * MiB, 64 * KiB) == 10880 * KiB);  // 10922.67 KiB rounded down
+  CHECK(bandwidth_slice_bytes(132, 32 * MiB, 256 * MiB, 64 * KiB) == 1984 * KiB);  // 1985.94 KiB rounded down
+  CHECK(bandwidth_slice_bytes(132, 32 * MiB, 256 * MiB, 64 * KiB) * 132 <= 256 * MiB);
+  CHECK(bandwidth_slice_bytes(8192, 32 * MiB, 256 * MiB, 64 * KiB) == 0);  // below one granule
+  CHECK(bandwidth_slice_bytes(0, 32 * MiB, 256 * MiB, 64 * KiB) == 0);
+  CHECK(bandwidth_slice_bytes(4, 32 * MiB, 256 * MiB, 0) == 0);
+  // No overflow of blocks x per_block.
+  CHECK(bandwidth_slice_bytes(1 << 30, ~size_t(0), ~size_t(0), 1) == ~size_t(0) / (size_t(1) << 30));
+}
+
+TEST_CASE("bandwidth: GB/s are 10^9 bytes per second", "[latency_probe]") {
+  CHECK(gigabytes_per_second(1e9, 1000) == Approx(1.0));
+  CHECK(gigabytes_per_second(256.0 * (1 << 20), 1.0) == Approx(268.435456));
+  CHECK(gigabytes_per_second(32.0 * (1 << 20), 3.3554432) == Approx(10.0));
+  CHECK(gigabytes_per_second(1e9, 0) == 0);
+  CHECK(gigabytes_per_second(1e9, -1) == 0);
+  CHECK(gigabytes_per_second(1e9, std::nan("")) == 0);
+}
+
+TEST_CASE("report: a line in GB/s is marked in the table and carries its unit in the JSON", "[latency_probe]") {
+  RunInfo info;
+  Measurement bw{"bw_remote_read_G16", "remote loads", {160, 150, 170}, "", {{"per_sm_GBps", 10}}};
+  bw.unit = "GB/s";
+  const std::vector<Measurement> results = {bw, {"flag_one_way_relaxed", "one way", {1}, "", {}}};
+  std::ostringstream table, json;
+  print_table(table, info, results);
+  write_json(json, info, results);
+  CHECK(table.str().find("bw_remote_read_G16                    160.000  152.000  168.000       3  GB/s\n") !=
+        std::string::npos);
+  CHECK(table.str().find("    per_sm_GBps = 10\n") != std::string::npos);
+  CHECK(table.str().find("flag_one_way_relaxed                    1.000    1.000    1.000       1\n") !=
+        std::string::npos);
+  CHECK(json.str().find("{\"name\": \"bw_remote_read_G16\", \"what\": \"remote loads\", \"unit\": \"GB/s\", "
+                        "\"ok\": true, \"count\": 3, \"median\": 160") != std::string::npos);
+  CHECK(json.str().find("{\"name\": \"flag_one_way_relaxed\", \"what\": \"one way\", \"ok\": true") !=
+        std::string::npos);
 }
