@@ -26,10 +26,16 @@ __device__ __forceinline__ uint32_t shared_address(const void* p) {
 #endif
 
 #ifdef MOE_EP_HAVE_BULK_COPY
-// One thread: a barrier that completes a phase after one arrival plus the
-// announced bytes.
-__device__ __forceinline__ void barrier_init(uint64_t* barrier) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(barrier)) : "memory");
+// One thread: a barrier that completes a phase after `arrivals` arrivals
+// (plus, for a copy's barrier, the announced bytes).
+__device__ __forceinline__ void barrier_init(uint64_t* barrier, uint32_t arrivals = 1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(barrier)), "r"(arrivals) : "memory");
+}
+
+// One arrival on `barrier` (release: this thread's earlier shared-memory
+// accesses are ordered before the phase completes for the waiters).
+__device__ __forceinline__ void barrier_arrive(uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(barrier)) : "memory");
 }
 
 // After barrier_init, before any copy uses the barriers: makes the

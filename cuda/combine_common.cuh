@@ -126,8 +126,6 @@ __device__ __forceinline__ int reduce_segment_vectors(const CombineParams& p, in
 template <typename Element>
 __device__ void reduce_segment(const CombineParams& p, int32_t token, int segment, const TokenDestinations& srcs,
                                int lane) {
-  using Bits = typename Element::Bits;
-  constexpr int kPerVector = 16 / sizeof(Bits);
   const int64_t offset = static_cast<int64_t>(segment) * kReduceSegmentBytes;
   const int vectors = reduce_segment_vectors(p, segment);
   SegmentSums<Element> sums;

@@ -35,7 +35,7 @@ constexpr size_t kPullBufferBytes = size_t{kWarpsPerBlock} * kPullStages * kRedu
 constexpr size_t kPullBarrierBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(uint64_t);
 constexpr size_t kPullItemBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(int64_t);
 constexpr size_t kPullRankBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(int32_t);
-constexpr size_t kPullSharedBytes = kPullBufferBytes + kPullBarrierBytes + kPullItemBytes + kPullRankBytes;
+constexpr size_t kPullSegmentSharedBytes = kPullBufferBytes + kPullBarrierBytes + kPullItemBytes + kPullRankBytes;
 
 // Rows of any size or alignment (and devices without bulk copies): a token per
 // warp, element by element, from the same places.
@@ -139,8 +139,6 @@ class PartialProducer {
 // Aligned rows: bulk copies into the warp's buffers, kPullStages ahead.
 template <typename Element>
 __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
-  using Bits = typename Element::Bits;
-  constexpr int kPerVector = 16 / sizeof(Bits);
   const KernelContext& c = p.ctx;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const WarpStages stages(shared, warp);
@@ -189,10 +187,168 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 }
 #endif
 
+// ---- Whole rows, warp-specialised (CombineLaunch::pull_rows) ----
+// Warp 0 produces: it walks the block's tokens (a contiguous range) and, for
+// each, the ranks holding a partial in ascending order, and lane 0 issues one
+// bulk copy of the whole partial row into the next of kRowStages buffers (a
+// token with no partial gets an empty step, its output is zeros).  The other
+// warps consume: each thread owns a few 16-byte vectors of the row, adds the
+// buffer's vectors into fp32 sums, stores the output row after the token's
+// last partial, and its warp releases the buffer.  Large copies and no
+// bookkeeping between a copy and the next are what let a few SMs keep the
+// link busy (docs/latency_budget.md, "Per-SM bandwidth").
+constexpr int kRowStages = 12;
+constexpr int kRowStageBytes = 16 * 1024;  // rows up to 16 KiB
+constexpr int kRowVectorsPerThread = 3;    // 15 consumer warps x 32 x 3 x 16 B >= 16 KiB
+constexpr int kRowConsumers = kBlockThreads - 32;
+constexpr size_t kRowSharedBytes =
+    size_t{kRowStages} * kRowStageBytes + 2 * kRowStages * sizeof(uint64_t) + kRowStages * sizeof(int2);
+static_assert(kRowConsumers * kRowVectorsPerThread * 16 >= kRowStageBytes, "every vector of a row has a thread");
+
+enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2, kRowDone = 4 };
+
+struct RowStages {
+  char* buffers;    // [kRowStages][kRowStageBytes]
+  uint64_t* full;   // [kRowStages]: the copy (or the empty step) landed
+  uint64_t* empty;  // [kRowStages]: every consumer warp has read the buffer
+  int2* steps;      // [kRowStages]: {token, RowStepFlags}
+  __device__ explicit RowStages(char* shared)
+      : buffers(shared),
+        full(reinterpret_cast<uint64_t*>(shared + size_t{kRowStages} * kRowStageBytes)),
+        empty(full + kRowStages),
+        steps(reinterpret_cast<int2*>(empty + kRowStages)) {}
+};
+
+bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
+  return p.args.pull_rows != 0 && combine_rows_aligned(p) && p.ctx.shape.combine_row_bytes <= kRowStageBytes;
+}
+
+#ifdef MOE_EP_HAVE_BULK_COPY
+// Warp 0.  Step k uses buffer k % kRowStages; before its (k / kRowStages)-th
+// use the buffer's previous use must have been released.
+__device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1) {
+  const KernelContext& c = p.ctx;
+  const int lane = threadIdx.x % 32;
+  const int world = c.shape.world_size;
+  const uint32_t bytes = static_cast<uint32_t>(c.shape.combine_row_bytes);
+  const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
+  uint32_t k = 0;
+  auto emit = [&](int32_t token, int32_t flags, const char* src) -> bool {
+    const int stage = static_cast<int>(k % kRowStages);
+    const uint32_t use = k / kRowStages;
+    if (use > 0 && !barrier_wait(st.empty + stage, (use - 1) & 1u, c.state.timeout_ns)) return false;
+    if (lane == 0) {
+      st.steps[stage] = make_int2(token, flags);
+      if (src != nullptr) {
+        fence_shared_before_bulk_copy();
+        bulk_copy_to_shared(st.buffers + size_t(stage) * kRowStageBytes, src, bytes, st.full + stage);
+      } else {
+        barrier_arrive(st.full + stage);
+      }
+    }
+    __syncwarp();
+    ++k;
+    return true;
+  };
+  if (lane == 0) fence_global_before_bulk_copies();  // the handshake's acquires
+  for (int32_t t = t0; t < t1; ++t) {
+    const TokenDestinations srcs = TokenDestinations::load(slots + static_cast<int64_t>(t) * world, world, lane);
+    uint64_t rest = srcs.mask;
+    if (rest == 0 && !emit(t, kRowLast | kRowEmpty, nullptr)) return false;
+    while (rest != 0) {
+      const int q = lowest_rank(rest);
+      rest &= rest - 1;
+      const int32_t slot = srcs.slot(q);  // every lane
+      if (!emit(t, rest == 0 ? kRowLast : 0, partial_row(p, q, slot))) return false;
+    }
+  }
+  return emit(-1, kRowDone, nullptr);
+}
+
+// Warps 1..15: thread i owns vectors i, i + kRowConsumers, ... of a row.
+template <typename Element>
+__device__ bool consume_rows(const CombineParams& p, const RowStages& st) {
+  using Bits = typename Element::Bits;
+  constexpr int kPer = 16 / sizeof(Bits);
+  const KernelContext& c = p.ctx;
+  const int lane = threadIdx.x % 32;
+  const int i = static_cast<int>(threadIdx.x) - 32;
+  const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
+  float acc[kRowVectorsPerThread][kPer];
+#pragma unroll
+  for (int u = 0; u < kRowVectorsPerThread; ++u) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
+  }
+  for (uint32_t k = 0;; ++k) {
+    const int stage = static_cast<int>(k % kRowStages);
+    if (!barrier_wait(st.full + stage, (k / kRowStages) & 1u, c.state.timeout_ns)) return false;
+    const int2 step = st.steps[stage];
+    if (step.y & kRowDone) return true;
+    if (!(step.y & kRowEmpty)) {
+      const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
+#pragma unroll
+      for (int u = 0; u < kRowVectorsPerThread; ++u) {
+        const int v = i + u * kRowConsumers;
+        if (v >= vectors) continue;
+        const uint4 x = row[v];
+        const Bits* b = reinterpret_cast<const Bits*>(&x);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b[e]);
+      }
+    }
+    __syncwarp();
+    if (lane == 0) barrier_arrive(st.empty + stage);
+    if (step.y & kRowLast) {
+      uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
+                                            static_cast<int64_t>(step.x) * c.shape.combine_row_bytes);
+#pragma unroll
+      for (int u = 0; u < kRowVectorsPerThread; ++u) {
+        const int v = i + u * kRowConsumers;
+        if (v < vectors) {
+          uint4 o;
+          Bits* b = reinterpret_cast<Bits*>(&o);
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) b[e] = Element::store(acc[u][e]);
+          out[v] = o;
+        }
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
+      }
+    }
+  }
+}
+
+template <typename Element>
+__device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
+  const KernelContext& c = p.ctx;
+  const RowStages st(shared);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kRowStages; ++s) {
+      barrier_init(st.full + s, 1);
+      barrier_init(st.empty + s, kRowConsumers / 32);
+    }
+    barrier_init_fence();
+  }
+  __syncthreads();
+  const int64_t tokens = static_cast<int64_t>(p.args.token_end) - p.args.token_begin;
+  const int64_t per_block = (tokens + gridDim.x - 1) / gridDim.x;
+  const int64_t begin = p.args.token_begin + per_block * blockIdx.x;
+  const int32_t t0 = static_cast<int32_t>(begin < p.args.token_end ? begin : p.args.token_end);
+  const int32_t t1 = static_cast<int32_t>(begin + per_block < p.args.token_end ? begin + per_block : p.args.token_end);
+  const bool ok = threadIdx.x < 32 ? produce_rows(p, st, t0, t1) : consume_rows<Element>(p, st);
+  if (!ok && threadIdx.x % 32 == 0) record_timeout(c.control(), c.state.mirror, kPhaseCombine, -1);
+}
+#endif
+
 template <typename Element>
 __device__ void pull_reduce(const CombineParams& p, char* shared) {
   if (combine_rows_aligned(p)) {
 #ifdef MOE_EP_HAVE_BULK_COPY
+    if (pull_rows_applies(p)) {
+      pull_reduce_whole_rows<Element>(p, shared);
+      return;
+    }
     if (p.args.pull_registers == 0) {
       pull_reduce_bulk<Element>(p, shared);
       return;
@@ -272,6 +428,10 @@ cudaError_t launch_combine_handshake(const GroupShape& shape, const WorkspaceOff
   c.state = state;
   return launch_kernel(combine_handshake_kernel, 1, kBlockThreads, 0, stream, pdl, c);
 }
+
+// Shared memory of the pull kernel: the larger of the two bulk-copy layouts.
+constexpr size_t kPullSharedBytes =
+    kPullSegmentSharedBytes > kRowSharedBytes ? kPullSegmentSharedBytes : kRowSharedBytes;
 
 cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream) {
   const cudaError_t e =

@@ -186,6 +186,8 @@ struct CombineLaunch {
                                // so the kernel neither announces nor waits
   int32_t token_begin;         // pull only: the kernel reduces tokens [token_begin, token_end)
   int32_t token_end;
+  int32_t pull_rows;           // pull only: whole-row bulk copies, warp-specialised (rows of at most
+                               // 16 KiB, 16-byte aligned; MOE_EP_PULL_ROWS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)

@@ -83,6 +83,13 @@ bool pull_registers_from_environment() {
   return v != nullptr && std::strcmp(v, "registers") == 0;
 }
 
+// MOE_EP_PULL_ROWS=0: the pull combine copies 2 KiB segments instead of whole
+// rows (warp-specialised, rows of at most 16 KiB).  Per rank, results identical.
+bool pull_rows_from_environment() {
+  const char* v = std::getenv("MOE_EP_PULL_ROWS");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // MOE_EP_COMBINE_COPY_ENGINES=1: the pull combine's copy-engine variant (with
 // config.zero_copy_combine and several ranks); default off: it measured slower
 // than the pull kernel on every SM budget (docs/performance.md).  Per rank.
@@ -212,6 +219,7 @@ class NvlinkBackend final : public Backend {
     // the own rows are read where they are).
     a.pull = layout_.zero_copy_combine && layout_.world_size > 1 ? 1 : 0;
     a.pull_registers = pull_registers_;
+    a.pull_rows = pull_rows_;
     a.token_begin = 0;
     a.token_end = call.num_tokens;
     if (a.pull) {
@@ -386,6 +394,7 @@ class NvlinkBackend final : public Backend {
     small_batch_ = small_batch_from_environment();
     pdl_ = cc >= 90 && pdl_from_environment() ? 1 : 0;
     pull_registers_ = pull_registers_from_environment() ? 1 : 0;
+    pull_rows_ = pull_rows_from_environment() ? 1 : 0;
     copy_engines_ = copy_engines_from_environment();
     copy_engine_chunks_ = int_from_environment("MOE_EP_COMBINE_COPY_CHUNKS");
     if (copy_engine_chunks_ <= 0 || copy_engine_chunks_ > SideCopies::kMaxChunks) copy_engine_chunks_ = 4;
@@ -451,9 +460,10 @@ class NvlinkBackend final : public Backend {
   }
 
   std::string timeout_message(uint32_t phase, int32_t peer) const {
-    return phase_name(phase) + " waiting for rank " + std::to_string(peer) + ": no answer within timeout_ms = " +
-           std::to_string(config_.timeout_ms) + " on rank " + std::to_string(layout_.rank) +
-           " (the group is out of step; destroy this handle)";
+    const std::string whom = peer >= 0 ? "rank " + std::to_string(peer) : std::string("its copies of the peers' rows");
+    return phase_name(phase) + " waiting for " + whom +
+           ": no answer within timeout_ms = " + std::to_string(config_.timeout_ms) + " on rank " +
+           std::to_string(layout_.rank) + " (the group is out of step; destroy this handle)";
   }
 
   std::string input_errors_message(const kernels::DeviceErrors& e) const {
@@ -497,6 +507,7 @@ class NvlinkBackend final : public Backend {
   bool small_batch_ = true;
   int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers
+  int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
   int copy_engines_ = 0;                     // MOE_EP_COMBINE_COPY_ENGINES=1
   int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS
   std::unique_ptr<SideCopies> side_copies_;  // made at the first copy-engine combine
