@@ -59,6 +59,13 @@ __device__ __forceinline__ bool wait_for_round(const unsigned* flag, unsigned ro
 // counters) an add of 1 to a counter that then holds the round.
 enum class FlagStore { relaxed, release, fence_then_relaxed, add_relaxed };
 
+// fence.acq_rel.sys, and how many cycles it took.
+__device__ __forceinline__ long long timed_fence_sys() {
+  const long long t0 = cycles_now();
+  fence_acq_rel_sys();
+  return cycles_now() - t0;
+}
+
 // Only the round number travels: one thread each side.
 template <FlagStore kStore>
 struct FlagOnly {
@@ -72,9 +79,7 @@ struct FlagOnly {
     } else if (kStore == FlagStore::add_relaxed) {
       add_relaxed_sys(a.peer_flag, 1);
     } else {
-      const long long t0 = cycles_now();
-      fence_acq_rel_sys();
-      fence = cycles_now() - t0;
+      fence = timed_fence_sys();
       store_relaxed_sys(a.peer_flag, round);
     }
     return fence;
@@ -96,11 +101,7 @@ struct RowThenFlag {
     __syncthreads();
     long long fence = 0;
     if (threadIdx.x == 0) {
-      if (kFence) {
-        const long long t0 = cycles_now();
-        fence_acq_rel_sys();
-        fence = cycles_now() - t0;
-      }
+      if (kFence) fence = timed_fence_sys();
       store_relaxed_sys(a.peer_flag, round);
     }
     return fence;
