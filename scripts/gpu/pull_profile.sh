@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device call (2 GPUs) prepared for the next step of the few-SM combine:
+# Nsight Compute on rank 0's whole-row pull kernel (combine_pull_kernel) at
+# 16 SMs, 4096 tokens, DeepSeek shape, --zero-copy-combine, CUDA graph; rank 1
+# runs the same bench unprofiled.  The protocol keeps rank 1's view valid while
+# rank 0's kernel is replayed (a peer rewrites its view only after this rank's
+# next dispatch), and every wait is bounded by --timeout-ms.  Writes
+# $OUT/pull_r0.ncu-rep and a text summary (stall reasons, memory throughput).
+#   usage: OUT=/dir bash scripts/gpu/pull_profile.sh [BUDGET_S]
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+BUDGET=${1:-200}
+BUILD=${BUILD:-build-final}
+SUMMARY=$OUT/summary.txt
+source "$(dirname "$0")/steps.sh"
+PICK="Linking|error:" step build 90 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 moe_ep_conformance"
+TOOL=$PWD/$BUILD/tools/moe_ep_conformance
+BENCH="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -t 4096 -w 5 -n 10 \
+  --graph --no-baselines --zero-copy-combine --num-sms 16 --timeout-ms 120000"
+NCU="ncu --kernel-name regex:combine_pull --launch-skip 8 --launch-count 1 --set full --clock-control none \
+  --target-processes all -f -o $OUT/pull_r0"
+NPICK=6 PICK="^ +4096 \||==PROF==|error" step profile 150 mpirun -np 2 --bind-to none sh -c \
+  "if [ \"\$OMPI_COMM_WORLD_RANK\" = 0 ]; then exec $NCU $TOOL $BENCH; else exec $TOOL $BENCH; fi"
+[ -f "$OUT/pull_r0.ncu-rep" ] && ncu --import "$OUT/pull_r0.ncu-rep" --page details \
+  --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats > "$OUT/pull_r0.txt" 2>&1
+echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
+exit $rc
