@@ -236,7 +236,10 @@ typedef struct moe_ep_config_t {
                          expert_output (no copy).  Costs world_size *
                          max_tokens_per_rank * hidden_size combine_dtype
                          elements of workspace (moe_ep_workspace_size counts
-                         them).  Must be the same on every rank.              */
+                         them).  Must be the same on every rank.  On
+                         NVLINK_TWO_SIDED combine then pulls each peer's rows
+                         from the peer's view; an expert_output elsewhere is
+                         first copied into this rank's view on the stream. */
 } moe_ep_config_t;
 
 MOE_EP_API moe_ep_status_t moe_ep_config_init(moe_ep_config_t* config);
