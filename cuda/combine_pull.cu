@@ -13,12 +13,18 @@
 // this rank's next dispatch, issued after this kernel ended
 // (docs/nvlink_backend.md, "Combine"; model-checked in test_reuse_protocol_model).
 //
-// Loads: each warp walks its (token, 2 KiB segment) items and, per item, the
-// ranks holding a partial in ascending order; one lane issues a bulk copy of
-// each partial segment into one of the warp's kPullStages shared-memory
-// buffers, up to kPullStages ahead of the lanes that add them, so a few SMs
-// keep enough bytes in flight to cover NVLink's latency.  The partials are
-// added in ascending rank order in fp32 from 0.0f, as every schedule does.
+// Loads, one of four ways (the partials are always added in ascending rank
+// order in fp32 from 0.0f, as every schedule does, so all four give the same
+// bits):
+//   whole rows (default, rows of at most 16 KiB, 16-byte aligned): per block,
+//     one producer warp issues a bulk copy of each partial row into 12 row
+//     buffers and 15 consumer warps add them (pull_reduce_whole_rows);
+//   2 KiB segments (MOE_EP_PULL_ROWS=0): each warp walks its (token, segment)
+//     items and issues its own bulk copies, up to kPullStages ahead
+//     (pull_reduce_bulk);
+//   registers (MOE_EP_PULL_LOADS=registers, or no bulk copies): 16-byte loads
+//     (pull_reduce_registers);
+//   any other row: element by element (pull_reduce_rows).
 #include <stdint.h>
 
 #include "bulk_copy.cuh"
