@@ -22,7 +22,8 @@
 //   2 KiB segments (MOE_EP_PULL_ROWS=0): each warp walks its (token, segment)
 //     items and issues its own bulk copies, up to kPullStages ahead
 //     (pull_reduce_bulk);
-//   registers (MOE_EP_PULL_LOADS=registers, or no bulk copies): 16-byte loads
+//   registers (MOE_EP_PULL_ROWS=0 and MOE_EP_PULL_LOADS=registers, or a build
+//     without bulk copies): 16-byte loads
 //     (pull_reduce_registers);
 //   any other row: element by element (pull_reduce_rows).
 #include <stdint.h>
