@@ -38,12 +38,6 @@ namespace moe_ep {
 
 namespace {
 
-int resolve_device(int32_t configured) {
-  int device = configured;
-  if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  return device;
-}
-
 // Where a rank runs, to refuse what NCCL refuses (two ranks on one GPU)
 // with a clear message before NCCL is asked.
 struct GpuPlace {

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "error.hpp"
 
 namespace moe_ep {
@@ -13,6 +15,13 @@ inline void check_cuda(cudaError_t rc, const char* what) {
   cudaGetLastError();  // clear it: a later call must not report this one
   fail(rc == cudaErrorMemoryAllocation ? MOE_EP_ERROR_OUT_OF_MEMORY : MOE_EP_ERROR_CUDA, what, ": ",
        cudaGetErrorName(rc), " (", cudaGetErrorString(rc), ")");
+}
+
+// The device a config names: its ordinal, or the caller's current device for -1.
+inline int resolve_device(int32_t configured) {
+  int device = configured;
+  if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
 }
 
 // Makes `device` current for the lifetime of the guard and restores the

@@ -32,12 +32,6 @@ namespace moe_ep {
 
 namespace {
 
-int resolve_device(int32_t configured) {
-  int device = configured;
-  if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  return device;
-}
-
 // MOE_EP_COMBINE_SCHEDULE=serial|overlapped|auto (default auto: decided per
 // call from tokens_per_rank and the group's smallest SM budget) picks how
 // combine overlaps its reduction with the NVLink traffic.  A tuning knob: all
@@ -59,43 +53,24 @@ int32_t int_from_environment(const char* name) {
   return n > 0 && n < 65536 ? static_cast<int32_t>(n) : 0;
 }
 
-// MOE_EP_SMALL_BATCH=0 turns the small-batch kernels off (default on: calls
-// of at most kSmallBatchMaxTokens tokens per rank run them).  They keep the
-// protocol of the general kernels, so ranks may differ in this setting.
-bool small_batch_from_environment() {
-  const char* v = std::getenv("MOE_EP_SMALL_BATCH");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
-// MOE_EP_PDL=0 turns Programmatic Dependent Launch off (default on where the
-// device has compute capability 9.0 or newer).  A per-rank setting: it changes
-// when a kernel may be scheduled, never what it does.
-bool pdl_from_environment() {
-  const char* v = std::getenv("MOE_EP_PDL");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
-// MOE_EP_PULL_LOADS=registers: the pull combine loads the peers' partials
-// into registers instead of bulk copies into shared memory (a diagnostic for
-// comparing the two; per rank, results identical).
-bool pull_registers_from_environment() {
-  const char* v = std::getenv("MOE_EP_PULL_LOADS");
-  return v != nullptr && std::strcmp(v, "registers") == 0;
-}
-
-// MOE_EP_PULL_ROWS=0: the pull combine copies 2 KiB segments instead of whole
-// rows (warp-specialised, rows of at most 16 KiB).  Per rank, results identical.
-bool pull_rows_from_environment() {
-  const char* v = std::getenv("MOE_EP_PULL_ROWS");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
-// MOE_EP_COMBINE_COPY_ENGINES=1: the pull combine's copy-engine variant (with
-// config.zero_copy_combine and several ranks); default off: it measured slower
-// than the pull kernel on every SM budget (docs/performance.md).  Per rank.
-int copy_engines_from_environment() {
-  const char* v = std::getenv("MOE_EP_COMBINE_COPY_ENGINES");
-  return v != nullptr && std::strcmp(v, "1") == 0 ? 1 : 0;
+// Per-rank switches read from the environment at create; none changes what a
+// peer sees, so ranks may differ in them:
+//   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: calls of at
+//                          most kSmallBatchMaxTokens tokens per rank run them);
+//   MOE_EP_PDL=0           Programmatic Dependent Launch off (default on where
+//                          the device has compute capability 9.0 or newer);
+//   MOE_EP_PULL_ROWS=0     the pull combine copies 2 KiB segments instead of
+//                          whole rows (rows of at most 16 KiB);
+//   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
+//                          into registers instead of bulk copies (a diagnostic);
+//   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
+//                          (default off: slower on every SM budget measured).
+// True when `name` is set to `on_value`, or, with `on_value` NULL, when it is
+// unset or set to anything but "0".
+bool environment_switch(const char* name, const char* on_value = nullptr) {
+  const char* v = std::getenv(name);
+  if (on_value == nullptr) return v == nullptr || std::strcmp(v, "0") != 0;
+  return v != nullptr && std::strcmp(v, on_value) == 0;
 }
 
 // Milliseconds per named step, for the destroy log line.
@@ -225,7 +200,7 @@ class NvlinkBackend final : public Backend {
     if (a.pull) {
       a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
       if (!call.expert_output_is_workspace) copy_into_view(call, s);
-      if (use_copy_engines(call)) {
+      if (copy_engines_) {
         pull_with_copy_engines(call, a, s);
         note_launch(s);
         return a.output;
@@ -255,8 +230,6 @@ class NvlinkBackend final : public Backend {
   // need rows below r1 only.  A per-rank choice: what a peer sees (the
   // handshake, reads of its view until this call ends) is the same as for the
   // pull kernel.
-  bool use_copy_engines(const CombineCall&) const { return copy_engines_ == 1; }
-
   void pull_with_copy_engines(const CombineCall& call, kernels::CombineLaunch& a, cudaStream_t s) {
     check_cuda(kernels::launch_combine_handshake(shape_, offsets_, state_, pdl_, s), "launching the combine handshake");
     if (!side_copies_) side_copies_ = std::make_unique<SideCopies>();
@@ -391,11 +364,11 @@ class NvlinkBackend final : public Backend {
     combine_schedule_ = combine_schedule_from_environment();
     combine_phases_ = int_from_environment("MOE_EP_COMBINE_PHASES");
     combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
-    small_batch_ = small_batch_from_environment();
-    pdl_ = cc >= 90 && pdl_from_environment() ? 1 : 0;
-    pull_registers_ = pull_registers_from_environment() ? 1 : 0;
-    pull_rows_ = pull_rows_from_environment() ? 1 : 0;
-    copy_engines_ = copy_engines_from_environment();
+    small_batch_ = environment_switch("MOE_EP_SMALL_BATCH");
+    pdl_ = cc >= 90 && environment_switch("MOE_EP_PDL") ? 1 : 0;
+    pull_registers_ = environment_switch("MOE_EP_PULL_LOADS", "registers") ? 1 : 0;
+    pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
+    copy_engines_ = environment_switch("MOE_EP_COMBINE_COPY_ENGINES", "1");
     copy_engine_chunks_ = int_from_environment("MOE_EP_COMBINE_COPY_CHUNKS");
     if (copy_engine_chunks_ <= 0 || copy_engine_chunks_ > SideCopies::kMaxChunks) copy_engine_chunks_ = 4;
   }
@@ -508,7 +481,7 @@ class NvlinkBackend final : public Backend {
   int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers
   int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
-  int copy_engines_ = 0;                     // MOE_EP_COMBINE_COPY_ENGINES=1
+  bool copy_engines_ = false;                // MOE_EP_COMBINE_COPY_ENGINES=1
   int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS
   std::unique_ptr<SideCopies> side_copies_;  // made at the first copy-engine combine
   bool released_ = false;
