@@ -23,6 +23,7 @@ NCU="ncu --kernel-name regex:combine_pull --launch-skip 8 --launch-count 1 --set
 NPICK=6 PICK="^ +4096 \||==PROF==|error" step profile 150 mpirun -np 2 --bind-to none sh -c \
   "if [ \"\$OMPI_COMM_WORLD_RANK\" = 0 ]; then exec $NCU $TOOL $BENCH; else exec $TOOL $BENCH; fi"
 [ -f "$OUT/pull_r0.ncu-rep" ] && ncu --import "$OUT/pull_r0.ncu-rep" --page details \
-  --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats > "$OUT/pull_r0.txt" 2>&1
+  --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters \
+  --section LaunchStats --section Occupancy > "$OUT/pull_r0.txt" 2>&1
 echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
 exit $rc

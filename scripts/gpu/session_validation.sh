@@ -36,9 +36,9 @@ step check_nccl_network 90 $MPI2 $NET_ENV sh -c "NCCL_HOSTID=moe_ep_host\$OMPI_C
 step check_nccl_4ranks 60 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nccl --filter basic
 step fd_exchange_root 30 $BUILD/test/nvlink/test_nvlink_host "[fd_exchange]"
 NPICK=6 PICK=": destroy |destroy took|passed|failed" step destroy_scope 40 $MPI2 -x MOE_EP_LOG=info $GPU_TEST "[destroy_scope]"
-step memcheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[peer_counts],[bad_ids]"
-step racecheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[peer_counts]"
-step synccheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "[peer_counts]"
+step memcheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[peer_counts],[bad_ids],[zero_copy]"
+step racecheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[peer_counts],[zero_copy]"
+step synccheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "[peer_counts],[zero_copy]"
 step memcheck_nccl 90 $MPI2 $SAN --tool memcheck --report-api-errors no $TOOL check --backend nccl --filter basic --modes eager --rounds 1
 NPICK=12 PICK="^ +[0-9]+ " step bench_nvlink 60 $MPI2 $TOOL bench --backend nvlink --hidden 7168 --topk 8 --experts 256 \
   --dtype bf16 --routing uniform -t 1,128,512,4096 -w 10 -n 50 --graph --json "$OUT/bench_graph.json"
