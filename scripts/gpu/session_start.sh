@@ -7,9 +7,9 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT/validation" "$OUT/profile"
-OUT=$OUT/validation bash "$(dirname "$0")/session_validation.sh" "${1:-360}" > "$OUT/validation_stdout.txt" 2>&1
+OUT=$OUT/validation bash "$(dirname "$0")/session_validation.sh" "${1:-360}" > /tmp/validation_stdout.txt 2>&1
 v=$?
-OUT=$OUT/profile bash "$(dirname "$0")/pull_profile.sh" "${2:-160}" > "$OUT/profile_stdout.txt" 2>&1
+OUT=$OUT/profile bash "$(dirname "$0")/pull_profile.sh" "${2:-160}" > /tmp/profile_stdout.txt 2>&1
 p=$?
 echo "session_validation exit $v; pull_profile exit $p"
 cat "$OUT/validation/summary.txt" "$OUT/profile/summary.txt"
