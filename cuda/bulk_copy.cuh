@@ -69,6 +69,21 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
                : "memory");
 }
 
+// Small asynchronous copies (4 bytes per thread, global to shared), waited
+// for by the issuing thread with commit groups; other threads of the warp see
+// them after that thread's wait and a __syncwarp.
+__device__ __forceinline__ void copy_async_4_to_shared(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_address(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits for every committed group but the newest.
+__device__ __forceinline__ void copy_async_wait_all_but_newest() {
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+// Waits for every committed group (before leaving, so that nothing is still
+// being written into shared memory).
+__device__ __forceinline__ void copy_async_drain() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
 __device__ __forceinline__ bool barrier_try_wait(uint64_t* barrier, uint32_t parity) {
   uint32_t done;
   asm volatile(

@@ -210,8 +210,14 @@ constexpr int kRowStages = 12;
 constexpr int kRowStageBytes = 16 * 1024;  // rows up to 16 KiB
 constexpr int kRowVectorsPerThread = 3;    // 15 consumer warps x 32 x 3 x 16 B >= 16 KiB
 constexpr int kRowConsumers = kBlockThreads - 32;
-constexpr size_t kRowSharedBytes =
-    size_t{kRowStages} * kRowStageBytes + 2 * kRowStages * sizeof(uint64_t) + kRowStages * sizeof(int2);
+// The producer reads the token slots (which rank holds each partial) a batch
+// of tokens at a time, one batch ahead, into two shared buffers: one global
+// load latency per token would otherwise bound a block to about one token per
+// microsecond, which is what held a few SMs to 26 GB/s each.
+constexpr int kSlotBatchInts = 1024;
+constexpr int kSlotBatchMaxTokens = 64;
+constexpr size_t kRowSharedBytes = size_t{kRowStages} * kRowStageBytes + 2 * kRowStages * sizeof(uint64_t) +
+                                   kRowStages * sizeof(int2) + 2 * kSlotBatchInts * sizeof(int32_t);
 static_assert(kRowConsumers * kRowVectorsPerThread * 16 >= kRowStageBytes, "every vector of a row has a thread");
 
 enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2, kRowDone = 4 };
@@ -221,11 +227,13 @@ struct RowStages {
   uint64_t* full;   // [kRowStages]: the copy (or the empty step) landed
   uint64_t* empty;  // [kRowStages]: every consumer warp has read the buffer
   int2* steps;      // [kRowStages]: {token, RowStepFlags}
+  int32_t* slots;   // [2][kSlotBatchInts]: the producer's token slots, a batch ahead
   __device__ explicit RowStages(char* shared)
       : buffers(shared),
         full(reinterpret_cast<uint64_t*>(shared + size_t{kRowStages} * kRowStageBytes)),
         empty(full + kRowStages),
-        steps(reinterpret_cast<int2*>(empty + kRowStages)) {}
+        steps(reinterpret_cast<int2*>(empty + kRowStages)),
+        slots(reinterpret_cast<int32_t*>(steps + kRowStages)) {}
 };
 
 bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
@@ -245,7 +253,8 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_
   auto emit = [&](int32_t token, int32_t flags, const char* src) -> bool {
     const int stage = static_cast<int>(k % kRowStages);
     const uint32_t use = k / kRowStages;
-    if (use > 0 && !barrier_wait(st.empty + stage, (use - 1) & 1u, c.state.timeout_ns)) return false;
+    const bool released = use == 0 || barrier_wait(st.empty + stage, (use - 1) & 1u, c.state.timeout_ns);
+    if (!__all_sync(0xFFFFFFFFu, released)) return false;  // warp-uniform, for the shuffles that follow
     if (lane == 0) {
       st.steps[stage] = make_int2(token, flags);
       if (src != nullptr) {
@@ -259,18 +268,44 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_
     ++k;
     return true;
   };
+  // Tokens [first, first + batch) have their slots in st.slots[buffer]; the
+  // lanes fetch the next batch with asynchronous 4-byte copies while lane 0
+  // issues the current batch's row copies.
+  const int32_t batch = min(kSlotBatchMaxTokens, kSlotBatchInts / world);
+  auto fetch = [&](int32_t first, int buffer) {
+    const int32_t count = max(0, min(batch, t1 - first)) * world;
+    const int32_t* src = slots + static_cast<int64_t>(first) * world;
+    int32_t* dst = st.slots + buffer * kSlotBatchInts;
+    for (int32_t i = lane; i < count; i += 32) copy_async_4_to_shared(dst + i, src + i);
+    copy_async_commit();
+  };
   if (lane == 0) fence_global_before_bulk_copies();  // the handshake's acquires
-  for (int32_t t = t0; t < t1; ++t) {
-    const TokenDestinations srcs = TokenDestinations::load(slots + static_cast<int64_t>(t) * world, world, lane);
-    uint64_t rest = srcs.mask;
-    if (rest == 0 && !emit(t, kRowLast | kRowEmpty, nullptr)) return false;
-    while (rest != 0) {
-      const int q = lowest_rank(rest);
-      rest &= rest - 1;
-      const int32_t slot = srcs.slot(q);  // every lane
-      if (!emit(t, rest == 0 ? kRowLast : 0, partial_row(p, q, slot))) return false;
+  fetch(t0, 0);
+  int buffer = 0;
+  for (int32_t first = t0; first < t1; first += batch, buffer ^= 1) {
+    fetch(first + batch, buffer ^ 1);
+    copy_async_wait_all_but_newest();
+    __syncwarp();  // every lane's part of this batch landed
+    const int32_t* cached = st.slots + buffer * kSlotBatchInts;
+    const int32_t last = min(first + batch, t1);
+    for (int32_t t = first; t < last; ++t) {
+      const TokenDestinations srcs = TokenDestinations::load(cached + (t - first) * world, world, lane);
+      uint64_t rest = srcs.mask;
+      bool ok = rest != 0 || emit(t, kRowLast | kRowEmpty, nullptr);
+      while (rest != 0) {
+        const int q = lowest_rank(rest);
+        rest &= rest - 1;
+        const int32_t slot = srcs.slot(q);  // every lane
+        ok = ok && emit(t, rest == 0 ? kRowLast : 0, partial_row(p, q, slot));
+      }
+      if (!ok) {
+        copy_async_drain();
+        return false;
+      }
     }
+    __syncwarp();  // every lane read this batch before the fetch after next overwrites it
   }
+  copy_async_drain();
   return emit(-1, kRowDone, nullptr);
 }
 
