@@ -84,6 +84,23 @@ __device__ __forceinline__ void copy_async_wait_all_but_newest() {
 // being written into shared memory).
 __device__ __forceinline__ void copy_async_drain() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
+// One thread: the same as bulk_copy_to_shared, as several copies of at most
+// `chunk` bytes (a multiple of 16) completing on the one barrier: the copy
+// unit works on several smaller copies at once, where one large copy's
+// requests are issued in order.
+__device__ __forceinline__ void bulk_copy_chunks_to_shared(void* dst, const void* src, uint32_t bytes, uint32_t chunk,
+                                                           uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
+               : "memory");
+  for (uint32_t offset = 0; offset < bytes; offset += chunk) {
+    const uint32_t n = bytes - offset < chunk ? bytes - offset : chunk;
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     shared_address(static_cast<char*>(dst) + offset)),
+                 "l"(static_cast<const char*>(src) + offset), "r"(n), "r"(shared_address(barrier))
+                 : "memory");
+  }
+}
+
 __device__ __forceinline__ bool barrier_try_wait(uint64_t* barrier, uint32_t parity) {
   uint32_t done;
   asm volatile(

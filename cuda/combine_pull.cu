@@ -248,6 +248,7 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_
   const int lane = threadIdx.x % 32;
   const int world = c.shape.world_size;
   const uint32_t bytes = static_cast<uint32_t>(c.shape.combine_row_bytes);
+  const uint32_t chunk = p.args.pull_copy_bytes >= 16 ? static_cast<uint32_t>(p.args.pull_copy_bytes) / 16 * 16 : bytes;
   const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
   uint32_t k = 0;
   auto emit = [&](int32_t token, int32_t flags, const char* src) -> bool {
@@ -259,7 +260,7 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_
       st.steps[stage] = make_int2(token, flags);
       if (src != nullptr) {
         fence_shared_before_bulk_copy();
-        bulk_copy_to_shared(st.buffers + size_t(stage) * kRowStageBytes, src, bytes, st.full + stage);
+        bulk_copy_chunks_to_shared(st.buffers + size_t(stage) * kRowStageBytes, src, bytes, chunk, st.full + stage);
       } else {
         barrier_arrive(st.full + stage);
       }
@@ -315,7 +316,6 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st) {
   using Bits = typename Element::Bits;
   constexpr int kPer = 16 / sizeof(Bits);
   const KernelContext& c = p.ctx;
-  const int lane = threadIdx.x % 32;
   const int i = static_cast<int>(threadIdx.x) - 32;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
   float acc[kRowVectorsPerThread][kPer];
@@ -341,8 +341,12 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st) {
         for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b[e]);
       }
     }
-    __syncwarp();
-    if (lane == 0) barrier_arrive(st.empty + stage);
+    // Every consumer thread arrives (the barrier counts kRowConsumers): each
+    // releases its own reads of the buffer and of the step, which is what the
+    // barrier's release semantics cover (and what compute-sanitizer's
+    // racecheck checks; one arrival per warp after a __syncwarp is flagged,
+    // and costs no less: scripts/gpu/mbarrier_release_probe.cu).
+    barrier_arrive(st.empty + stage);
     if (step.y & kRowLast) {
       uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
                                             static_cast<int64_t>(step.x) * c.shape.combine_row_bytes);
@@ -370,7 +374,7 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < kRowStages; ++s) {
       barrier_init(st.full + s, 1);
-      barrier_init(st.empty + s, kRowConsumers / 32);
+      barrier_init(st.empty + s, kRowConsumers);
     }
     barrier_init_fence();
   }

@@ -188,6 +188,8 @@ struct CombineLaunch {
   int32_t token_end;
   int32_t pull_rows;           // pull only: whole-row bulk copies, warp-specialised (rows of at most
                                // 16 KiB, 16-byte aligned; MOE_EP_PULL_ROWS)
+  int32_t pull_copy_bytes;     // pull_rows only: each row is brought in copies of at most this many
+                               // bytes (a multiple of 16, 16..16384; MOE_EP_PULL_COPY_BYTES)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)

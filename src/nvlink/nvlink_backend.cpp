@@ -53,6 +53,16 @@ int32_t int_from_environment(const char* name) {
   return n > 0 && n < 65536 ? static_cast<int32_t>(n) : 0;
 }
 
+// The whole-row pull brings each partial row in bulk copies of at most this
+// many bytes (MOE_EP_PULL_COPY_BYTES, rounded down to a multiple of 16 and
+// kept within 16..16384).
+constexpr int32_t kDefaultPullCopyBytes = 16384;
+int32_t pull_copy_bytes_from_environment() {
+  const int32_t n = int_from_environment("MOE_EP_PULL_COPY_BYTES");
+  if (n <= 0) return kDefaultPullCopyBytes;
+  return n < 16 ? 16 : (n > 16384 ? 16384 : n / 16 * 16);
+}
+
 // Per-rank switches read from the environment at create; none changes what a
 // peer sees, so ranks may differ in them:
 //   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: calls of at
@@ -61,6 +71,8 @@ int32_t int_from_environment(const char* name) {
 //                          the device has compute capability 9.0 or newer);
 //   MOE_EP_PULL_ROWS=0     the pull combine copies 2 KiB segments instead of
 //                          whole rows (rows of at most 16 KiB);
+//   MOE_EP_PULL_COPY_BYTES=N  the whole-row pull brings rows in copies of at
+//                          most N bytes (default: one copy per row);
 //   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
 //                          into registers instead of bulk copies (a diagnostic);
 //   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
@@ -195,6 +207,7 @@ class NvlinkBackend final : public Backend {
     a.pull = layout_.zero_copy_combine && layout_.world_size > 1 ? 1 : 0;
     a.pull_registers = pull_registers_;
     a.pull_rows = pull_rows_;
+    a.pull_copy_bytes = pull_copy_bytes_;
     a.token_begin = 0;
     a.token_end = call.num_tokens;
     if (a.pull) {
@@ -368,6 +381,7 @@ class NvlinkBackend final : public Backend {
     pdl_ = cc >= 90 && environment_switch("MOE_EP_PDL") ? 1 : 0;
     pull_registers_ = environment_switch("MOE_EP_PULL_LOADS", "registers") ? 1 : 0;
     pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
+    pull_copy_bytes_ = pull_copy_bytes_from_environment();
     copy_engines_ = environment_switch("MOE_EP_COMBINE_COPY_ENGINES", "1");
     copy_engine_chunks_ = int_from_environment("MOE_EP_COMBINE_COPY_CHUNKS");
     if (copy_engine_chunks_ <= 0 || copy_engine_chunks_ > SideCopies::kMaxChunks) copy_engine_chunks_ = 4;
@@ -481,6 +495,7 @@ class NvlinkBackend final : public Backend {
   int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers
   int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
+  int32_t pull_copy_bytes_ = kDefaultPullCopyBytes;  // MOE_EP_PULL_COPY_BYTES
   bool copy_engines_ = false;                // MOE_EP_COMBINE_COPY_ENGINES=1
   int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS
   std::unique_ptr<SideCopies> side_copies_;  // made at the first copy-engine combine
