@@ -18,12 +18,17 @@ PICK="Linking|error:" step build 90 bash -c "cmake -S . -B $BUILD -G Ninja -DCMA
 TOOL=$PWD/$BUILD/tools/moe_ep_conformance
 BENCH="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -t 4096 -w 5 -n 10 \
   --graph --no-baselines --zero-copy-combine --num-sms 16 --timeout-ms 120000"
-NCU="ncu --kernel-name regex:combine_pull --launch-skip 8 --launch-count 1 --set full --clock-control none \
+NCU="ncu --kernel-name regex:combine_pull --launch-skip 8 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+  --section SourceCounters --section LaunchStats --section Occupancy --clock-control none \
   --target-processes all -f -o $OUT/pull_r0"
 NPICK=6 PICK="^ +4096 \||==PROF==|error" step profile 150 mpirun -np 2 --bind-to none sh -c \
   "if [ \"\$OMPI_COMM_WORLD_RANK\" = 0 ]; then exec $NCU $TOOL $BENCH; else exec $TOOL $BENCH; fi"
-[ -f "$OUT/pull_r0.ncu-rep" ] && ncu --import "$OUT/pull_r0.ncu-rep" --page details \
-  --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters \
-  --section LaunchStats --section Occupancy > "$OUT/pull_r0.txt" 2>&1
+if [ -f "$OUT/pull_r0.ncu-rep" ]; then
+  ncu --import "$OUT/pull_r0.ncu-rep" --page details --print-details all \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters \
+    --section LaunchStats --section Occupancy > "$OUT/pull_r0.txt" 2>&1
+  ncu --import "$OUT/pull_r0.ncu-rep" --page source --csv --print-source sass 2> /dev/null |
+    python3 "$(dirname "$0")/ncu_source_top.py" > "$OUT/pull_r0_source.txt" 2>&1
+fi
 echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
 exit $rc
