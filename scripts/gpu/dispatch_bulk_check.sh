@@ -2,8 +2,9 @@
 # One device call (2 GPUs) for dispatch's bulk-copy rows (MOE_EP_DISPATCH_BULK,
 # docs/nvlink_backend.md, v11), in order of what matters most if the budget
 # runs out: build; the NVLink GPU suite with bulk rows (small-batch kernels);
-# bench at 4096 tokens, DeepSeek shape, graph, on 8 / 16 / 24 / all SMs,
-# register path against bulk copies, each pair back to back; compute-sanitizer
+# bench at 4096 tokens, DeepSeek shape, graph, on 8 / 16 / 24 / all SMs (all
+# SMs also at 1, 128 and 512 tokens), register path against bulk copies, each
+# pair back to back, baselines (C) in each run; compute-sanitizer
 # memcheck, racecheck and synccheck on the dispatch-rows cases with bulk rows;
 # the suite with bulk rows on the general kernels, the default suite, the
 # general-kernels suite; then 20 / 28 / 32 SMs on both paths (the 24-SM dip).
@@ -24,10 +25,13 @@ SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
 
 step ctest_nvlink_gpu_dispatch_bulk_np2 45 ctest --test-dir $BUILD -R "^nvlink_gpu_dispatch_bulk_np2\$" --output-on-failure --timeout 40
 
-B="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -t 4096 -w 10 -n 50 --graph"
+# All SMs also at 1, 128 and 512 tokens: the bulk kernels' 192 KiB of shared memory must not cost small calls.
+B="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -w 10 -n 50 --graph"
 for sms in 8 16 24 0; do
-  NPICK=2 PICK="^ +[0-9]+ \|" step registers_sms$sms 25 $MPI2 -x MOE_EP_DISPATCH_BULK=0 $TOOL $B --num-sms $sms
-  NPICK=2 PICK="^ +[0-9]+ \|" step bulk_sms$sms 25 $MPI2 -x MOE_EP_DISPATCH_BULK=1 $TOOL $B --num-sms $sms
+  sizes=4096 npick=2
+  [ $sms -eq 0 ] && sizes=1,128,512,4096 npick=8
+  NPICK=$npick PICK="^ +[0-9]+ \|" step registers_sms$sms 25 $MPI2 -x MOE_EP_DISPATCH_BULK=0 $TOOL $B -t $sizes --num-sms $sms
+  NPICK=$npick PICK="^ +[0-9]+ \|" step bulk_sms$sms 25 $MPI2 -x MOE_EP_DISPATCH_BULK=1 $TOOL $B -t $sizes --num-sms $sms
 done
 
 for tool in memcheck racecheck synccheck; do
@@ -39,8 +43,8 @@ for t in nvlink_gpu_dispatch_bulk_general_np2 nvlink_gpu_np2 nvlink_gpu_general_
 done
 
 for sms in 20 28 32; do
-  NPICK=1 PICK="^ +[0-9]+ \|" step registers_sms$sms 20 $MPI2 -x MOE_EP_DISPATCH_BULK=0 $TOOL $B --no-baselines --num-sms $sms
-  NPICK=1 PICK="^ +[0-9]+ \|" step bulk_sms$sms 20 $MPI2 -x MOE_EP_DISPATCH_BULK=1 $TOOL $B --no-baselines --num-sms $sms
+  NPICK=1 PICK="^ +[0-9]+ \|" step registers_sms$sms 20 $MPI2 -x MOE_EP_DISPATCH_BULK=0 $TOOL $B -t 4096 --no-baselines --num-sms $sms
+  NPICK=1 PICK="^ +[0-9]+ \|" step bulk_sms$sms 20 $MPI2 -x MOE_EP_DISPATCH_BULK=1 $TOOL $B -t 4096 --no-baselines --num-sms $sms
 done
 echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
 exit $rc
