@@ -1,6 +1,7 @@
 // Bulk asynchronous copies from global memory (local or a peer's, over
-// NVLink) into shared memory, completed on a shared-memory barrier
-// (compute capability 9.0 and newer: cp.async.bulk and mbarrier).
+// NVLink) into shared memory, completed on a shared-memory barrier, and from
+// shared memory into global memory, completed in bulk groups (compute
+// capability 9.0 and newer: cp.async.bulk and mbarrier).
 //
 // Why: a warp that loads into registers can keep only a few KiB in flight, so
 // a handful of SMs cannot cover NVLink's latency; a bulk copy is issued by one
@@ -99,6 +100,40 @@ __device__ __forceinline__ void bulk_copy_chunks_to_shared(void* dst, const void
                  "l"(static_cast<const char*>(src) + offset), "r"(n), "r"(shared_address(barrier))
                  : "memory");
   }
+}
+
+// One thread: copies `bytes` (a multiple of 16; both addresses 16-byte
+// aligned) from shared `src` to global `dst` (local memory or a peer's, over
+// NVLink), as part of this thread's current bulk group.  The copy reads `src`
+// some time after the call: the buffer may be rewritten only after
+// bulk_wait_groups_read says so.
+__device__ __forceinline__ void bulk_copy_to_global(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(shared_address(src)),
+               "r"(bytes)
+               : "memory");
+}
+
+// Closes this thread's current bulk group (the copies issued since the last
+// commit).
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until at most `kPending` of this thread's newest bulk groups still
+// read their shared-memory sources (the older groups' buffers may be reused).
+// A hardware wait for the thread's own copies, which read local shared memory
+// and always finish: no timeout applies, as for a fence.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_groups_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
+// Waits until every bulk group of this thread is complete (its writes
+// performed), then orders them, as seen by this thread, before its later
+// generic accesses: after it the writes are covered by a barrier and a
+// release exactly like the thread's ordinary stores.  Like a fence, a
+// hardware wait (a peer's mapped memory always accepts the writes).
+__device__ __forceinline__ void bulk_wait_all_written() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 __device__ __forceinline__ bool barrier_try_wait(uint64_t* barrier, uint32_t parity) {

@@ -485,15 +485,8 @@ cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream) {
   // The kernel's shared-memory limit is raised once per device, not on every
   // call (combine is on the caller's hot path).
   static std::atomic<uint64_t> raised_on_devices{0};
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
+  const cudaError_t e = raise_dynamic_shared_limit_once(combine_pull_kernel, kPullSharedBytes, &raised_on_devices);
   if (e != cudaSuccess) return e;
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || (raised_on_devices.load(std::memory_order_acquire) & bit) == 0) {
-    e = cudaFuncSetAttribute(combine_pull_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPullSharedBytes);
-    if (e != cudaSuccess) return e;
-    raised_on_devices.fetch_or(bit, std::memory_order_release);
-  }
   return launch_kernel(combine_pull_kernel, p.args.num_blocks, kBlockThreads, kPullSharedBytes, stream, p.args.pdl, p);
 }
 

@@ -13,6 +13,9 @@
 // and local_expert_counts.  No block waits for another block of this grid.
 #include <stdint.h>
 
+#include <atomic>
+
+#include "bulk_store_ring.cuh"
 #include "device_sync.cuh"
 #include "fast_division.h"
 #include "kernel_common.cuh"
@@ -290,12 +293,14 @@ __device__ inline void send_token_meta(const DispatchParams& p, int32_t token, c
 // in segments (aligned rows) or whole (any other), then one item for ids,
 // weights and scales.
 struct OwnItems {
+  int t0;
   bool aligned;
   int segments;
   int parts;
   int count;
   __device__ OwnItems(const DispatchParams& p, int t0, int t1) {
     const GroupShape& s = p.ctx.shape;
+    this->t0 = t0;
     aligned = s.hidden_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(p.args.hidden) % 16 == 0;
     segments = aligned ? static_cast<int>((s.hidden_row_bytes + kSegmentBytes - 1) / kSegmentBytes) : 1;
     parts = segments + 1;
@@ -304,24 +309,166 @@ struct OwnItems {
   __device__ bool is_segment(int item) const { return aligned && item < count && item % parts < segments; }
 };
 
-// The first segment of each warp does not depend on the routing: load it
-// before routing so that its latency hides behind the scan.
-__device__ __forceinline__ bool prefetch_first_segment(const DispatchParams& p, int t0, int t1,
-                                                       uint4 (&v)[kVectorsPerLane]) {
-  const OwnItems items(p, t0, t1);
-  const int item = threadIdx.x / 32;
-  if (!items.is_segment(item)) return false;
-  load_segment(p, t0 + item / items.parts, item % items.parts, threadIdx.x % 32, v);
-  return true;
-}
+// How a warp moves the aligned segments of its items: a policy of the one
+// send path (send_own_tokens), chosen per call on the host
+// (DispatchLaunch::bulk_rows).  Each policy has
+//   kSharedBytes     the dynamic shared memory its kernels are launched with;
+//   start()          before routing: work that does not depend on it;
+//   abandon()        instead of sending, when the call does no work;
+//   send(...)        one segment item, to the ranks `dests` names;
+//   finish()         after the warp's last item, before the block publishes:
+//                    every store written and ordered like an ordinary store.
+//
+// RegisterSegments: a segment is loaded into registers, then stored to every
+// destination; the first segment of each warp is loaded before routing so
+// that its latency hides behind the scan.
+class RegisterSegments {
+ public:
+  __device__ RegisterSegments(const DispatchParams& p, int t0, int t1, char*) : p_(p), items_(p, t0, t1) {}
+  static constexpr size_t kSharedBytes = 0;
+
+  __device__ void start() {
+    const int item = threadIdx.x / 32;
+    prefetched_ = items_.is_segment(item);
+    if (prefetched_) load_segment(p_, items_.t0 + item / items_.parts, item % items_.parts, threadIdx.x % 32, first_);
+  }
+  __device__ void abandon() {}
+  __device__ void send(int item, int32_t token, int segment, const TokenDestinations& dests, int lane) {
+    if (item == threadIdx.x / 32 && prefetched_) {
+      store_segment(p_, segment, dests, lane, first_);
+      return;
+    }
+    uint4 v[kVectorsPerLane];
+    load_segment(p_, token, segment, lane, v);
+    store_segment(p_, segment, dests, lane, v);
+  }
+  __device__ void finish() {}
+
+ private:
+  const DispatchParams& p_;
+  const OwnItems items_;
+  bool prefetched_ = false;
+  uint4 first_[kVectorsPerLane];
+};
+
+// BulkSegments (compute capability 9.0, 16-byte aligned rows): lane 0 of each
+// warp forwards its segments through a ring of kBulkStages shared-memory
+// buffers (BulkStoreRing): each segment is read from HBM once with a bulk copy
+// and written to every destination with bulk copies, kBulkStages - 1 segments
+// read ahead; the first ones are read before routing.  The other lanes take
+// part only in the warp-collective reads of the destinations.
+constexpr int kBulkStages = 3;
+// Dynamic shared memory of a block (also known to the host code, which has no
+// __CUDA_ARCH__): each warp's buffers and barriers.
+constexpr size_t kBulkSegmentsSharedBytes = size_t{kWarpsPerBlock} * kBulkStages * (kSegmentBytes + sizeof(uint64_t));
+#ifdef MOE_EP_HAVE_BULK_COPY
+using SegmentRing = BulkStoreRing<kBulkStages, kSegmentBytes>;
+static_assert(kBulkSegmentsSharedBytes == kWarpsPerBlock * (SegmentRing::kBufferBytes + SegmentRing::kBarrierBytes),
+              "the ring's layout");
+
+class BulkSegments {
+ public:
+  __device__ BulkSegments(const DispatchParams& p, int t0, int t1, char* shared)
+      : p_(p),
+        items_(p, t0, t1),
+        ring_(shared + static_cast<size_t>(threadIdx.x / 32) * SegmentRing::kBufferBytes,
+              reinterpret_cast<uint64_t*>(shared + kWarpsPerBlock * SegmentRing::kBufferBytes) +
+                  static_cast<size_t>(threadIdx.x / 32) * kBulkStages),
+        next_item_(first_segment_item()) {}
+  static constexpr size_t kSharedBytes = kBulkSegmentsSharedBytes;
+
+  __device__ void start() {
+    if (threadIdx.x % 32 != 0 || !items_.aligned) return;
+    ring_.init();
+    while (loaded_ < kBulkStages - 1 && load_next()) {
+    }
+  }
+  // The loads already issued land before the block leaves.
+  __device__ void abandon() {
+    if (threadIdx.x % 32 == 0) ring_.drain_loads(loaded_, stored_, p_.ctx.state.timeout_ns);
+  }
+  // Segment items come in the order start() and load_next() walked them.
+  __device__ void send(int, int32_t, int segment, const TokenDestinations& dests, int lane) {
+    const GroupShape& s = p_.ctx.shape;
+    const uint32_t n = stored_++;
+    const bool landed = lane != 0 || failed_ || ring_.wait_loaded(n, p_.ctx.state.timeout_ns);
+    if (!landed) {  // a local read that never finished: recorded, the warp sends no more segments
+      record_timeout(p_.ctx.control(), p_.ctx.state.mirror, kPhaseDispatch, s.rank);
+      failed_ = true;
+    }
+    // The buffer was written by the bulk load (seen through the barrier) and
+    // is read by the bulk stores: order the two across the proxies.
+    if (lane == 0 && !failed_) fence_shared_before_bulk_copy();
+    const uint32_t bytes = static_cast<uint32_t>(segment_vectors(s, segment)) * 16u;
+    const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
+    for (uint64_t rest = dests.mask; rest != 0; rest &= rest - 1) {
+      const int d = lowest_rank(rest);
+      const int64_t row = static_cast<int64_t>(s.rank) * p_.args.tokens_per_rank + dests.slot(d);  // every lane
+      if (lane == 0 && !failed_) {
+        ring_.store(n, p_.ctx.rank_base(d) + p_.ctx.offsets.recv_hidden + row * s.hidden_row_bytes + offset, bytes);
+      }
+    }
+    if (lane == 0 && !failed_) {
+      ring_.end_stores();
+      load_next();
+    }
+  }
+  __device__ void finish() {
+    if (threadIdx.x % 32 == 0 && items_.aligned) ring_.wait_all_written();
+  }
+
+ private:
+  __device__ int first_segment_item() const {
+    const int item = threadIdx.x / 32;
+    return items_.is_segment(item) || item >= items_.count ? item : following_segment_item(item);
+  }
+  __device__ int following_segment_item(int item) const {
+    do {
+      item += kWarpsPerBlock;
+    } while (item < items_.count && !items_.is_segment(item));
+    return item;
+  }
+  // Lane 0: reads the warp's next segment item into the ring; false when
+  // there is none.
+  __device__ bool load_next() {
+    if (next_item_ >= items_.count) return false;
+    const GroupShape& s = p_.ctx.shape;
+    const int32_t token = items_.t0 + next_item_ / items_.parts;
+    const int segment = next_item_ % items_.parts;
+    const char* src = static_cast<const char*>(p_.args.hidden) + static_cast<int64_t>(token) * s.hidden_row_bytes +
+                      static_cast<int64_t>(segment) * kSegmentBytes;
+    ring_.load(loaded_++, src, static_cast<uint32_t>(segment_vectors(s, segment)) * 16u);
+    next_item_ = following_segment_item(next_item_);
+    return true;
+  }
+
+  const DispatchParams& p_;
+  const OwnItems items_;
+  SegmentRing ring_;
+  int next_item_;         // lane 0: the next segment item to load
+  uint32_t loaded_ = 0;   // lane 0: segments loaded
+  uint32_t stored_ = 0;   // every lane: segments sent (ring slot numbers)
+  bool failed_ = false;   // lane 0: a load timed out
+};
+#else
+// Device code for an architecture without bulk copies (a build whose lowest
+// architecture is below 9.0, run on a newer device): the register path, the
+// shared memory given at launch unused.
+class BulkSegments : public RegisterSegments {
+ public:
+  static constexpr size_t kSharedBytes = kBulkSegmentsSharedBytes;
+  __device__ BulkSegments(const DispatchParams& p, int t0, int t1, char* shared)
+      : RegisterSegments(p, t0, t1, shared) {}
+};
+#endif
 
 // Step 2: the own tokens [t0, t1) as warp items (OwnItems), each sent to the
 // ranks `destinations_of(token, lane)` names.  One code path for both
-// kernels: the general kernel reads a token's slots back from token_slots,
-// the small-batch kernel derives them from its shared ballots.
-template <typename DestinationsOf>
-__device__ __forceinline__ void send_own_tokens(const DispatchParams& p, int t0, int t1, bool prefetched,
-                                                const uint4 (&first)[kVectorsPerLane],
+// kernels and both segment policies: the general kernel reads a token's slots
+// back from token_slots, the small-batch kernel derives them from its shared
+// ballots; `segments` moves the aligned hidden segments.
+template <typename Segments, typename DestinationsOf>
+__device__ __forceinline__ void send_own_tokens(const DispatchParams& p, int t0, int t1, Segments& segments,
                                                 const DestinationsOf& destinations_of) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const OwnItems items(p, t0, t1);
@@ -333,14 +480,11 @@ __device__ __forceinline__ void send_own_tokens(const DispatchParams& p, int t0,
       send_token_meta(p, token, dests, lane);
     } else if (!items.aligned) {
       send_hidden_row_any(p, token, dests, lane);
-    } else if (item == warp && prefetched) {
-      store_segment(p, part, dests, lane, first);
     } else {
-      uint4 v[kVectorsPerLane];
-      load_segment(p, token, part, lane, v);
-      store_segment(p, part, dests, lane, v);
+      segments.send(item, token, part, dests, lane);
     }
   }
+  segments.finish();
 }
 
 // Step 2b: rows [totals[d], tpr) of this rank's segment on every rank d get
@@ -405,6 +549,10 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
   if (threadIdx.x == 0) c.control()->epoch = epoch;  // combine reads it; the next dispatch advances it
 }
 
+// Shared memory given at launch: the segment policy's buffers.
+extern __shared__ __align__(128) char segment_shared[];
+
+template <typename Segments>
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const DispatchParams p) {
   __shared__ RoutingShared sh;
   __shared__ uint32_t wait_ok[kMaxWorldSize];
@@ -416,19 +564,22 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   const int t1 = static_cast<int>(static_cast<int64_t>(T) * (blockIdx.x + 1) / gridDim.x);
 
   // The timeout record and the epoch are read now, in flight with the first
-  // row segment and the routing loads; nothing leaves the rank before the
+  // row segments and the routing loads; nothing leaves the rank before the
   // check (routing writes only private memory).
   if (threadIdx.x == 0) sh.timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
   const uint64_t epoch =
       blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
-  uint4 first[kVectorsPerLane];
-  const bool prefetched = prefetch_first_segment(p, t0, t1, first);
+  Segments segments(p, t0, t1, segment_shared);
+  segments.start();
   route_tokens(p, t0, t1, sh);  // ends with a barrier
-  if (sh.timed_out != kPhaseNone) return;  // block-uniform
+  if (sh.timed_out != kPhaseNone) {  // block-uniform
+    segments.abandon();
+    return;
+  }
   if (blockIdx.x == 0) send_counts(p, sh);
   const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   const int world = p.ctx.shape.world_size;
-  send_own_tokens(p, t0, t1, prefetched, first, [&](int32_t token, int lane) {
+  send_own_tokens(p, t0, t1, segments, [&](int32_t token, int lane) {
     return TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
   });
   write_padding(p, sh.totals);
@@ -523,6 +674,7 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   }
 }
 
+template <typename Segments>
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const DispatchParams p) {
   __shared__ SmallShared sh;
   wait_for_prior_grid();
@@ -534,18 +686,21 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
       threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
   const uint64_t epoch =
       blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
-  uint4 first[kVectorsPerLane];
-  const bool prefetched = prefetch_first_segment(p, t0, t1, first);
+  Segments segments(p, t0, t1, segment_shared);
+  segments.start();
   if (p.args.topk_weights != nullptr) {
     for (int t = t0 + static_cast<int>(threadIdx.x); t < t1; t += blockDim.x) {
       asm volatile("prefetch.global.L1 [%0];" ::"l"(p.args.topk_weights + static_cast<int64_t>(t) * p.ctx.shape.top_k));
     }
   }
   route_small(p, t0, t1, timed_out, sh);  // ends with a barrier
-  if (sh.r.timed_out != kPhaseNone) return;  // block-uniform
+  if (sh.r.timed_out != kPhaseNone) {  // block-uniform
+    segments.abandon();
+    return;
+  }
   if (blockIdx.x == 0) send_counts(p, sh.r);
   const int world = p.ctx.shape.world_size;
-  send_own_tokens(p, t0, t1, prefetched, first,
+  send_own_tokens(p, t0, t1, segments,
                   [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
   write_padding(p, sh.r.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
@@ -563,6 +718,44 @@ int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tok
   return blocks < 1 ? 1 : static_cast<int32_t>(blocks);
 }
 
+namespace {
+
+// The bulk kernels' shared-memory limit is raised once per device and kernel,
+// not on every call (dispatch is on the caller's hot path).
+std::atomic<uint64_t> bulk_general_raised{0};
+std::atomic<uint64_t> bulk_small_raised{0};
+
+template <typename Segments>
+void (*dispatch_kernel_for(bool small))(DispatchParams) {
+  return small ? dispatch_small_kernel<Segments> : dispatch_kernel<Segments>;
+}
+
+std::atomic<uint64_t>* bulk_raised(bool small) { return small ? &bulk_small_raised : &bulk_general_raised; }
+
+template <typename Segments>
+cudaError_t launch_with(bool small, const DispatchParams& p, cudaStream_t stream) {
+  const size_t shared = Segments::kSharedBytes;
+  if (shared > 0) {
+    const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small), shared, bulk_raised(small));
+    if (e != cudaSuccess) return e;
+  }
+  return launch_kernel(dispatch_kernel_for<Segments>(small), p.args.num_blocks, kBlockThreads, shared, stream,
+                       p.args.pdl, p);
+}
+
+}  // namespace
+
+cudaError_t prepare_dispatch(int32_t bulk_rows) {
+  if (bulk_rows == 0) return cudaSuccess;
+  for (const bool small : {false, true}) {
+    const cudaError_t e =
+        raise_dynamic_shared_limit_once(dispatch_kernel_for<BulkSegments>(small), BulkSegments::kSharedBytes,
+                                        bulk_raised(small));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
                             const DispatchLaunch& args, cudaStream_t stream) {
   DispatchParams p;
@@ -570,10 +763,12 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
   p.ctx.offsets = offsets;
   p.ctx.state = state;
   p.args = args;
-  if (args.small_batch != 0 && args.tokens_per_rank <= kSmallBatchMaxTokens) {
-    return launch_kernel(dispatch_small_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
-  }
-  return launch_kernel(dispatch_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
+  const bool small = args.small_batch != 0 && args.tokens_per_rank <= kSmallBatchMaxTokens;
+  // Bulk copies need 16-byte aligned rows and sources; any other call keeps
+  // the register path (which also handles rows of any size).
+  const bool bulk = args.bulk_rows != 0 && shape.hidden_row_bytes % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0;
+  return bulk ? launch_with<BulkSegments>(small, p, stream) : launch_with<RegisterSegments>(small, p, stream);
 }
 
 }  // namespace kernels

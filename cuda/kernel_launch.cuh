@@ -14,6 +14,9 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <atomic>
 
 namespace moe_ep {
 namespace kernels {
@@ -47,6 +50,23 @@ cudaError_t launch_kernel(void (*kernel)(Params), int blocks, int threads, size_
   config.attrs = attribute;
   config.numAttrs = pdl != 0 ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory (above the
+// default 48 KiB) on the current device.  Done once per device: the bits of
+// `raised_on_devices` (one variable per kernel) say where it was; devices 64
+// and above are raised on every call.
+template <typename Params>
+cudaError_t raise_dynamic_shared_limit_once(void (*kernel)(Params), size_t bytes,
+                                            std::atomic<uint64_t>* raised_on_devices) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (raised_on_devices->load(std::memory_order_acquire) & bit) != 0) return cudaSuccess;
+  e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess) raised_on_devices->fetch_or(bit, std::memory_order_release);
+  return e;
 }
 
 }  // namespace kernels

@@ -132,6 +132,8 @@ struct DispatchLaunch {
   int32_t num_blocks;          // grid size, at most the SMs the handle may use
   int32_t small_batch;         // nonzero: the small-batch kernel where it applies (tokens_per_rank <= kSmallBatchMaxTokens)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
+  int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go
+                               // through shared memory with bulk copies; other rows keep the register path
 };
 
 // Calls of at most this many tokens per rank may run the small-batch kernels:
@@ -225,6 +227,9 @@ int32_t combine_pull_blocks(int32_t num_tokens, int32_t sm_budget);
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets,
                             const HandleState& state, const DispatchLaunch& args,
                             cudaStream_t stream);
+// At create, outside any stream capture: lets the bulk-copy dispatch kernels
+// (bulk_rows nonzero) use their shared memory on the current device.
+cudaError_t prepare_dispatch(int32_t bulk_rows);
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets,
                            const HandleState& state, const CombineLaunch& args,
                            cudaStream_t stream);

@@ -76,7 +76,10 @@ int32_t pull_copy_bytes_from_environment() {
 //   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
 //                          into registers instead of bulk copies (a diagnostic);
 //   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
-//                          (default off: slower on every SM budget measured).
+//                          (default off: slower on every SM budget measured);
+//   MOE_EP_DISPATCH_BULK=1 dispatch moves 16-byte aligned hidden rows with bulk
+//                          copies through shared memory (compute capability
+//                          9.0 and newer; default off until measured).
 // True when `name` is set to `on_value`, or, with `on_value` NULL, when it is
 // unset or set to anything but "0".
 bool environment_switch(const char* name, const char* on_value = nullptr) {
@@ -153,7 +156,8 @@ class NvlinkBackend final : public Backend {
              combine_schedule_ == kernels::kCombineOverlapped ? "overlapped"
              : combine_schedule_ == kernels::kCombineAuto     ? "auto"
                                                               : "serial",
-             ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off");
+             ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off",
+             ", dispatch rows ", dispatch_bulk_ ? "bulk copies" : "registers");
   }
 
   const char* name() const override { return "nvlink_two_sided"; }
@@ -173,6 +177,7 @@ class NvlinkBackend final : public Backend {
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
     a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
     a.pdl = pdl_;
+    a.bulk_rows = dispatch_bulk_;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
     note_launch(s);
@@ -385,6 +390,7 @@ class NvlinkBackend final : public Backend {
     pull_copy_bytes_ = pull_copy_bytes_from_environment();
     pull_proxy_fence_ = environment_switch("MOE_EP_PULL_PROXY_FENCE") ? 1 : 0;
     copy_engines_ = environment_switch("MOE_EP_COMBINE_COPY_ENGINES", "1");
+    dispatch_bulk_ = cc >= 90 && environment_switch("MOE_EP_DISPATCH_BULK", "1") ? 1 : 0;
     copy_engine_chunks_ = int_from_environment("MOE_EP_COMBINE_COPY_CHUNKS");
     if (copy_engine_chunks_ <= 0 || copy_engine_chunks_ > SideCopies::kMaxChunks) copy_engine_chunks_ = 4;
   }
@@ -394,6 +400,7 @@ class NvlinkBackend final : public Backend {
   void initialise_workspace() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(kernels::prepare_dispatch(dispatch_bulk_), "raising the bulk dispatch kernels' shared-memory limit");
     own_work_ = std::make_unique<OwnWork>();
     const MirrorSlot mirror = acquire_mirror_slot();
     mirror_ = mirror.host;
@@ -494,6 +501,7 @@ class NvlinkBackend final : public Backend {
   int32_t combine_reduce_blocks_ = 0;
   int32_t group_min_sm_budget_ = 0;
   bool small_batch_ = true;
+  int32_t dispatch_bulk_ = 0;                // bulk-copy dispatch rows (cuda/bulk_store_ring.cuh)
   int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers
   int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off

@@ -167,6 +167,33 @@ TEST_CASE("combine into the caller's buffer, and with few SMs", "[gpu]") {
   check_case(s, few);
 }
 
+// Many segments per warp on one or two blocks, so that a warp's bulk-copy ring
+// (MOE_EP_DISPATCH_BULK=1; CTest nvlink_gpu_dispatch_bulk*) wraps many times:
+// 128 tokens of 14,336 bytes on one block are 640 items, 40 per warp.  Rows
+// of 4,112 bytes end in a 16-byte segment; rows of 14,328 bytes are not a
+// multiple of 16 and must take the register path whatever the switch says.
+TEST_CASE("dispatch rows on 1 and 2 SMs: many segments per warp, rows aligned or not", "[gpu][dispatch_rows]") {
+  GpuCaseOptions one;
+  one.num_sms = 1;
+  GpuCaseOptions two;
+  two.num_sms = 2;
+  WorkloadSpec aligned = spec_for_world(64, 8, 7168, 128);
+  aligned.seed = 71;
+  check_case(aligned, one);
+  check_case(aligned, two);
+  WorkloadSpec short_tail = spec_for_world(64, 8, 2056, 96);
+  short_tail.seed = 72;
+  check_case(short_tail, one);
+  WorkloadSpec unaligned = spec_for_world(64, 8, 7164, 128);
+  unaligned.seed = 73;
+  check_case(unaligned, one);
+  check_case(unaligned, two);
+  GpuCaseOptions graph = two;
+  graph.graph = true;
+  aligned.seed = 74;
+  check_case(aligned, graph);
+}
+
 TEST_CASE("zero-copy combine input: combine from the combine_input view equals the HOST oracle", "[gpu][zero_copy]") {
   WorkloadSpec s = spec_for_world(64, 8, 256, 512);
   s.seed = 67;
