@@ -259,7 +259,7 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_
     if (lane == 0) {
       st.steps[stage] = make_int2(token, flags);
       if (src != nullptr) {
-        if (p.args.pull_proxy_fence) fence_shared_before_bulk_copy();
+        fence_shared_before_bulk_copy();  // measured at about 2% on 8-24 SMs, kept: it is what the proxy rules ask
         bulk_copy_chunks_to_shared(st.buffers + size_t(stage) * kRowStageBytes, src, bytes, chunk, st.full + stage);
       } else {
         barrier_arrive(st.full + stage);
