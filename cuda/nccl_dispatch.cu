@@ -88,6 +88,10 @@ __device__ __forceinline__ char* meta_for(const GroupShape& s, const NcclBuffers
 
 // Route chunks whose rows the scan loads together.
 constexpr int kChunksAtOnce = 8;
+// Header entries (picks per expert of a destination) per thread of the scan's
+// block loaded before the scan (world x experts_per_rank = E entries: 256 here,
+// one per thread).
+constexpr int kHeaderEntriesAtOnce = 2;
 
 // The last block of the route kernel, once every block's counts are visible:
 // chunk rows -> exclusive prefix per destination, rows per destination, and
@@ -95,6 +99,17 @@ constexpr int kChunksAtOnce = 8;
 // cleared for the next call (stream order makes that visible to it).
 __device__ void scan_and_write_headers(const GroupShape& s, const NcclBuffers& b, const NcclDispatchLaunch& a,
                                        int chunks) {
+  // The first picks-per-expert entries of the headers (entry i = d * epr + e
+  // is histogram entry i) are loaded before the scan's stores, so that their
+  // loads and the scan's are in flight together instead of one after the other.
+  const int epr = s.experts_per_rank;
+  const int entries = s.world_size * epr;
+  int32_t early[kHeaderEntriesAtOnce];
+#pragma unroll
+  for (int k = 0; k < kHeaderEntriesAtOnce; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    early[k] = i < entries ? __ldcg(b.expert_hist + i) : 0;
+  }
   for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) {
     int32_t running = 0;
     // kChunksAtOnce chunks' rows loaded before any prefix is stored (the
@@ -118,10 +133,16 @@ __device__ void scan_and_write_headers(const GroupShape& s, const NcclBuffers& b
     h[1] = a.tokens_per_rank;
     h[2] = running;
   }
-  const int epr = s.experts_per_rank;
-  for (int i = threadIdx.x; i < s.world_size * epr; i += blockDim.x) {
-    const int d = i / epr, e = i % epr;
-    reinterpret_cast<int32_t*>(meta_for(s, b, d, a.tokens_per_rank))[kNcclHeaderFixed + e] = __ldcg(b.expert_hist + d * epr + e);
+#pragma unroll
+  for (int k = 0; k < kHeaderEntriesAtOnce; ++k) {
+    const int i = threadIdx.x + k * blockDim.x;
+    if (i < entries) {
+      reinterpret_cast<int32_t*>(meta_for(s, b, i / epr, a.tokens_per_rank))[kNcclHeaderFixed + i % epr] = early[k];
+    }
+  }
+  for (int i = threadIdx.x + kHeaderEntriesAtOnce * blockDim.x; i < entries; i += blockDim.x) {
+    reinterpret_cast<int32_t*>(meta_for(s, b, i / epr, a.tokens_per_rank))[kNcclHeaderFixed + i % epr] =
+        __ldcg(b.expert_hist + i);
   }
   if (s.eplb_enabled) {
     for (int i = threadIdx.x; i < s.world_size * s.num_experts; i += blockDim.x) {
@@ -218,6 +239,12 @@ __device__ __forceinline__ SegmentRow segment_row(const GroupShape& s, const Ncc
   return r;
 }
 
+// 16-byte loads per lane in flight in the pack's row copy: six, so a warp
+// moves 3 KB per step and a 14336-byte row in five dependent steps instead
+// of seven (four in flight).  Six is what fits the kernel's 128 registers
+// (one 512-thread block per SM) without spilling; seven or eight spill.
+constexpr int kPackLoadsInFlight = 6;
+
 __device__ __forceinline__ bool packs(int32_t rows, int d, int rank) {
   return rows == kPackAll || ((rows == kPackOwn) == (d == rank));
 }
@@ -272,7 +299,7 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
       const int32_t slot = dests.slot(d);  // the same on every lane: the branches below are warp-uniform
       if (slot < slot_begin || slot >= slot_end) continue;
       const SegmentRow r = segment_row(s, b, tpr, d, slot);
-      warp_copy_bytes(r.hidden, src, s.hidden_row_bytes, lane);
+      warp_copy_bytes<kPackLoadsInFlight>(r.hidden, src, s.hidden_row_bytes, lane);
       if (src_scales) warp_copy_bytes(r.scales, src_scales, s.scale_row_bytes, lane);
       for (int k = lane; k < s.top_k; k += 32) {
         const int32_t id = __ldg(ids + k);

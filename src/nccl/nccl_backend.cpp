@@ -405,10 +405,11 @@ class NcclBackend final : public Backend {
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
-      const char* segment = buffers_.send_segments + p * plan_.send_segment_stride;
+      char* segment = buffers_.send_segments + p * plan_.send_segment_stride;
       transfer_segment(layout_.rank, segment + kernels::nccl_send_rows_offset(shape_),
                        segment + kernels::nccl_send_meta_offset(shape_, tpr), tpr, r, with_metadata, p, true, s);
-      char* rows = buffers_.recv_hidden + static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) * layout_.hidden_row_bytes;
+      char* rows =
+          buffers_.recv_hidden + static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) * layout_.hidden_row_bytes;
       const int64_t at = kernels::nccl_recv_meta_offset(shape_, p, tpr);
       char* meta = at == -1 ? buffers_.recv_meta + p * plan_.meta_stride : buffers_.recv_hidden + at;
       transfer_segment(p, rows, meta, tpr, r, with_metadata, p, false, s);
@@ -423,18 +424,19 @@ class NcclBackend final : public Backend {
   // peer that posted other sizes (a different runtime max) still finds the
   // header where it looks; where it joins the rows, the tag in the header
   // tells a header from row bytes.
-  void transfer_segment(int32_t src, const char* rows, const char* meta, int32_t tpr, const NcclRowRange& r,
-                        bool with_metadata, int32_t peer, bool sending, cudaStream_t s) {
+  void transfer_segment(int32_t src, char* rows, char* meta, int32_t tpr, const NcclRowRange& r, bool with_metadata,
+                        int32_t peer, bool sending, cudaStream_t s) {
     const uint64_t row_bytes = layout_.hidden_row_bytes;
-    const uint64_t first = static_cast<uint64_t>(r.first) * row_bytes, bytes = static_cast<uint64_t>(r.rows) * row_bytes;
+    const uint64_t first = static_cast<uint64_t>(r.first) * row_bytes;
+    const uint64_t bytes = static_cast<uint64_t>(r.rows) * row_bytes;
     const uint64_t meta_bytes = static_cast<uint64_t>(kernels::nccl_meta_bytes(shape_, tpr));
     const bool joined = with_metadata && kernels::nccl_meta_joins_rows(shape_, src);
     const bool after = kernels::nccl_meta_after_rows(shape_, src);
-    auto move = [&](const char* data, uint64_t n) {
+    auto move = [&](char* data, uint64_t n) {
       if (sending) {
         send(data, n, peer, s);
       } else {
-        recv(const_cast<char*>(data), n, peer, s);
+        recv(data, n, peer, s);
       }
     };
     if (joined && after && r.first + r.rows == tpr) {  // [rows | block]: the block starts where the rows end
