@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The NCCL backend's speed against NCCL's own grouped send/recv (issue 11's
+# 1.15x target at 4096 tokens per rank over NVLink), checked in one device
+# call on 2 GPUs after the changes of docs/nccl_backend.md, "One operation per
+# peer" (metadata in the rows' operation, six loads in flight in the pack,
+# the reduction last token first with streaming loads).  Most important first,
+# each step within what is left of the budget:
+#   build (the GPU suites, the NCCL-only cases and the conformance tool);
+#   `bench --backend nccl` at 4096 tokens over NVLink, eager, no profiling
+#   events: the figures to compare (moe_ep next to NCCL's own, same run);
+#   the same bench with MOE_EP_NCCL_PROFILE=1 (stage times, logged at destroy);
+#   the GPU suite on the NCCL backend over NVLink and over NCCL's network
+#   transport (sockets on loopback, a distinct NCCL_HOSTID per rank);
+#   `check --backend nccl` on both transports; the pipelined suite (3 row
+#   ranges) and the NCCL-only cases; then the ratios.
+# Writes two files into $OUT: summary.txt (one line per step, the ratios) and
+# logs.txt (every step's output).  Run from the repository root; DEPS = the
+# prefix with CLI11, Catch2 and dlpack (default ./.device-deps/usr, or the one
+# beside this tree when it is a copy inside the main checkout).
+#   usage: OUT=/dir [DEPS=prefix] [BUILD=dir] [BUDGET=240] bash scripts/gpu/nccl_speed_check.sh
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+BUDGET=${BUDGET:-240}
+BUILD=${BUILD:-build-nccl-fast}
+SUMMARY=$OUT/summary.txt
+DEPS=${DEPS:-$PWD/.device-deps/usr}
+[ -d "$DEPS" ] || [ ! -d "$PWD/../.device-deps/usr" ] || DEPS=$(cd "$PWD/../.device-deps/usr" && pwd)
+source "$(dirname "$0")/steps.sh"  # STEP_LOG_DIR: a temporary folder (the ratios read the bench logs there)
+# NCCL from pip (steps.sh put it on the loader path for the tests) is also
+# named for the library.
+if [ -z "${MOE_EP_NCCL_LIBRARY:-}" ] && [ -n "${nccl_root:-}" ] && [ -f "$nccl_root/lib/libnccl.so.2" ]; then
+  export MOE_EP_NCCL_LIBRARY="$nccl_root/lib/libnccl.so.2"
+fi
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy); libnccl ${MOE_EP_NCCL_LIBRARY:-from the loader path}" | tee -a "$SUMMARY"
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
+
+PICK="Linking|error" step build 150 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$DEPS' && ninja -C $BUILD -j32 test_nvlink_gpu test_nccl_gpu moe_ep_conformance"
+[ -x $BUILD/tools/moe_ep_conformance ] || { cat "$SUMMARY"; exit 1; }
+TOOL="$BUILD/tools/moe_ep_conformance"
+MPI2="mpirun -np 2 --bind-to none -x NCCL_NVLS_ENABLE"
+[ -n "${MOE_EP_NCCL_LIBRARY:-}" ] && MPI2="$MPI2 -x MOE_EP_NCCL_LIBRARY -x LD_LIBRARY_PATH"
+NET_ENV="-x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_SOCKET_IFNAME=lo"
+NET_HOST='NCCL_HOSTID=moe_ep_host$OMPI_COMM_WORLD_RANK exec'
+BENCH="bench --backend nccl --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -t 4096"
+
+NPICK=4 PICK="^ +4096 " step bench_nvlink 45 $MPI2 $TOOL $BENCH -w 5 -n 30
+NPICK=8 PICK="^ +4096 |rank 0: (dispatch|combine)" step bench_nvlink_profile 40 \
+  $MPI2 -x MOE_EP_NCCL_PROFILE=1 -x MOE_EP_LOG=info $TOOL $BENCH -w 5 -n 30
+step suite_nvlink 90 ctest --test-dir $BUILD -R '^nccl_gpu_np2$' --output-on-failure --timeout 85
+step suite_network 90 ctest --test-dir $BUILD -R '^nccl_gpu_network_np2$' --output-on-failure --timeout 85
+step check_nvlink 50 $MPI2 $TOOL check --backend nccl
+step check_network 60 $MPI2 $NET_ENV sh -c "$NET_HOST $TOOL check --backend nccl"
+step suite_pipelined 90 ctest --test-dir $BUILD -R '^nccl_gpu_pipelined_np2$' --output-on-failure --timeout 85
+step nccl_specific 60 ctest --test-dir $BUILD -R '^nccl_gpu_specific_np2$' --output-on-failure --timeout 55
+
+# moe_ep / NCCL's own at 4096 tokens: row 1 of the bench table is moe_ep
+# (dispatch | combine: us first), row 2 the baselines (NCCL dispatch, combine).
+# Target: at most 1.15 each (dispatch <= 1.15 x NCCL's dispatch, same run).
+ratios() {
+  local f=$STEP_LOG_DIR/$1.log
+  [ -f "$f" ] || return
+  local d c nd nc
+  read -r d c < <(grep -E '^ +4096 \|' "$f" | sed -n 1p | awk -F'|' '{split($2, a, " "); split($3, b, " "); print a[2], b[2]}')
+  read -r nd nc < <(grep -E '^ +4096 \|' "$f" | sed -n 2p | awk -F'|' '{split($3, a, " "); print a[1], a[4]}')
+  awk -v n="$1" -v d="$d" -v c="$c" -v nd="$nd" -v nc="$nc" 'BEGIN {
+    if (d + 0 > 0 && nd + 0 > 0 && c + 0 > 0 && nc + 0 > 0)
+      printf "%s: dispatch %s us / NCCL %s us = %.3fx (target <= 1.15: %.1f us); combine %s us / NCCL %s us = %.3fx (target %.1f us)\n",
+        n, d, nd, d / nd, 1.15 * nd, c, nc, c / nc, 1.15 * nc }'
+}
+{ ratios bench_nvlink; ratios bench_nvlink_profile; } | tee -a "$SUMMARY"
+echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
+exit $rc
