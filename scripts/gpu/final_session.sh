@@ -11,7 +11,7 @@ OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 bash "$(dirname "$0")/session_validation.sh" "${1:-330}" > "$OUT/validation_stdout.txt" 2>&1
 validation=$?
-BUDGET=120
+BUDGET=150
 SUMMARY=$OUT/final_summary.txt
 source "$(dirname "$0")/steps.sh"
 if [ -z "${MOE_EP_NCCL_LIBRARY:-}" ] && [ -n "${nccl_root:-}" ]; then export MOE_EP_NCCL_LIBRARY="$nccl_root/lib/libnccl.so.2"; fi
@@ -23,5 +23,11 @@ NPICK=12 PICK="^ +[0-9]+ \|" step bench_nvlink_pull 60 $MPI2 $TOOL bench --backe
   -w 10 -n 50 --graph --zero-copy-combine -J "$OUT/bench_final_pull.json"
 NPICK=4 PICK="^ +4096 \|" step bench_nccl 50 $MPI2 $TOOL bench --backend nccl $SHAPE -t 4096 -w 5 -n 30 \
   -J "$OUT/bench_final_nccl.json"
+NPICK=6 PICK="^ +4096 \||rank 0: (dispatch|combine)" step bench_nccl_profile 40 $MPI2 -x MOE_EP_NCCL_PROFILE=1 \
+  -x MOE_EP_LOG=info $TOOL bench --backend nccl $SHAPE -t 4096 -w 5 -n 30
+for sms in 24 16 8; do
+  NPICK=2 PICK="^ +[0-9]+ \|" step "bench_pull_sms$sms" 20 $MPI2 $TOOL bench --backend nvlink $SHAPE -t 512,4096 \
+    -w 10 -n 40 --graph --zero-copy-combine --no-baselines --num-sms $sms
+done
 echo "session_validation exit $validation; final benches exit $rc" | tee -a "$SUMMARY"
 [ "$validation" -eq 0 ] && [ "$rc" -eq 0 ]
