@@ -19,12 +19,8 @@ constexpr int kPerVector = 16 / sizeof(typename Element::Bits);
 // Rows of one token whose vectors are loaded together before they are summed.
 constexpr int kRowsAtOnce = 4;
 
-// Tokens are visited from the last to the first: NCCL fills combine_in in
-// ascending slot order and a token's slots grow with its index, so the rows
-// that arrived last, still in L2, are read first, before this kernel's own
-// traffic evicts them.  Every row is read once and the output is not read
-// again here: streaming loads and stores (evict first) keep L2 for the rows
-// still to come.  Each token's sum is the same whatever the visiting order.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 template <typename Element, bool kVector>
 __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, NcclBuffers b, NcclCombineLaunch a) {
   using Bits = typename Element::Bits;
@@ -32,9 +28,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
   const int warps = gridDim.x * kWarpsPerBlock;
   const int64_t tpr = a.tokens_per_rank;
   const char* own = static_cast<const char*>(a.expert_output);
-  const int32_t count = a.token_end - a.token_begin;
-  for (int32_t i = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; i < count; i += warps) {
-    const int32_t t = a.token_end - 1 - i;
+  for (int32_t t = a.token_begin + blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; t < a.token_end; t += warps) {
     const TokenDestinations dests =
         TokenDestinations::load(b.token_slots + static_cast<int64_t>(t) * s.world_size, s.world_size, lane);
     // Row pointers of the token's contributions, in ascending rank order (at most 64).
@@ -55,6 +49,13 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
       // still add the rows one by one in ascending rank order.
       for (int64_t v = lane; v < vectors; v += 2 * 32) {
         const bool second = v + 32 < vectors;
+        // L2 fetches the next step's vectors of every row while this step's
+        // loads are in flight: twice the bytes in flight, no more registers.
+        for (int i = 0; i < n; ++i) {
+          const uint4* row = reinterpret_cast<const uint4*>(rows[i]);
+          if (v + 64 < vectors) prefetch_l2(row + v + 64);
+          if (v + 96 < vectors) prefetch_l2(row + v + 96);
+        }
         float acc[2][V];
 #pragma unroll
         for (int j = 0; j < V; ++j) acc[0][j] = acc[1][j] = 0.0f;
@@ -64,8 +65,8 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
           for (int i = 0; i < kRowsAtOnce; ++i) {
             if (first + i < n) {
               const uint4* row = reinterpret_cast<const uint4*>(rows[first + i]);
-              raw[i][0] = __ldcs(row + v);
-              raw[i][1] = second ? __ldcs(row + v + 32) : make_uint4(0u, 0u, 0u, 0u);
+              raw[i][0] = __ldg(row + v);
+              raw[i][1] = second ? __ldg(row + v + 32) : make_uint4(0u, 0u, 0u, 0u);
             }
           }
 #pragma unroll
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
           Bits* e = reinterpret_cast<Bits*>(&packed);
 #pragma unroll
           for (int j = 0; j < V; ++j) e[j] = Element::store(acc[h][j]);
-          __stcs(reinterpret_cast<uint4*>(out) + v + 32 * h, packed);
+          reinterpret_cast<uint4*>(out)[v + 32 * h] = packed;
         }
       }
     } else {
