@@ -197,63 +197,84 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 #endif
 
 // ---- Whole rows, warp-specialised (CombineLaunch::pull_rows) ----
-// Warp 0 produces: it walks the block's tokens (a contiguous range) and, for
-// each, the ranks holding a partial in ascending order, and lane 0 issues one
-// bulk copy of the whole partial row into the next of kRowStages buffers (a
-// token with no partial gets an empty step, its output is zeros).  The other
-// warps consume: each thread owns a few 16-byte vectors of the row, adds the
-// buffer's vectors into fp32 sums, stores the output row after the token's
-// last partial, and its warp releases the buffer.  Large copies and no
-// bookkeeping between a copy and the next are what let a few SMs keep the
-// link busy (docs/latency_budget.md, "Per-SM bandwidth").
+// The first P warps produce (P = CombineLaunch::pull_producers, 1 to 4):
+// producer j walks the block's tokens t0 + j, t0 + j + P, ... and, for each,
+// the ranks holding a partial in ascending order, and its lane 0 issues one
+// bulk copy of the whole partial row into the next buffer of its own ring of
+// kRowStages / P buffers (a token with no partial gets an empty step, its
+// output is zeros).  The other warps consume, token by token in order, each
+// token from its producer's ring: each thread owns a few 16-byte vectors of
+// the row, adds the buffer's vectors into fp32 sums, releases the buffer and
+// stores the output row after the token's last partial.  Large copies and no
+// bookkeeping between a copy and the next are what let a few SMs keep the link
+// busy (docs/latency_budget.md, "Per-SM bandwidth"); several producers issue
+// several streams of copies, as the probe's 170 GB/s per SM did.
 constexpr int kRowStages = 12;
 constexpr int kRowStageBytes = 16 * 1024;  // rows up to 16 KiB
-constexpr int kRowVectorsPerThread = 3;    // 15 consumer warps x 32 x 3 x 16 B >= 16 KiB
-constexpr int kRowConsumers = kBlockThreads - 32;
-// The producer reads the token slots (which rank holds each partial) a batch
-// of tokens at a time, one batch ahead, into two shared buffers: one global
-// load latency per token would otherwise bound a block to about one token per
-// microsecond, which is what held a few SMs to 26 GB/s each.
-constexpr int kSlotBatchInts = 1024;
+constexpr int kRowMaxProducers = 4;        // divides kRowStages
+constexpr int kRowVectorsPerThread = 3;    // 12 consumer warps x 32 x 3 x 16 B >= 16 KiB
+// The producers read the token slots (which rank holds each partial) a batch
+// of tokens at a time, one batch ahead, into two shared buffers each (the
+// per-token load was measured not to be the limit, but it costs nothing off the
+// critical path).
+constexpr int kSlotBatchInts = 1024;  // per block, split between the producers
 constexpr int kSlotBatchMaxTokens = 64;
 constexpr size_t kRowSharedBytes = size_t{kRowStages} * kRowStageBytes + 2 * kRowStages * sizeof(uint64_t) +
                                    kRowStages * sizeof(int2) + 2 * kSlotBatchInts * sizeof(int32_t);
-static_assert(kRowConsumers * kRowVectorsPerThread * 16 >= kRowStageBytes, "every vector of a row has a thread");
+static_assert(kRowStages % kRowMaxProducers == 0 && kRowStages % 3 == 0 && kRowStages % 2 == 0, "rings of equal size");
+static_assert((kBlockThreads - 32 * kRowMaxProducers) * kRowVectorsPerThread * 16 >= kRowStageBytes,
+              "every vector of a row has a consumer thread");
 
-enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2, kRowDone = 4 };
+enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2 };
 
 struct RowStages {
-  char* buffers;    // [kRowStages][kRowStageBytes]
+  char* buffers;    // [kRowStages][kRowStageBytes]; producer j's ring is [j * ring, (j + 1) * ring)
   uint64_t* full;   // [kRowStages]: the copy (or the empty step) landed
-  uint64_t* empty;  // [kRowStages]: every consumer warp has read the buffer
+  uint64_t* empty;  // [kRowStages]: every consumer thread has read the buffer
   int2* steps;      // [kRowStages]: {token, RowStepFlags}
-  int32_t* slots;   // [2][kSlotBatchInts]: the producer's token slots, a batch ahead
-  __device__ explicit RowStages(char* shared)
+  int32_t* slots;   // [producers][2][kSlotBatchInts / producers]: token slots, a batch ahead
+  int producers;
+  int ring;  // kRowStages / producers
+  int consumers;
+  __device__ RowStages(char* shared, int producers_)
       : buffers(shared),
         full(reinterpret_cast<uint64_t*>(shared + size_t{kRowStages} * kRowStageBytes)),
         empty(full + kRowStages),
         steps(reinterpret_cast<int2*>(empty + kRowStages)),
-        slots(reinterpret_cast<int32_t*>(steps + kRowStages)) {}
+        slots(reinterpret_cast<int32_t*>(steps + kRowStages)),
+        producers(producers_),
+        ring(kRowStages / producers_),
+        consumers(kBlockThreads - 32 * producers_) {}
+  // Buffer of the k-th step of producer j's ring.
+  __device__ int stage(int j, uint32_t k) const { return j * ring + static_cast<int>(k % static_cast<uint32_t>(ring)); }
+  __device__ uint32_t phase(uint32_t k) const { return (k / static_cast<uint32_t>(ring)) & 1u; }
 };
+
+// 1, 2, 3 or 4 (what the host passes is clamped again here).
+__device__ __forceinline__ int pull_producers(const CombineParams& p) {
+  const int n = p.args.pull_producers;
+  return n <= 1 ? 1 : (n >= kRowMaxProducers ? kRowMaxProducers : n);
+}
 
 bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
   return p.args.pull_rows != 0 && combine_rows_aligned(p) && p.ctx.shape.combine_row_bytes <= kRowStageBytes;
 }
 
 #ifdef MOE_EP_HAVE_BULK_COPY
-// Warp 0.  Step k uses buffer k % kRowStages; before its (k / kRowStages)-th
-// use the buffer's previous use must have been released.
-__device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1) {
+// Producer warp j.  Its k-th step uses buffer st.stage(j, k); before a
+// buffer's second and later uses its previous use must have been released.
+__device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j, int32_t t0, int32_t t1) {
   const KernelContext& c = p.ctx;
   const int lane = threadIdx.x % 32;
   const int world = c.shape.world_size;
   const uint32_t bytes = static_cast<uint32_t>(c.shape.combine_row_bytes);
   const uint32_t chunk = p.args.pull_copy_bytes >= 16 ? static_cast<uint32_t>(p.args.pull_copy_bytes) / 16 * 16 : bytes;
   const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
+  const int P = st.producers;
   uint32_t k = 0;
   auto emit = [&](int32_t token, int32_t flags, const char* src) -> bool {
-    const int stage = static_cast<int>(k % kRowStages);
-    const uint32_t use = k / kRowStages;
+    const int stage = st.stage(j, k);
+    const uint32_t use = k / static_cast<uint32_t>(st.ring);
     const bool released = use == 0 || barrier_wait(st.empty + stage, (use - 1) & 1u, c.state.timeout_ns);
     if (!__all_sync(0xFFFFFFFFu, released)) return false;  // warp-uniform, for the shuffles that follow
     if (lane == 0) {
@@ -269,28 +290,35 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_
     ++k;
     return true;
   };
-  // Tokens [first, first + batch) have their slots in st.slots[buffer]; the
-  // lanes fetch the next batch with asynchronous 4-byte copies while lane 0
-  // issues the current batch's row copies.
-  const int32_t batch = min(kSlotBatchMaxTokens, kSlotBatchInts / world);
+  // This producer's n-th token is t0 + j + n * P, for n < count.  Tokens
+  // [first, first + batch) of that sequence have their slots in the
+  // producer's buffer; the lanes fetch the next batch with asynchronous 4-byte
+  // copies while lane 0 issues the current batch's row copies.
+  const int32_t count = t1 - t0 > j ? (t1 - t0 - j + P - 1) / P : 0;
+  const int32_t per_buffer = kSlotBatchInts / P;
+  const int32_t batch = min(kSlotBatchMaxTokens, per_buffer / world);
+  int32_t* own_slots = st.slots + 2 * per_buffer * j;
+  auto token_of = [&](int32_t n) { return t0 + j + n * P; };
   auto fetch = [&](int32_t first, int buffer) {
-    const int32_t count = max(0, min(batch, t1 - first)) * world;
-    const int32_t* src = slots + static_cast<int64_t>(first) * world;
-    int32_t* dst = st.slots + buffer * kSlotBatchInts;
-    for (int32_t i = lane; i < count; i += 32) copy_async_4_to_shared(dst + i, src + i);
+    const int32_t ints = max(0, min(batch, count - first)) * world;
+    int32_t* dst = own_slots + buffer * per_buffer;
+    for (int32_t i = lane; i < ints; i += 32) {
+      copy_async_4_to_shared(dst + i, slots + static_cast<int64_t>(token_of(first + i / world)) * world + i % world);
+    }
     copy_async_commit();
   };
   if (lane == 0) fence_global_before_bulk_copies();  // the handshake's acquires
-  fetch(t0, 0);
+  fetch(0, 0);
   int buffer = 0;
-  for (int32_t first = t0; first < t1; first += batch, buffer ^= 1) {
+  for (int32_t first = 0; first < count; first += batch, buffer ^= 1) {
     fetch(first + batch, buffer ^ 1);
     copy_async_wait_all_but_newest();
     __syncwarp();  // every lane's part of this batch landed
-    const int32_t* cached = st.slots + buffer * kSlotBatchInts;
-    const int32_t last = min(first + batch, t1);
-    for (int32_t t = first; t < last; ++t) {
-      const TokenDestinations srcs = TokenDestinations::load(cached + (t - first) * world, world, lane);
+    const int32_t* cached = own_slots + buffer * per_buffer;
+    const int32_t last = min(first + batch, count);
+    for (int32_t n = first; n < last; ++n) {
+      const int32_t t = token_of(n);
+      const TokenDestinations srcs = TokenDestinations::load(cached + (n - first) * world, world, lane);
       uint64_t rest = srcs.mask;
       bool ok = rest != 0 || emit(t, kRowLast | kRowEmpty, nullptr);
       while (rest != 0) {
@@ -307,74 +335,95 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int32_
     __syncwarp();  // every lane read this batch before the fetch after next overwrites it
   }
   copy_async_drain();
-  return emit(-1, kRowDone, nullptr);
+  return true;
 }
 
-// Warps 1..15: thread i owns vectors i, i + kRowConsumers, ... of a row.
+// One counter per producer ring, kept in registers (indexed with constants
+// only: a runtime index would put the array in local memory).
+struct RingCursors {
+  uint32_t c[kRowMaxProducers] = {};
+  __device__ uint32_t get(int j) const {
+    uint32_t r = c[0];
+#pragma unroll
+    for (int x = 1; x < kRowMaxProducers; ++x) r = j == x ? c[x] : r;
+    return r;
+  }
+  __device__ void set(int j, uint32_t v) {
+#pragma unroll
+    for (int x = 0; x < kRowMaxProducers; ++x) c[x] = j == x ? v : c[x];
+  }
+};
+
+// Consumer thread i (0 .. st.consumers - 1) owns vectors i, i + consumers, ...
+// of a row.  Tokens are taken in order, token t from producer (t - t0) % P,
+// whose steps for it run until the one flagged kRowLast.
 template <typename Element>
-__device__ bool consume_rows(const CombineParams& p, const RowStages& st) {
+__device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1) {
   using Bits = typename Element::Bits;
   constexpr int kPer = 16 / sizeof(Bits);
   const KernelContext& c = p.ctx;
-  const int i = static_cast<int>(threadIdx.x) - 32;
+  const int i = static_cast<int>(threadIdx.x) - 32 * st.producers;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
-  float acc[kRowVectorsPerThread][kPer];
+  RingCursors taken;  // steps consumed from each producer's ring
+  for (int32_t t = t0; t < t1; ++t) {
+    const int j = static_cast<int>((t - t0) % st.producers);
+    uint32_t k = taken.get(j);
+    float acc[kRowVectorsPerThread][kPer];
 #pragma unroll
-  for (int u = 0; u < kRowVectorsPerThread; ++u) {
+    for (int u = 0; u < kRowVectorsPerThread; ++u) {
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
-  }
-  for (uint32_t k = 0;; ++k) {
-    const int stage = static_cast<int>(k % kRowStages);
-    if (!barrier_wait(st.full + stage, (k / kRowStages) & 1u, c.state.timeout_ns)) return false;
-    const int2 step = st.steps[stage];
-    if (step.y & kRowDone) return true;
-    if (!(step.y & kRowEmpty)) {
-      const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
-#pragma unroll
-      for (int u = 0; u < kRowVectorsPerThread; ++u) {
-        const int v = i + u * kRowConsumers;
-        if (v >= vectors) continue;
-        const uint4 x = row[v];
-        const Bits* b = reinterpret_cast<const Bits*>(&x);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b[e]);
-      }
+      for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
     }
-    // Every consumer thread arrives (the barrier counts kRowConsumers): each
-    // releases its own reads of the buffer and of the step, which is what the
-    // barrier's release semantics cover (and what compute-sanitizer's
-    // racecheck checks; one arrival per warp after a __syncwarp is flagged,
-    // and costs no less: scripts/gpu/mbarrier_release_probe.cu).
-    barrier_arrive(st.empty + stage);
-    if (step.y & kRowLast) {
-      uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
-                                            static_cast<int64_t>(step.x) * c.shape.combine_row_bytes);
+    for (;; ++k) {
+      const int stage = st.stage(j, k);
+      if (!barrier_wait(st.full + stage, st.phase(k), c.state.timeout_ns)) return false;
+      const int2 step = st.steps[stage];
+      if (!(step.y & kRowEmpty)) {
+        const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
 #pragma unroll
-      for (int u = 0; u < kRowVectorsPerThread; ++u) {
-        const int v = i + u * kRowConsumers;
-        if (v < vectors) {
-          uint4 o;
-          Bits* b = reinterpret_cast<Bits*>(&o);
+        for (int u = 0; u < kRowVectorsPerThread; ++u) {
+          const int v = i + u * st.consumers;
+          if (v >= vectors) continue;
+          const uint4 x = row[v];
+          const Bits* b = reinterpret_cast<const Bits*>(&x);
 #pragma unroll
-          for (int e = 0; e < kPer; ++e) b[e] = Element::store(acc[u][e]);
-          out[v] = o;
+          for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b[e]);
         }
+      }
+      // Every consumer thread arrives (the barrier counts st.consumers): each
+      // releases its own reads of the buffer and of the step, which is what
+      // the barrier's release semantics cover (and what compute-sanitizer's
+      // racecheck checks; one arrival per warp after a __syncwarp is flagged:
+      // scripts/gpu/mbarrier_release_probe.cu).
+      barrier_arrive(st.empty + stage);
+      if (step.y & kRowLast) break;
+    }
+    taken.set(j, k + 1);
+    uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
+                                          static_cast<int64_t>(t) * c.shape.combine_row_bytes);
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
+    for (int u = 0; u < kRowVectorsPerThread; ++u) {
+      const int v = i + u * st.consumers;
+      if (v < vectors) {
+        uint4 o;
+        Bits* b = reinterpret_cast<Bits*>(&o);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) b[e] = Element::store(acc[u][e]);
+        out[v] = o;
       }
     }
   }
+  return true;
 }
 
 template <typename Element>
 __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const KernelContext& c = p.ctx;
-  const RowStages st(shared);
+  const RowStages st(shared, pull_producers(p));
   if (threadIdx.x == 0) {
     for (int s = 0; s < kRowStages; ++s) {
       barrier_init(st.full + s, 1);
-      barrier_init(st.empty + s, kRowConsumers);
+      barrier_init(st.empty + s, static_cast<uint32_t>(st.consumers));
     }
     barrier_init_fence();
   }
@@ -384,7 +433,8 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const int64_t begin = p.args.token_begin + per_block * blockIdx.x;
   const int32_t t0 = static_cast<int32_t>(begin < p.args.token_end ? begin : p.args.token_end);
   const int32_t t1 = static_cast<int32_t>(begin + per_block < p.args.token_end ? begin + per_block : p.args.token_end);
-  const bool ok = threadIdx.x < 32 ? produce_rows(p, st, t0, t1) : consume_rows<Element>(p, st);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const bool ok = warp < st.producers ? produce_rows(p, st, warp, t0, t1) : consume_rows<Element>(p, st, t0, t1);
   if (!ok && threadIdx.x % 32 == 0) record_timeout(c.control(), c.state.mirror, kPhaseCombine, -1);
 }
 #endif

@@ -192,6 +192,8 @@ struct CombineLaunch {
                                // 16 KiB, 16-byte aligned; MOE_EP_PULL_ROWS)
   int32_t pull_copy_bytes;     // pull_rows only: each row is brought in copies of at most this many
                                // bytes (a multiple of 16, 16..16384; MOE_EP_PULL_COPY_BYTES)
+  int32_t pull_producers;      // pull_rows only: producer warps per block, each with its own ring of
+                               // row buffers (1..4; MOE_EP_PULL_PRODUCERS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)

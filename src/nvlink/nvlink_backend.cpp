@@ -63,6 +63,15 @@ int32_t pull_copy_bytes_from_environment() {
   return n < 16 ? 16 : (n > 16384 ? 16384 : n / 16 * 16);
 }
 
+// Producer warps per block of the whole-row pull, each issuing its own stream
+// of bulk copies (MOE_EP_PULL_PRODUCERS, 1 to 4).
+constexpr int32_t kDefaultPullProducers = 1;
+int32_t pull_producers_from_environment() {
+  const int32_t n = int_from_environment("MOE_EP_PULL_PRODUCERS");
+  if (n <= 0) return kDefaultPullProducers;
+  return n > 4 ? 4 : n;
+}
+
 // Per-rank switches read from the environment at create; none changes what a
 // peer sees, so ranks may differ in them:
 //   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: calls of at
@@ -73,6 +82,8 @@ int32_t pull_copy_bytes_from_environment() {
 //                          whole rows (rows of at most 16 KiB);
 //   MOE_EP_PULL_COPY_BYTES=N  the whole-row pull brings rows in copies of at
 //                          most N bytes (default: one copy per row);
+//   MOE_EP_PULL_PRODUCERS=N  the whole-row pull with N producer warps (1..4)
+//                          per block, each with its own ring of row buffers;
 //   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
 //                          into registers instead of bulk copies (a diagnostic);
 //   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
@@ -213,6 +224,7 @@ class NvlinkBackend final : public Backend {
     a.pull_registers = pull_registers_;
     a.pull_rows = pull_rows_;
     a.pull_copy_bytes = pull_copy_bytes_;
+    a.pull_producers = pull_producers_;
     a.token_begin = 0;
     a.token_end = call.num_tokens;
     if (a.pull) {
@@ -387,6 +399,7 @@ class NvlinkBackend final : public Backend {
     pull_registers_ = environment_switch("MOE_EP_PULL_LOADS", "registers") ? 1 : 0;
     pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
     pull_copy_bytes_ = pull_copy_bytes_from_environment();
+    pull_producers_ = pull_producers_from_environment();
     copy_engines_ = environment_switch("MOE_EP_COMBINE_COPY_ENGINES", "1");
     dispatch_bulk_ = cc >= 90 && environment_switch("MOE_EP_DISPATCH_BULK", "1") ? 1 : 0;
     copy_engine_chunks_ = int_from_environment("MOE_EP_COMBINE_COPY_CHUNKS");
@@ -504,6 +517,7 @@ class NvlinkBackend final : public Backend {
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers
   int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
   int32_t pull_copy_bytes_ = kDefaultPullCopyBytes;  // MOE_EP_PULL_COPY_BYTES
+  int32_t pull_producers_ = kDefaultPullProducers;   // MOE_EP_PULL_PRODUCERS
   bool copy_engines_ = false;                // MOE_EP_COMBINE_COPY_ENGINES=1
   int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS
   std::unique_ptr<SideCopies> side_copies_;  // made at the first copy-engine combine
