@@ -13,8 +13,7 @@ BUDGET=${1:-300}
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/ce_summary.txt
 source "$(dirname "$0")/steps.sh"
-PICK="Linking|error:" step build 200 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32"
+build_step 200
 TOOL=$BUILD/tools/moe_ep_conformance
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 MPI2="mpirun -np 2 --bind-to none"

@@ -16,8 +16,7 @@ BUDGET=${1:-240}
 BUILD=${BUILD:-build-bulk}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
-PICK="Linking|error:" step build 100 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_conformance"
+build_step 100 test_nvlink_gpu moe_ep_conformance
 TOOL=$BUILD/tools/moe_ep_conformance
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 MPI2="mpirun -np 2 --bind-to none"

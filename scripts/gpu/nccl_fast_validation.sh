@@ -31,8 +31,7 @@ fi
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy); libnccl ${MOE_EP_NCCL_LIBRARY:-from the loader path}" | tee -a "$SUMMARY"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 
-PICK="Linking|error" step build 200 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$DEPS' && ninja -C $BUILD -j32 test_nvlink_gpu test_nccl_gpu moe_ep_conformance"
+build_step 200 test_nvlink_gpu test_nccl_gpu moe_ep_conformance
 [ -x $BUILD/tools/moe_ep_conformance ] || { cat "$SUMMARY"; exit 1; }
 TOOL="$BUILD/tools/moe_ep_conformance"
 MPI2="mpirun -np 2 --bind-to none -x NCCL_NVLS_ENABLE"

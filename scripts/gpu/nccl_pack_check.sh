@@ -12,8 +12,7 @@ BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
 if [ -z "${MOE_EP_NCCL_LIBRARY:-}" ] && [ -n "${nccl_root:-}" ]; then export MOE_EP_NCCL_LIBRARY="$nccl_root/lib/libnccl.so.2"; fi
-PICK="Linking|error:" step build 150 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_conformance"
+build_step 150 test_nvlink_gpu moe_ep_conformance
 TOOL=$BUILD/tools/moe_ep_conformance
 MPI2="mpirun -np 2 --bind-to none"
 [ -n "${MOE_EP_NCCL_LIBRARY:-}" ] && MPI2="$MPI2 -x MOE_EP_NCCL_LIBRARY -x LD_LIBRARY_PATH"

@@ -14,8 +14,7 @@ SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
 GPUS=$(nvidia-smi -L | wc -l)
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy), $GPUS GPU(s)" | tee -a "$SUMMARY"
-PICK="Linking|error" step build 240 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32"
+build_step 240
 TOOL=$BUILD/tools/moe_ep_conformance
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 MPI2="mpirun -np 2 --bind-to none --oversubscribe"

@@ -12,8 +12,7 @@ BUDGET=${1:-240}
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
-PICK="Linking|error:" step build 90 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_conformance"
+build_step 90 test_nvlink_gpu moe_ep_conformance
 for t in nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_overlapped_phases_np2 nvlink_gpu_general_kernels_np2; do
   step "ctest_$t" 40 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 35
 done

@@ -12,8 +12,7 @@ BUDGET=${1:-120}
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
-PICK="Linking|error:" step build 60 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 test_nvlink_gpu moe_ep_conformance"
+build_step 60 test_nvlink_gpu moe_ep_conformance
 TOOL=$BUILD/tools/moe_ep_conformance
 B="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -w 5 -n 20 --graph --zero-copy-combine --no-baselines"
 run() {  # NAME PRODUCERS SMS TOKENS

@@ -13,8 +13,7 @@ BUDGET=${1:-200}
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
-PICK="Linking|error:" step build 90 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' && ninja -C $BUILD -j32 moe_ep_conformance"
+build_step 90 moe_ep_conformance
 TOOL=$PWD/$BUILD/tools/moe_ep_conformance
 BENCH="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -t 4096 -w 5 -n 10 \
   --graph --no-baselines --zero-copy-combine --num-sms 16 --timeout-ms 120000"

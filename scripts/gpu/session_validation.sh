@@ -17,8 +17,7 @@ source "$(dirname "$0")/steps.sh"
 echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo copy); nccl ${nccl_root:-system}" | tee -a "$SUMMARY"
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
 
-PICK="Linking|error" step build 240 bash -c "cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$DEPS' && ninja -C $BUILD -j32"
+build_step 240
 [ -x $BUILD/tools/moe_ep_conformance ] || { cat "$SUMMARY"; exit 1; }
 TOOL="$BUILD/tools/moe_ep_conformance"
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu

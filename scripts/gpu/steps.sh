@@ -8,6 +8,9 @@
 #       lines of the output that match $PICK (default: test and sanitizer
 #       verdicts).  A failing step sets rc=1 and prints the end of its output.
 #       STEP_LOG_DIR (default: a temporary folder) keeps NAME.log per step.
+#   build_step LIMIT [TARGET...]   the step "build": configures $BUILD (Release,
+#       compute capability 9.0, dependencies from $DEPS, default
+#       ./.device-deps/usr) and builds the targets (all without any) with ninja.
 # Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -45,4 +48,12 @@ step() {
     tail -"${NPICK:-2}" | tr '\n' ' ')
   echo "$name: exit $s in $(($(date +%s) - t0)) s | $picked" | tee -a "$SUMMARY"
   [ "$s" -eq 0 ] || { rc=1; tail -25 "$log"; }
+}
+
+build_step() {
+  local limit=$1
+  shift
+  local deps=${DEPS:-$PWD/.device-deps/usr}
+  PICK="${PICK:-Linking|error}" step build "$limit" bash -c "cmake -S . -B '$BUILD' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$deps' && ninja -C '$BUILD' -j32 $*"
 }
