@@ -26,6 +26,7 @@
 #include "nvlink/nvlink_log.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/side_copies.hpp"
+#include "nvlink/tuning_environment.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {
@@ -43,61 +44,10 @@ int32_t combine_schedule_from_environment() {
   return kernels::kCombineAuto;
 }
 
-// Tuning knobs of the overlapped combine: MOE_EP_COMBINE_PHASES (publication
-// phases, every rank the same; create checks) and MOE_EP_COMBINE_REDUCE_BLOCKS
-// (blocks that reduce while the others push).  0 or unset = the defaults.
-int32_t int_from_environment(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return 0;
-  const long n = std::strtol(v, nullptr, 10);
-  return n > 0 && n < 65536 ? static_cast<int32_t>(n) : 0;
-}
-
-// The whole-row pull brings each partial row in bulk copies of at most this
-// many bytes (MOE_EP_PULL_COPY_BYTES, rounded down to a multiple of 16 and
-// kept within 16..16384).
-constexpr int32_t kDefaultPullCopyBytes = 16384;
-int32_t pull_copy_bytes_from_environment() {
-  const int32_t n = int_from_environment("MOE_EP_PULL_COPY_BYTES");
-  if (n <= 0) return kDefaultPullCopyBytes;
-  return n < 16 ? 16 : (n > 16384 ? 16384 : n / 16 * 16);
-}
-
-// Producer warps per block of the whole-row pull, each issuing its own stream
-// of bulk copies (MOE_EP_PULL_PRODUCERS, 1 to 4).
-constexpr int32_t kDefaultPullProducers = 1;
-int32_t pull_producers_from_environment() {
-  const int32_t n = int_from_environment("MOE_EP_PULL_PRODUCERS");
-  if (n <= 0) return kDefaultPullProducers;
-  return n > 4 ? 4 : n;
-}
-
-// Per-rank switches read from the environment at create; none changes what a
-// peer sees, so ranks may differ in them:
-//   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: calls of at
-//                          most kSmallBatchMaxTokens tokens per rank run them);
-//   MOE_EP_PDL=0           Programmatic Dependent Launch off (default on where
-//                          the device has compute capability 9.0 or newer);
-//   MOE_EP_PULL_ROWS=0     the pull combine copies 2 KiB segments instead of
-//                          whole rows (rows of at most 16 KiB);
-//   MOE_EP_PULL_COPY_BYTES=N  the whole-row pull brings rows in copies of at
-//                          most N bytes (default: one copy per row);
-//   MOE_EP_PULL_PRODUCERS=N  the whole-row pull with N producer warps (1..4)
-//                          per block, each with its own ring of row buffers;
-//   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
-//                          into registers instead of bulk copies (a diagnostic);
-//   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
-//                          (default off: slower on every SM budget measured);
-//   MOE_EP_DISPATCH_BULK=1 dispatch moves 16-byte aligned hidden rows with bulk
-//                          copies through shared memory (compute capability
-//                          9.0 and newer; default off until measured).
-// True when `name` is set to `on_value`, or, with `on_value` NULL, when it is
-// unset or set to anything but "0".
-bool environment_switch(const char* name, const char* on_value = nullptr) {
-  const char* v = std::getenv(name);
-  if (on_value == nullptr) return v == nullptr || std::strcmp(v, "0") != 0;
-  return v != nullptr && std::strcmp(v, on_value) == 0;
-}
+// Tuning knobs of the overlapped combine (int_from_environment, 0 or unset =
+// the defaults): MOE_EP_COMBINE_PHASES (publication phases, every rank the
+// same; create checks) and MOE_EP_COMBINE_REDUCE_BLOCKS (blocks that reduce
+// while the others push).  The per-rank switches: nvlink/tuning_environment.hpp.
 
 // Milliseconds per named step, for the destroy log line.
 class TeardownClock {

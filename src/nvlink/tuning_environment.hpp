@@ -1,0 +1,45 @@
+// Per-rank tuning switches of the NVLink backend, read from the environment
+// at create.  None changes what a peer sees, so ranks may differ in them
+// (docs/api.md lists them with their measured effect):
+//   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: calls of at
+//                          most kSmallBatchMaxTokens tokens per rank run them);
+//   MOE_EP_PDL=0           Programmatic Dependent Launch off (default on where
+//                          the device has compute capability 9.0 or newer);
+//   MOE_EP_PULL_ROWS=0     the pull combine copies 2 KiB segments instead of
+//                          whole rows (rows of at most 16 KiB);
+//   MOE_EP_PULL_COPY_BYTES=N, MOE_EP_PULL_PRODUCERS=N  below;
+//   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
+//                          into registers instead of bulk copies (a diagnostic);
+//   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
+//                          (default off: slower on every SM budget measured);
+//   MOE_EP_DISPATCH_BULK=1 dispatch moves 16-byte aligned hidden rows with bulk
+//                          copies through shared memory (compute capability
+//                          9.0 and newer; off by default: faster on 8 SMs,
+//                          slower on 16, measured).
+#pragma once
+
+#include <stdint.h>
+
+namespace moe_ep {
+
+// True when `name` is set to `on_value`, or, with `on_value` NULL, when it is
+// unset or set to anything but "0".
+bool environment_switch(const char* name, const char* on_value = nullptr);
+
+// A positive integer below 65536 from `name`; 0 when unset, not a number, or
+// out of that range (the caller's default then applies).
+int32_t int_from_environment(const char* name);
+
+// MOE_EP_PULL_COPY_BYTES: the whole-row pull brings each partial row in bulk
+// copies of at most this many bytes, a multiple of 16 within 16..16384
+// (default 16384: one copy per row, which measured best).
+constexpr int32_t kDefaultPullCopyBytes = 16384;
+int32_t pull_copy_bytes_from_environment();
+
+// MOE_EP_PULL_PRODUCERS: producer warps per block of the whole-row pull, each
+// issuing its own stream of bulk copies, 1..4 (default 1).
+constexpr int32_t kDefaultPullProducers = 1;
+constexpr int32_t kMaxPullProducers = 4;
+int32_t pull_producers_from_environment();
+
+}  // namespace moe_ep

@@ -1,0 +1,95 @@
+// The NVLink backend's per-rank tuning switches: what each environment value
+// turns into (defaults, clamping, rounding), read as create reads them.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "nvlink/tuning_environment.hpp"
+
+namespace {
+
+// Sets `name` to `value` (NULL: unset) for the lifetime of the object.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (value != nullptr) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedVariable() { unsetenv(name_); }
+  ScopedVariable(const ScopedVariable&) = delete;
+  ScopedVariable& operator=(const ScopedVariable&) = delete;
+
+ private:
+  const char* name_;
+};
+
+int32_t copy_bytes(const char* value) {
+  const ScopedVariable v("MOE_EP_PULL_COPY_BYTES", value);
+  return moe_ep::pull_copy_bytes_from_environment();
+}
+
+int32_t producers(const char* value) {
+  const ScopedVariable v("MOE_EP_PULL_PRODUCERS", value);
+  return moe_ep::pull_producers_from_environment();
+}
+
+}  // namespace
+
+TEST_CASE("environment_switch: on unless \"0\", or only when set to the named value", "[tuning]") {
+  {
+    const ScopedVariable v("MOE_EP_TEST_SWITCH", nullptr);
+    CHECK(moe_ep::environment_switch("MOE_EP_TEST_SWITCH"));
+    CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "1"));
+  }
+  {
+    const ScopedVariable v("MOE_EP_TEST_SWITCH", "0");
+    CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH"));
+    CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "1"));
+  }
+  {
+    const ScopedVariable v("MOE_EP_TEST_SWITCH", "registers");
+    CHECK(moe_ep::environment_switch("MOE_EP_TEST_SWITCH"));
+    CHECK(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "registers"));
+    CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "1"));
+  }
+}
+
+TEST_CASE("int_from_environment: positive integers below 65536, else 0", "[tuning]") {
+  const char* name = "MOE_EP_TEST_INT";
+  const struct {
+    const char* value;
+    int32_t expected;
+  } cases[] = {{nullptr, 0}, {"", 0},        {"abc", 0},       {"-5", 0},    {"0", 0},
+               {"1", 1},     {"4096", 4096}, {"65535", 65535}, {"65536", 0}, {"99999999999999999999", 0}};
+  for (const auto& c : cases) {
+    const ScopedVariable v(name, c.value);
+    INFO("value " << (c.value ? c.value : "(unset)"));
+    CHECK(moe_ep::int_from_environment(name) == c.expected);
+  }
+}
+
+TEST_CASE("MOE_EP_PULL_COPY_BYTES: default one copy per row, multiples of 16 within 16..16384", "[tuning]") {
+  CHECK(copy_bytes(nullptr) == moe_ep::kDefaultPullCopyBytes);
+  CHECK(copy_bytes("0") == moe_ep::kDefaultPullCopyBytes);
+  CHECK(copy_bytes("junk") == moe_ep::kDefaultPullCopyBytes);
+  CHECK(copy_bytes("1") == 16);
+  CHECK(copy_bytes("15") == 16);
+  CHECK(copy_bytes("16") == 16);
+  CHECK(copy_bytes("2050") == 2048);
+  CHECK(copy_bytes("4096") == 4096);
+  CHECK(copy_bytes("16384") == 16384);
+  CHECK(copy_bytes("60000") == 16384);
+}
+
+TEST_CASE("MOE_EP_PULL_PRODUCERS: default 1, clamped to 1..4", "[tuning]") {
+  CHECK(producers(nullptr) == moe_ep::kDefaultPullProducers);
+  CHECK(producers("0") == moe_ep::kDefaultPullProducers);
+  CHECK(producers("-2") == moe_ep::kDefaultPullProducers);
+  CHECK(producers("1") == 1);
+  CHECK(producers("3") == 3);
+  CHECK(producers("4") == 4);
+  CHECK(producers("9") == moe_ep::kMaxPullProducers);
+}
