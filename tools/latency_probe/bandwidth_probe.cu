@@ -110,37 +110,42 @@ __device__ __forceinline__ void copy_in(void* dst, const void* src, uint32_t byt
 }
 #endif
 
-// Bulk reads: warp w of the first kActiveWarps owns a ring of kStages
-// buffers of kChunk bytes and streams chunks w, w + kActiveWarps, ... of the
-// block's slice through it.  Lane 0 keeps kStages copies in flight; every
-// lane waits (bounded) for a buffer's barrier, reads one 16-byte vector of
-// it, and once the whole warp has read it lane 0 refills it.
-template <unsigned kChunk>
+// Bulk reads: warp w of the first kActiveWarps owns a ring of kRingStages
+// buffers of kChunk bytes (the 192 KiB ring split between the warps) and
+// streams chunks w, w + kActiveWarps, ... of the block's slice through it.
+// Lane 0 keeps kRingStages copies in flight; every lane waits (bounded) for a
+// buffer's barrier, reads one 16-byte vector of it, and once the whole warp
+// has read it lane 0 refills it.  The same bytes in flight issued by one
+// thread (kActiveWarps 1) or by several is what the `_1w` lines compare: the
+// pull combine issues every copy of a block from one thread.
+template <unsigned kChunk, unsigned kActiveWarps = kRingBytes / kStages / kChunk>
 __global__ void __launch_bounds__(kThreads, 1) bulk_read_kernel(StreamArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr unsigned kActiveWarps = kRingBytes / kStages / kChunk;
+  constexpr unsigned kRingStages = kRingBytes / kActiveWarps / kChunk;
   static_assert(kActiveWarps >= 1 && kActiveWarps <= kWarps, "the ring fits the block");
+  static_assert(kRingStages >= 1 && kActiveWarps * kRingStages * 8 <= kSharedBytes - kRingBytes,
+                "the barriers fit behind the ring");
   extern __shared__ __align__(128) char shared[];
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp >= kActiveWarps) return;
-  char* buffers = shared + size_t(warp) * kStages * kChunk;
-  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + kRingBytes) + warp * kStages;
+  char* buffers = shared + size_t(warp) * kRingStages * kChunk;
+  uint64_t* barriers = reinterpret_cast<uint64_t*>(shared + kRingBytes) + warp * kRingStages;
   const char* src = a.src + blockIdx.x * a.slice_bytes + size_t(warp) * kChunk;
   const size_t chunks = a.slice_bytes / kChunk / kActiveWarps;  // this warp's
   const size_t stride = size_t(kActiveWarps) * kChunk;
   if (lane == 0) {
-    for (unsigned s = 0; s < kStages; ++s) {
+    for (unsigned s = 0; s < kRingStages; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem(barriers + s)) : "memory");
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (size_t i = 0; i < kStages && i < chunks; ++i)
+    for (size_t i = 0; i < kRingStages && i < chunks; ++i)
       copy_in(buffers + i * kChunk, src + i * stride, kChunk, barriers + i);
   }
   __syncwarp();
   unsigned acc = 0;
   for (size_t i = 0; i < chunks; ++i) {
-    const unsigned stage = unsigned(i % kStages);
-    const uint32_t parity = uint32_t(i / kStages) & 1u;
+    const unsigned stage = unsigned(i % kRingStages);
+    const uint32_t parity = uint32_t(i / kRingStages) & 1u;
     const bool arrived = spin_until([&] { return mbarrier_try_wait(barriers + stage, parity); }, a.timeout_ns);
     if (!__all_sync(0xffffffffu, arrived)) {
       if (lane == 0) atomicExch(a.status, unsigned(kTimedOut));
@@ -148,9 +153,9 @@ __global__ void __launch_bounds__(kThreads, 1) bulk_read_kernel(StreamArgs a) {
     }
     acc ^= fold(reinterpret_cast<const uint4*>(buffers + stage * kChunk)[lane]);
     __syncwarp();  // every lane has read the buffer
-    if (lane == 0 && i + kStages < chunks) {
+    if (lane == 0 && i + kRingStages < chunks) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // those reads before the refill
-      copy_in(buffers + stage * kChunk, src + (i + kStages) * stride, kChunk, barriers + stage);
+      copy_in(buffers + stage * kChunk, src + (i + kRingStages) * stride, kChunk, barriers + stage);
     }
   }
   keep(a, acc);
@@ -225,6 +230,10 @@ const Mode kModes[] = {
      Memory::peer, true},
     {"bulk_read_remote_16k", "as bulk_read_local_16k from the peer's memory; both GPUs at once",
      bulk_read_kernel<16384>, Memory::peer, true},
+    {"bulk_read_local_16k_1w", "as bulk_read_local_16k, all 12 stages in one warp (one thread issues every copy)",
+     bulk_read_kernel<16384, 1>, Memory::local, true},
+    {"bulk_read_remote_16k_1w", "as bulk_read_remote_16k, all 12 stages in one warp (one thread issues every copy)",
+     bulk_read_kernel<16384, 1>, Memory::peer, true},
     {"bulk_write_remote_4k",
      "cp.async.bulk.global.shared::cta of 4 KiB chunks (one shared buffer filled once) into the peer's memory, lane "
      "0 of 16 warps, at most 5 groups per warp unread (wait_group.read 4); both GPUs at once",
