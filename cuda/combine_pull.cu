@@ -290,6 +290,16 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
     ++k;
     return true;
   };
+  // After a failed wait: every row copy this producer issued lands before it
+  // leaves (a block must not end while a copy still writes its shared
+  // memory); the copies read mapped memory, so they complete, and each wait
+  // is bounded anyway.
+  auto drain_row_copies = [&]() {
+    for (int r = 0; r < st.ring && static_cast<uint32_t>(r) < k; ++r) {
+      const uint32_t last_use = (k - 1 - static_cast<uint32_t>(r)) / static_cast<uint32_t>(st.ring);
+      barrier_wait(st.full + st.stage(j, static_cast<uint32_t>(r)), last_use & 1u, c.state.timeout_ns);
+    }
+  };
   // This producer's n-th token is t0 + j + n * P, for n < count.  Tokens
   // [first, first + batch) of that sequence have their slots in the
   // producer's buffer; the lanes fetch the next batch with asynchronous 4-byte
@@ -329,6 +339,7 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
       }
       if (!ok) {
         copy_async_drain();
+        drain_row_copies();
         return false;
       }
     }
