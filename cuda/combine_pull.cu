@@ -174,8 +174,12 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
     // every pick of the token was masked, the output row is zeros).
     while (consumed < issued && stages.items[consumed % kPullStages] == item) {
       const int stage = static_cast<int>(consumed % kPullStages);
-      if (!barrier_wait(stages.barriers + stage, (consumed / kPullStages) & 1u, c.state.timeout_ns)) {
+      const bool landed = barrier_wait(stages.barriers + stage, (consumed / kPullStages) & 1u, c.state.timeout_ns);
+      if (!__all_sync(0xFFFFFFFFu, landed)) {  // the whole warp leaves, after the copies it issued (bounded)
         if (lane == 0) record_timeout(c.control(), c.state.mirror, kPhaseCombine, stages.ranks[stage]);
+        for (uint32_t n = consumed; n < issued; ++n) {
+          barrier_wait(stages.barriers + n % kPullStages, (n / kPullStages) & 1u, c.state.timeout_ns);
+        }
         return;
       }
       const uint4* buffer =
