@@ -50,9 +50,13 @@ void NcclStageProfile::mark(cudaStream_t stream) {
 
 std::string NcclStageProfile::summary() {
   std::vector<double> sum(stages_.size(), 0.0);
-  size_t used = 0;
+  size_t used = 0, misshapen = 0;
   for (auto& call : calls_) {
-    if (call.size() != stages_.size() + 1 || cudaEventSynchronize(call.back()) != cudaSuccess) continue;
+    if (call.size() != stages_.size() + 1) {
+      ++misshapen;  // a path that marks its stages differently: say so rather than average it
+      continue;
+    }
+    if (cudaEventSynchronize(call.back()) != cudaSuccess) continue;
     ++used;
     for (size_t i = 0; i < stages_.size(); ++i) {
       float ms = 0.0f;
@@ -61,7 +65,12 @@ std::string NcclStageProfile::summary() {
     }
   }
   cudaGetLastError();
-  std::string line = name_ + " stages, mean of " + std::to_string(used) + " eager calls:";
+  std::string line = name_ + " stages, mean of " + std::to_string(used) + " eager calls";
+  if (misshapen > 0) {
+    line += " (" + std::to_string(misshapen) + " calls left out: their marks do not match the " +
+            std::to_string(stages_.size()) + " stages)";
+  }
+  line += ":";
   for (size_t i = 0; i < stages_.size(); ++i) {
     char part[96];
     std::snprintf(part, sizeof part, " %s %.1f us", stages_[i].c_str(), used ? 1000.0 * sum[i] / used : 0.0);
