@@ -17,8 +17,9 @@
 // order in fp32 from 0.0f, as every schedule does, so all four give the same
 // bits):
 //   whole rows (default, rows of at most 16 KiB, 16-byte aligned): per block,
-//     one producer warp issues a bulk copy of each partial row into 12 row
-//     buffers and 15 consumer warps add them (pull_reduce_whole_rows);
+//     1 to 4 producer warps (MOE_EP_PULL_PRODUCERS) issue a bulk copy of each
+//     partial row into 12 row buffers and the other warps add them
+//     (pull_reduce_whole_rows);
 //   2 KiB segments (MOE_EP_PULL_ROWS=0): each warp walks its (token, segment)
 //     items and issues its own bulk copies, up to kPullStages ahead
 //     (pull_reduce_bulk);
@@ -226,6 +227,7 @@ constexpr int kSlotBatchMaxTokens = 64;
 constexpr size_t kRowSharedBytes = size_t{kRowStages} * kRowStageBytes + 2 * kRowStages * sizeof(uint64_t) +
                                    kRowStages * sizeof(int2) + 2 * kSlotBatchInts * sizeof(int32_t);
 static_assert(kRowStages % kRowMaxProducers == 0 && kRowStages % 3 == 0 && kRowStages % 2 == 0, "rings of equal size");
+static_assert(kSlotBatchInts / kRowMaxProducers >= kMaxWorldSize, "a batch holds at least one token's slots");
 static_assert((kBlockThreads - 32 * kRowMaxProducers) * kRowVectorsPerThread * 16 >= kRowStageBytes,
               "every vector of a row has a consumer thread");
 
@@ -347,9 +349,10 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
         return false;
       }
     }
-    __syncwarp();  // every lane read this batch before the fetch after next overwrites it
+    __syncwarp();  // every lane read this batch before the next iteration's fetch overwrites it
   }
   copy_async_drain();
+  drain_row_copies();  // the consumers may still time out: no copy may outlive the block
   return true;
 }
 
@@ -450,7 +453,9 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const int32_t t1 = static_cast<int32_t>(begin + per_block < p.args.token_end ? begin + per_block : p.args.token_end);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const bool ok = warp < st.producers ? produce_rows(p, st, warp, t0, t1) : consume_rows<Element>(p, st, t0, t1);
-  if (!ok && threadIdx.x % 32 == 0) record_timeout(c.control(), c.state.mirror, kPhaseCombine, -1);
+  // Every failing thread records (consumers fail one by one: a thread whose
+  // part of a row was not stored must not go unreported).
+  if (!ok) record_timeout(c.control(), c.state.mirror, kPhaseCombine, -1);
 }
 #endif
 
