@@ -59,7 +59,17 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   o.recv_counts = p.place(W * sizeof(int32_t));
   o.local_expert_counts = p.place(static_cast<uint64_t>(l.experts_per_rank()) * sizeof(int32_t));
   o.eplb_gathered = p.place(l.eplb_stats ? times(W * E, sizeof(int32_t)) : 0);
-  o.send_hidden = p.place(times(rows, l.hidden_row_bytes));
+  // The send rows (dispatch: packed, then sent) and the combine input
+  // (combine: received, then reduced) share one region: every access to either
+  // is ordered on the handle's one stream (the side and NCCL streams join it
+  // before a call returns), and they are live in different phases (dispatch
+  // N's sends complete before combine N's receives start; combine N's
+  // reduction completes before dispatch N+1 packs).  This is what keeps the
+  // workspace within 2 x W x M x row bytes + 64 MiB (docs/nccl_backend.md,
+  // "Workspace").
+  o.send_hidden =
+      p.place(times(rows, l.hidden_row_bytes > l.combine_row_bytes ? l.hidden_row_bytes : l.combine_row_bytes));
+  o.combine_in = o.send_hidden;
   o.send_meta = p.place(times(W, o.meta_stride));
   o.local_slots = p.place(times(rows, sizeof(int32_t)));
   o.token_slots = p.place(times(rows, sizeof(int32_t)));
@@ -68,7 +78,6 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   o.expert_hist = p.place(E * sizeof(int32_t));
   o.route_done = p.place(sizeof(uint32_t));
   o.errors = p.place(sizeof(kernels::NcclDeviceErrors));
-  o.combine_in = p.place(times(rows, l.combine_row_bytes));
   o.combine_out = p.place(times(M, l.combine_row_bytes));
   o.combine_input = p.place(combine_input_region_bytes(l));
   o.total_bytes = p.end();

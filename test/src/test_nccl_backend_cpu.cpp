@@ -4,6 +4,8 @@
 // GPU behaviour is tested in test/cuda/test_nccl_gpu.cpp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -136,6 +138,27 @@ TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU t
   });
 }
 
+TEST_CASE("NCCL buffer plan: the shared send / combine-input region holds the larger of the two rows", "[nccl]") {
+  // An fp8 payload (7168 bytes a row) with a bf16 combine (14336), and an fp32 payload (28672) with it.
+  for (const bool combine_wider : {true, false}) {
+    moe_ep_params_t params = moe_ep_test::make_params(64, 4, 1024, 7168);
+    if (combine_wider) {
+      params.hidden_dtype = {MOE_EP_DTYPE_FLOAT8_E4M3FN, 8, 1};
+    } else {
+      params.hidden_dtype = {MOE_EP_DTYPE_FLOAT, 32, 1};
+    }
+    const moe_ep::Layout l = moe_ep::make_layout(moe_ep::read_params(&params), 4, 1);
+    const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(l);
+    INFO("hidden row " << l.hidden_row_bytes << " B, combine row " << l.combine_row_bytes << " B");
+    const uint64_t rows = 4 * 1024;
+    const uint64_t widest = std::max(l.hidden_row_bytes, l.combine_row_bytes);
+    CHECK(l.hidden_row_bytes != l.combine_row_bytes);
+    CHECK(plan.combine_in == plan.send_hidden);
+    CHECK(plan.send_meta - plan.send_hidden >= rows * widest);  // the next region starts after both fit
+    CHECK(plan.send_hidden - plan.recv_hidden >= rows * l.hidden_row_bytes);
+  }
+}
+
 TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow is INVALID_ARGUMENT", "[nccl]") {
   moe_ep_params_t params = moe_ep_test::make_params(256, 8, 4096, 7168);
   params.enable_eplb_stats = 1;
@@ -158,8 +181,11 @@ TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow i
   CHECK(moe_ep::kernels::nccl_meta_bytes(shape, 4096) <= static_cast<int64_t>(plan.meta_stride));
   CHECK(plan.recv_counts - plan.recv_meta >= 2 * plan.meta_stride);
   CHECK(plan.local_slots - plan.send_meta >= 2 * plan.meta_stride);
-  // Three row buffers of world x max_tokens rows: receive, send, combine input.
-  CHECK(plan.total_bytes < 3 * rows * 7168 * 2 + 64ull * 1024 * 1024);
+  // Two row buffers of world x max_tokens rows (receive; send and combine input
+  // share one), within the documented workspace bound.
+  CHECK(plan.combine_in == plan.send_hidden);
+  CHECK(plan.send_meta - plan.send_hidden >= rows * 7168 * 2);
+  CHECK(plan.total_bytes <= 2 * rows * 7168 * 2 + 64ull * 1024 * 1024);
 
   moe_ep::Layout huge = l;
   huge.max_tokens_per_rank = 1 << 30;
