@@ -35,6 +35,7 @@
 #include "combine_common.cuh"
 #include "device_sync.cuh"
 #include "kernel_launch.cuh"
+#include "pull_rows_schedule.h"
 
 namespace moe_ep {
 namespace kernels {
@@ -214,19 +215,16 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 // bookkeeping between a copy and the next are what let a few SMs keep the link
 // busy (docs/latency_budget.md, "Per-SM bandwidth"); several producers issue
 // several streams of copies, as the probe's 170 GB/s per SM did.
-constexpr int kRowStages = 12;
-constexpr int kRowStageBytes = 16 * 1024;  // rows up to 16 KiB
-constexpr int kRowMaxProducers = 4;        // divides kRowStages
-constexpr int kRowVectorsPerThread = 3;    // 12 consumer warps x 32 x 3 x 16 B >= 16 KiB
+// The schedule (which tokens, buffers, phases and slot buffers each producer
+// uses) is PullRowsSchedule (pull_rows_schedule.h), model-checked on the host.
 // The producers read the token slots (which rank holds each partial) a batch
 // of tokens at a time, one batch ahead, into two shared buffers each (the
 // per-token load was measured not to be the limit, but it costs nothing off the
 // critical path).
-constexpr int kSlotBatchInts = 1024;  // per block, split between the producers
-constexpr int kSlotBatchMaxTokens = 64;
+constexpr int kRowStageBytes = 16 * 1024;  // rows up to 16 KiB
+constexpr int kRowVectorsPerThread = 3;    // 12 consumer warps x 32 x 3 x 16 B >= 16 KiB
 constexpr size_t kRowSharedBytes = size_t{kRowStages} * kRowStageBytes + 2 * kRowStages * sizeof(uint64_t) +
-                                   kRowStages * sizeof(int2) + 2 * kSlotBatchInts * sizeof(int32_t);
-static_assert(kRowStages % kRowMaxProducers == 0 && kRowStages % 3 == 0 && kRowStages % 2 == 0, "rings of equal size");
+                                   kRowStages * sizeof(int2) + kSlotRegionInts * sizeof(int32_t);
 static_assert(kSlotBatchInts / kRowMaxProducers >= kMaxWorldSize, "a batch holds at least one token's slots");
 static_assert((kBlockThreads - 32 * kRowMaxProducers) * kRowVectorsPerThread * 16 >= kRowStageBytes,
               "every vector of a row has a consumer thread");
@@ -238,36 +236,25 @@ struct RowStages {
   uint64_t* full;   // [kRowStages]: the copy (or the empty step) landed
   uint64_t* empty;  // [kRowStages]: every consumer thread has read the buffer
   int2* steps;      // [kRowStages]: {token, RowStepFlags}
-  int32_t* slots;   // [producers][2][kSlotBatchInts / producers]: token slots, a batch ahead
-  int producers;
-  int ring;  // kRowStages / producers
+  int32_t* slots;   // kSlotRegionInts: each producer's two slot buffers (PullRowsSchedule)
+  PullRowsSchedule plan;
   int consumers;
-  __device__ RowStages(char* shared, int producers_)
+  __device__ RowStages(char* shared, int requested_producers)
       : buffers(shared),
         full(reinterpret_cast<uint64_t*>(shared + size_t{kRowStages} * kRowStageBytes)),
         empty(full + kRowStages),
         steps(reinterpret_cast<int2*>(empty + kRowStages)),
         slots(reinterpret_cast<int32_t*>(steps + kRowStages)),
-        producers(producers_),
-        ring(kRowStages / producers_),
-        consumers(kBlockThreads - 32 * producers_) {}
-  // Buffer of the k-th step of producer j's ring.
-  __device__ int stage(int j, uint32_t k) const { return j * ring + static_cast<int>(k % static_cast<uint32_t>(ring)); }
-  __device__ uint32_t phase(uint32_t k) const { return (k / static_cast<uint32_t>(ring)) & 1u; }
+        plan(PullRowsSchedule::make(requested_producers)),
+        consumers(kBlockThreads - 32 * plan.producers) {}
 };
-
-// 1, 2, 3 or 4 (what the host passes is clamped again here).
-__device__ __forceinline__ int pull_producers(const CombineParams& p) {
-  const int n = p.args.pull_producers;
-  return n <= 1 ? 1 : (n >= kRowMaxProducers ? kRowMaxProducers : n);
-}
 
 bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
   return p.args.pull_rows != 0 && combine_rows_aligned(p) && p.ctx.shape.combine_row_bytes <= kRowStageBytes;
 }
 
 #ifdef MOE_EP_HAVE_BULK_COPY
-// Producer warp j.  Its k-th step uses buffer st.stage(j, k); before a
+// Producer warp j.  Its k-th step uses buffer plan.stage(j, k); before a
 // buffer's second and later uses its previous use must have been released.
 __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j, int32_t t0, int32_t t1) {
   const KernelContext& c = p.ctx;
@@ -276,11 +263,11 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
   const uint32_t bytes = static_cast<uint32_t>(c.shape.combine_row_bytes);
   const uint32_t chunk = p.args.pull_copy_bytes >= 16 ? static_cast<uint32_t>(p.args.pull_copy_bytes) / 16 * 16 : bytes;
   const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
-  const int P = st.producers;
+  const PullRowsSchedule& plan = st.plan;
   uint32_t k = 0;
   auto emit = [&](int32_t token, int32_t flags, const char* src) -> bool {
-    const int stage = st.stage(j, k);
-    const uint32_t use = k / static_cast<uint32_t>(st.ring);
+    const int stage = plan.stage(j, k);
+    const uint32_t use = plan.use(k);
     const bool released = use == 0 || barrier_wait(st.empty + stage, (use - 1) & 1u, c.state.timeout_ns);
     if (!__all_sync(0xFFFFFFFFu, released)) return false;  // warp-uniform, for the shuffles that follow
     if (lane == 0) {
@@ -301,23 +288,22 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
   // memory); the copies read mapped memory, so they complete, and each wait
   // is bounded anyway.
   auto drain_row_copies = [&]() {
-    for (int r = 0; r < st.ring && static_cast<uint32_t>(r) < k; ++r) {
-      const uint32_t last_use = (k - 1 - static_cast<uint32_t>(r)) / static_cast<uint32_t>(st.ring);
-      barrier_wait(st.full + st.stage(j, static_cast<uint32_t>(r)), last_use & 1u, c.state.timeout_ns);
+    for (uint32_t r = 0; r < static_cast<uint32_t>(plan.ring) && r < k; ++r) {
+      const uint32_t last = r + (k - 1 - r) / plan.ring * plan.ring;  // the buffer's last step
+      barrier_wait(st.full + plan.stage(j, last), plan.parity(last), c.state.timeout_ns);
     }
   };
-  // This producer's n-th token is t0 + j + n * P, for n < count.  Tokens
-  // [first, first + batch) of that sequence have their slots in the
-  // producer's buffer; the lanes fetch the next batch with asynchronous 4-byte
-  // copies while lane 0 issues the current batch's row copies.
-  const int32_t count = t1 - t0 > j ? (t1 - t0 - j + P - 1) / P : 0;
-  const int32_t per_buffer = kSlotBatchInts / P;
-  const int32_t batch = min(kSlotBatchMaxTokens, per_buffer / world);
-  int32_t* own_slots = st.slots + 2 * per_buffer * j;
-  auto token_of = [&](int32_t n) { return t0 + j + n * P; };
+  // This producer's n-th token is plan.token(j, n, t0), for n < count.
+  // Tokens [first, first + batch) of that sequence have their slots in one of
+  // the producer's two slot buffers; the lanes fetch the next batch with
+  // asynchronous 4-byte copies while lane 0 issues the current batch's row
+  // copies.
+  const int32_t count = plan.tokens_of(j, t0, t1);
+  const int32_t batch = plan.slot_batch(world);
+  auto token_of = [&](int32_t n) { return plan.token(j, n, t0); };
   auto fetch = [&](int32_t first, int buffer) {
     const int32_t ints = max(0, min(batch, count - first)) * world;
-    int32_t* dst = own_slots + buffer * per_buffer;
+    int32_t* dst = st.slots + plan.slot_buffer_offset(j, buffer);
     for (int32_t i = lane; i < ints; i += 32) {
       copy_async_4_to_shared(dst + i, slots + static_cast<int64_t>(token_of(first + i / world)) * world + i % world);
     }
@@ -330,7 +316,7 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
     fetch(first + batch, buffer ^ 1);
     copy_async_wait_all_but_newest();
     __syncwarp();  // every lane's part of this batch landed
-    const int32_t* cached = own_slots + buffer * per_buffer;
+    const int32_t* cached = st.slots + plan.slot_buffer_offset(j, buffer);
     const int32_t last = min(first + batch, count);
     for (int32_t n = first; n < last; ++n) {
       const int32_t t = token_of(n);
@@ -380,11 +366,12 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   using Bits = typename Element::Bits;
   constexpr int kPer = 16 / sizeof(Bits);
   const KernelContext& c = p.ctx;
-  const int i = static_cast<int>(threadIdx.x) - 32 * st.producers;
+  const PullRowsSchedule& plan = st.plan;
+  const int i = static_cast<int>(threadIdx.x) - 32 * plan.producers;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
   RingCursors taken;  // steps consumed from each producer's ring
   for (int32_t t = t0; t < t1; ++t) {
-    const int j = static_cast<int>((t - t0) % st.producers);
+    const int j = plan.producer_of(t, t0);
     uint32_t k = taken.get(j);
     float acc[kRowVectorsPerThread][kPer];
 #pragma unroll
@@ -393,8 +380,8 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
     }
     for (;; ++k) {
-      const int stage = st.stage(j, k);
-      if (!barrier_wait(st.full + stage, st.phase(k), c.state.timeout_ns)) return false;
+      const int stage = plan.stage(j, k);
+      if (!barrier_wait(st.full + stage, plan.parity(k), c.state.timeout_ns)) return false;
       const int2 step = st.steps[stage];
       if (!(step.y & kRowEmpty)) {
         const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
@@ -437,7 +424,7 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
 template <typename Element>
 __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const KernelContext& c = p.ctx;
-  const RowStages st(shared, pull_producers(p));
+  const RowStages st(shared, p.args.pull_producers);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kRowStages; ++s) {
       barrier_init(st.full + s, 1);
@@ -452,7 +439,7 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const int32_t t0 = static_cast<int32_t>(begin < p.args.token_end ? begin : p.args.token_end);
   const int32_t t1 = static_cast<int32_t>(begin + per_block < p.args.token_end ? begin + per_block : p.args.token_end);
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const bool ok = warp < st.producers ? produce_rows(p, st, warp, t0, t1) : consume_rows<Element>(p, st, t0, t1);
+  const bool ok = warp < st.plan.producers ? produce_rows(p, st, warp, t0, t1) : consume_rows<Element>(p, st, t0, t1);
   // Every failing thread records (consumers fail one by one: a thread whose
   // part of a row was not stored must not go unreported).
   if (!ok) record_timeout(c.control(), c.state.mirror, kPhaseCombine, -1);

@@ -1,0 +1,70 @@
+// Who does what, and where, in the whole-row pull combine
+// (combine_pull.cu, pull_reduce_whole_rows): which tokens a producer warp
+// walks, which row buffer and barrier phase its k-th step uses, where its
+// batch of token slots lives.  Plain C++ shared by the kernel and a host test
+// (test/nvlink/test_pull_rows_schedule.cpp) that model-checks the protocol
+// on exactly these numbers.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define MOE_EP_SCHEDULE_FN __host__ __device__ __forceinline__
+#else
+#define MOE_EP_SCHEDULE_FN inline
+#endif
+
+namespace moe_ep {
+namespace kernels {
+
+constexpr int kRowStages = 12;                       // row buffers per block, split into one ring per producer
+constexpr int kRowMaxProducers = 4;                  // divides kRowStages
+constexpr int kSlotBatchInts = 1024;                 // one slot buffer of each producer, split between the producers
+constexpr int kSlotRegionInts = 2 * kSlotBatchInts;  // the block's slot buffers: two per producer
+constexpr int kSlotBatchMaxTokens = 64;
+static_assert(kRowStages % 2 == 0 && kRowStages % 3 == 0 && kRowStages % 4 == 0, "rings of equal size");
+
+struct PullRowsSchedule {
+  int producers;  // 1..kRowMaxProducers
+  int ring;       // kRowStages / producers: buffers per producer
+
+  // What the host asked for, clamped to 1..kRowMaxProducers.
+  MOE_EP_SCHEDULE_FN static PullRowsSchedule make(int requested) {
+    PullRowsSchedule s;
+    s.producers = requested <= 1 ? 1 : (requested >= kRowMaxProducers ? kRowMaxProducers : requested);
+    s.ring = kRowStages / s.producers;
+    return s;
+  }
+
+  // Producer j's k-th step: its buffer (and barriers), the how-many-th use of
+  // that buffer it is, and the parity of the barrier phase that use completes.
+  MOE_EP_SCHEDULE_FN int stage(int j, uint32_t k) const {
+    return j * ring + static_cast<int>(k % static_cast<uint32_t>(ring));
+  }
+  MOE_EP_SCHEDULE_FN uint32_t use(uint32_t k) const { return k / static_cast<uint32_t>(ring); }
+  MOE_EP_SCHEDULE_FN uint32_t parity(uint32_t k) const { return use(k) & 1u; }
+
+  // Tokens of the block's range [t0, t1): token t belongs to producer
+  // (t - t0) % producers, which takes them in order: its n-th token is
+  // t0 + j + n * producers, for n < tokens_of(j, t0, t1).
+  MOE_EP_SCHEDULE_FN int producer_of(int32_t t, int32_t t0) const { return static_cast<int>((t - t0) % producers); }
+  MOE_EP_SCHEDULE_FN int32_t tokens_of(int j, int32_t t0, int32_t t1) const {
+    return t1 - t0 > j ? (t1 - t0 - j + producers - 1) / producers : 0;
+  }
+  MOE_EP_SCHEDULE_FN int32_t token(int j, int32_t n, int32_t t0) const { return t0 + j + n * producers; }
+
+  // Producer j's two slot buffers of slot_buffer_ints() ints each (all of
+  // them tile kSlotRegionInts), holding slot_batch(world) tokens' slots
+  // (world ints per token).
+  MOE_EP_SCHEDULE_FN int32_t slot_buffer_ints() const { return kSlotBatchInts / producers; }
+  MOE_EP_SCHEDULE_FN int32_t slot_batch(int world) const {
+    const int32_t fits = slot_buffer_ints() / world;
+    return fits < kSlotBatchMaxTokens ? fits : kSlotBatchMaxTokens;
+  }
+  MOE_EP_SCHEDULE_FN int32_t slot_buffer_offset(int j, int buffer) const {
+    return (2 * j + buffer) * slot_buffer_ints();
+  }
+};
+
+}  // namespace kernels
+}  // namespace moe_ep
