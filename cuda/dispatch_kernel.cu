@@ -445,10 +445,10 @@ class BulkSegments {
   const DispatchParams& p_;
   const OwnItems items_;
   SegmentRing ring_;
-  int next_item_;         // lane 0: the next segment item to load
-  uint32_t loaded_ = 0;   // lane 0: segments loaded
-  uint32_t stored_ = 0;   // every lane: segments sent (ring slot numbers)
-  bool failed_ = false;   // lane 0: a load timed out
+  int next_item_;        // lane 0: the next segment item to load
+  uint32_t loaded_ = 0;  // lane 0: segments loaded
+  uint32_t stored_ = 0;  // every lane: segments sent (ring slot numbers)
+  bool failed_ = false;  // lane 0: a load timed out
 };
 #else
 // Device code for an architecture without bulk copies (a build whose lowest
@@ -694,7 +694,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
     }
   }
   route_small(p, t0, t1, timed_out, sh);  // ends with a barrier
-  if (sh.r.timed_out != kPhaseNone) {  // block-uniform
+  if (sh.r.timed_out != kPhaseNone) {     // block-uniform
     segments.abandon();
     return;
   }
@@ -736,7 +736,8 @@ template <typename Segments>
 cudaError_t launch_with(bool small, const DispatchParams& p, cudaStream_t stream) {
   const size_t shared = Segments::kSharedBytes;
   if (shared > 0) {
-    const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small), shared, bulk_raised(small));
+    const cudaError_t e =
+        raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small), shared, bulk_raised(small));
     if (e != cudaSuccess) return e;
   }
   return launch_kernel(dispatch_kernel_for<Segments>(small), p.args.num_blocks, kBlockThreads, shared, stream,
@@ -748,9 +749,8 @@ cudaError_t launch_with(bool small, const DispatchParams& p, cudaStream_t stream
 cudaError_t prepare_dispatch(int32_t bulk_rows) {
   if (bulk_rows == 0) return cudaSuccess;
   for (const bool small : {false, true}) {
-    const cudaError_t e =
-        raise_dynamic_shared_limit_once(dispatch_kernel_for<BulkSegments>(small), BulkSegments::kSharedBytes,
-                                        bulk_raised(small));
+    const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<BulkSegments>(small),
+                                                          BulkSegments::kSharedBytes, bulk_raised(small));
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -766,8 +766,8 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
   const bool small = args.small_batch != 0 && args.tokens_per_rank <= kSmallBatchMaxTokens;
   // Bulk copies need 16-byte aligned rows and sources; any other call keeps
   // the register path (which also handles rows of any size).
-  const bool bulk = args.bulk_rows != 0 && shape.hidden_row_bytes % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0;
+  const bool bulk =
+      args.bulk_rows != 0 && shape.hidden_row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(args.hidden) % 16 == 0;
   return bulk ? launch_with<BulkSegments>(small, p, stream) : launch_with<RegisterSegments>(small, p, stream);
 }
 

@@ -117,8 +117,8 @@ class NvlinkBackend final : public Backend {
              combine_schedule_ == kernels::kCombineOverlapped ? "overlapped"
              : combine_schedule_ == kernels::kCombineAuto     ? "auto"
                                                               : "serial",
-             ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off",
-             ", dispatch rows ", dispatch_bulk_ ? "bulk copies" : "registers");
+             ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off", ", dispatch rows ",
+             dispatch_bulk_ ? "bulk copies" : "registers");
   }
 
   const char* name() const override { return "nvlink_two_sided"; }
