@@ -59,15 +59,28 @@ __device__ __forceinline__ void fence_shared_before_bulk_copy() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// One thread: copies `bytes` (a multiple of 16; both addresses 16-byte
-// aligned) from global `src` into shared `dst`, completing on `barrier`.
-__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
+// One thread: announces `bytes` more to land on `barrier` in its current
+// phase (the arrival of the copy's issuing thread).
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t* barrier, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
                : "memory");
+}
+
+// One thread: starts a copy of `bytes` (a multiple of 16; both addresses
+// 16-byte aligned) from global `src` into shared `dst` that completes its
+// bytes on `barrier` (announced with barrier_expect_bytes).
+__device__ __forceinline__ void bulk_copy_issue(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    shared_address(dst)),
                "l"(src), "r"(bytes), "r"(shared_address(barrier))
                : "memory");
+}
+
+// One thread: copies `bytes` from global `src` into shared `dst`, completing
+// on `barrier`.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* barrier) {
+  barrier_expect_bytes(barrier, bytes);
+  bulk_copy_issue(dst, src, bytes, barrier);
 }
 
 // Small asynchronous copies (4 bytes per thread, global to shared), waited
@@ -91,14 +104,10 @@ __device__ __forceinline__ void copy_async_drain() { asm volatile("cp.async.wait
 // requests are issued in order.
 __device__ __forceinline__ void bulk_copy_chunks_to_shared(void* dst, const void* src, uint32_t bytes, uint32_t chunk,
                                                            uint64_t* barrier) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(barrier)), "r"(bytes)
-               : "memory");
+  barrier_expect_bytes(barrier, bytes);
   for (uint32_t offset = 0; offset < bytes; offset += chunk) {
-    const uint32_t n = bytes - offset < chunk ? bytes - offset : chunk;
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     shared_address(static_cast<char*>(dst) + offset)),
-                 "l"(static_cast<const char*>(src) + offset), "r"(n), "r"(shared_address(barrier))
-                 : "memory");
+    bulk_copy_issue(static_cast<char*>(dst) + offset, static_cast<const char*>(src) + offset,
+                    bytes - offset < chunk ? bytes - offset : chunk, barrier);
   }
 }
 

@@ -18,9 +18,7 @@ TOOL=$BUILD/tools/moe_ep_conformance
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 MPI2="mpirun -np 2 --bind-to none"
 SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
-for t in nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_general_kernels_np2; do
-  step "ctest_$t" 120 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 110
-done
+nvlink_suites 120 nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_general_kernels_np2
 step memcheck_ce 90 $MPI2 -x MOE_EP_FABRIC=0 -x MOE_EP_COMBINE_COPY_ENGINES=1 $SAN --tool memcheck $GPU_TEST "[zero_copy]"
 step racecheck_ce 90 $MPI2 -x MOE_EP_FABRIC=0 -x MOE_EP_COMBINE_COPY_ENGINES=1 $SAN --tool racecheck $GPU_TEST "[zero_copy]"
 B="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -w 10 -n 40 --graph --no-baselines --zero-copy-combine -t 4096"

@@ -13,9 +13,7 @@ BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
 build_step 90 test_nvlink_gpu moe_ep_conformance
-for t in nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_overlapped_phases_np2 nvlink_gpu_general_kernels_np2; do
-  step "ctest_$t" 40 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 35
-done
+nvlink_suites 40 nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_overlapped_phases_np2 nvlink_gpu_general_kernels_np2
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 step np2_copies_2k 30 mpirun -np 2 --bind-to none -x MOE_EP_PULL_COPY_BYTES=2048 $GPU_TEST
 SAN="compute-sanitizer --print-limit 4 --error-exitcode 3"

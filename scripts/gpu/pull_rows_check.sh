@@ -12,9 +12,7 @@ BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
 build_step 90 test_nvlink_gpu moe_ep_conformance
-for t in nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_overlapped_phases_np2 nvlink_gpu_general_kernels_np2; do
-  step "ctest_$t" 40 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 35
-done
+nvlink_suites 40 nvlink_gpu_np2 nvlink_gpu_overlapped_np2 nvlink_gpu_overlapped_phases_np2 nvlink_gpu_general_kernels_np2
 TOOL=$BUILD/tools/moe_ep_conformance
 B="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform -w 10 -n 40 --graph --no-baselines --zero-copy-combine"
 for sms in 0 16 8; do

@@ -11,6 +11,8 @@
 #   build_step LIMIT [TARGET...]   the step "build": configures $BUILD (Release,
 #       compute capability 9.0, dependencies from $DEPS, default
 #       ./.device-deps/usr) and builds the targets (all without any) with ninja.
+#   nvlink_suites LIMIT SUITE...   one step per NVLink GPU CTest suite of
+#       $BUILD (ctest_SUITE), LIMIT seconds each.
 # Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -56,4 +58,12 @@ build_step() {
   local deps=${DEPS:-$PWD/.device-deps/usr}
   PICK="${PICK:-Linking|error}" step build "$limit" bash -c "cmake -S . -B '$BUILD' -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$deps' && ninja -C '$BUILD' -j32 $*"
+}
+
+nvlink_suites() {
+  local limit=$1 t
+  shift
+  for t in "$@"; do
+    step "ctest_$t" "$limit" ctest --test-dir "$BUILD" -R "^$t\$" --output-on-failure --timeout $((limit - 5))
+  done
 }
