@@ -85,18 +85,12 @@ template <typename Element>
 __device__ __forceinline__ void store_segment(
     const CombineParams& p, int32_t token, int64_t offset, int vectors,
     const float (&acc)[kReduceVectorsPerLane][16 / sizeof(typename Element::Bits)], int lane) {
-  using Bits = typename Element::Bits;
-  constexpr int kPerVector = 16 / sizeof(Bits);
   uint4* dst =
       reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) + token * p.ctx.shape.combine_row_bytes + offset);
 #pragma unroll
   for (int u = 0; u < kReduceVectorsPerLane; ++u) {
     if (u * 32 + lane >= vectors) continue;
-    uint4 out;
-    Bits* o = reinterpret_cast<Bits*>(&out);
-#pragma unroll
-    for (int e = 0; e < kPerVector; ++e) o[e] = Element::store(acc[u][e]);
-    dst[u * 32 + lane] = out;
+    dst[u * 32 + lane] = Element::store_vector(acc[u]);
   }
 }
 

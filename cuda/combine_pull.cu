@@ -265,9 +265,10 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
   const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
   const PullRowsSchedule& plan = st.plan;
   uint32_t k = 0;
+  PullRowsSchedule::Position at = plan.start(j);  // step k's buffer and use
   auto emit = [&](int32_t token, int32_t flags, const char* src) -> bool {
-    const int stage = plan.stage(j, k);
-    const uint32_t use = plan.use(k);
+    const int stage = at.stage;
+    const uint32_t use = at.use;
     const bool released = use == 0 || barrier_wait(st.empty + stage, (use - 1) & 1u, c.state.timeout_ns);
     if (!__all_sync(0xFFFFFFFFu, released)) return false;  // warp-uniform, for the shuffles that follow
     if (lane == 0) {
@@ -281,6 +282,7 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
     }
     __syncwarp();
     ++k;
+    at = plan.next(j, at);
     return true;
   };
   // After a failed wait: every row copy this producer issued lands before it
@@ -342,17 +344,21 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
   return true;
 }
 
-// One counter per producer ring, kept in registers (indexed with constants
-// only: a runtime index would put the array in local memory).
+// The next position in each producer ring, kept in registers (indexed with
+// constants only: a runtime index would put the array in local memory).
 struct RingCursors {
-  uint32_t c[kRowMaxProducers] = {};
-  __device__ uint32_t get(int j) const {
-    uint32_t r = c[0];
+  PullRowsSchedule::Position c[kRowMaxProducers];
+  __device__ explicit RingCursors(const PullRowsSchedule& plan) {
+#pragma unroll
+    for (int x = 0; x < kRowMaxProducers; ++x) c[x] = plan.start(x);
+  }
+  __device__ PullRowsSchedule::Position get(int j) const {
+    PullRowsSchedule::Position r = c[0];
 #pragma unroll
     for (int x = 1; x < kRowMaxProducers; ++x) r = j == x ? c[x] : r;
     return r;
   }
-  __device__ void set(int j, uint32_t v) {
+  __device__ void set(int j, PullRowsSchedule::Position v) {
 #pragma unroll
     for (int x = 0; x < kRowMaxProducers; ++x) c[x] = j == x ? v : c[x];
   }
@@ -369,19 +375,19 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   const PullRowsSchedule& plan = st.plan;
   const int i = static_cast<int>(threadIdx.x) - 32 * plan.producers;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
-  RingCursors taken;  // steps consumed from each producer's ring
-  for (int32_t t = t0; t < t1; ++t) {
-    const int j = plan.producer_of(t, t0);
-    uint32_t k = taken.get(j);
+  RingCursors taken(plan);  // the next step of each producer's ring
+  int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
+  for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
+    PullRowsSchedule::Position at = taken.get(j);
     float acc[kRowVectorsPerThread][kPer];
 #pragma unroll
     for (int u = 0; u < kRowVectorsPerThread; ++u) {
 #pragma unroll
       for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
     }
-    for (;; ++k) {
-      const int stage = plan.stage(j, k);
-      if (!barrier_wait(st.full + stage, plan.parity(k), c.state.timeout_ns)) return false;
+    for (;; at = plan.next(j, at)) {
+      const int stage = at.stage;
+      if (!barrier_wait(st.full + stage, at.parity(), c.state.timeout_ns)) return false;
       const int2 step = st.steps[stage];
       if (!(step.y & kRowEmpty)) {
         const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
@@ -403,19 +409,13 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       barrier_arrive(st.empty + stage);
       if (step.y & kRowLast) break;
     }
-    taken.set(j, k + 1);
+    taken.set(j, plan.next(j, at));
     uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
                                           static_cast<int64_t>(t) * c.shape.combine_row_bytes);
 #pragma unroll
     for (int u = 0; u < kRowVectorsPerThread; ++u) {
       const int v = i + u * st.consumers;
-      if (v < vectors) {
-        uint4 o;
-        Bits* b = reinterpret_cast<Bits*>(&o);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) b[e] = Element::store(acc[u][e]);
-        out[v] = o;
-      }
+      if (v < vectors) out[v] = Element::store_vector(acc[u]);
     }
   }
   return true;

@@ -84,11 +84,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           if (h == 1 && !second) break;
-          uint4 packed;
-          Bits* e = reinterpret_cast<Bits*>(&packed);
-#pragma unroll
-          for (int j = 0; j < V; ++j) e[j] = Element::store(acc[h][j]);
-          reinterpret_cast<uint4*>(out)[v + 32 * h] = packed;
+          reinterpret_cast<uint4*>(out)[v + 32 * h] = Element::store_vector(acc[h]);
         }
       }
     } else {

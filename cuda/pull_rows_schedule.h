@@ -44,6 +44,21 @@ struct PullRowsSchedule {
   MOE_EP_SCHEDULE_FN uint32_t use(uint32_t k) const { return k / static_cast<uint32_t>(ring); }
   MOE_EP_SCHEDULE_FN uint32_t parity(uint32_t k) const { return use(k) & 1u; }
 
+  // The same numbers walked step by step, without a division (the kernel's
+  // rings have a run-time size; a division per step sat on the consumers'
+  // critical path): start() is step 0 of producer j, next() the step after.
+  // test_pull_rows_schedule checks that the k-th position equals stage(j, k)
+  // and use(k) for every producer count.
+  struct Position {
+    int stage;     // stage(j, k)
+    uint32_t use;  // use(k)
+    MOE_EP_SCHEDULE_FN uint32_t parity() const { return use & 1u; }
+  };
+  MOE_EP_SCHEDULE_FN Position start(int j) const { return Position{j * ring, 0u}; }
+  MOE_EP_SCHEDULE_FN Position next(int j, Position p) const {
+    return p.stage + 1 == (j + 1) * ring ? Position{j * ring, p.use + 1} : Position{p.stage + 1, p.use};
+  }
+
   // Tokens of the block's range [t0, t1): token t belongs to producer
   // (t - t0) % producers, which takes them in order: its n-th token is
   // t0 + j + n * producers, for n < tokens_of(j, t0, t1).

@@ -203,6 +203,22 @@ struct Model {
 
 }  // namespace
 
+TEST_CASE("pull rows schedule: the step-by-step position equals stage(j, k) and use(k)", "[pull]") {
+  for (int requested = 1; requested <= moe_ep::kernels::kRowMaxProducers; ++requested) {
+    const PullRowsSchedule plan = PullRowsSchedule::make(requested);
+    for (int j = 0; j < plan.producers; ++j) {
+      PullRowsSchedule::Position at = plan.start(j);
+      for (uint32_t k = 0; k < 5u * static_cast<uint32_t>(plan.ring) + 3u; ++k) {
+        INFO("producers " << plan.producers << ", producer " << j << ", step " << k);
+        REQUIRE(at.stage == plan.stage(j, k));
+        REQUIRE(at.use == plan.use(k));
+        REQUIRE(at.parity() == plan.parity(k));
+        at = plan.next(j, at);
+      }
+    }
+  }
+}
+
 TEST_CASE("pull rows schedule: producers own disjoint rings and cover the block's tokens once, in order", "[pull]") {
   for (int requested = -1; requested <= 6; ++requested) {
     const PullRowsSchedule plan = PullRowsSchedule::make(requested);
