@@ -266,8 +266,7 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
       const int32_t slot = dests.slot(d);  // the same on every lane: the branches below are warp-uniform
       if (slot < slot_begin || slot >= slot_end) continue;
       const SegmentRow r = segment_row(s, b, tpr, d, slot);
-      if (a.parts != kPackMetadataOnly) warp_copy_bytes(r.hidden, src, s.hidden_row_bytes, lane);
-      if (a.parts == kPackRowOnly) continue;
+      warp_copy_bytes(r.hidden, src, s.hidden_row_bytes, lane);
       if (src_scales) warp_copy_bytes(r.scales, src_scales, s.scale_row_bytes, lane);
       for (int k = lane; k < s.top_k; k += 32) {
         const int32_t id = __ldg(ids + k);
@@ -277,7 +276,6 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
     }
   }
   // Padding rows of the range in every segment: ids invalid, weights 0.
-  if (a.parts == kPackRowOnly) return;
   const int64_t span = slot_end - slot_begin;
   const int64_t rows = static_cast<int64_t>(s.world_size) * span;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -397,7 +395,6 @@ cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers
                                       const NcclDispatchLaunch& args, int32_t rows, int32_t slot_begin,
                                       int32_t slot_end, cudaStream_t stream) {
   if (slot_begin < 0 || slot_begin > slot_end || slot_end > args.tokens_per_rank) return cudaErrorInvalidValue;
-  if (args.parts < kPackRowAndMetadata || args.parts > kPackRowOnly) return cudaErrorInvalidValue;
   if (slot_begin == slot_end) return cudaSuccess;
   // A warp per token from slot_begin on; at least enough blocks to write the padding quickly.
   const int64_t tokens = args.num_tokens > slot_begin ? args.num_tokens - slot_begin : 0;

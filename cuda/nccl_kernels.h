@@ -102,18 +102,11 @@ struct NcclDispatchLaunch {
   const void* scales;          // [T, scale_row_bytes] or NULL
   const int32_t* eplb_local;   // [E] or NULL: the counted picks are sent
   int32_t max_blocks;          // SM budget of the pack kernel
-  int32_t parts;               // NcclPackParts: what a pack launch writes of each row it packs
 };
 
 // Which rows a pack launch writes: this rank's own rows (into the results) can
 // be packed on a second stream while the peers' rows go to NCCL.
 enum NcclPackRows : int32_t { kPackAll = 0, kPackOwn = 1, kPackPeers = 2 };
-
-// Which parts of a packed row a launch writes: the hidden bytes, the metadata
-// (rewritten ids, weights, scales and the padding rows), or both.  The
-// metadata depends on the routing only, so it can be packed and sent to the
-// peers while the hidden rows are still being packed.
-enum NcclPackParts : int32_t { kPackRowAndMetadata = 0, kPackMetadataOnly = 1, kPackRowOnly = 2 };
 
 struct NcclCombineLaunch {
   int32_t num_tokens;
@@ -135,9 +128,7 @@ cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffer
 // result rows (own), as `rows` selects, for the slots [slot_begin, slot_end)
 // of every segment (0 <= slot_begin <= slot_end <= tokens_per_rank, else
 // cudaErrorInvalidValue and nothing launched): a pipelined dispatch packs one
-// row range while NCCL moves the previous one.  args.parts (NcclPackParts)
-// selects the hidden bytes, the metadata or both; any other value is
-// cudaErrorInvalidValue.
+// row range while NCCL moves the previous one.
 cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
                                       const NcclDispatchLaunch& args, int32_t rows, int32_t slot_begin,
                                       int32_t slot_end, cudaStream_t stream);

@@ -32,7 +32,6 @@
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/host_identity.hpp"
 #include "nvlink/nvlink_log.hpp"
-#include "nvlink/tuning_environment.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {
@@ -72,11 +71,6 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
 // are the same everywhere.
 const char* const kDispatchChunksVariable = "MOE_EP_NCCL_DISPATCH_CHUNKS";
 const char* const kCombineChunksVariable = "MOE_EP_NCCL_COMBINE_CHUNKS";
-// MOE_EP_NCCL_METADATA_FIRST=1: an unpipelined dispatch sends the metadata
-// blocks in a group of their own ahead of the rows (NcclBackend::
-// dispatch_metadata_first); it changes the NCCL calls, so it too must be the
-// same on every rank.
-const char* const kMetadataFirstVariable = "MOE_EP_NCCL_METADATA_FIRST";
 
 void check_same_everywhere(const Bootstrap& bootstrap, const char* variable, int32_t mine) {
   const std::vector<int32_t> all = bootstrap.allgather_value(mine);
@@ -99,7 +93,6 @@ class NcclBackend final : public Backend {
       run_then_agree(bootstrap, [&] { prepare_locally(); });
       check_same_everywhere(bootstrap, kDispatchChunksVariable, dispatch_chunks_);
       check_same_everywhere(bootstrap, kCombineChunksVariable, combine_chunks_);
-      check_same_everywhere(bootstrap, kMetadataFirstVariable, metadata_first_);
       {
         const DeviceGuard guard(device_);
         run_then_agree(bootstrap, [&] { check_one_rank_per_gpu(bootstrap, device_); });
@@ -115,8 +108,7 @@ class NcclBackend final : public Backend {
     }
     log_info("rank ", layout_.rank, ": NCCL ", api_->version(), " (", api_->path, ") on device ", device_, ", ",
              sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ", config_.timeout_ms,
-             " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s)",
-             metadata_first_ ? ", dispatch metadata first" : "", ", own rows packed by ", own_pack_blocks(), " blocks");
+             " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s)");
   }
 
   ~NcclBackend() override { shutdown(); }
@@ -147,18 +139,14 @@ class NcclBackend final : public Backend {
       // running (NCCL waits for them); then the own rows are packed on the
       // side stream with a quarter of the SMs while NCCL moves the peers'
       // rows (the transfer leaves most of the memory bandwidth unused).
-      if (metadata_first_) {
-        dispatch_metadata_first(a, plan.ranges[0], s);
-      } else {
-        check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
-                   "launching the NCCL dispatch pack (peer rows)");
-        if (dispatch_profile_) dispatch_profile_->mark(s);
-        fork(s, side_stream_);
-        pack_own_rows(a, own_pack_blocks(), side_stream_);
-        exchange_dispatch(tpr, plan.ranges[0], kMetadataAndRows, s);
-        if (dispatch_profile_) dispatch_profile_->mark(s);
-        join(side_stream_, s);
-      }
+      check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
+                 "launching the NCCL dispatch pack (peer rows)");
+      if (dispatch_profile_) dispatch_profile_->mark(s);
+      fork(s, side_stream_);
+      pack_own_rows(a, own_pack_blocks(), side_stream_);
+      exchange_dispatch_rows(tpr, plan.ranges[0], true, s);
+      if (dispatch_profile_) dispatch_profile_->mark(s);
+      join(side_stream_, s);
     } else {
       pipeline_dispatch(a, plan, s);
     }
@@ -298,8 +286,6 @@ class NcclBackend final : public Backend {
       fail(MOE_EP_ERROR_INTERNAL, "NCCL backend: the workspace plan and the kernels disagree on the metadata stride");
     }
     dispatch_chunks_ = parse_nccl_chunks(std::getenv(kDispatchChunksVariable));
-    metadata_first_ = environment_switch(kMetadataFirstVariable, "1") ? 1 : 0;
-    own_pack_blocks_ = int_from_environment("MOE_EP_NCCL_OWN_PACK_BLOCKS");
     combine_chunks_ = parse_nccl_chunks(std::getenv(kCombineChunksVariable));
     if (NcclStageProfile::enabled()) {
       dispatch_profile_ = std::make_unique<NcclStageProfile>(
@@ -351,34 +337,6 @@ class NcclBackend final : public Backend {
     check_cuda(cudaStreamSynchronize(private_stream_), "zeroing the headers");
   }
 
-  // One exchange, the metadata ahead of the rows (MOE_EP_NCCL_METADATA_FIRST):
-  // the metadata blocks depend on the routing only, so they are packed first
-  // (a small kernel) and NCCL moves them on nccl_stream_ while the caller's
-  // stream packs the hidden rows; the rows' group then follows on
-  // nccl_stream_, and the own rows are packed on the side stream as in the
-  // plain path.  The rows' pack leaves an eighth of the SMs to NCCL's
-  // metadata kernel (ours are one block per SM and stay resident).
-  void dispatch_metadata_first(kernels::NcclDispatchLaunch a, const NcclRowRange& all, cudaStream_t s) {
-    const int32_t tpr = a.tokens_per_rank;
-    a.parts = kernels::kPackMetadataOnly;
-    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
-               "launching the NCCL dispatch pack (peer metadata)");
-    fork(s, nccl_stream_);
-    exchange_dispatch(tpr, all, kMetadataOnly, nccl_stream_);
-    a.parts = kernels::kPackRowOnly;
-    a.max_blocks = std::max(1, sm_budget_ - sm_budget_ / 8);
-    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
-               "launching the NCCL dispatch pack (peer rows)");
-    if (dispatch_profile_) dispatch_profile_->mark(s);
-    signal(s, range_events_[0], nccl_stream_);
-    fork(s, side_stream_);
-    pack_own_rows(a, own_pack_blocks(), side_stream_);
-    exchange_dispatch(tpr, all, kRowsOnly, nccl_stream_);
-    join(nccl_stream_, s);
-    if (dispatch_profile_) dispatch_profile_->mark(s);
-    join(side_stream_, s);
-  }
-
   // Dispatch in row ranges: the peers' rows of range c are packed on the
   // caller's stream, then NCCL moves them on nccl_stream_ while the caller's
   // stream packs range c + 1.  The first range packs alone with every SM; the
@@ -397,7 +355,7 @@ class NcclBackend final : public Backend {
                                                     static_cast<int32_t>(r.first + r.rows), s),
                  "launching the NCCL dispatch pack (peer rows of a range)");
       signal(s, range_events_[c], nccl_stream_);  // (range 0: forks nccl_stream_ from the caller's stream)
-      exchange_dispatch(a.tokens_per_rank, r, c + 1 == plan.count ? kMetadataAndRows : kRowsOnly, nccl_stream_);
+      exchange_dispatch_rows(a.tokens_per_rank, r, c + 1 == plan.count, nccl_stream_);
     }
     pack_own_rows(a, overlap_blocks(), s);
     if (dispatch_profile_) dispatch_profile_->mark(s);  // packing done; "nccl" = what is left of the transfer
@@ -429,21 +387,17 @@ class NcclBackend final : public Backend {
   void pack_own_rows(const kernels::NcclDispatchLaunch& a, int32_t blocks, cudaStream_t side) {
     kernels::NcclDispatchLaunch own = a;
     own.max_blocks = blocks;
-    own.parts = kernels::kPackRowAndMetadata;  // the results: rows, ids, weights, scales
     check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, 0, a.tokens_per_rank, side),
                "launching the NCCL dispatch pack (own rows)");
   }
 
   // One NCCL group on `s`: hidden rows [r.first, r.first + r.rows) of every
-  // peer's segment, straight into the result rows, and/or the segment's
-  // metadata block (header, ids, weights, scales: one send and one receive,
-  // the finish kernel moves it into the results).  One range with both:
+  // peer's segment, straight into the result rows; with `with_metadata` also
+  // the segment's metadata block (header, ids, weights, scales: one send and
+  // one receive, the finish kernel moves it into the results).  One range:
   // exactly the single exchange of an unpipelined call, two sends and two
-  // receives per peer.  Per peer the metadata always goes before the rows,
-  // in this group or an earlier one, so every rank issues them in one order.
-  enum ExchangeParts { kMetadataOnly, kRowsOnly, kMetadataAndRows };
-  void exchange_dispatch(int32_t tpr, const NcclRowRange& r, ExchangeParts parts, cudaStream_t s) {
-    const bool with_metadata = parts != kRowsOnly, with_rows = parts != kMetadataOnly;
+  // receives per peer.
+  void exchange_dispatch_rows(int32_t tpr, const NcclRowRange& r, bool with_metadata, cudaStream_t s) {
     const uint64_t first = static_cast<uint64_t>(r.first), rows = static_cast<uint64_t>(r.rows);
     const uint64_t meta_bytes = static_cast<uint64_t>(kernels::nccl_meta_bytes(shape_, tpr));
     group_start();
@@ -457,7 +411,6 @@ class NcclBackend final : public Backend {
         send(buffers_.send_meta + p * plan_.meta_stride, meta_bytes, p, s);
         recv(buffers_.recv_meta + p * plan_.meta_stride, meta_bytes, p, s);
       }
-      if (!with_rows) continue;
       send(buffers_.send_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
       recv(buffers_.recv_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
     }
@@ -491,11 +444,7 @@ class NcclBackend final : public Backend {
   // Blocks of the own rows' pack, which runs next to NCCL's transfer: about
   // 1 TB/s of copying (a quarter of the SMs) ends it well inside the transfer
   // at 4096 tokens while leaving NCCL SMs and most of the memory bandwidth.
-  // MOE_EP_NCCL_OWN_PACK_BLOCKS overrides it (a measurement switch).
-  int32_t own_pack_blocks() const {
-    if (own_pack_blocks_ > 0) return std::min(own_pack_blocks_, sm_budget_);
-    return sm_budget_ > 8 ? sm_budget_ / 4 : sm_budget_;
-  }
+  int32_t own_pack_blocks() const { return sm_budget_ > 8 ? sm_budget_ / 4 : sm_budget_; }
   // A pipelined call runs one kernel at a time next to NCCL's (a range's pack
   // or reduction) with at most this many blocks: a 512-thread block of ours and
   // one of NCCL's may not fit one SM together (registers), and our blocks stay
@@ -599,8 +548,6 @@ class NcclBackend final : public Backend {
   cudaEvent_t fork_event_ = nullptr;
   cudaEvent_t join_event_ = nullptr;
   int32_t dispatch_chunks_ = 1;                 // MOE_EP_NCCL_DISPATCH_CHUNKS
-  int32_t metadata_first_ = 0;                  // MOE_EP_NCCL_METADATA_FIRST=1 (one range only)
-  int32_t own_pack_blocks_ = 0;                 // MOE_EP_NCCL_OWN_PACK_BLOCKS (0: a quarter of the SMs)
   int32_t combine_chunks_ = 1;                  // MOE_EP_NCCL_COMBINE_CHUNKS
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
   moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;

@@ -37,8 +37,9 @@ constexpr int32_t kDefaultPullCopyBytes = 16384;
 int32_t pull_copy_bytes_from_environment();
 
 // MOE_EP_PULL_PRODUCERS: producer warps per block of the whole-row pull, each
-// issuing its own stream of bulk copies, 1..4 (default 1).
-constexpr int32_t kDefaultPullProducers = 1;
+// issuing its own stream of bulk copies, 1..4 (default 2: best measured on 16
+// SMs, docs/nvlink_backend.md v16).
+constexpr int32_t kDefaultPullProducers = 2;
 constexpr int32_t kMaxPullProducers = 4;
 int32_t pull_producers_from_environment();
 

@@ -84,11 +84,12 @@ TEST_CASE("MOE_EP_PULL_COPY_BYTES: default one copy per row, multiples of 16 wit
   CHECK(copy_bytes("60000") == 16384);
 }
 
-TEST_CASE("MOE_EP_PULL_PRODUCERS: default 1, clamped to 1..4", "[tuning]") {
+TEST_CASE("MOE_EP_PULL_PRODUCERS: default 2, clamped to 1..4", "[tuning]") {
   CHECK(producers(nullptr) == moe_ep::kDefaultPullProducers);
   CHECK(producers("0") == moe_ep::kDefaultPullProducers);
   CHECK(producers("-2") == moe_ep::kDefaultPullProducers);
   CHECK(producers("1") == 1);
+  CHECK(producers("2") == 2);
   CHECK(producers("3") == 3);
   CHECK(producers("4") == 4);
   CHECK(producers("9") == moe_ep::kMaxPullProducers);
