@@ -75,10 +75,15 @@ __device__ uint64_t route_token(const GroupShape& s, const NcclBuffers& b, const
   return mask;
 }
 
+// This rank's send segment for destination d.
+__device__ __forceinline__ char* send_segment(const GroupShape& s, const NcclBuffers& b, int d) {
+  return b.send_segments + d * nccl_send_segment_stride(s);
+}
+
 // Where this rank's metadata block for destination d goes (d == rank: its own
-// receive block, which only ever holds the header).
-__device__ __forceinline__ char* meta_for(const GroupShape& s, const NcclBuffers& b, int d) {
-  return (d == s.rank ? b.recv_meta : b.send_meta) + d * nccl_meta_stride(s);
+// receive block in recv_meta, which only ever holds the header).
+__device__ __forceinline__ char* meta_for(const GroupShape& s, const NcclBuffers& b, int d, int64_t tpr) {
+  return d == s.rank ? b.recv_meta + d * nccl_meta_stride(s) : send_segment(s, b, d) + nccl_send_meta_offset(s, tpr);
 }
 
 // Route chunks whose rows the scan loads together.
@@ -108,20 +113,22 @@ __device__ void scan_and_write_headers(const GroupShape& s, const NcclBuffers& b
       }
     }
     b.dest_rows[d] = running;
-    int32_t* h = reinterpret_cast<int32_t*>(meta_for(s, b, d));
-    h[0] = a.tokens_per_rank;
-    h[1] = running;
+    int32_t* h = reinterpret_cast<int32_t*>(meta_for(s, b, d, a.tokens_per_rank));
+    h[0] = kNcclHeaderTag;
+    h[1] = a.tokens_per_rank;
+    h[2] = running;
   }
   const int epr = s.experts_per_rank;
   for (int i = threadIdx.x; i < s.world_size * epr; i += blockDim.x) {
     const int d = i / epr, e = i % epr;
-    reinterpret_cast<int32_t*>(meta_for(s, b, d))[kNcclHeaderFixed + e] = __ldcg(b.expert_hist + d * epr + e);
+    reinterpret_cast<int32_t*>(meta_for(s, b, d, a.tokens_per_rank))[kNcclHeaderFixed + e] =
+        __ldcg(b.expert_hist + d * epr + e);
   }
   if (s.eplb_enabled) {
     for (int i = threadIdx.x; i < s.world_size * s.num_experts; i += blockDim.x) {
       const int d = i / s.num_experts, x = i % s.num_experts;
       const int32_t v = a.eplb_local ? __ldg(a.eplb_local + x) : __ldcg(b.expert_hist + x);
-      reinterpret_cast<int32_t*>(meta_for(s, b, d))[kNcclHeaderFixed + epr + x] = v;
+      reinterpret_cast<int32_t*>(meta_for(s, b, d, a.tokens_per_rank))[kNcclHeaderFixed + epr + x] = v;
     }
   }
   __syncthreads();  // every read of the histogram above comes before it is cleared
@@ -204,8 +211,8 @@ __device__ __forceinline__ SegmentRow segment_row(const GroupShape& s, const Ncc
     r.weights = b.recv_weights + row * s.top_k;
     return r;
   }
-  char* meta = b.send_meta + d * nccl_meta_stride(s);
-  r.hidden = b.send_hidden + row * s.hidden_row_bytes;
+  char* meta = meta_for(s, b, d, tpr);
+  r.hidden = send_segment(s, b, d) + nccl_send_rows_offset(s) + static_cast<int64_t>(slot) * s.hidden_row_bytes;
   r.scales = s.scale_row_bytes ? meta + nccl_meta_scales_offset(s, tpr) + slot * s.scale_row_bytes : nullptr;
   r.ids = reinterpret_cast<int32_t*>(meta + nccl_meta_ids_offset(s)) + static_cast<int64_t>(slot) * s.top_k;
   r.weights = reinterpret_cast<float*>(meta + nccl_meta_weights_offset(s, tpr)) + static_cast<int64_t>(slot) * s.top_k;
@@ -291,12 +298,18 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
   }
 }
 
-__device__ __forceinline__ const int32_t* received_header(const GroupShape& s, const NcclBuffers& b, int src) {
-  return reinterpret_cast<const int32_t*>(b.recv_meta + src * nccl_meta_stride(s));
+// The metadata block received from src (src == rank: this rank's own header).
+__device__ __forceinline__ const char* received_meta(const GroupShape& s, const NcclBuffers& b, int src, int64_t tpr) {
+  const int64_t at = nccl_recv_meta_offset(s, src, tpr);
+  return at == -1 ? b.recv_meta + src * nccl_meta_stride(s) : b.recv_hidden + at;
+}
+__device__ __forceinline__ const int32_t* received_header(const GroupShape& s, const NcclBuffers& b, int src,
+                                                          int64_t tpr) {
+  return reinterpret_cast<const int32_t*>(received_meta(s, b, src, tpr));
 }
 
 __device__ __forceinline__ bool header_fits(const int32_t* h, int32_t tpr) {
-  return h[0] == tpr && h[1] >= 0 && h[1] <= tpr;
+  return h[0] == kNcclHeaderTag && h[1] == tpr && h[2] >= 0 && h[2] <= tpr;
 }
 
 // Block 0: counts, errors, expert counts, EPLB rows.
@@ -309,15 +322,15 @@ __device__ void finish_counts(const GroupShape& s, const NcclBuffers& b, int32_t
       if (valid_rows[src] >= 0) continue;
       if (b.errors->bad_peer_count++ == 0u) {
         b.errors->bad_peer_first = src;
-        b.errors->bad_peer_tpr = received_header(s, b, src)[0];
-        b.errors->bad_peer_rows = received_header(s, b, src)[1];
+        b.errors->bad_peer_tpr = received_header(s, b, src, tpr)[1];
+        b.errors->bad_peer_rows = received_header(s, b, src, tpr)[2];
       }
     }
   }
   for (int e = threadIdx.x; e < s.experts_per_rank; e += blockDim.x) {
     int32_t sum = 0;
     for (int src = 0; src < s.world_size; ++src) {
-      if (valid_rows[src] >= 0) sum += received_header(s, b, src)[kNcclHeaderFixed + e];
+      if (valid_rows[src] >= 0) sum += received_header(s, b, src, tpr)[kNcclHeaderFixed + e];
     }
     b.local_expert_counts[e] = sum;
   }
@@ -325,7 +338,7 @@ __device__ void finish_counts(const GroupShape& s, const NcclBuffers& b, int32_t
     for (int i = threadIdx.x; i < s.world_size * s.num_experts; i += blockDim.x) {
       const int src = i / s.num_experts, x = i % s.num_experts;
       b.eplb_gathered[i] =
-          valid_rows[src] >= 0 ? received_header(s, b, src)[kNcclHeaderFixed + s.experts_per_rank + x] : 0;
+          valid_rows[src] >= 0 ? received_header(s, b, src, tpr)[kNcclHeaderFixed + s.experts_per_rank + x] : 0;
     }
   }
 }
@@ -345,8 +358,8 @@ __device__ void grid_copy(char* dst, const char* src, int64_t bytes, int64_t thr
 __global__ void __launch_bounds__(kBlockThreads) finish_kernel(GroupShape s, NcclBuffers b, int32_t tpr) {
   __shared__ int32_t valid_rows[kMaxWorldSize];
   for (int src = threadIdx.x; src < s.world_size; src += blockDim.x) {
-    const int32_t* h = received_header(s, b, src);
-    valid_rows[src] = header_fits(h, tpr) ? h[1] : -1;
+    const int32_t* h = received_header(s, b, src, tpr);
+    valid_rows[src] = header_fits(h, tpr) ? h[2] : -1;
   }
   __syncthreads();
   if (blockIdx.x == 0) finish_counts(s, b, tpr, valid_rows);
@@ -357,7 +370,7 @@ __global__ void __launch_bounds__(kBlockThreads) finish_kernel(GroupShape s, Ncc
   const int64_t picks = static_cast<int64_t>(tpr) * s.top_k;
   for (int src = 0; src < s.world_size; ++src) {
     if (src == s.rank) continue;  // packed straight into the results
-    const char* meta = b.recv_meta + src * nccl_meta_stride(s);
+    const char* meta = received_meta(s, b, src, tpr);
     const int32_t* ids = reinterpret_cast<const int32_t*>(meta + nccl_meta_ids_offset(s));
     const float* weights = reinterpret_cast<const float*>(meta + nccl_meta_weights_offset(s, tpr));
     int32_t* out_ids = b.recv_ids + src * picks;

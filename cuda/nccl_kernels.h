@@ -22,19 +22,21 @@ namespace kernels {
 constexpr int32_t kNcclRouteChunk = kBlockThreads;
 
 // int32 fields of the header every rank sends every rank with a dispatch:
-// [0] the sender's tokens_per_rank, [1] its row count for the receiver,
-// [2, 2+epr) its picks per expert of the receiver, then (EPLB on) its
-// per-expert statistics row [E].
-constexpr int32_t kNcclHeaderFixed = 2;
+// [0] kNcclHeaderTag, [1] the sender's tokens_per_rank, [2] its row count for
+// the receiver, [3, 3+epr) its picks per expert of the receiver, then (EPLB on)
+// its per-expert statistics row [E].  The tag tells a header from other bytes
+// (row data) that a mismatched transfer might leave where the receiver looks.
+constexpr int32_t kNcclHeaderFixed = 3;
+constexpr int32_t kNcclHeaderTag = 0x4E45504D;  // "MPEN"
 MOE_EP_HOST_DEVICE inline int32_t nccl_header_ints(const GroupShape& s) {
   return kNcclHeaderFixed + s.experts_per_rank + (s.eplb_enabled ? s.num_experts : 0);
 }
 
+MOE_EP_HOST_DEVICE inline int64_t nccl_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
 // The metadata of one segment of tpr rows, contiguous so that one NCCL send
 // moves it (every extra send or receive in a group costs NCCL a few us):
 //   [header][ids: tpr x top_k int32][weights: tpr x top_k float][scales: tpr rows]
-// Each rank has one such block per peer on the send side and per source on
-// the receive side, at a fixed stride sized for max_tokens_per_rank.
 MOE_EP_HOST_DEVICE inline int64_t nccl_meta_ids_offset(const GroupShape& s) {
   return static_cast<int64_t>(nccl_header_ints(s)) * 4;
 }
@@ -47,10 +49,60 @@ MOE_EP_HOST_DEVICE inline int64_t nccl_meta_scales_offset(const GroupShape& s, i
 MOE_EP_HOST_DEVICE inline int64_t nccl_meta_bytes(const GroupShape& s, int64_t tpr) {
   return nccl_meta_scales_offset(s, tpr) + tpr * s.scale_row_bytes;
 }
-// Distance between two ranks' blocks (16-byte multiple).  The host checks the
-// products for overflow when it plans the workspace.
+// The block rounded up to 16 bytes (what a block placed before rows occupies).
+MOE_EP_HOST_DEVICE inline int64_t nccl_meta_span(const GroupShape& s, int64_t tpr) {
+  return nccl_round_up(nccl_meta_bytes(s, tpr), 16);
+}
+// Distance between two ranks' blocks in recv_meta (16-byte multiple).  The
+// host checks every product here for overflow when it plans the workspace.
 MOE_EP_HOST_DEVICE inline int64_t nccl_meta_stride(const GroupShape& s) {
-  return (nccl_meta_bytes(s, s.max_tokens_per_rank) + 15) / 16 * 16;
+  return nccl_meta_span(s, s.max_tokens_per_rank);
+}
+// Room for one block at max_tokens_per_rank, 256-byte multiple: kept before
+// and after the receive rows and in every send segment.
+MOE_EP_HOST_DEVICE inline int64_t nccl_meta_gap(const GroupShape& s) {
+  return nccl_round_up(nccl_meta_bytes(s, s.max_tokens_per_rank), 256);
+}
+
+// Where a source's metadata block travels (docs/nccl_backend.md, "One
+// operation per peer").  The receive rows are rank-major and contiguous, so a
+// block can ride in the same NCCL operation as its segment's rows only where
+// the segment borders free space: source 0's segment opens the receive rows
+// (its block goes just before them: [block | rows]), source world-1's closes
+// them (its block goes just after the world x tpr rows: [rows | block]).  The
+// blocks of the other sources go to recv_meta in an operation of their own.
+// A send segment has the same shape as what its receiver expects: source
+// world-1 keeps its block after its rows, every other source before them.
+MOE_EP_HOST_DEVICE inline bool nccl_meta_after_rows(const GroupShape& s, int src) { return src == s.world_size - 1; }
+// Whether source src's block and rows are one operation: it borders the
+// receive rows, and rows are 16-byte multiples (a block after rows then
+// starts exactly at their end, aligned for its int32 fields).
+MOE_EP_HOST_DEVICE inline bool nccl_meta_joins_rows(const GroupShape& s, int src) {
+  return s.hidden_row_bytes % 16 == 0 && (src == 0 || src == s.world_size - 1);
+}
+// Distance between two destinations' send segments: the gap and
+// max_tokens_per_rank rows (16-byte rounded), 256-byte multiple.
+MOE_EP_HOST_DEVICE inline int64_t nccl_send_segment_stride(const GroupShape& s) {
+  return nccl_round_up(
+      nccl_round_up(static_cast<int64_t>(s.max_tokens_per_rank) * s.hidden_row_bytes, 16) + nccl_meta_gap(s), 256);
+}
+// Inside this rank's send segment (for any destination): its rows and its block.
+MOE_EP_HOST_DEVICE inline int64_t nccl_send_rows_offset(const GroupShape& s) {
+  return nccl_meta_after_rows(s, s.rank) ? 0 : nccl_meta_gap(s);
+}
+MOE_EP_HOST_DEVICE inline int64_t nccl_send_meta_offset(const GroupShape& s, int64_t tpr) {
+  return nccl_meta_after_rows(s, s.rank) ? nccl_round_up(tpr * s.hidden_row_bytes, 16)
+                                         : nccl_meta_gap(s) - nccl_meta_span(s, tpr);
+}
+// Where the block received from source src lands, relative to recv_hidden
+// (src 0: just before the rows; src world-1: just after the world x tpr
+// rows), or -1 when it lands in recv_meta (the other sources, and this
+// rank's own header).
+MOE_EP_HOST_DEVICE inline int64_t nccl_recv_meta_offset(const GroupShape& s, int src, int64_t tpr) {
+  if (src == s.rank) return -1;
+  if (src == 0) return -nccl_meta_span(s, tpr);
+  if (src == s.world_size - 1) return nccl_round_up(s.world_size * tpr * s.hidden_row_bytes, 16);
+  return -1;
 }
 
 // Errors the kernels record (device memory, atomics); the host reads and
@@ -69,7 +121,7 @@ struct NcclDeviceErrors {
 // max_tokens_per_rank; a call with tokens_per_rank = tpr uses segments of tpr rows).
 struct NcclBuffers {
   // Results (receive side), rank-major [world][tpr] rows.
-  char* recv_hidden;
+  char* recv_hidden;           // with nccl_meta_gap bytes before it and after its W x max rows
   char* recv_scales;           // NULL without scales
   int32_t* recv_ids;
   float* recv_weights;
@@ -77,10 +129,11 @@ struct NcclBuffers {
   int32_t* recv_counts;        // [world]
   int32_t* local_expert_counts;// [experts_per_rank]
   int32_t* eplb_gathered;      // [world][E], NULL when EPLB is off
-  // Send side, one segment of tpr rows per destination (own segment unused:
-  // the pack kernel writes this rank's own rows straight into the results).
-  char* send_hidden;
-  char* send_meta;  // [world][meta stride]
+  // Send side, one segment per destination at nccl_send_segment_stride:
+  // tpr rows and the metadata block, placed as nccl_send_*_offset say (own
+  // segment unused: the pack kernel writes this rank's own rows straight
+  // into the results).
+  char* send_segments;
   // Private.  Slots are [max_tpr][world], -1 where the token is not sent.
   int32_t* local_slots;        // the token's slot among its route chunk's tokens bound to each rank
   int32_t* token_slots;        // its slot in each rank's segment (kept for combine)

@@ -32,6 +32,7 @@
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/host_identity.hpp"
 #include "nvlink/nvlink_log.hpp"
+#include "nvlink/tuning_environment.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {
@@ -71,6 +72,11 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
 // are the same everywhere.
 const char* const kDispatchChunksVariable = "MOE_EP_NCCL_DISPATCH_CHUNKS";
 const char* const kCombineChunksVariable = "MOE_EP_NCCL_COMBINE_CHUNKS";
+// MOE_EP_NCCL_JOIN_METADATA=0: every metadata block travels in an operation
+// of its own, also where it could ride with its rows (a measurement switch;
+// the blocks land in the same places either way).  It changes the NCCL calls,
+// so it must be the same on every rank.
+const char* const kJoinMetadataVariable = "MOE_EP_NCCL_JOIN_METADATA";
 
 void check_same_everywhere(const Bootstrap& bootstrap, const char* variable, int32_t mine) {
   const std::vector<int32_t> all = bootstrap.allgather_value(mine);
@@ -93,6 +99,7 @@ class NcclBackend final : public Backend {
       run_then_agree(bootstrap, [&] { prepare_locally(); });
       check_same_everywhere(bootstrap, kDispatchChunksVariable, dispatch_chunks_);
       check_same_everywhere(bootstrap, kCombineChunksVariable, combine_chunks_);
+      check_same_everywhere(bootstrap, kJoinMetadataVariable, join_metadata_);
       {
         const DeviceGuard guard(device_);
         run_then_agree(bootstrap, [&] { check_one_rank_per_gpu(bootstrap, device_); });
@@ -108,7 +115,8 @@ class NcclBackend final : public Backend {
     }
     log_info("rank ", layout_.rank, ": NCCL ", api_->version(), " (", api_->path, ") on device ", device_, ", ",
              sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ", config_.timeout_ms,
-             " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s)");
+             " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s)",
+             join_metadata_ ? "" : ", metadata blocks never joined to their rows");
   }
 
   ~NcclBackend() override { shutdown(); }
@@ -282,10 +290,13 @@ class NcclBackend final : public Backend {
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sms ? config_.num_sms : sms;
     shape_ = group_shape(layout_);
     plan_ = plan_nccl_workspace(layout_);
-    if (plan_.meta_stride != static_cast<uint64_t>(kernels::nccl_meta_stride(shape_))) {
-      fail(MOE_EP_ERROR_INTERNAL, "NCCL backend: the workspace plan and the kernels disagree on the metadata stride");
+    if (plan_.meta_stride != static_cast<uint64_t>(kernels::nccl_meta_stride(shape_)) ||
+        plan_.meta_gap != static_cast<uint64_t>(kernels::nccl_meta_gap(shape_)) ||
+        plan_.send_segment_stride != static_cast<uint64_t>(kernels::nccl_send_segment_stride(shape_))) {
+      fail(MOE_EP_ERROR_INTERNAL, "NCCL backend: the workspace plan and the kernels disagree on the metadata layout");
     }
     dispatch_chunks_ = parse_nccl_chunks(std::getenv(kDispatchChunksVariable));
+    join_metadata_ = environment_switch(kJoinMetadataVariable) ? 1 : 0;
     combine_chunks_ = parse_nccl_chunks(std::getenv(kCombineChunksVariable));
     if (NcclStageProfile::enabled()) {
       dispatch_profile_ = std::make_unique<NcclStageProfile>(
@@ -327,7 +338,7 @@ class NcclBackend final : public Backend {
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;
-      send(buffers_.send_meta + p * plan_.meta_stride, sizeof(int32_t), p, private_stream_);
+      send(buffers_.send_segments + p * plan_.send_segment_stride, sizeof(int32_t), p, private_stream_);
       recv(buffers_.recv_meta + p * plan_.meta_stride, sizeof(int32_t), p, private_stream_);
     }
     group_end();
@@ -393,28 +404,58 @@ class NcclBackend final : public Backend {
 
   // One NCCL group on `s`: hidden rows [r.first, r.first + r.rows) of every
   // peer's segment, straight into the result rows; with `with_metadata` also
-  // the segment's metadata block (header, ids, weights, scales: one send and
-  // one receive, the finish kernel moves it into the results).  One range:
-  // exactly the single exchange of an unpipelined call, two sends and two
-  // receives per peer.
+  // the segment's metadata block (header, ids, weights, scales; the finish
+  // kernel moves it into the results).  A block rides in its rows' operation
+  // where the receive rows leave room for it (kernels::nccl_meta_joins_rows:
+  // at 2 ranks, every peer), otherwise it is one more send and receive per
+  // peer.  Both sides decide from the source's rank, so the operations pair up.
   void exchange_dispatch_rows(int32_t tpr, const NcclRowRange& r, bool with_metadata, cudaStream_t s) {
-    const uint64_t first = static_cast<uint64_t>(r.first), rows = static_cast<uint64_t>(r.rows);
-    const uint64_t meta_bytes = static_cast<uint64_t>(kernels::nccl_meta_bytes(shape_, tpr));
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
-      const uint64_t row = static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) + first;
-      // The metadata first: the header opens what the peer receives, so a
-      // peer that posted other sizes (a different runtime max) still finds
-      // it where it looks and rejects the segment.
-      if (with_metadata) {
-        send(buffers_.send_meta + p * plan_.meta_stride, meta_bytes, p, s);
-        recv(buffers_.recv_meta + p * plan_.meta_stride, meta_bytes, p, s);
-      }
-      send(buffers_.send_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
-      recv(buffers_.recv_hidden + row * layout_.hidden_row_bytes, rows * layout_.hidden_row_bytes, p, s);
+      const char* segment = buffers_.send_segments + p * plan_.send_segment_stride;
+      transfer_segment(layout_.rank, segment + kernels::nccl_send_rows_offset(shape_),
+                       segment + kernels::nccl_send_meta_offset(shape_, tpr), tpr, r, with_metadata, p, true, s);
+      char* rows =
+          buffers_.recv_hidden + static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) * layout_.hidden_row_bytes;
+      const int64_t at = kernels::nccl_recv_meta_offset(shape_, p, tpr);
+      char* meta = at == -1 ? buffers_.recv_meta + p * plan_.meta_stride : buffers_.recv_hidden + at;
+      transfer_segment(p, rows, meta, tpr, r, with_metadata, p, false, s);
     }
     group_end();
+  }
+
+  // The operations of one segment of source `src` (this rank when sending,
+  // the peer when receiving): rows [r.first, r.first + r.rows) from/to
+  // `rows` (the segment's row 0) and, with `with_metadata`, the block at
+  // `meta`.  The block goes first where it is its own operation, so that a
+  // peer that posted other sizes (a different runtime max) still finds the
+  // header where it looks; where it joins the rows, the tag in the header
+  // tells a header from row bytes.
+  void transfer_segment(int32_t src, const char* rows, const char* meta, int32_t tpr, const NcclRowRange& r,
+                        bool with_metadata, int32_t peer, bool sending, cudaStream_t s) {
+    const uint64_t row_bytes = layout_.hidden_row_bytes;
+    const uint64_t first = static_cast<uint64_t>(r.first) * row_bytes,
+                   bytes = static_cast<uint64_t>(r.rows) * row_bytes;
+    const uint64_t meta_bytes = static_cast<uint64_t>(kernels::nccl_meta_bytes(shape_, tpr));
+    const bool joined = join_metadata_ && with_metadata && kernels::nccl_meta_joins_rows(shape_, src);
+    const bool after = kernels::nccl_meta_after_rows(shape_, src);
+    auto move = [&](const char* data, uint64_t n) {
+      if (sending) {
+        send(data, n, peer, s);
+      } else {
+        recv(const_cast<char*>(data), n, peer, s);
+      }
+    };
+    if (joined && after && r.first + r.rows == tpr) {  // [rows | block]: the block starts where the rows end
+      move(rows + first, bytes + meta_bytes);
+    } else if (joined && !after && r.first == 0 && r.rows == tpr) {  // [block | rows], the block 16-byte rounded
+      const uint64_t span = static_cast<uint64_t>(kernels::nccl_meta_span(shape_, tpr));
+      move(rows - span, span + bytes);
+    } else {
+      if (with_metadata) move(meta, meta_bytes);
+      move(rows + first, bytes);
+    }
   }
 
   // Combine rows [r.first, r.first + r.rows) of every peer's segment: the
@@ -548,6 +589,7 @@ class NcclBackend final : public Backend {
   cudaEvent_t fork_event_ = nullptr;
   cudaEvent_t join_event_ = nullptr;
   int32_t dispatch_chunks_ = 1;                 // MOE_EP_NCCL_DISPATCH_CHUNKS
+  int32_t join_metadata_ = 1;                   // MOE_EP_NCCL_JOIN_METADATA (0: always a separate operation)
   int32_t combine_chunks_ = 1;                  // MOE_EP_NCCL_COMBINE_CHUNKS
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
   moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;

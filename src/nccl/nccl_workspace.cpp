@@ -9,6 +9,16 @@ namespace {
 
 constexpr uint64_t kAlignment = 256;  // rows of 16-byte multiples stay aligned for vector loads
 
+uint64_t plus(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) {
+    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "params: the NCCL backend's buffers overflow 64 bits (", a, " + ", b, ")");
+  }
+  return r;
+}
+
+uint64_t round_up(uint64_t v, uint64_t to) { return plus(v, to - 1) / to * to; }
+
 uint64_t times(uint64_t a, uint64_t b) {
   uint64_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) {
@@ -50,8 +60,14 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   const uint64_t meta = times(M, meta_row) + header;
   Planner p;
   NcclWorkspacePlan o{};
-  o.meta_stride = (meta + 15) / 16 * 16;
-  o.recv_hidden = p.place(times(rows, l.hidden_row_bytes));
+  o.meta_stride = round_up(meta, 16);
+  o.meta_gap = round_up(meta, 256);
+  // Receive rows with room for a metadata block before them (source 0's) and
+  // after them (source world-1's): [gap][W x M rows, 16-byte rounded][gap].
+  const uint64_t recv_rows = round_up(times(rows, l.hidden_row_bytes), 16);
+  o.recv_hidden = plus(p.place(plus(plus(o.meta_gap, recv_rows), o.meta_gap)), o.meta_gap);
+  // One send segment per destination: M rows and one block, either order.
+  o.send_segment_stride = round_up(plus(round_up(times(M, l.hidden_row_bytes), 16), o.meta_gap), 256);
   o.recv_scales = p.place(times(rows, l.scale_row_bytes));
   o.recv_ids = p.place(times(times(rows, K), sizeof(int32_t)));
   o.recv_weights = p.place(times(times(rows, K), sizeof(float)));
@@ -59,7 +75,7 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   o.recv_counts = p.place(W * sizeof(int32_t));
   o.local_expert_counts = p.place(static_cast<uint64_t>(l.experts_per_rank()) * sizeof(int32_t));
   o.eplb_gathered = p.place(l.eplb_stats ? times(W * E, sizeof(int32_t)) : 0);
-  // The send rows (dispatch: packed, then sent) and the combine input
+  // The send segments (dispatch: packed, then sent) and the combine input
   // (combine: received, then reduced) share one region: every access to either
   // is ordered on the handle's one stream (the side and NCCL streams join it
   // before a call returns), and they are live in different phases (dispatch
@@ -67,10 +83,9 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   // reduction completes before dispatch N+1 packs).  This is what keeps the
   // workspace within 2 x W x M x row bytes + 64 MiB (docs/nccl_backend.md,
   // "Workspace").
-  o.send_hidden =
-      p.place(times(rows, l.hidden_row_bytes > l.combine_row_bytes ? l.hidden_row_bytes : l.combine_row_bytes));
-  o.combine_in = o.send_hidden;
-  o.send_meta = p.place(times(W, o.meta_stride));
+  const uint64_t segments = times(W, o.send_segment_stride), combine_rows = times(rows, l.combine_row_bytes);
+  o.send_segments = p.place(segments > combine_rows ? segments : combine_rows);
+  o.combine_in = o.send_segments;
   o.local_slots = p.place(times(rows, sizeof(int32_t)));
   o.token_slots = p.place(times(rows, sizeof(int32_t)));
   o.chunk_offsets = p.place(times(times(chunks, W), sizeof(int32_t)));
@@ -95,8 +110,7 @@ kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, con
   b.recv_counts = reinterpret_cast<int32_t*>(at(o.recv_counts));
   b.local_expert_counts = reinterpret_cast<int32_t*>(at(o.local_expert_counts));
   b.eplb_gathered = l.eplb_stats ? reinterpret_cast<int32_t*>(at(o.eplb_gathered)) : nullptr;
-  b.send_hidden = at(o.send_hidden);
-  b.send_meta = at(o.send_meta);
+  b.send_segments = at(o.send_segments);
   b.local_slots = reinterpret_cast<int32_t*>(at(o.local_slots));
   b.token_slots = reinterpret_cast<int32_t*>(at(o.token_slots));
   b.chunk_offsets = reinterpret_cast<int32_t*>(at(o.chunk_offsets));

@@ -12,10 +12,13 @@ namespace moe_ep {
 struct NcclWorkspacePlan {
   // Byte offsets of every kernels::NcclBuffers field, in field order.
   uint64_t recv_hidden, recv_scales, recv_ids, recv_weights, recv_meta, recv_counts, local_expert_counts, eplb_gathered,
-      send_hidden, send_meta, local_slots, token_slots, chunk_offsets, dest_rows, expert_hist, route_done, errors,
-      combine_in, combine_out;
-  // Bytes between two ranks' metadata blocks (kernels::nccl_meta_stride).
-  uint64_t meta_stride;
+      send_segments, local_slots, token_slots, chunk_offsets, dest_rows, expert_hist, route_done, errors, combine_in,
+      combine_out;
+  // Bytes between two ranks' metadata blocks in recv_meta
+  // (kernels::nccl_meta_stride), the room kept for one block before and after
+  // the receive rows (kernels::nccl_meta_gap), and the distance between two
+  // send segments (kernels::nccl_send_segment_stride).
+  uint64_t meta_stride, meta_gap, send_segment_stride;
   // The zero-copy combine input region (config->zero_copy_combine; 0 bytes
   // otherwise, last so that every other offset stays what it was).  A plain
   // device buffer: combine's NCCL sends read the caller's expert_output

@@ -153,9 +153,58 @@ TEST_CASE("NCCL buffer plan: the shared send / combine-input region holds the la
     const uint64_t rows = 4 * 1024;
     const uint64_t widest = std::max(l.hidden_row_bytes, l.combine_row_bytes);
     CHECK(l.hidden_row_bytes != l.combine_row_bytes);
-    CHECK(plan.combine_in == plan.send_hidden);
-    CHECK(plan.send_meta - plan.send_hidden >= rows * widest);  // the next region starts after both fit
-    CHECK(plan.send_hidden - plan.recv_hidden >= rows * l.hidden_row_bytes);
+    CHECK(plan.combine_in == plan.send_segments);
+    CHECK(plan.local_slots - plan.send_segments >= rows * widest);  // the next region starts after both fit
+    CHECK(plan.local_slots - plan.send_segments >= 4 * plan.send_segment_stride);
+    CHECK(plan.send_segments - plan.recv_hidden >= rows * l.hidden_row_bytes);
+  }
+}
+
+// The merged [block | rows] and [rows | block] operations of a dispatch are
+// one NCCL send on one side and one receive on the other: the block must sit
+// at the same distance from the segment's rows on both sides, inside the
+// allocation, clear of every result row, and 4-byte aligned for its fields.
+TEST_CASE("NCCL metadata placement: sender and receiver agree, blocks stay clear of the rows", "[nccl]") {
+  for (const int32_t hidden : {7168, 7}) {  // rows of 14336 bytes (joined) and 14 bytes (separate)
+    for (const int32_t world : {2, 4, 8}) {
+      moe_ep_params_t params = moe_ep_test::make_params(256, 8, 512, hidden);
+      for (const int32_t tpr : {512, 100, 1}) {
+        for (int32_t src = 0; src < world; ++src) {
+          for (int32_t dst = 0; dst < world; ++dst) {
+            if (src == dst) continue;
+            const moe_ep::Layout ls = moe_ep::make_layout(moe_ep::read_params(&params), world, src);
+            const moe_ep::Layout lr = moe_ep::make_layout(moe_ep::read_params(&params), world, dst);
+            const moe_ep::kernels::GroupShape sender = moe_ep::group_shape(ls);
+            const moe_ep::kernels::GroupShape receiver = moe_ep::group_shape(lr);
+            const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(lr);
+            const int64_t row = static_cast<int64_t>(lr.hidden_row_bytes);
+            const int64_t meta = moe_ep::kernels::nccl_meta_bytes(receiver, tpr);
+            // Sender: block and rows inside its segment, not overlapping.
+            const int64_t s_rows = moe_ep::kernels::nccl_send_rows_offset(sender);
+            const int64_t s_meta = moe_ep::kernels::nccl_send_meta_offset(sender, tpr);
+            CHECK(s_meta % 16 == 0);
+            CHECK((s_meta + meta <= s_rows || s_meta >= s_rows + tpr * row));
+            CHECK(s_rows + tpr * row <= moe_ep::kernels::nccl_send_segment_stride(sender));
+            CHECK(s_meta + meta <= moe_ep::kernels::nccl_send_segment_stride(sender));
+            // Receiver: the block of src, relative to recv_hidden.
+            const int64_t r_rows = static_cast<int64_t>(src) * tpr * row;
+            const int64_t r_meta = moe_ep::kernels::nccl_recv_meta_offset(receiver, src, tpr);
+            const bool edge = src == 0 || src == world - 1;
+            CHECK((r_meta != -1) == edge);
+            if (edge) {
+              CHECK(r_meta % 16 == 0);
+              CHECK((r_meta + meta <= 0 || r_meta >= static_cast<int64_t>(world) * tpr * row));  // clear of all rows
+              CHECK(r_meta >= -static_cast<int64_t>(plan.meta_gap));
+              CHECK(r_meta + meta <= static_cast<int64_t>(plan.recv_scales - plan.recv_hidden));
+            }
+            const bool joined = moe_ep::kernels::nccl_meta_joins_rows(receiver, src);
+            CHECK(joined == moe_ep::kernels::nccl_meta_joins_rows(sender, src));
+            CHECK(joined == (edge && row % 16 == 0));
+            if (joined) CHECK(r_meta - r_rows == s_meta - s_rows);  // one contiguous operation on both sides
+          }
+        }
+      }
+    }
   }
 }
 
@@ -165,11 +214,13 @@ TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow i
   const moe_ep::Layout l = moe_ep::make_layout(moe_ep::read_params(&params), 2, 0);
   const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(l);
   const uint64_t rows = 2 * 4096;
-  CHECK(plan.send_hidden - plan.recv_hidden >= rows * 7168 * 2);
+  // Receive rows with room for one metadata block before and after them.
+  CHECK(plan.recv_hidden >= plan.meta_gap);
+  CHECK(plan.recv_scales - plan.recv_hidden >= rows * 7168 * 2 + plan.meta_gap);
   CHECK(plan.combine_out - plan.combine_in >= rows * 7168 * 2);
   CHECK(plan.total_bytes - plan.combine_out >= 4096ull * 7168 * 2);
   CHECK(plan.recv_hidden % 256 == 0);
-  CHECK(plan.send_hidden % 256 == 0);
+  CHECK(plan.send_segments % 256 == 0);
   CHECK(plan.combine_in % 256 == 0);
   CHECK(plan.total_bytes == moe_ep::nccl_workspace_bytes(l));
   // One metadata block per rank, as the kernels index it: header, then ids and
@@ -180,11 +231,17 @@ TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow i
   CHECK(plan.meta_stride >= 4ull * moe_ep::kernels::nccl_header_ints(shape) + 4096ull * 8 * 8);
   CHECK(moe_ep::kernels::nccl_meta_bytes(shape, 4096) <= static_cast<int64_t>(plan.meta_stride));
   CHECK(plan.recv_counts - plan.recv_meta >= 2 * plan.meta_stride);
-  CHECK(plan.local_slots - plan.send_meta >= 2 * plan.meta_stride);
-  // Two row buffers of world x max_tokens rows (receive; send and combine input
-  // share one), within the documented workspace bound.
-  CHECK(plan.combine_in == plan.send_hidden);
-  CHECK(plan.send_meta - plan.send_hidden >= rows * 7168 * 2);
+  // One send segment per destination: max_tokens rows and one block, either order.
+  CHECK(plan.meta_gap == static_cast<uint64_t>(moe_ep::kernels::nccl_meta_gap(shape)));
+  CHECK(plan.meta_gap % 256 == 0);
+  CHECK(plan.meta_gap >= plan.meta_stride);
+  CHECK(plan.send_segment_stride == static_cast<uint64_t>(moe_ep::kernels::nccl_send_segment_stride(shape)));
+  CHECK(plan.send_segment_stride % 256 == 0);
+  CHECK(plan.send_segment_stride >= 4096ull * 7168 * 2 + plan.meta_gap);
+  CHECK(plan.local_slots - plan.send_segments >= 2 * plan.send_segment_stride);
+  // Two row buffers of world x max_tokens rows (receive; the send segments and
+  // the combine input share one), within the documented workspace bound.
+  CHECK(plan.combine_in == plan.send_segments);
   CHECK(plan.total_bytes <= 2 * rows * 7168 * 2 + 64ull * 1024 * 1024);
 
   moe_ep::Layout huge = l;
