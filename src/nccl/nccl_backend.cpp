@@ -449,8 +449,8 @@ class NcclBackend final : public Backend {
     };
     if (joined && after && r.first + r.rows == tpr) {  // [rows | block]: the block starts where the rows end
       move(rows + first, bytes + meta_bytes);
-    } else if (joined && !after && r.first == 0 && r.rows == tpr) {  // [block | rows], the block 16-byte rounded
-      const uint64_t span = static_cast<uint64_t>(kernels::nccl_meta_span(shape_, tpr));
+    } else if (joined && !after && r.first == 0 && r.rows == tpr) {  // [block | rows], the block 256-byte rounded
+      const uint64_t span = static_cast<uint64_t>(kernels::nccl_meta_lead(shape_, tpr));
       move(rows - span, span + bytes);
     } else {
       if (with_metadata) move(meta, meta_bytes);

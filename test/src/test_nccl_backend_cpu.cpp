@@ -183,6 +183,7 @@ TEST_CASE("NCCL metadata placement: sender and receiver agree, blocks stay clear
             const int64_t s_rows = moe_ep::kernels::nccl_send_rows_offset(sender);
             const int64_t s_meta = moe_ep::kernels::nccl_send_meta_offset(sender, tpr);
             CHECK(s_meta % 16 == 0);
+            if (src != world - 1) CHECK(s_meta % 256 == 0);  // [block | rows] leaves the sender 256-byte aligned
             CHECK((s_meta + meta <= s_rows || s_meta >= s_rows + tpr * row));
             CHECK(s_rows + tpr * row <= moe_ep::kernels::nccl_send_segment_stride(sender));
             CHECK(s_meta + meta <= moe_ep::kernels::nccl_send_segment_stride(sender));
@@ -193,6 +194,7 @@ TEST_CASE("NCCL metadata placement: sender and receiver agree, blocks stay clear
             CHECK((r_meta != -1) == edge);
             if (edge) {
               CHECK(r_meta % 16 == 0);
+              if (src == 0) CHECK(r_meta % 256 == 0);  // the [block | rows] operation starts 256-byte aligned
               CHECK((r_meta + meta <= 0 || r_meta >= static_cast<int64_t>(world) * tpr * row));  // clear of all rows
               CHECK(r_meta >= -static_cast<int64_t>(plan.meta_gap));
               CHECK(r_meta + meta <= static_cast<int64_t>(plan.recv_scales - plan.recv_hidden));
