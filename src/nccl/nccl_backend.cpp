@@ -22,6 +22,7 @@
 #include "collective_step.hpp"
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
+#include "gpu/environment.hpp"
 #include "gpu/own_work.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
 #include "nccl/nccl_communicator.hpp"
@@ -32,7 +33,6 @@
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/host_identity.hpp"
 #include "nvlink/nvlink_log.hpp"
-#include "nvlink/tuning_environment.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {

@@ -1,8 +1,8 @@
 #include "nccl/nccl_stage_profile.hpp"
 
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+
+#include "gpu/environment.hpp"
 
 namespace moe_ep {
 
@@ -19,10 +19,7 @@ NcclStageProfile::~NcclStageProfile() {
   }
 }
 
-bool NcclStageProfile::enabled() {
-  const char* v = std::getenv("MOE_EP_NCCL_PROFILE");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
+bool NcclStageProfile::enabled() { return environment_switch("MOE_EP_NCCL_PROFILE", "1"); }
 
 void NcclStageProfile::begin(cudaStream_t stream) {
   active_ = false;

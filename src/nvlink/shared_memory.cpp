@@ -6,6 +6,7 @@
 
 #include "collective_step.hpp"
 #include "error.hpp"
+#include "gpu/environment.hpp"
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/driver_api.hpp"
 #include "nvlink/fd_exchange.hpp"
@@ -94,8 +95,7 @@ bool SharedMemory::export_fabric(CUmemFabricHandle* handle) {
   // MOE_EP_FABRIC=0 skips the attempt, where it is known to be refused (no IMEX
   // channel): the refusal is harmless, but tools such as compute-sanitizer
   // report the failed cuMemCreate.  One rank saying no is enough (try_fabric).
-  const char* fabric = std::getenv("MOE_EP_FABRIC");
-  if (fabric != nullptr && std::strcmp(fabric, "0") == 0) {
+  if (!environment_switch("MOE_EP_FABRIC")) {
     fabric_note_ = "MOE_EP_FABRIC=0";
     return false;
   }

@@ -20,15 +20,9 @@
 
 #include <stdint.h>
 
+#include "gpu/environment.hpp"  // environment_switch, int_from_environment
+
 namespace moe_ep {
-
-// True when `name` is set to `on_value`, or, with `on_value` NULL, when it is
-// unset or set to anything but "0".
-bool environment_switch(const char* name, const char* on_value = nullptr);
-
-// A positive integer below 65536 from `name`; 0 when unset, not a number, or
-// out of that range (the caller's default then applies).
-int32_t int_from_environment(const char* name);
 
 // MOE_EP_PULL_COPY_BYTES: the whole-row pull brings each partial row in bulk
 // copies of at most this many bytes, a multiple of 16 within 16..16384

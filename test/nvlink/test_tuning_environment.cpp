@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "gpu/environment.hpp"
 #include "nvlink/tuning_environment.hpp"
 
 namespace {
