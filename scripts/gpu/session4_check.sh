@@ -3,9 +3,10 @@
 # first: the exhaustive vector-store conversion test; the pull combine with
 # hardware bf16 rounding and division-free ring positions (bench at 4096 on
 # all / 24 / 16 / 8 SMs and 512 on 16, producers 1, 2, 4 on 16); the NCCL
-# dispatch with its metadata ahead of the rows (MOE_EP_NCCL_METADATA_FIRST=1)
-# and with fewer own-row pack blocks, benched against today's path and NCCL's
-# own in the same runs; the suites and sanitizers the changes touch.
+# dispatch benched next to NCCL's own, with its stage profile; the suites and
+# sanitizers the changes touch.  (At a6cc0c8 it also ran the dispatch with its
+# metadata ahead of the rows and with fewer own-row pack blocks; both were
+# measured slower and removed with their switches, docs/nccl_backend.md.)
 #   usage: OUT=/dir bash scripts/gpu/session4_check.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -42,16 +43,13 @@ nccl() {  # NAME [ENV...]
     -t 4096 -w 5 -n 30
 }
 nccl nccl_plain
-nccl nccl_metadata_first -x MOE_EP_NCCL_METADATA_FIRST=1
-nccl nccl_own_pack16 -x MOE_EP_NCCL_OWN_PACK_BLOCKS=16
-nccl nccl_metadata_first_profile -x MOE_EP_NCCL_METADATA_FIRST=1 -x MOE_EP_NCCL_PROFILE=1
 nccl nccl_plain_profile -x MOE_EP_NCCL_PROFILE=1
-nvlink_suites 120 nvlink_gpu_np2 nvlink_gpu_dispatch_bulk_np2 nccl_gpu_metadata_first_np2 nccl_gpu_np2
+nvlink_suites 120 nvlink_gpu_np2 nvlink_gpu_dispatch_bulk_np2 nccl_gpu_np2
 step racecheck_pull 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[zero_copy]"
 step memcheck_pull 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[zero_copy],[bad_ids]"
-step memcheck_nccl_metadata_first 90 $MPI2 -x MOE_EP_NCCL_METADATA_FIRST=1 $SAN --tool memcheck --report-api-errors no \
+step memcheck_nccl 90 $MPI2 $SAN --tool memcheck --report-api-errors no \
   $TOOL check --backend nccl --filter basic --modes eager --rounds 1
-step check_nccl_metadata_first_network 90 $MPI2 $NET_ENV -x MOE_EP_NCCL_METADATA_FIRST=1 \
+step check_nccl_network 90 $MPI2 $NET_ENV \
   sh -c "NCCL_HOSTID=moe_ep_host\$OMPI_COMM_WORLD_RANK exec $TOOL check --backend nccl"
 nvlink_suites 120 nccl_gpu_network_np2 nvlink_gpu_general_kernels_np2
 echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
