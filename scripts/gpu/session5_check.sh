@@ -33,7 +33,7 @@ if [ -n "$nccl_pip" ] && [ -f "$nccl_pip/include/nccl.h" ]; then
   mpi_inc=$(mpicxx --showme:incdirs | awk '{print $1}')
   mpi_lib=$(mpicxx --showme:libdirs | awk '{print $1}')
   step probe_build 60 nvcc -O2 -arch=sm_90 -I"$nccl_root/include" -I"$mpi_inc" scripts/gpu/nccl_register_probe.cu \
-    "$nccl_root/lib/libnccl.so.2" -L"$mpi_lib" -lmpi -o /tmp/nccl_register_probe
+    -L"$nccl_root/lib" -l:libnccl.so.2 -L"$mpi_lib" -lmpi -o /tmp/nccl_register_probe
   NPICK=8 PICK="nccl |eager" step nccl_register_probe 60 $MPI2 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=REG \
     -x LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}" /tmp/nccl_register_probe
   grep -m 6 -i "IPC\|regist" "$STEP_LOG_DIR/nccl_register_probe.log" >> "$SUMMARY"
