@@ -380,6 +380,10 @@ struct RingCursors {
 // load's latency hides behind the previous token; the own partial is added
 // where its rank falls among the ring's partials, so the sum is the same
 // ascending-rank sum as every other schedule's.
+// The consumers are issue-bound on few SMs (docs/nvlink_backend.md, v16), so
+// every instruction per step counts: a vector past the row is skipped, not
+// added as zeros, and the two own-row register sets swap by unrolling the
+// token loop by two, not by copying (each cost 15-25 % on 16 SMs, measured).
 template <typename Element>
 __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1) {
   using Bits = typename Element::Bits;
@@ -403,33 +407,32 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       if (v < vectors) dst[u] = __ldcs(row + v);
     }
   };
-  float acc[kRowVectorsPerThread][kPer];
-  // Only the vectors this thread owns: with 7168-element bf16 rows and 2
-  // producers the third is past the row, and adding its zeros cost the
-  // (issue-bound) consumers a third more work (measured: 16 SMs 246 -> 330 us).
-  auto add = [&](const uint4(&x)[kRowVectorsPerThread]) {
+  auto add = [](float(&a)[kPer], const uint4& x) {
+    const Bits* b = reinterpret_cast<const Bits*>(&x);
 #pragma unroll
-    for (int u = 0; u < kRowVectorsPerThread; ++u) {
-      if (i + u * st.consumers >= vectors) continue;
-      const Bits* b = reinterpret_cast<const Bits*>(&x[u]);
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b[e]);
-    }
+    for (int e = 0; e < kPer; ++e) a[e] += Element::load(b[e]);
   };
-  int32_t own_now = own_slot(t0), own_next = own_slot(t0 + 1);
-  uint4 own[kRowVectorsPerThread] = {}, own_ahead[kRowVectorsPerThread] = {};
-  load_own(own, own_now);
   RingCursors taken(plan);  // the next step of each producer's ring
   int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
-  for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
-    load_own(own_ahead, own_next);
+  int32_t own_now = own_slot(t0), own_next = own_slot(t0 + 1);
+  // Token t with this rank's partial of it in `own` (when own_now >= 0),
+  // while the next token's loads into `ahead`.
+  auto token = [&](int32_t t, const uint4(&own)[kRowVectorsPerThread], uint4(&ahead)[kRowVectorsPerThread]) {
+    load_own(ahead, own_next);
     const int32_t own_after = own_slot(t + 2);
     PullRowsSchedule::Position at = taken.get(j);
+    float acc[kRowVectorsPerThread][kPer];
 #pragma unroll
     for (int u = 0; u < kRowVectorsPerThread; ++u) {
 #pragma unroll
       for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
     }
+    auto add_own = [&]() {
+#pragma unroll
+      for (int u = 0; u < kRowVectorsPerThread; ++u) {
+        if (i + u * st.consumers < vectors) add(acc[u], own[u]);
+      }
+    };
     bool own_pending = own_now >= 0;
     for (;; at = plan.next(j, at)) {
       const int stage = at.stage;
@@ -437,17 +440,16 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       const int2 step = st.steps[stage];
       if (!(step.y & kRowEmpty)) {
         if (own_pending && (step.y >> kRowRankShift) > me) {
-          add(own);
+          add_own();
           own_pending = false;
         }
         const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
-        uint4 x[kRowVectorsPerThread] = {};
 #pragma unroll
         for (int u = 0; u < kRowVectorsPerThread; ++u) {
           const int v = i + u * st.consumers;
-          if (v < vectors) x[u] = row[v];
+          if (v >= vectors) continue;
+          add(acc[u], row[v]);
         }
-        add(x);
       }
       // Every consumer thread arrives (the barrier counts st.consumers): each
       // releases its own reads of the buffer and of the step, which is what
@@ -457,7 +459,7 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       barrier_arrive(st.empty + stage);
       if (step.y & kRowLast) break;
     }
-    if (own_pending) add(own);
+    if (own_pending) add_own();
     taken.set(j, plan.next(j, at));
     uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
                                           static_cast<int64_t>(t) * c.shape.combine_row_bytes);
@@ -465,10 +467,17 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
     for (int u = 0; u < kRowVectorsPerThread; ++u) {
       const int v = i + u * st.consumers;
       if (v < vectors) out[v] = Element::store_vector(acc[u]);
-      own[u] = own_ahead[u];
     }
     own_now = own_next;
     own_next = own_after;
+    j = j + 1 == plan.producers ? 0 : j + 1;
+    return true;
+  };
+  uint4 own_a[kRowVectorsPerThread], own_b[kRowVectorsPerThread];
+  load_own(own_a, own_now);
+  for (int32_t t = t0; t < t1; t += 2) {
+    if (!token(t, own_a, own_b)) return false;
+    if (t + 1 < t1 && !token(t + 1, own_b, own_a)) return false;
   }
   return true;
 }

@@ -4,7 +4,7 @@
 # beside this tree's, both benched at 4096 tokens on 16, 8 and 24 SMs in the
 # same call, this tree's with MOE_EP_PULL_OWN_DIRECT=1 and =0; then the NCCL
 # user-buffer registration probe (scripts/gpu/nccl_register_probe.cu).
-#   usage: OUT=/dir [OLD=commit] bash scripts/gpu/pull_ab_check.sh [BUDGET_S]
+#   usage: OUT=/dir [OLD=commit] [SUITES=1] [PROBE=0] bash scripts/gpu/pull_ab_check.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 BUDGET=${1:-300}
@@ -12,7 +12,7 @@ BUILD=${BUILD:-build-final}
 OLD=${OLD:-175632c}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
-build_step 120 moe_ep_conformance
+build_step 120 moe_ep_conformance $([ "${SUITES:-0}" = 1 ] && echo test_nvlink_gpu)
 # The old tree: this one with the old combine_pull.cu (the kernel header only
 # gained a field since).
 rm -rf /tmp/old && mkdir -p /tmp/old
@@ -22,7 +22,7 @@ git show "$OLD:cuda/combine_pull.cu" > /tmp/old/cuda/combine_pull.cu || echo "no
 SHAPE="--hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform"
 B="bench --backend nvlink $SHAPE -t 4096 -w 10 -n 40 --graph --zero-copy-combine --no-baselines"
 MPI2="mpirun -np 2 --bind-to none"
-for sms in 16 8 24; do
+for sms in 16 8 24 0; do
   NPICK=1 PICK="^ +4096 \|" step "pull_sms${sms}_old" 25 $MPI2 /tmp/old/build-old/tools/moe_ep_conformance $B --num-sms $sms
   for direct in 1 0; do
     NPICK=1 PICK="^ +4096 \|" step "pull_sms${sms}_direct${direct}" 25 $MPI2 -x MOE_EP_PULL_OWN_DIRECT=$direct \
@@ -33,7 +33,14 @@ for producers in 1 3 4; do
   NPICK=1 PICK="^ +4096 \|" step "pull_sms16_direct1_p$producers" 25 $MPI2 -x MOE_EP_PULL_PRODUCERS=$producers \
     $BUILD/tools/moe_ep_conformance $B --num-sms 16
 done
-nccl_pip=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null)
+GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
+if [ "${SUITES:-0}" = 1 ]; then
+  nvlink_suites 120 nvlink_gpu_np2 nvlink_gpu_dispatch_bulk_np2 nvlink_gpu_dispatch_bulk_general_np2
+  step racecheck_pull 90 $MPI2 -x MOE_EP_FABRIC=0 compute-sanitizer --print-limit 20 --error-exitcode 3 --tool racecheck \
+    $GPU_TEST "[zero_copy]"
+fi
+[ "${PROBE:-1}" = 1 ] || nccl_pip=
+[ "${PROBE:-1}" = 1 ] && nccl_pip=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null)
 if [ -n "$nccl_pip" ] && [ -f "$nccl_pip/include/nccl.h" ]; then
   mpi_inc=$(mpicxx --showme:incdirs | awk '{print $1}')
   mpi_lib=$(mpicxx --showme:libdirs | awk '{print $1}')
