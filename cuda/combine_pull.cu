@@ -229,11 +229,7 @@ static_assert(kSlotBatchInts / kRowMaxProducers >= kMaxWorldSize, "a batch holds
 static_assert((kBlockThreads - 32 * kRowMaxProducers) * kRowVectorsPerThread * 16 >= kRowStageBytes,
               "every vector of a row has a consumer thread");
 
-// A step's flags; bits kRowRankShift and up hold the rank whose partial the
-// step's buffer holds (read with pull_own_direct, to add the own partial in
-// ascending rank order).
 enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2 };
-constexpr int kRowRankShift = 8;
 
 struct RowStages {
   char* buffers;    // [kRowStages][kRowStageBytes]; producer j's ring is [j * ring, (j + 1) * ring)
@@ -306,9 +302,6 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
   // copies.
   const int32_t count = plan.tokens_of(j, t0, t1);
   const int32_t batch = plan.slot_batch(world);
-  // pull_own_direct: the consumers read this rank's own partials themselves,
-  // so the ring carries the peers' rows only.
-  const uint64_t own_bit = p.args.pull_own_direct ? uint64_t{1} << c.shape.rank : 0;
   auto token_of = [&](int32_t n) { return plan.token(j, n, t0); };
   auto fetch = [&](int32_t first, int buffer) {
     const int32_t ints = max(0, min(batch, count - first)) * world;
@@ -330,13 +323,13 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
     for (int32_t n = first; n < last; ++n) {
       const int32_t t = token_of(n);
       const TokenDestinations srcs = TokenDestinations::load(cached + (n - first) * world, world, lane);
-      uint64_t rest = srcs.mask & ~own_bit;
+      uint64_t rest = srcs.mask;
       bool ok = rest != 0 || emit(t, kRowLast | kRowEmpty, nullptr);
       while (rest != 0) {
         const int q = lowest_rank(rest);
         rest &= rest - 1;
         const int32_t slot = srcs.slot(q);  // every lane
-        ok = ok && emit(t, (rest == 0 ? kRowLast : 0) | (q << kRowRankShift), partial_row(p, q, slot));
+        ok = ok && emit(t, rest == 0 ? kRowLast : 0, partial_row(p, q, slot));
       }
       if (!ok) {
         copy_async_drain();
@@ -374,16 +367,6 @@ struct RingCursors {
 // Consumer thread i (0 .. st.consumers - 1) owns vectors i, i + consumers, ...
 // of a row.  Tokens are taken in order, token t from producer (t - t0) % P,
 // whose steps for it run until the one flagged kRowLast.
-// With pull_own_direct the ring holds the peers' partials only, and each
-// consumer thread loads its vectors of this rank's own partial straight from
-// local memory, one token ahead (the slot two tokens ahead), so that the
-// load's latency hides behind the previous token; the own partial is added
-// where its rank falls among the ring's partials, so the sum is the same
-// ascending-rank sum as every other schedule's.
-// The consumers are issue-bound on few SMs (docs/nvlink_backend.md, v16), so
-// every instruction per step counts: a vector past the row is skipped, not
-// added as zeros, and the two own-row register sets swap by unrolling the
-// token loop by two, not by copying (each cost 15-25 % on 16 SMs, measured).
 template <typename Element>
 __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1) {
   using Bits = typename Element::Bits;
@@ -392,34 +375,9 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   const PullRowsSchedule& plan = st.plan;
   const int i = static_cast<int>(threadIdx.x) - 32 * plan.producers;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
-  const int me = c.shape.rank;
-  const bool direct = p.args.pull_own_direct != 0;
-  const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
-  auto own_slot = [&](int32_t t) -> int32_t {
-    return direct && t < t1 ? slots[static_cast<int64_t>(t) * c.shape.world_size + me] : -1;
-  };
-  auto load_own = [&](uint4(&dst)[kRowVectorsPerThread], int32_t slot) {
-    if (slot < 0) return;
-    const uint4* row = reinterpret_cast<const uint4*>(partial_row(p, me, slot));
-#pragma unroll
-    for (int u = 0; u < kRowVectorsPerThread; ++u) {
-      const int v = i + u * st.consumers;
-      if (v < vectors) dst[u] = __ldcs(row + v);
-    }
-  };
-  auto add = [](float(&a)[kPer], const uint4& x) {
-    const Bits* b = reinterpret_cast<const Bits*>(&x);
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) a[e] += Element::load(b[e]);
-  };
   RingCursors taken(plan);  // the next step of each producer's ring
   int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
-  int32_t own_now = own_slot(t0), own_next = own_slot(t0 + 1);
-  // Token t with this rank's partial of it in `own` (when own_now >= 0),
-  // while the next token's loads into `ahead`.
-  auto token = [&](int32_t t, const uint4(&own)[kRowVectorsPerThread], uint4(&ahead)[kRowVectorsPerThread]) {
-    load_own(ahead, own_next);
-    const int32_t own_after = own_slot(t + 2);
+  for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
     PullRowsSchedule::Position at = taken.get(j);
     float acc[kRowVectorsPerThread][kPer];
 #pragma unroll
@@ -427,28 +385,20 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
 #pragma unroll
       for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
     }
-    auto add_own = [&]() {
-#pragma unroll
-      for (int u = 0; u < kRowVectorsPerThread; ++u) {
-        if (i + u * st.consumers < vectors) add(acc[u], own[u]);
-      }
-    };
-    bool own_pending = own_now >= 0;
     for (;; at = plan.next(j, at)) {
       const int stage = at.stage;
       if (!barrier_wait(st.full + stage, at.parity(), c.state.timeout_ns)) return false;
       const int2 step = st.steps[stage];
       if (!(step.y & kRowEmpty)) {
-        if (own_pending && (step.y >> kRowRankShift) > me) {
-          add_own();
-          own_pending = false;
-        }
         const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
 #pragma unroll
         for (int u = 0; u < kRowVectorsPerThread; ++u) {
           const int v = i + u * st.consumers;
           if (v >= vectors) continue;
-          add(acc[u], row[v]);
+          const uint4 x = row[v];
+          const Bits* b = reinterpret_cast<const Bits*>(&x);
+#pragma unroll
+          for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b[e]);
         }
       }
       // Every consumer thread arrives (the barrier counts st.consumers): each
@@ -459,7 +409,6 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       barrier_arrive(st.empty + stage);
       if (step.y & kRowLast) break;
     }
-    if (own_pending) add_own();
     taken.set(j, plan.next(j, at));
     uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
                                           static_cast<int64_t>(t) * c.shape.combine_row_bytes);
@@ -468,16 +417,6 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       const int v = i + u * st.consumers;
       if (v < vectors) out[v] = Element::store_vector(acc[u]);
     }
-    own_now = own_next;
-    own_next = own_after;
-    j = j + 1 == plan.producers ? 0 : j + 1;
-    return true;
-  };
-  uint4 own_a[kRowVectorsPerThread], own_b[kRowVectorsPerThread];
-  load_own(own_a, own_now);
-  for (int32_t t = t0; t < t1; t += 2) {
-    if (!token(t, own_a, own_b)) return false;
-    if (t + 1 < t1 && !token(t + 1, own_b, own_a)) return false;
   }
   return true;
 }

@@ -196,9 +196,6 @@ struct CombineLaunch {
                                // row buffers (1..4; MOE_EP_PULL_PRODUCERS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
-  int32_t pull_own_direct;     // pull_rows only: the consumers load this rank's own partials from local
-                               // memory themselves, so the row buffers carry the peers' partials only
-                               // (MOE_EP_PULL_OWN_DIRECT)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
 };
 

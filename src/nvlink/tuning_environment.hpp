@@ -8,9 +8,6 @@
 //   MOE_EP_PULL_ROWS=0     the pull combine copies 2 KiB segments instead of
 //                          whole rows (rows of at most 16 KiB);
 //   MOE_EP_PULL_COPY_BYTES=N, MOE_EP_PULL_PRODUCERS=N  below;
-//   MOE_EP_PULL_OWN_DIRECT=0  the whole-row pull brings this rank's own
-//                          partials through the row buffers too, instead of
-//                          the consumers loading them from local memory;
 //   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
 //                          into registers instead of bulk copies (a diagnostic);
 //   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
