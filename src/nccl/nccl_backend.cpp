@@ -24,11 +24,13 @@
 #include "gpu/device_copy.hpp"
 #include "gpu/environment.hpp"
 #include "gpu/own_work.hpp"
+#include "gpu/peer_segments_copy.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
 #include "nccl/nccl_communicator.hpp"
 #include "nccl/nccl_library.hpp"
 #include "nccl/nccl_stage_profile.hpp"
 #include "nccl/nccl_workspace.hpp"
+#include "nccl/nccl_workspace_memory.hpp"
 #include "nccl_kernels.h"
 #include "nvlink/cuda_check.hpp"
 #include "nvlink/host_identity.hpp"
@@ -105,8 +107,10 @@ class NcclBackend final : public Backend {
         run_then_agree(bootstrap, [&] { check_one_rank_per_gpu(bootstrap, device_); });
         comm_ = std::make_unique<NcclCommunicator>(*api_, bootstrap, config_.timeout_ms);
       }
+      run_then_agree(bootstrap, [&] { create_streams(); });
+      allocate_workspace(bootstrap);
       run_then_agree(bootstrap, [&] {
-        allocate();
+        prepare_workspace();
         connect_peers();
       });
     } catch (...) {
@@ -115,8 +119,9 @@ class NcclBackend final : public Backend {
     }
     log_info("rank ", layout_.rank, ": NCCL ", api_->version(), " (", api_->path, ") on device ", device_, ", ",
              sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ", config_.timeout_ms,
-             " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s)",
-             join_metadata_ ? "" : ", metadata blocks never joined to their rows");
+             " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s), ",
+             memory_->is_registered() ? "buffers registered with NCCL" : "buffers not registered with NCCL",
+             registration_note_, join_metadata_ ? "" : ", metadata blocks never joined to their rows");
   }
 
   ~NcclBackend() override { shutdown(); }
@@ -171,7 +176,7 @@ class NcclBackend final : public Backend {
     b.recv_counts = buffers_.recv_counts;
     b.local_expert_counts = buffers_.local_expert_counts;
     b.eplb_gathered = buffers_.eplb_gathered;
-    b.combine_input = layout_.zero_copy_combine ? workspace_ + plan_.combine_input : nullptr;
+    b.combine_input = layout_.zero_copy_combine ? view() : nullptr;
     return b;
   }
 
@@ -180,7 +185,18 @@ class NcclBackend final : public Backend {
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int64_t tpr = call.tokens_per_rank;
+    // What NCCL sends from: the caller's expert_output, or with registered
+    // buffers always the view (both sides of every NCCL transfer must be
+    // registered), the peers' segments copied there first when the caller's
+    // expert_output is elsewhere.  The reduction reads the own rows in place.
     const char* expert_output = static_cast<const char*>(call.expert_output);
+    if (memory_->is_registered()) {
+      if (!call.expert_output_is_workspace) {
+        copy_peer_segments(view(), expert_output, layout_.rank, layout_.world_size,
+                           static_cast<size_t>(tpr) * static_cast<size_t>(layout_.combine_row_bytes), s);
+      }
+      expert_output = view();
+    }
     kernels::NcclCombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
@@ -241,8 +257,8 @@ class NcclBackend final : public Backend {
       }
       dispatch_profile_.reset();
       combine_profile_.reset();
-      if (comm_) comm_->close(healthy && !comm_->aborted());
-      if (workspace_ != nullptr) cudaFree(workspace_);
+      if (comm_) comm_->close(healthy && !comm_->aborted());  // releases a registration of the workspace
+      memory_.reset();
       own_work_.reset();
       for (cudaEvent_t e : range_events_) {
         if (e) cudaEventDestroy(e);
@@ -255,6 +271,7 @@ class NcclBackend final : public Backend {
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
     }
     comm_.reset();
+    memory_.reset();
     workspace_ = nullptr;
     own_work_.reset();
     private_stream_ = nullptr;
@@ -305,7 +322,7 @@ class NcclBackend final : public Backend {
     }
   }
 
-  void allocate() {
+  void create_streams() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     own_work_ = std::make_unique<OwnWork>();
@@ -323,13 +340,47 @@ class NcclBackend final : public Backend {
     }
     check_cuda(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     check_cuda(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    void* p = nullptr;
-    check_cuda(cudaMalloc(&p, plan_.total_bytes), "cudaMalloc(NCCL backend workspace)");
-    workspace_ = static_cast<char*>(p);
+  }
+
+  // The workspace, registered with NCCL where every rank wants it and every
+  // rank manages it (both agreed over the bootstrap, since NCCL needs both
+  // sides of a transfer registered or neither), else plain device memory.
+  void allocate_workspace(const Bootstrap& bootstrap) {
+    const DeviceGuard guard(device_);
+    const bool wanted = all_ranks(bootstrap, nccl_registration_wanted(*api_, layout_.zero_copy_combine));
+    if (wanted) {
+      std::string why;
+      run_then_agree(bootstrap,
+                     [&] { memory_ = NcclWorkspaceMemory::registered(*api_, comm_->get(), plan_.total_bytes, &why); });
+      if (!all_ranks(bootstrap, memory_ != nullptr)) {
+        registration_note_ =
+            memory_ == nullptr ? " (registration failed: " + why + ")" : " (registration failed on another rank)";
+        if (memory_) memory_->release_registration();
+        memory_.reset();
+      }
+    } else if (layout_.zero_copy_combine) {
+      registration_note_ =
+          api_->can_register() ? " (MOE_EP_NCCL_REGISTER=0 on some rank)" : " (this NCCL has no ncclCommRegister)";
+    }
+    run_then_agree(bootstrap, [&] {
+      if (!memory_) memory_ = NcclWorkspaceMemory::plain(plan_.total_bytes);
+    });
+    workspace_ = memory_->base();
+  }
+
+  void prepare_workspace() {
+    const DeviceGuard guard(device_);
     buffers_ = nccl_buffers_at(workspace_, plan_, layout_);
     check_cuda(cudaMemsetAsync(workspace_, 0, plan_.total_bytes, private_stream_), "zeroing the workspace");
     reset_device_errors();
   }
+
+  static bool all_ranks(const Bootstrap& bootstrap, bool mine) {
+    const std::vector<int32_t> all = bootstrap.allgather_value(static_cast<int32_t>(mine ? 1 : 0));
+    return std::all_of(all.begin(), all.end(), [](int32_t v) { return v == 1; });
+  }
+
+  char* view() const { return workspace_ + plan_.combine_input; }
 
   // One tiny exchange with every peer, so that NCCL sets up its connections
   // here (bounded by timeout_ms) and not inside a dispatch or a graph capture.
@@ -579,7 +630,9 @@ class NcclBackend final : public Backend {
   kernels::GroupShape shape_{};
   NcclWorkspacePlan plan_{};
   std::unique_ptr<NcclCommunicator> comm_;
-  char* workspace_ = nullptr;
+  std::unique_ptr<NcclWorkspaceMemory> memory_;  // registered with NCCL or plain
+  char* workspace_ = nullptr;                    // memory_->base()
+  std::string registration_note_;                // why the workspace is not registered, for the log
   kernels::NcclBuffers buffers_{};
   cudaStream_t private_stream_ = nullptr;
   std::unique_ptr<OwnWork> own_work_;           // the handle's last eager call and graph replay

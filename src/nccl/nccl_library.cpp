@@ -50,6 +50,10 @@ std::unique_ptr<Api> open_library(const std::string& name, std::string* why) {
   resolve(library, "ncclGetErrorString", &api->GetErrorString, &missing);
   resolve(library, "ncclCommFinalize", &api->CommFinalize, nullptr);  // optional
   resolve(library, "ncclGetLastError", &api->GetLastError, nullptr);  // optional
+  resolve(library, "ncclMemAlloc", &api->MemAlloc, nullptr);          // optional: registration
+  resolve(library, "ncclMemFree", &api->MemFree, nullptr);
+  resolve(library, "ncclCommRegister", &api->CommRegister, nullptr);
+  resolve(library, "ncclCommDeregister", &api->CommDeregister, nullptr);
   if (!missing.empty()) {
     *why = "NCCL at \"" + name + "\" lacks " + missing + " (moe_ep needs NCCL 2.17 or newer)" + kInstallHint;
     dlclose(library);

@@ -63,6 +63,16 @@ struct Api {
   Result (*GroupEnd)();
   const char* (*GetErrorString)(Result result);
   const char* (*GetLastError)(CommHandle comm);  // NULL before NCCL 2.13
+  // User-buffer registration (NCCL 2.19 and newer; NULL before): memory from
+  // MemAlloc, registered with CommRegister, lets NCCL's send/recv over NVLink
+  // copy straight between the two ranks' buffers (docs/nccl_backend.md).
+  Result (*MemAlloc)(void** pointer, size_t bytes);
+  Result (*MemFree)(void* pointer);
+  Result (*CommRegister)(CommHandle comm, void* buffer, size_t bytes, void** handle);
+  Result (*CommDeregister)(CommHandle comm, void* handle);
+  bool can_register() const {
+    return MemAlloc != nullptr && MemFree != nullptr && CommRegister != nullptr && CommDeregister != nullptr;
+  }
 
   std::string path;  // the file that was loaded
   int version_code = 0;  // X*10000 + Y*100 + Z

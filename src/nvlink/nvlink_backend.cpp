@@ -18,6 +18,7 @@
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
+#include "gpu/peer_segments_copy.hpp"
 #include "input_errors.hpp"
 #include "moe_ep_kernels.h"
 #include "nvlink/cuda_check.hpp"
@@ -242,24 +243,12 @@ class NvlinkBackend final : public Backend {
 
   // Copies the rows of every peer's segment of expert_output into this rank's
   // combine_input view, in stream order before the combine kernel, so that the
-  // peers find them there (segments [0, rank) and (rank, world) of tpr rows).
+  // peers find them there.
   void copy_into_view(const CombineCall& call, cudaStream_t s) {
-    const size_t row_bytes = static_cast<size_t>(layout_.combine_row_bytes);
-    const size_t segment_bytes = static_cast<size_t>(call.tokens_per_rank) * row_bytes;  // sizes checked at create
-    const char* src = static_cast<const char*>(call.expert_output);
-    char* view = memory_->local() + offsets_.combine_input;
-    const size_t rank = static_cast<size_t>(layout_.rank);
-    const size_t world = static_cast<size_t>(layout_.world_size);
-    if (rank > 0) {
-      check_cuda(cudaMemcpyAsync(view, src, rank * segment_bytes, cudaMemcpyDeviceToDevice, s),
-                 "copying expert_output into the combine_input view");
-    }
-    if (rank + 1 < world) {
-      const size_t after = (rank + 1) * segment_bytes;
-      check_cuda(
-          cudaMemcpyAsync(view + after, src + after, (world - rank - 1) * segment_bytes, cudaMemcpyDeviceToDevice, s),
-          "copying expert_output into the combine_input view");
-    }
+    const size_t segment_bytes = static_cast<size_t>(call.tokens_per_rank) *
+                                 static_cast<size_t>(layout_.combine_row_bytes);  // sizes checked at create
+    copy_peer_segments(memory_->local() + offsets_.combine_input, static_cast<const char*>(call.expert_output),
+                       layout_.rank, layout_.world_size, segment_bytes, s);
   }
 
   moe_ep_status_t poll_async_error(std::string* message) override {

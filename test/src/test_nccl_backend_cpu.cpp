@@ -18,6 +18,7 @@
 #include "nccl/nccl_backend.hpp"
 #include "nccl/nccl_library.hpp"
 #include "nccl/nccl_workspace.hpp"
+#include "nccl/nccl_workspace_memory.hpp"
 #include "nccl_kernels.h"
 #include "nvlink/nvlink_backend.hpp"
 #include "nvlink/workspace_plan.hpp"
@@ -250,4 +251,36 @@ TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow i
   huge.max_tokens_per_rank = 1 << 30;
   huge.hidden_row_bytes = uint64_t{1} << 40;
   CHECK_THROWS_AS(moe_ep::plan_nccl_workspace(huge), moe_ep::Error);
+}
+
+namespace {
+
+// Stand-ins for NCCL's registration calls: only their presence is read.
+moe_ep::nccl::Result fake_mem_alloc(void**, size_t) { return moe_ep::nccl::kSuccess; }
+moe_ep::nccl::Result fake_mem_free(void*) { return moe_ep::nccl::kSuccess; }
+moe_ep::nccl::Result fake_register(moe_ep::nccl::CommHandle, void*, size_t, void**) { return moe_ep::nccl::kSuccess; }
+moe_ep::nccl::Result fake_deregister(moe_ep::nccl::CommHandle, void*) { return moe_ep::nccl::kSuccess; }
+
+}  // namespace
+
+TEST_CASE("NCCL registration: wanted only with the zero-copy view, the NCCL calls, and not switched off", "[nccl]") {
+  moe_ep::nccl::Api api{};
+  unsetenv("MOE_EP_NCCL_REGISTER");
+  CHECK_FALSE(api.can_register());
+  CHECK_FALSE(moe_ep::nccl_registration_wanted(api, true));  // an NCCL older than 2.19
+  api.MemAlloc = fake_mem_alloc;
+  api.MemFree = fake_mem_free;
+  api.CommRegister = fake_register;
+  CHECK_FALSE(api.can_register());  // every one of the four is needed
+  api.CommDeregister = fake_deregister;
+  REQUIRE(api.can_register());
+  CHECK(moe_ep::nccl_registration_wanted(api, true));
+  // Without the view combine would send from the caller's buffer, which NCCL
+  // would see unregistered against this rank's registered receive buffer.
+  CHECK_FALSE(moe_ep::nccl_registration_wanted(api, false));
+  setenv("MOE_EP_NCCL_REGISTER", "0", 1);
+  CHECK_FALSE(moe_ep::nccl_registration_wanted(api, true));
+  setenv("MOE_EP_NCCL_REGISTER", "1", 1);
+  CHECK(moe_ep::nccl_registration_wanted(api, true));
+  unsetenv("MOE_EP_NCCL_REGISTER");
 }

@@ -29,6 +29,7 @@ struct CheckOptions {
   bool poison_results = true;         // overwrite dispatch payload results before combine
   bool list = false;                  // print the case names and exit
   std::string inject_fault = "none";  // self-test of the checker (fault_injection.cpp)
+  bool zero_copy_combine = false;     // every case through the combine_input view
 };
 
 int run_check(const World& world, const CheckOptions& options);

@@ -192,6 +192,7 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
               Session::version_line().c_str(), s.backend_label().c_str(), s.world().size,
               static_cast<unsigned long long>(o.common.seed), o.rounds, cases);
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+  if (o.zero_copy_combine) std::printf("# every case with config.zero_copy_combine, expert output in the view\n");
   std::printf("#\n# %-22s %-6s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "E", "K", "maxT",
               "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
   std::fflush(stdout);
@@ -202,7 +203,9 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
 int run_check(const World& world, const CheckOptions& o) {
   std::vector<CheckCase> cases;
   for (const CheckCase& c : check_cases()) {
-    if (c.name.find(o.filter) != std::string::npos) cases.push_back(c);
+    if (c.name.find(o.filter) == std::string::npos) continue;
+    cases.push_back(c);
+    if (o.zero_copy_combine) cases.back().zero_copy = true;
   }
   if (o.list) {
     if (world.is_root()) {

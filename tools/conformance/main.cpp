@@ -40,6 +40,9 @@ void add_check(CLI::App& app, CheckOptions& o) {
   check->add_flag("!--no-poison-results", o.poison_results,
                   "do not overwrite dispatch payload results before combine");
   check->add_flag("--list", o.list, "print the case names and exit");
+  check->add_flag("--zero-copy-combine", o.zero_copy_combine,
+                  "run every case with config.zero_copy_combine, the expert output written into the combine_input "
+                  "view (on NCCL: the path with buffers registered with NCCL)");
   check->add_option("--inject-fault", o.inject_fault,
                     "self-test: corrupt rank 0's copy of a result before the comparison, which must then fail")
       ->check(CLI::IsMember({"none", "dispatch_payload", "dispatch_order", "recv_counts", "combine_output"}));
