@@ -40,6 +40,6 @@ step racecheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TES
 step synccheck_nvlink 90 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "[peer_counts],[zero_copy]"
 step memcheck_nccl 90 $MPI2 $SAN --tool memcheck --report-api-errors no $TOOL check --backend nccl --filter basic --modes eager --rounds 1
 NPICK=12 PICK="^ +[0-9]+ " step bench_nvlink 60 $MPI2 $TOOL bench --backend nvlink --hidden 7168 --topk 8 --experts 256 \
-  --dtype bf16 --routing uniform -t 1,128,512,4096 -w 10 -n 50 --graph --json "$OUT/bench_graph.json"
+  --dtype bf16 --routing uniform -t 1,128,512,4096 -w 10 -n 50 --graph --zero-copy-combine --json "$OUT/bench_graph.json"
 echo "total $(( $(date +%s) - START )) s, exit $rc" | tee -a "$SUMMARY"
 exit $rc

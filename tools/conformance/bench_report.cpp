@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "dtypes.hpp"
+#include "ep_calls.hpp"
 #include "json_writer.hpp"
 #include "nccl_baseline.hpp"
 
@@ -21,10 +22,10 @@ struct Workspace {
   moe_ep_status_t status = MOE_EP_SUCCESS;
 };
 
-Workspace workspace_of(const Session& s, const WorkloadSpec& w) {
+Workspace workspace_of(const Session& s, const WorkloadSpec& w, bool zero_copy_combine) {
   Workspace ws;
   const moe_ep_params_t params = w.params();
-  const moe_ep_config_t config = s.config();
+  const moe_ep_config_t config = with_zero_copy_combine(s.config(), zero_copy_combine);  // as the runner creates
   ws.status = moe_ep_workspace_size(&params, &config, s.world().size, &ws.bytes);
   ws.bound = 2ull * w.world * uint64_t(w.max_tokens_per_rank) * (w.hidden_row_bytes() + w.scale_row_bytes()) +
              (64ull << 20);
@@ -114,7 +115,7 @@ void BenchReport::print_header() {
   std::printf("# row bytes: B_dispatch %llu, B_combine %llu\n",
               static_cast<unsigned long long>(w.hidden_row_bytes() + w.scale_row_bytes()),
               static_cast<unsigned long long>(w.combine_row_bytes()));
-  const Workspace ws = workspace_of(s_, w);
+  const Workspace ws = workspace_of(s_, w, o_.zero_copy_combine);
   if (ws.status == MOE_EP_SUCCESS) {
     std::printf(
         "# workspace per rank: %.1f MiB (moe_ep_workspace_size); documented bound 2*ep*max_tokens*B_dispatch + 64 MiB "
@@ -268,7 +269,7 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
   j.end_object();
   j.field("dispatch_row_bytes", int64_t(w.hidden_row_bytes() + w.scale_row_bytes()));
   j.field("combine_row_bytes", int64_t(w.combine_row_bytes()));
-  const Workspace ws = workspace_of(s_, w);
+  const Workspace ws = workspace_of(s_, w, o_.zero_copy_combine);
   if (ws.status == MOE_EP_SUCCESS) j.field("workspace_bytes", int64_t(ws.bytes));
   j.field("workspace_bound_bytes", int64_t(ws.bound));
   j.end_object();
