@@ -14,7 +14,7 @@ BUDGET=${1:-130}
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/nccl_summary.txt
 source "$(dirname "$0")/steps.sh"
-build_step 200
+build_step 200 $([ "${ONLY:-}" = sockets ] && echo moe_ep_conformance)
 TOOL=$BUILD/tools/moe_ep_conformance
 MPI2="mpirun -np 2 --bind-to none"
 NET_ENV="-x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_SOCKET_IFNAME=lo"
