@@ -20,9 +20,10 @@ struct NcclWorkspacePlan {
   // send segments (kernels::nccl_send_segment_stride).
   uint64_t meta_stride, meta_gap, send_segment_stride;
   // The zero-copy combine input region (config->zero_copy_combine; 0 bytes
-  // otherwise, last so that every other offset stays what it was).  A plain
-  // device buffer: combine's NCCL sends read the caller's expert_output
-  // wherever it is, so the view needs no staging buffer of its own.
+  // otherwise, last so that every other offset stays what it was).  With the
+  // workspace registered with NCCL, combine's sends always read it (a
+  // caller's other expert_output is copied there first); unregistered, they
+  // read the caller's expert_output wherever it is.
   uint64_t combine_input;
   uint64_t total_bytes;
 };
