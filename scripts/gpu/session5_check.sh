@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
 # The fifth session's first device call (2 GPUs, nvidia-h200-x2):
-#  1. NCCL user-buffer registration probe (scripts/gpu/nccl_register_probe.cu):
-#     NCCL's own grouped send/recv of the 4096-token segment from plain,
-#     ncclMemAlloc'ed and registered buffers, eager and in a graph;
+#  1. (the NCCL registration probe, first run here, is now in pull_ab_check.sh);
 #  2. the whole-row pull with the own rank's partials loaded by the consumers
 #     (MOE_EP_PULL_OWN_DIRECT=1, new default) against through the row buffers
 #     (=0), on 8, 16, 24 SMs and all, at 4096 tokens;
@@ -26,18 +24,7 @@ MPI2="mpirun -np 2 --bind-to none"
 SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
 SHAPE="--hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform"
 
-# 1. Registration probe, built against pip's NCCL (headers and library).
-nccl_pip=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2> /dev/null)
-if [ -n "$nccl_pip" ] && [ -f "$nccl_pip/include/nccl.h" ]; then
-  nccl_root=$nccl_pip
-  mpi_inc=$(mpicxx --showme:incdirs | awk '{print $1}')
-  mpi_lib=$(mpicxx --showme:libdirs | awk '{print $1}')
-  step probe_build 60 nvcc -O2 -arch=sm_90 -I"$nccl_root/include" -I"$mpi_inc" scripts/gpu/nccl_register_probe.cu \
-    -L"$nccl_root/lib" -l:libnccl.so.2 -L"$mpi_lib" -lmpi -o /tmp/nccl_register_probe
-  NPICK=8 PICK="nccl |eager" step nccl_register_probe 60 $MPI2 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=REG \
-    -x LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}" /tmp/nccl_register_probe
-  grep -m 6 -i "IPC\|regist" "$STEP_LOG_DIR/nccl_register_probe.log" >> "$SUMMARY"
-fi
+# 1. The NCCL registration probe moved to scripts/gpu/pull_ab_check.sh.
 
 # 2. Pull: own partials direct (default) against through the ring.
 B="bench --backend nvlink $SHAPE -t 4096 -w 10 -n 40 --graph --zero-copy-combine --no-baselines"
