@@ -272,7 +272,6 @@ class NcclBackend final : public Backend {
     }
     comm_.reset();
     memory_.reset();
-    workspace_ = nullptr;
     own_work_.reset();
     private_stream_ = nullptr;
     side_stream_ = nullptr;
@@ -365,13 +364,12 @@ class NcclBackend final : public Backend {
     run_then_agree(bootstrap, [&] {
       if (!memory_) memory_ = NcclWorkspaceMemory::plain(plan_.total_bytes);
     });
-    workspace_ = memory_->base();
   }
 
   void prepare_workspace() {
     const DeviceGuard guard(device_);
-    buffers_ = nccl_buffers_at(workspace_, plan_, layout_);
-    check_cuda(cudaMemsetAsync(workspace_, 0, plan_.total_bytes, private_stream_), "zeroing the workspace");
+    buffers_ = nccl_buffers_at(workspace(), plan_, layout_);
+    check_cuda(cudaMemsetAsync(workspace(), 0, plan_.total_bytes, private_stream_), "zeroing the workspace");
     reset_device_errors();
   }
 
@@ -380,7 +378,8 @@ class NcclBackend final : public Backend {
     return std::all_of(all.begin(), all.end(), [](int32_t v) { return v == 1; });
   }
 
-  char* view() const { return workspace_ + plan_.combine_input; }
+  char* workspace() const { return memory_->base(); }
+  char* view() const { return workspace() + plan_.combine_input; }
 
   // One tiny exchange with every peer, so that NCCL sets up its connections
   // here (bounded by timeout_ms) and not inside a dispatch or a graph capture.
@@ -395,7 +394,7 @@ class NcclBackend final : public Backend {
     group_end();
     own_work_->note(private_stream_);
     wait_for_own_work();
-    check_cuda(cudaMemsetAsync(workspace_, 0, plan_.recv_counts, private_stream_), "zeroing the headers");
+    check_cuda(cudaMemsetAsync(workspace(), 0, plan_.recv_counts, private_stream_), "zeroing the headers");
     check_cuda(cudaStreamSynchronize(private_stream_), "zeroing the headers");
   }
 
@@ -631,7 +630,6 @@ class NcclBackend final : public Backend {
   NcclWorkspacePlan plan_{};
   std::unique_ptr<NcclCommunicator> comm_;
   std::unique_ptr<NcclWorkspaceMemory> memory_;  // registered with NCCL or plain
-  char* workspace_ = nullptr;                    // memory_->base()
   std::string registration_note_;                // why the workspace is not registered, for the log
   kernels::NcclBuffers buffers_{};
   cudaStream_t private_stream_ = nullptr;

@@ -17,7 +17,7 @@ std::unique_ptr<NcclWorkspaceMemory> NcclWorkspaceMemory::plain(uint64_t bytes) 
   void* p = nullptr;
   check_cuda(cudaMalloc(&p, bytes), "cudaMalloc(NCCL backend workspace)");
   return std::unique_ptr<NcclWorkspaceMemory>(
-      new NcclWorkspaceMemory(static_cast<char*>(p), bytes, nullptr, nullptr, nullptr));
+      new NcclWorkspaceMemory(static_cast<char*>(p), nullptr, nullptr, nullptr));
 }
 
 std::unique_ptr<NcclWorkspaceMemory> NcclWorkspaceMemory::registered(const nccl::Api& api, nccl::CommHandle comm,
@@ -38,8 +38,7 @@ std::unique_ptr<NcclWorkspaceMemory> NcclWorkspaceMemory::registered(const nccl:
   // Destroying the communicator releases every registration it holds, so the
   // handle is only used by release_registration (a deregistration at destroy
   // time could wait on a peer that has already gone).
-  return std::unique_ptr<NcclWorkspaceMemory>(
-      new NcclWorkspaceMemory(static_cast<char*>(p), bytes, &api, comm, handle));
+  return std::unique_ptr<NcclWorkspaceMemory>(new NcclWorkspaceMemory(static_cast<char*>(p), &api, comm, handle));
 }
 
 void NcclWorkspaceMemory::release_registration() noexcept {

@@ -38,7 +38,6 @@ class NcclWorkspaceMemory {
   NcclWorkspaceMemory& operator=(const NcclWorkspaceMemory&) = delete;
 
   char* base() const { return base_; }
-  uint64_t bytes() const { return bytes_; }
   bool is_registered() const { return registration_ != nullptr; }
   // Deregisters now, for a create that falls back to plain memory because
   // another rank could not register (no transfer has used it yet, so no peer
@@ -46,10 +45,9 @@ class NcclWorkspaceMemory {
   void release_registration() noexcept;
 
  private:
-  NcclWorkspaceMemory(char* base, uint64_t bytes, const nccl::Api* api, nccl::CommHandle comm, void* registration)
-      : base_(base), bytes_(bytes), api_(api), comm_(comm), registration_(registration) {}
+  NcclWorkspaceMemory(char* base, const nccl::Api* api, nccl::CommHandle comm, void* registration)
+      : base_(base), api_(api), comm_(comm), registration_(registration) {}
   char* base_;
-  uint64_t bytes_;
   const nccl::Api* api_;   // set: ncclMemAlloc'ed (freed with ncclMemFree)
   nccl::CommHandle comm_;  // the communicator holding the registration
   void* registration_;     // ncclCommRegister's handle; NULL: not registered
