@@ -207,7 +207,7 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 // producer j walks the block's tokens t0 + j, t0 + j + P, ... and, for each,
 // the ranks holding a partial in ascending order, and its lane 0 issues one
 // bulk copy of the whole partial row into the next buffer of its own ring of
-// kRowStages / P buffers (a token with no partial gets an empty step, its
+// row_stages_that_fit / P buffers (a token with no partial gets an empty step, its
 // output is zeros).  The other warps consume, token by token in order, each
 // token from its producer's ring: each thread owns a few 16-byte vectors of
 // the row, adds the buffer's vectors into fp32 sums, releases the buffer and
@@ -221,36 +221,61 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 // of tokens at a time, one batch ahead, into two shared buffers each (the
 // per-token load was measured not to be the limit, but it costs nothing off the
 // critical path).
-constexpr int kRowStageBytes = 16 * 1024;  // rows up to 16 KiB
-constexpr int kRowVectorsPerThread = 3;    // 12 consumer warps x 32 x 3 x 16 B >= 16 KiB
-constexpr size_t kRowSharedBytes = size_t{kRowStages} * kRowStageBytes + 2 * kRowStages * sizeof(uint64_t) +
-                                   kRowStages * sizeof(int2) + kSlotRegionInts * sizeof(int32_t);
+constexpr int kRowVectorsPerThread = 3;  // 12 consumer warps x 32 x 3 x 16 B >= 16 KiB
+// Shared memory: the barriers, step records and slot buffers first (sized
+// for kRowMaxStages), then the row buffers (row_stages_that_fit of them).
+constexpr size_t kRowFixedBytes =
+    2 * kRowMaxStages * sizeof(uint64_t) + kRowMaxStages * sizeof(int2) + kSlotRegionInts * sizeof(int32_t);
+constexpr size_t kRowSharedBytes = kRowFixedBytes + kRowBufferBytes;
+static_assert(kRowFixedBytes % kRowStageAlign == 0, "the row buffers start aligned");
 static_assert(kSlotBatchInts / kRowMaxProducers >= kMaxWorldSize, "a batch holds at least one token's slots");
-static_assert((kBlockThreads - 32 * kRowMaxProducers) * kRowVectorsPerThread * 16 >= kRowStageBytes,
+static_assert((kBlockThreads - 32 * kRowMaxProducers) * kRowVectorsPerThread * 16 >= kRowMaxBytes,
               "every vector of a row has a consumer thread");
 
 enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2 };
 
 struct RowStages {
-  char* buffers;    // [kRowStages][kRowStageBytes]; producer j's ring is [j * ring, (j + 1) * ring)
-  uint64_t* full;   // [kRowStages]: the copy (or the empty step) landed
-  uint64_t* empty;  // [kRowStages]: every consumer thread has read the buffer
-  int2* steps;      // [kRowStages]: {token, RowStepFlags}
+  uint64_t* full;   // [kRowMaxStages]: the copy (or the empty step) landed
+  uint64_t* empty;  // [kRowMaxStages]: the consumers have read the buffer
+  int2* steps;      // [kRowMaxStages]: {token, RowStepFlags}
   int32_t* slots;   // kSlotRegionInts: each producer's two slot buffers (PullRowsSchedule)
+  char* buffers;    // [plan.stages()][stage_bytes]; producer j's ring is [j * ring, (j + 1) * ring)
+  int stage_bytes;
   PullRowsSchedule plan;
   int consumers;
-  __device__ RowStages(char* shared, int requested_producers)
-      : buffers(shared),
-        full(reinterpret_cast<uint64_t*>(shared + size_t{kRowStages} * kRowStageBytes)),
-        empty(full + kRowStages),
-        steps(reinterpret_cast<int2*>(empty + kRowStages)),
-        slots(reinterpret_cast<int32_t*>(steps + kRowStages)),
-        plan(PullRowsSchedule::make(requested_producers)),
+  __device__ RowStages(char* shared, int requested_producers, int row_bytes, int max_stages)
+      : full(reinterpret_cast<uint64_t*>(shared)),
+        empty(full + kRowMaxStages),
+        steps(reinterpret_cast<int2*>(empty + kRowMaxStages)),
+        slots(reinterpret_cast<int32_t*>(steps + kRowMaxStages)),
+        buffers(shared + kRowFixedBytes),
+        stage_bytes(row_stage_bytes(row_bytes)),
+        plan(PullRowsSchedule::make(requested_producers, row_stages_that_fit(row_bytes, max_stages))),
         consumers(kBlockThreads - 32 * plan.producers) {}
+  __device__ char* buffer(int stage) const { return buffers + static_cast<size_t>(stage) * stage_bytes; }
 };
 
+// Measurement builds only (-DMOE_EP_PULL_DIAGNOSTICS, scripts/gpu): parts of
+// the whole-row pull switched off to time the rest; results are then wrong.
+enum PullDiagnostic : int32_t { kDiagNoAdds = 1, kDiagNoStores = 2, kDiagNoCopies = 4 };
+__device__ __forceinline__ int32_t pull_diagnostic(const CombineParams& p) {
+#ifdef MOE_EP_PULL_DIAGNOSTICS
+  return p.args.pull_diagnostic;
+#else
+  (void)p;
+  return 0;
+#endif
+}
+
+// The consumer threads' own barrier (named barrier 1; 0 is __syncthreads'):
+// every consumer's earlier shared-memory reads are ordered before what any
+// of them does after it.
+__device__ __forceinline__ void consumers_sync(int consumers) {
+  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
+}
+
 bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
-  return p.args.pull_rows != 0 && combine_rows_aligned(p) && p.ctx.shape.combine_row_bytes <= kRowStageBytes;
+  return p.args.pull_rows != 0 && combine_rows_aligned(p) && p.ctx.shape.combine_row_bytes <= kRowMaxBytes;
 }
 
 #ifdef MOE_EP_HAVE_BULK_COPY
@@ -273,9 +298,9 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
     if (!__all_sync(0xFFFFFFFFu, released)) return false;  // warp-uniform, for the shuffles that follow
     if (lane == 0) {
       st.steps[stage] = make_int2(token, flags);
-      if (src != nullptr) {
+      if (src != nullptr && (pull_diagnostic(p) & kDiagNoCopies) == 0) {
         fence_shared_before_bulk_copy();  // measured at about 2% on 8-24 SMs, kept: it is what the proxy rules ask
-        bulk_copy_chunks_to_shared(st.buffers + size_t(stage) * kRowStageBytes, src, bytes, chunk, st.full + stage);
+        bulk_copy_chunks_to_shared(st.buffer(stage), src, bytes, chunk, st.full + stage);
       } else {
         barrier_arrive(st.full + stage);
       }
@@ -375,6 +400,7 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   const PullRowsSchedule& plan = st.plan;
   const int i = static_cast<int>(threadIdx.x) - 32 * plan.producers;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
+  const bool group_release = p.args.pull_group_release != 0;
   RingCursors taken(plan);  // the next step of each producer's ring
   int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
   for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
@@ -389,8 +415,8 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       const int stage = at.stage;
       if (!barrier_wait(st.full + stage, at.parity(), c.state.timeout_ns)) return false;
       const int2 step = st.steps[stage];
-      if (!(step.y & kRowEmpty)) {
-        const uint4* row = reinterpret_cast<const uint4*>(st.buffers + size_t(stage) * kRowStageBytes);
+      if (!(step.y & kRowEmpty) && (pull_diagnostic(p) & kDiagNoAdds) == 0) {
+        const uint4* row = reinterpret_cast<const uint4*>(st.buffer(stage));
 #pragma unroll
         for (int u = 0; u < kRowVectorsPerThread; ++u) {
           const int v = i + u * st.consumers;
@@ -405,11 +431,19 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       // releases its own reads of the buffer and of the step, which is what
       // the barrier's release semantics cover (and what compute-sanitizer's
       // racecheck checks; one arrival per warp after a __syncwarp is flagged:
-      // scripts/gpu/mbarrier_release_probe.cu).
-      barrier_arrive(st.empty + stage);
+      // scripts/gpu/mbarrier_release_probe.cu).  With group_release the
+      // consumers first meet at their own barrier, which orders all their
+      // reads before the one arrival of consumer 0 (the barrier counts 1).
+      if (group_release) {
+        consumers_sync(st.consumers);
+        if (i == 0) barrier_arrive(st.empty + stage);
+      } else {
+        barrier_arrive(st.empty + stage);
+      }
       if (step.y & kRowLast) break;
     }
     taken.set(j, plan.next(j, at));
+    if (pull_diagnostic(p) & kDiagNoStores) continue;
     uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
                                           static_cast<int64_t>(t) * c.shape.combine_row_bytes);
 #pragma unroll
@@ -424,11 +458,11 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
 template <typename Element>
 __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const KernelContext& c = p.ctx;
-  const RowStages st(shared, p.args.pull_producers);
+  const RowStages st(shared, p.args.pull_producers, static_cast<int>(c.shape.combine_row_bytes), p.args.pull_stages);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kRowStages; ++s) {
+    for (int s = 0; s < st.plan.stages(); ++s) {
       barrier_init(st.full + s, 1);
-      barrier_init(st.empty + s, static_cast<uint32_t>(st.consumers));
+      barrier_init(st.empty + s, p.args.pull_group_release != 0 ? 1u : static_cast<uint32_t>(st.consumers));
     }
     barrier_init_fence();
   }

@@ -17,24 +17,47 @@
 namespace moe_ep {
 namespace kernels {
 
-constexpr int kRowStages = 12;                       // row buffers per block, split into one ring per producer
-constexpr int kRowMaxProducers = 4;                  // divides kRowStages
+// The row buffers share one region of shared memory: as many buffers as rows
+// of the call's size fit, at most kRowMaxStages (v18: 14 buffers of 14 KiB
+// where 12 of 16 KiB were fixed before; the pull is bound by how many rows
+// each SM has in flight, docs/nvlink_backend.md).
+constexpr int kRowMaxStages = 16;            // row buffers per block at most (barriers are sized for it)
+constexpr int kRowMaxBytes = 16 * 1024;      // rows up to 16 KiB
+constexpr int kRowBufferBytes = 14 * 14336;  // 14 DeepSeek rows (7168 bf16), 12 rows of 16 KiB
+constexpr int kRowStageAlign = 128;          // each buffer starts on a 128-byte boundary
+constexpr int kRowMaxProducers = 4;
 constexpr int kSlotBatchInts = 1024;                 // one slot buffer of each producer, split between the producers
 constexpr int kSlotRegionInts = 2 * kSlotBatchInts;  // the block's slot buffers: two per producer
 constexpr int kSlotBatchMaxTokens = 64;
-static_assert(kRowStages % 2 == 0 && kRowStages % 3 == 0 && kRowStages % 4 == 0, "rings of equal size");
+static_assert(kRowBufferBytes / kRowMaxBytes >= kRowMaxProducers, "every producer has a buffer");
+
+// Bytes of one row buffer for rows of `row_bytes` (at most kRowMaxBytes).
+MOE_EP_SCHEDULE_FN int row_stage_bytes(int row_bytes) {
+  return (row_bytes + kRowStageAlign - 1) / kRowStageAlign * kRowStageAlign;
+}
+
+// Row buffers that fit for rows of `row_bytes`, and at most `requested` of
+// them when that is at least kRowMaxProducers (a tuning switch; 0: no limit).
+MOE_EP_SCHEDULE_FN int row_stages_that_fit(int row_bytes, int requested = 0) {
+  const int fit = kRowBufferBytes / row_stage_bytes(row_bytes < 1 ? 1 : row_bytes);
+  const int most = requested >= kRowMaxProducers && requested < kRowMaxStages ? requested : kRowMaxStages;
+  return fit < most ? fit : most;
+}
 
 struct PullRowsSchedule {
   int producers;  // 1..kRowMaxProducers
-  int ring;       // kRowStages / producers: buffers per producer
+  int ring;       // buffers per producer: the available buffers split evenly (the rest unused)
 
-  // What the host asked for, clamped to 1..kRowMaxProducers.
-  MOE_EP_SCHEDULE_FN static PullRowsSchedule make(int requested) {
+  // What the host asked for, clamped to 1..kRowMaxProducers, over `stages`
+  // buffers (kRowMaxProducers..kRowMaxStages).
+  MOE_EP_SCHEDULE_FN static PullRowsSchedule make(int requested, int stages) {
     PullRowsSchedule s;
     s.producers = requested <= 1 ? 1 : (requested >= kRowMaxProducers ? kRowMaxProducers : requested);
-    s.ring = kRowStages / s.producers;
+    s.ring = stages / s.producers;
     return s;
   }
+  // Buffers in use (ring * producers <= the stages given to make()).
+  MOE_EP_SCHEDULE_FN int stages() const { return ring * producers; }
 
   // Producer j's k-th step: its buffer (and barriers), the how-many-th use of
   // that buffer it is, and the parity of the barrier phase that use completes.

@@ -20,7 +20,7 @@
 
 #include "pull_rows_schedule.h"
 
-using moe_ep::kernels::kRowStages;
+using moe_ep::kernels::kRowMaxStages;
 using moe_ep::kernels::kSlotRegionInts;
 using moe_ep::kernels::PullRowsSchedule;
 
@@ -52,9 +52,9 @@ struct Model {
   int32_t t0, t1;
   int consumers;
   std::vector<uint64_t> masks;  // ranks holding a partial, per token of [t0, t1)
-  Barrier full[kRowStages], empty[kRowStages];
-  Step steps[kRowStages];
-  int32_t buffer_token[kRowStages], buffer_rank[kRowStages];
+  Barrier full[kRowMaxStages], empty[kRowMaxStages];
+  Step steps[kRowMaxStages];
+  int32_t buffer_token[kRowMaxStages], buffer_rank[kRowMaxStages];
   std::vector<int> in_flight;  // stages whose copy has not landed
   std::vector<int> landing_rank;
   // Producers.
@@ -71,8 +71,12 @@ struct Model {
   };
   std::vector<Consumer> readers;
 
-  Model(int producers, int32_t t0_, int32_t t1_, int consumers_, std::vector<uint64_t> masks_)
-      : plan(PullRowsSchedule::make(producers)), t0(t0_), t1(t1_), consumers(consumers_), masks(std::move(masks_)) {
+  Model(int producers, int stages, int32_t t0_, int32_t t1_, int consumers_, std::vector<uint64_t> masks_)
+      : plan(PullRowsSchedule::make(producers, stages)),
+        t0(t0_),
+        t1(t1_),
+        consumers(consumers_),
+        masks(std::move(masks_)) {
     produced.assign(plan.producers, 0);
     next_n.assign(plan.producers, 0);
     rest.assign(plan.producers, 0);
@@ -203,17 +207,49 @@ struct Model {
 
 }  // namespace
 
+// The buffer counts the kernel uses: rows of 16 KiB, DeepSeek rows (14 KiB),
+// 15 and 16 buffers (smaller rows), and the fewest a ring split allows.
+const std::vector<int> kStageCounts = {moe_ep::kernels::row_stages_that_fit(16384),
+                                       moe_ep::kernels::row_stages_that_fit(14336), 15, kRowMaxStages,
+                                       moe_ep::kernels::kRowMaxProducers};
+
+TEST_CASE("pull rows schedule: as many row buffers as fit, aligned, for every row size", "[pull]") {
+  using moe_ep::kernels::kRowBufferBytes;
+  using moe_ep::kernels::kRowStageAlign;
+  CHECK(moe_ep::kernels::row_stages_that_fit(16384) == 12);
+  CHECK(moe_ep::kernels::row_stages_that_fit(14336) == 14);  // hidden 7168 in bf16
+  CHECK(moe_ep::kernels::row_stages_that_fit(16) == kRowMaxStages);
+  CHECK(moe_ep::kernels::row_stages_that_fit(14336, 12) == 12);  // MOE_EP_PULL_STAGES=12
+  CHECK(moe_ep::kernels::row_stages_that_fit(16384, 14) == 12);  // never more than fit
+  CHECK(moe_ep::kernels::row_stages_that_fit(14336, 3) == 14);   // too few to split: ignored
+  CHECK(moe_ep::kernels::row_stages_that_fit(16, 100) == kRowMaxStages);
+  for (int row = 16; row <= moe_ep::kernels::kRowMaxBytes; row += 16) {
+    INFO("row bytes " << row);
+    const int bytes = moe_ep::kernels::row_stage_bytes(row);
+    const int stages = moe_ep::kernels::row_stages_that_fit(row);
+    REQUIRE(bytes >= row);
+    REQUIRE(bytes % kRowStageAlign == 0);
+    REQUIRE(bytes - row < kRowStageAlign);
+    REQUIRE(stages >= moe_ep::kernels::kRowMaxProducers);
+    REQUIRE(stages <= kRowMaxStages);
+    REQUIRE(static_cast<int64_t>(stages) * bytes <= kRowBufferBytes);
+    REQUIRE((stages == kRowMaxStages || static_cast<int64_t>(stages + 1) * bytes > kRowBufferBytes));
+  }
+}
+
 TEST_CASE("pull rows schedule: the step-by-step position equals stage(j, k) and use(k)", "[pull]") {
   for (int requested = 1; requested <= moe_ep::kernels::kRowMaxProducers; ++requested) {
-    const PullRowsSchedule plan = PullRowsSchedule::make(requested);
-    for (int j = 0; j < plan.producers; ++j) {
-      PullRowsSchedule::Position at = plan.start(j);
-      for (uint32_t k = 0; k < 5u * static_cast<uint32_t>(plan.ring) + 3u; ++k) {
-        INFO("producers " << plan.producers << ", producer " << j << ", step " << k);
-        REQUIRE(at.stage == plan.stage(j, k));
-        REQUIRE(at.use == plan.use(k));
-        REQUIRE(at.parity() == plan.parity(k));
-        at = plan.next(j, at);
+    for (int stages : kStageCounts) {
+      const PullRowsSchedule plan = PullRowsSchedule::make(requested, stages);
+      for (int j = 0; j < plan.producers; ++j) {
+        PullRowsSchedule::Position at = plan.start(j);
+        for (uint32_t k = 0; k < 5u * static_cast<uint32_t>(plan.ring) + 3u; ++k) {
+          INFO("producers " << plan.producers << ", producer " << j << ", step " << k);
+          REQUIRE(at.stage == plan.stage(j, k));
+          REQUIRE(at.use == plan.use(k));
+          REQUIRE(at.parity() == plan.parity(k));
+          at = plan.next(j, at);
+        }
       }
     }
   }
@@ -221,46 +257,50 @@ TEST_CASE("pull rows schedule: the step-by-step position equals stage(j, k) and 
 
 TEST_CASE("pull rows schedule: producers own disjoint rings and cover the block's tokens once, in order", "[pull]") {
   for (int requested = -1; requested <= 6; ++requested) {
-    const PullRowsSchedule plan = PullRowsSchedule::make(requested);
-    INFO("requested " << requested);
-    REQUIRE(plan.producers >= 1);
-    REQUIRE(plan.producers <= moe_ep::kernels::kRowMaxProducers);
-    REQUIRE(plan.ring * plan.producers == kRowStages);
-    for (int32_t t0 : {0, 5}) {
-      for (int32_t tokens = 0; tokens <= 13; ++tokens) {
-        std::vector<int> owner(static_cast<size_t>(tokens), -1);
-        for (int j = 0; j < plan.producers; ++j) {
-          int32_t previous = -1;
-          for (int32_t n = 0; n < plan.tokens_of(j, t0, t0 + tokens); ++n) {
-            const int32_t t = plan.token(j, n, t0);
-            REQUIRE(t > previous);
-            REQUIRE(t >= t0);
-            REQUIRE(t < t0 + tokens);
-            REQUIRE(owner[static_cast<size_t>(t - t0)] == -1);
-            REQUIRE(plan.producer_of(t, t0) == j);
-            owner[static_cast<size_t>(t - t0)] = j;
-            previous = t;
+    for (int stages : kStageCounts) {
+      const PullRowsSchedule plan = PullRowsSchedule::make(requested, stages);
+      INFO("requested " << requested << ", stages " << stages);
+      REQUIRE(plan.producers >= 1);
+      REQUIRE(plan.producers <= moe_ep::kernels::kRowMaxProducers);
+      REQUIRE(plan.ring >= 1);
+      REQUIRE(plan.stages() <= stages);
+      REQUIRE(plan.stages() > stages - plan.producers);  // fewer than one buffer per producer left unused
+      for (int32_t t0 : {0, 5}) {
+        for (int32_t tokens = 0; tokens <= 13; ++tokens) {
+          std::vector<int> owner(static_cast<size_t>(tokens), -1);
+          for (int j = 0; j < plan.producers; ++j) {
+            int32_t previous = -1;
+            for (int32_t n = 0; n < plan.tokens_of(j, t0, t0 + tokens); ++n) {
+              const int32_t t = plan.token(j, n, t0);
+              REQUIRE(t > previous);
+              REQUIRE(t >= t0);
+              REQUIRE(t < t0 + tokens);
+              REQUIRE(owner[static_cast<size_t>(t - t0)] == -1);
+              REQUIRE(plan.producer_of(t, t0) == j);
+              owner[static_cast<size_t>(t - t0)] = j;
+              previous = t;
+            }
           }
+          for (int o : owner) REQUIRE(o >= 0);
         }
-        for (int o : owner) REQUIRE(o >= 0);
       }
-    }
-    std::vector<std::set<int>> owners(kRowStages);  // each buffer belongs to exactly one producer
-    for (int j = 0; j < plan.producers; ++j) {
-      for (uint32_t k = 0; k < 3u * static_cast<uint32_t>(plan.ring); ++k) {
-        const int s = plan.stage(j, k);
-        REQUIRE(s >= 0);
-        REQUIRE(s < kRowStages);
-        owners[static_cast<size_t>(s)].insert(j);
+      std::vector<std::set<int>> owners(static_cast<size_t>(plan.stages()));  // each buffer: exactly one producer
+      for (int j = 0; j < plan.producers; ++j) {
+        for (uint32_t k = 0; k < 3u * static_cast<uint32_t>(plan.ring); ++k) {
+          const int s = plan.stage(j, k);
+          REQUIRE(s >= 0);
+          REQUIRE(s < plan.stages());
+          owners[static_cast<size_t>(s)].insert(j);
+        }
       }
+      for (const std::set<int>& o : owners) REQUIRE(o.size() == 1);
     }
-    for (const std::set<int>& o : owners) REQUIRE(o.size() == 1);
   }
 }
 
 TEST_CASE("pull rows schedule: each producer's two slot buffers fit, apart, for every world size", "[pull]") {
   for (int producers = 1; producers <= moe_ep::kernels::kRowMaxProducers; ++producers) {
-    const PullRowsSchedule plan = PullRowsSchedule::make(producers);
+    const PullRowsSchedule plan = PullRowsSchedule::make(producers, kRowMaxStages);
     for (int world = 1; world <= kMaxWorld; ++world) {
       INFO("producers " << producers << ", world " << world);
       const int32_t batch = plan.slot_batch(world);
@@ -285,6 +325,7 @@ TEST_CASE("pull rows protocol: every interleaving sampled delivers each token's 
   std::mt19937 rng(2026);
   for (int trial = 0; trial < 3000; ++trial) {
     const int producers = 1 + trial % 4;
+    const int stages = kStageCounts[static_cast<size_t>(rng() % kStageCounts.size())];
     const int world = std::vector<int>{1, 2, 3, 5, 8, 64}[static_cast<size_t>(trial / 4 % 6)];
     const int32_t t0 = static_cast<int32_t>(rng() % 7);
     const int32_t tokens = static_cast<int32_t>(rng() % 41);
@@ -298,9 +339,9 @@ TEST_CASE("pull rows protocol: every interleaving sampled delivers each token's 
         default: m = ((uint64_t{rng()} << 32) | rng()) & all; break;
       }
     }
-    INFO("trial " << trial << ": producers " << producers << ", world " << world << ", tokens " << tokens
-                  << ", consumers " << consumers);
-    Model model(producers, t0, t0 + tokens, consumers, masks);
+    INFO("trial " << trial << ": producers " << producers << ", stages " << stages << ", world " << world << ", tokens "
+                  << tokens << ", consumers " << consumers);
+    Model model(producers, stages, t0, t0 + tokens, consumers, masks);
     REQUIRE(model.run(rng));
   }
 }
