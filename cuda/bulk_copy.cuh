@@ -98,13 +98,11 @@ __device__ __forceinline__ void copy_async_wait_all_but_newest() {
 // being written into shared memory).
 __device__ __forceinline__ void copy_async_drain() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
-// One thread: the same as bulk_copy_to_shared, as several copies of at most
-// `chunk` bytes (a multiple of 16) completing on the one barrier: the copy
-// unit works on several smaller copies at once, where one large copy's
-// requests are issued in order.
-__device__ __forceinline__ void bulk_copy_chunks_to_shared(void* dst, const void* src, uint32_t bytes, uint32_t chunk,
-                                                           uint64_t* barrier) {
-  barrier_expect_bytes(barrier, bytes);
+// One thread: the same as bulk_copy_issue, as several copies of at most
+// `chunk` bytes (a multiple of 16) completing on the one barrier (whose bytes
+// the caller announced).
+__device__ __forceinline__ void bulk_copy_chunks_issue(void* dst, const void* src, uint32_t bytes, uint32_t chunk,
+                                                       uint64_t* barrier) {
   for (uint32_t offset = 0; offset < bytes; offset += chunk) {
     bulk_copy_issue(static_cast<char*>(dst) + offset, static_cast<const char*>(src) + offset,
                     bytes - offset < chunk ? bytes - offset : chunk, barrier);

@@ -232,27 +232,29 @@ static_assert(kSlotBatchInts / kRowMaxProducers >= kMaxWorldSize, "a batch holds
 static_assert((kBlockThreads - 32 * kRowMaxProducers) * kRowVectorsPerThread * 16 >= kRowMaxBytes,
               "every vector of a row has a consumer thread");
 
-enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2 };
+// A step carries one or two partial rows of its token (kRowPair: two, the
+// lower rank's in the buffer's first half), or none (kRowEmpty).
+enum RowStepFlags : int32_t { kRowLast = 1, kRowEmpty = 2, kRowPair = 4 };
 
 struct RowStages {
   uint64_t* full;   // [kRowMaxStages]: the copy (or the empty step) landed
   uint64_t* empty;  // [kRowMaxStages]: the consumers have read the buffer
   int2* steps;      // [kRowMaxStages]: {token, RowStepFlags}
   int32_t* slots;   // kSlotRegionInts: each producer's two slot buffers (PullRowsSchedule)
-  char* buffers;    // [plan.stages()][stage_bytes]; producer j's ring is [j * ring, (j + 1) * ring)
-  int stage_bytes;
+  char* buffers;    // [plan.stages()][2][stage_bytes]; producer j's ring is [j * ring, (j + 1) * ring)
+  int stage_bytes;  // one row
   PullRowsSchedule plan;
   int consumers;
-  __device__ RowStages(char* shared, int requested_producers, int row_bytes, int max_stages)
+  __device__ RowStages(char* shared, int requested_producers, int row_bytes)
       : full(reinterpret_cast<uint64_t*>(shared)),
         empty(full + kRowMaxStages),
         steps(reinterpret_cast<int2*>(empty + kRowMaxStages)),
         slots(reinterpret_cast<int32_t*>(steps + kRowMaxStages)),
         buffers(shared + kRowFixedBytes),
         stage_bytes(row_stage_bytes(row_bytes)),
-        plan(PullRowsSchedule::make(requested_producers, row_stages_that_fit(row_bytes, max_stages))),
+        plan(PullRowsSchedule::make(requested_producers, row_stages_that_fit(row_bytes))),
         consumers(kBlockThreads - 32 * plan.producers) {}
-  __device__ char* buffer(int stage) const { return buffers + static_cast<size_t>(stage) * stage_bytes; }
+  __device__ char* buffer(int stage) const { return buffers + static_cast<size_t>(stage) * 2 * stage_bytes; }
 };
 
 // Measurement builds only (-DMOE_EP_PULL_DIAGNOSTICS, scripts/gpu): parts of
@@ -265,13 +267,6 @@ __device__ __forceinline__ int32_t pull_diagnostic(const CombineParams& p) {
   (void)p;
   return 0;
 #endif
-}
-
-// The consumer threads' own barrier (named barrier 1; 0 is __syncthreads'):
-// every consumer's earlier shared-memory reads are ordered before what any
-// of them does after it.
-__device__ __forceinline__ void consumers_sync(int consumers) {
-  asm volatile("bar.sync 1, %0;" ::"r"(consumers) : "memory");
 }
 
 bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
@@ -291,16 +286,21 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
   const PullRowsSchedule& plan = st.plan;
   uint32_t k = 0;
   PullRowsSchedule::Position at = plan.start(j);  // step k's buffer and use
-  auto emit = [&](int32_t token, int32_t flags, const char* src) -> bool {
+  // One step: the rows src0 and, when not null, src1 (the next higher rank's)
+  // into the next buffer, both copies completing on its one barrier.
+  auto emit = [&](int32_t token, int32_t flags, const char* src0, const char* src1) -> bool {
     const int stage = at.stage;
     const uint32_t use = at.use;
     const bool released = use == 0 || barrier_wait(st.empty + stage, (use - 1) & 1u, c.state.timeout_ns);
     if (!__all_sync(0xFFFFFFFFu, released)) return false;  // warp-uniform, for the shuffles that follow
     if (lane == 0) {
-      st.steps[stage] = make_int2(token, flags);
-      if (src != nullptr && (pull_diagnostic(p) & kDiagNoCopies) == 0) {
+      st.steps[stage] = make_int2(token, flags | (src1 != nullptr ? kRowPair : 0));
+      if (src0 != nullptr && (pull_diagnostic(p) & kDiagNoCopies) == 0) {
         fence_shared_before_bulk_copy();  // measured at about 2% on 8-24 SMs, kept: it is what the proxy rules ask
-        bulk_copy_chunks_to_shared(st.buffer(stage), src, bytes, chunk, st.full + stage);
+        barrier_expect_bytes(st.full + stage, src1 != nullptr ? 2 * bytes : bytes);
+        bulk_copy_chunks_issue(st.buffer(stage), src0, bytes, chunk, st.full + stage);
+        if (src1 != nullptr)
+          bulk_copy_chunks_issue(st.buffer(stage) + st.stage_bytes, src1, bytes, chunk, st.full + stage);
       } else {
         barrier_arrive(st.full + stage);
       }
@@ -349,12 +349,18 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
       const int32_t t = token_of(n);
       const TokenDestinations srcs = TokenDestinations::load(cached + (n - first) * world, world, lane);
       uint64_t rest = srcs.mask;
-      bool ok = rest != 0 || emit(t, kRowLast | kRowEmpty, nullptr);
-      while (rest != 0) {
-        const int q = lowest_rank(rest);
+      bool ok = rest != 0 || emit(t, kRowLast | kRowEmpty, nullptr, nullptr);
+      while (rest != 0) {  // the partials two at a time, in ascending rank order
+        const int q0 = lowest_rank(rest);
         rest &= rest - 1;
-        const int32_t slot = srcs.slot(q);  // every lane
-        ok = ok && emit(t, rest == 0 ? kRowLast : 0, partial_row(p, q, slot));
+        const char* src0 = partial_row(p, q0, srcs.slot(q0));  // every lane
+        const char* src1 = nullptr;
+        if (rest != 0) {
+          const int q1 = lowest_rank(rest);
+          rest &= rest - 1;
+          src1 = partial_row(p, q1, srcs.slot(q1));
+        }
+        ok = ok && emit(t, rest == 0 ? kRowLast : 0, src0, src1);
       }
       if (!ok) {
         copy_async_drain();
@@ -400,7 +406,6 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   const PullRowsSchedule& plan = st.plan;
   const int i = static_cast<int>(threadIdx.x) - 32 * plan.producers;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
-  const bool group_release = p.args.pull_group_release != 0;
   RingCursors taken(plan);  // the next step of each producer's ring
   int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
   for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
@@ -416,30 +421,42 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       if (!barrier_wait(st.full + stage, at.parity(), c.state.timeout_ns)) return false;
       const int2 step = st.steps[stage];
       if (!(step.y & kRowEmpty) && (pull_diagnostic(p) & kDiagNoAdds) == 0) {
+        // Both rows' loads first (four or six 16-byte loads in flight), then
+        // the adds in rank order: the lower rank's row, then the higher's.
         const uint4* row = reinterpret_cast<const uint4*>(st.buffer(stage));
+        const uint4* row1 = reinterpret_cast<const uint4*>(st.buffer(stage) + st.stage_bytes);
+        const bool pair = (step.y & kRowPair) != 0;
+        uint4 x0[kRowVectorsPerThread], x1[kRowVectorsPerThread];
+#pragma unroll
+        for (int u = 0; u < kRowVectorsPerThread; ++u) {
+          const int v = i + u * st.consumers;
+          if (v < vectors) {
+            x0[u] = row[v];
+            if (pair) x1[u] = row1[v];
+          }
+        }
 #pragma unroll
         for (int u = 0; u < kRowVectorsPerThread; ++u) {
           const int v = i + u * st.consumers;
           if (v >= vectors) continue;
-          const uint4 x = row[v];
-          const Bits* b = reinterpret_cast<const Bits*>(&x);
+          const Bits* b0 = reinterpret_cast<const Bits*>(&x0[u]);
 #pragma unroll
-          for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b[e]);
+          for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b0[e]);
+          if (pair) {
+            const Bits* b1 = reinterpret_cast<const Bits*>(&x1[u]);
+#pragma unroll
+            for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b1[e]);
+          }
         }
       }
       // Every consumer thread arrives (the barrier counts st.consumers): each
       // releases its own reads of the buffer and of the step, which is what
       // the barrier's release semantics cover (and what compute-sanitizer's
       // racecheck checks; one arrival per warp after a __syncwarp is flagged:
-      // scripts/gpu/mbarrier_release_probe.cu).  With group_release the
-      // consumers first meet at their own barrier, which orders all their
-      // reads before the one arrival of consumer 0 (the barrier counts 1).
-      if (group_release) {
-        consumers_sync(st.consumers);
-        if (i == 0) barrier_arrive(st.empty + stage);
-      } else {
-        barrier_arrive(st.empty + stage);
-      }
+      // scripts/gpu/mbarrier_release_probe.cu; v18: the consumers meeting at a
+      // named barrier and one of them arriving measured 17 % slower on 16 SMs,
+      // and racecheck flags it).
+      barrier_arrive(st.empty + stage);
       if (step.y & kRowLast) break;
     }
     taken.set(j, plan.next(j, at));
@@ -458,11 +475,11 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
 template <typename Element>
 __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const KernelContext& c = p.ctx;
-  const RowStages st(shared, p.args.pull_producers, static_cast<int>(c.shape.combine_row_bytes), p.args.pull_stages);
+  const RowStages st(shared, p.args.pull_producers, static_cast<int>(c.shape.combine_row_bytes));
   if (threadIdx.x == 0) {
     for (int s = 0; s < st.plan.stages(); ++s) {
       barrier_init(st.full + s, 1);
-      barrier_init(st.empty + s, p.args.pull_group_release != 0 ? 1u : static_cast<uint32_t>(st.consumers));
+      barrier_init(st.empty + s, static_cast<uint32_t>(st.consumers));
     }
     barrier_init_fence();
   }

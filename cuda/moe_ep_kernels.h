@@ -196,11 +196,6 @@ struct CombineLaunch {
                                // row buffers (1..4; MOE_EP_PULL_PRODUCERS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
-  int32_t pull_stages;         // pull_rows only: at most this many row buffers per block (0: as many as
-                               // fit; MOE_EP_PULL_STAGES)
-  int32_t pull_group_release;  // pull_rows only: the consumers meet at a named barrier and one of them
-                               // releases each row buffer, instead of every consumer thread
-                               // (MOE_EP_PULL_RELEASE=group)
   int32_t pull_diagnostic;     // pull_rows only, and only in builds with MOE_EP_PULL_DIAGNOSTICS: parts
                                // of the kernel switched off for timing (MOE_EP_PULL_DIAGNOSTIC; wrong
                                // results)

@@ -29,19 +29,17 @@ constexpr int kRowMaxProducers = 4;
 constexpr int kSlotBatchInts = 1024;                 // one slot buffer of each producer, split between the producers
 constexpr int kSlotRegionInts = 2 * kSlotBatchInts;  // the block's slot buffers: two per producer
 constexpr int kSlotBatchMaxTokens = 64;
-static_assert(kRowBufferBytes / kRowMaxBytes >= kRowMaxProducers, "every producer has a buffer");
+static_assert(kRowBufferBytes / (2 * kRowMaxBytes) >= kRowMaxProducers, "every producer has a buffer");
 
-// Bytes of one row buffer for rows of `row_bytes` (at most kRowMaxBytes).
+// Bytes of one row's half of a buffer for rows of `row_bytes` (at most kRowMaxBytes).
 MOE_EP_SCHEDULE_FN int row_stage_bytes(int row_bytes) {
   return (row_bytes + kRowStageAlign - 1) / kRowStageAlign * kRowStageAlign;
 }
 
-// Row buffers that fit for rows of `row_bytes`, and at most `requested` of
-// them when that is at least kRowMaxProducers (a tuning switch; 0: no limit).
-MOE_EP_SCHEDULE_FN int row_stages_that_fit(int row_bytes, int requested = 0) {
-  const int fit = kRowBufferBytes / row_stage_bytes(row_bytes < 1 ? 1 : row_bytes);
-  const int most = requested >= kRowMaxProducers && requested < kRowMaxStages ? requested : kRowMaxStages;
-  return fit < most ? fit : most;
+// Buffers of two rows of `row_bytes` that fit.
+MOE_EP_SCHEDULE_FN int row_stages_that_fit(int row_bytes) {
+  const int fit = kRowBufferBytes / (2 * row_stage_bytes(row_bytes < 1 ? 1 : row_bytes));
+  return fit < kRowMaxStages ? fit : kRowMaxStages;
 }
 
 struct PullRowsSchedule {

@@ -176,8 +176,6 @@ class NvlinkBackend final : public Backend {
     a.pull_rows = pull_rows_;
     a.pull_copy_bytes = pull_copy_bytes_;
     a.pull_producers = pull_producers_;
-    a.pull_stages = pull_stages_;
-    a.pull_group_release = pull_group_release_;
     a.pull_diagnostic = pull_diagnostic_;
     a.token_begin = 0;
     a.token_end = call.num_tokens;
@@ -342,8 +340,6 @@ class NvlinkBackend final : public Backend {
     pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
     pull_copy_bytes_ = pull_copy_bytes_from_environment();
     pull_producers_ = pull_producers_from_environment();
-    pull_stages_ = int_from_environment("MOE_EP_PULL_STAGES");
-    pull_group_release_ = environment_switch("MOE_EP_PULL_RELEASE", "group") ? 1 : 0;
 #ifdef MOE_EP_PULL_DIAGNOSTICS
     pull_diagnostic_ = int_from_environment("MOE_EP_PULL_DIAGNOSTIC");
 #endif
@@ -465,8 +461,6 @@ class NvlinkBackend final : public Backend {
   int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
   int32_t pull_copy_bytes_ = kDefaultPullCopyBytes;  // MOE_EP_PULL_COPY_BYTES
   int32_t pull_producers_ = kDefaultPullProducers;   // MOE_EP_PULL_PRODUCERS
-  int32_t pull_stages_ = 0;                          // MOE_EP_PULL_STAGES (0: as many row buffers as fit)
-  int32_t pull_group_release_ = 0;                   // MOE_EP_PULL_RELEASE=group
   int32_t pull_diagnostic_ = 0;                      // MOE_EP_PULL_DIAGNOSTIC (diagnostic builds only)
   bool copy_engines_ = false;                // MOE_EP_COMBINE_COPY_ENGINES=1
   int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS

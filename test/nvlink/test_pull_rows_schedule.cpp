@@ -1,10 +1,11 @@
 // Model check of the whole-row pull combine's protocol (cuda/combine_pull.cu,
 // pull_reduce_whole_rows) on the kernel's own schedule (PullRowsSchedule):
-// 1 to 4 producer warps, each with a ring of row buffers and their "full" and
-// "empty" barriers, and consumer threads that take the block's tokens in order.
-// Barriers are modelled as the hardware keeps them (a count of completed
-// phases; a wait names the parity of the phase it waits for), copies land at
-// any later moment, and a random scheduler interleaves every actor.  Checked:
+// 1 to 4 producer warps, each with a ring of buffers and their "full" and
+// "empty" barriers, each step carrying up to two partial rows of a token (one
+// copy each, landing on the buffer's one barrier), and consumer threads that
+// take the block's tokens in order.  Barriers are modelled as the hardware
+// keeps them (a count of completed phases; a wait names the parity of the
+// phase it waits for), each copy lands at any later moment, and a random scheduler interleaves every actor.  Checked:
 // a parity wait never passes on a phase other than the one meant (two phases
 // apart look the same), no buffer is refilled before every consumer released
 // it, every consumer sees each token's partials in ascending rank order and
@@ -45,6 +46,7 @@ struct Barrier {
 struct Step {
   int32_t token = -1;
   bool last = false, empty = false;
+  int rows = 0;  // partial rows carried: 0 (empty), 1 or 2
 };
 
 struct Model {
@@ -54,9 +56,12 @@ struct Model {
   std::vector<uint64_t> masks;  // ranks holding a partial, per token of [t0, t1)
   Barrier full[kRowMaxStages], empty[kRowMaxStages];
   Step steps[kRowMaxStages];
-  int32_t buffer_token[kRowMaxStages], buffer_rank[kRowMaxStages];
-  std::vector<int> in_flight;  // stages whose copy has not landed
-  std::vector<int> landing_rank;
+  int32_t buffer_token[kRowMaxStages], buffer_rank[kRowMaxStages][2];
+  int pending[kRowMaxStages] = {};  // copies of the buffer's step not landed yet
+  struct Copy {
+    int stage, row, rank;
+  };
+  std::vector<Copy> in_flight;  // row copies that have not landed
   // Producers.
   std::vector<uint32_t> produced;  // steps issued, per producer
   std::vector<int32_t> next_n;     // next token index, per producer
@@ -111,12 +116,16 @@ struct Model {
     if (rest[j] == 0) {                 // no partial: an empty step
       steps[s] = Step{t, true, true};
       full[s].arrive(1);
-    } else {
-      const int q = __builtin_ctzll(rest[j]);
-      rest[j] &= rest[j] - 1;
-      steps[s] = Step{t, rest[j] == 0, false};
-      in_flight.push_back(s);
-      landing_rank.push_back(q);
+    } else {  // up to two partials, the lowest ranks left, each its own copy on the one barrier
+      int rows = 0;
+      while (rows < 2 && rest[j] != 0) {
+        const int q = __builtin_ctzll(rest[j]);
+        rest[j] &= rest[j] - 1;
+        in_flight.push_back(Copy{s, rows, q});
+        ++rows;
+      }
+      steps[s] = Step{t, rest[j] == 0, false, rows};
+      pending[s] = rows;
       buffer_token[s] = -2;  // being written
     }
     ++produced[j];
@@ -127,13 +136,17 @@ struct Model {
     return true;
   }
 
+  // One row copy lands; the buffer's barrier completes with its last copy.
   void land(size_t i) {
-    const int s = in_flight[i];
-    buffer_token[s] = steps[s].token;
-    buffer_rank[s] = landing_rank[i];
+    const Copy copy = in_flight[i];
+    const int s = copy.stage;
+    buffer_rank[s][copy.row] = copy.rank;
     in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-    landing_rank.erase(landing_rank.begin() + static_cast<std::ptrdiff_t>(i));
-    full[s].arrive(1);
+    REQUIRE(pending[s] > 0);
+    if (--pending[s] == 0) {
+      buffer_token[s] = steps[s].token;
+      full[s].arrive(1);
+    }
   }
 
   // Consumer c's next step, if its wait for the buffer passes.
@@ -152,11 +165,15 @@ struct Model {
       REQUIRE(mask == 0);
     } else {
       REQUIRE(buffer_token[s] == r.t);
-      const int q = buffer_rank[s];
-      REQUIRE(q > r.last_rank);  // ascending rank order
-      REQUIRE(((mask >> q) & 1u) == 1u);
-      r.last_rank = q;
-      r.seen |= uint64_t{1} << q;
+      REQUIRE(step.rows >= 1);
+      REQUIRE(step.rows <= 2);
+      for (int row = 0; row < step.rows; ++row) {  // the kernel adds the first half, then the second
+        const int q = buffer_rank[s][row];
+        REQUIRE(q > r.last_rank);  // ascending rank order
+        REQUIRE(((mask >> q) & 1u) == 1u);
+        r.last_rank = q;
+        r.seen |= uint64_t{1} << q;
+      }
     }
     empty[s].arrive(static_cast<uint32_t>(consumers));
     r.taken[j] = k + 1;
@@ -208,7 +225,7 @@ struct Model {
 }  // namespace
 
 // The buffer counts the kernel uses: rows of 16 KiB, DeepSeek rows (14 KiB),
-// 15 and 16 buffers (smaller rows), and the fewest a ring split allows.
+// 15 and 16 buffers (smaller rows), and the fewest every producer count allows.
 const std::vector<int> kStageCounts = {moe_ep::kernels::row_stages_that_fit(16384),
                                        moe_ep::kernels::row_stages_that_fit(14336), 15, kRowMaxStages,
                                        moe_ep::kernels::kRowMaxProducers};
@@ -216,13 +233,9 @@ const std::vector<int> kStageCounts = {moe_ep::kernels::row_stages_that_fit(1638
 TEST_CASE("pull rows schedule: as many row buffers as fit, aligned, for every row size", "[pull]") {
   using moe_ep::kernels::kRowBufferBytes;
   using moe_ep::kernels::kRowStageAlign;
-  CHECK(moe_ep::kernels::row_stages_that_fit(16384) == 12);
-  CHECK(moe_ep::kernels::row_stages_that_fit(14336) == 14);  // hidden 7168 in bf16
+  CHECK(moe_ep::kernels::row_stages_that_fit(16384) == 6);  // buffers of two rows
+  CHECK(moe_ep::kernels::row_stages_that_fit(14336) == 7);  // hidden 7168 in bf16
   CHECK(moe_ep::kernels::row_stages_that_fit(16) == kRowMaxStages);
-  CHECK(moe_ep::kernels::row_stages_that_fit(14336, 12) == 12);  // MOE_EP_PULL_STAGES=12
-  CHECK(moe_ep::kernels::row_stages_that_fit(16384, 14) == 12);  // never more than fit
-  CHECK(moe_ep::kernels::row_stages_that_fit(14336, 3) == 14);   // too few to split: ignored
-  CHECK(moe_ep::kernels::row_stages_that_fit(16, 100) == kRowMaxStages);
   for (int row = 16; row <= moe_ep::kernels::kRowMaxBytes; row += 16) {
     INFO("row bytes " << row);
     const int bytes = moe_ep::kernels::row_stage_bytes(row);
@@ -232,8 +245,8 @@ TEST_CASE("pull rows schedule: as many row buffers as fit, aligned, for every ro
     REQUIRE(bytes - row < kRowStageAlign);
     REQUIRE(stages >= moe_ep::kernels::kRowMaxProducers);
     REQUIRE(stages <= kRowMaxStages);
-    REQUIRE(static_cast<int64_t>(stages) * bytes <= kRowBufferBytes);
-    REQUIRE((stages == kRowMaxStages || static_cast<int64_t>(stages + 1) * bytes > kRowBufferBytes));
+    REQUIRE(static_cast<int64_t>(stages) * 2 * bytes <= kRowBufferBytes);
+    REQUIRE((stages == kRowMaxStages || static_cast<int64_t>(stages + 1) * 2 * bytes > kRowBufferBytes));
   }
 }
 

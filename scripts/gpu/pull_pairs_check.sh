@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One device call (2 GPUs): the whole-row pull with as many row buffers as fit
-# (v18: 14 of 14 KiB for the DeepSeek row) against 12 (MOE_EP_PULL_STAGES=12),
-# the consumers' group release (MOE_EP_PULL_RELEASE=group), and, from a
-# second build with -DMOE_EP_PULL_DIAGNOSTICS, the kernel with parts switched
-# off (MOE_EP_PULL_DIAGNOSTIC: 1 no adds, 2 no output stores, 4 no copies) to
-# time the rest.  4096 tokens, DeepSeek shape, graph, zero-copy combine.
-# Correctness first: check --zero-copy-combine (every case through the pull)
-# with each variant, the NVLink suite, racecheck on [zero_copy].
-#   usage: OUT=/dir bash scripts/gpu/pull_depth_check.sh [BUDGET_S]
+# One device call (2 GPUs): the whole-row pull with up to two partial rows per
+# step (v18), against the figures of the call before (12 or 14 single-row
+# buffers: 16 SMs 254.8 us, 8 SMs 490.6, 24 SMs 194.6, all 194.0); its
+# producer counts; and, from a second build with -DMOE_EP_PULL_DIAGNOSTICS,
+# the kernel with parts switched off (MOE_EP_PULL_DIAGNOSTIC: 1 no adds, 2 no
+# output stores) to time the rest.  4096 tokens, DeepSeek shape, graph,
+# zero-copy combine; then every size on all SMs.  Correctness first: check
+# --zero-copy-combine (every case through the pull), the NVLink suites,
+# racecheck and memcheck on [zero_copy].
+#   usage: OUT=/dir bash scripts/gpu/pull_pairs_check.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 BUDGET=${1:-420}
@@ -24,8 +25,6 @@ diag_pid=$!
 TOOL=$BUILD/tools/moe_ep_conformance
 MPI2="mpirun -np 2 --bind-to none"
 step check_pull 90 $MPI2 $TOOL check --backend nvlink --zero-copy-combine
-step check_pull_group 90 $MPI2 -x MOE_EP_PULL_RELEASE=group $TOOL check --backend nvlink --zero-copy-combine
-step check_pull_stages12 90 $MPI2 -x MOE_EP_PULL_STAGES=12 $TOOL check --backend nvlink --zero-copy-combine --filter zero_copy
 SHAPE="--hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform"
 B="bench --backend nvlink $SHAPE -t 4096 -w 10 -n 40 --graph --zero-copy-combine --no-baselines"
 bench() {  # name sms [env...]
@@ -35,20 +34,20 @@ bench() {  # name sms [env...]
   for e in "$@"; do envs+=(-x "$e"); done
   NPICK=1 PICK="^ +4096 \|" step "$name" 25 $MPI2 "${envs[@]}" ${TOOL_OVERRIDE:-$TOOL} $B --num-sms "$sms"
 }
-for sms in 16 8 24 0; do
-  bench "pull_sms${sms}" $sms
-  bench "pull_sms${sms}_stages12" $sms MOE_EP_PULL_STAGES=12
-done
-for sms in 16 8; do bench "pull_sms${sms}_group" $sms MOE_EP_PULL_RELEASE=group; done
+for sms in 16 8 24 0; do bench "pull_sms${sms}" $sms; done
+for producers in 1 3; do bench "pull_sms16_p$producers" 16 MOE_EP_PULL_PRODUCERS=$producers; done
+bench pull_sms8_p1 8 MOE_EP_PULL_PRODUCERS=1
 wait $diag_pid && echo "build_diag: ok" | tee -a "$SUMMARY" || { echo "build_diag: FAILED" | tee -a "$SUMMARY"; tail -20 "$OUT/diag_build.log"; }
-for d in 1 2 4 3; do
+for d in 1 2; do
   TOOL_OVERRIDE=$DIAG/tools/moe_ep_conformance bench "pull_sms16_diag$d" 16 MOE_EP_PULL_DIAGNOSTIC=$d
+  TOOL_OVERRIDE=$DIAG/tools/moe_ep_conformance bench "pull_sms8_diag$d" 8 MOE_EP_PULL_DIAGNOSTIC=$d
 done
-bench pull_sms16_p1 16 MOE_EP_PULL_PRODUCERS=1
-nvlink_suites 120 nvlink_gpu_np2
+NPICK=4 PICK="^ +[0-9]+ \|" step bench_sizes 60 $MPI2 $TOOL bench --backend nvlink $SHAPE -t 1,128,512,4096 -w 10 -n 50 \
+  --graph --zero-copy-combine --no-baselines
+nvlink_suites 120 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2
 step racecheck_pull 90 $MPI2 -x MOE_EP_FABRIC=0 compute-sanitizer --print-limit 20 --error-exitcode 3 --tool racecheck \
   $BUILD/test/nvlink/test_nvlink_gpu "[zero_copy]"
-step racecheck_pull_group 90 $MPI2 -x MOE_EP_FABRIC=0 -x MOE_EP_PULL_RELEASE=group compute-sanitizer --print-limit 20 \
-  --error-exitcode 3 --tool racecheck $BUILD/test/nvlink/test_nvlink_gpu "[zero_copy]"
+step memcheck_pull 90 $MPI2 -x MOE_EP_FABRIC=0 compute-sanitizer --print-limit 20 --error-exitcode 3 --tool memcheck \
+  $BUILD/test/nvlink/test_nvlink_gpu "[zero_copy]"
 echo "total $(($(date +%s) - START)) s, exit $rc" | tee -a "$SUMMARY"
 exit $rc
