@@ -396,9 +396,11 @@ struct RingCursors {
 };
 
 // Consumer thread i (0 .. st.consumers - 1) owns vectors i, i + consumers, ...
-// of a row.  Tokens are taken in order, token t from producer (t - t0) % P,
-// whose steps for it run until the one flagged kRowLast.
-template <typename Element>
+// of a row, kVectors of them at most (the fewest that cover the row: only
+// the last can fall past its end, so only the last is tested).  Tokens are
+// taken in order, token t from producer (t - t0) % P, whose steps for it run
+// until the one flagged kRowLast.
+template <typename Element, int kVectors>
 __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1) {
   using Bits = typename Element::Bits;
   constexpr int kPer = 16 / sizeof(Bits);
@@ -410,9 +412,9 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
   for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
     PullRowsSchedule::Position at = taken.get(j);
-    float acc[kRowVectorsPerThread][kPer];
+    float acc[kVectors][kPer];
 #pragma unroll
-    for (int u = 0; u < kRowVectorsPerThread; ++u) {
+    for (int u = 0; u < kVectors; ++u) {
 #pragma unroll
       for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
     }
@@ -426,19 +428,19 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
         const uint4* row = reinterpret_cast<const uint4*>(st.buffer(stage));
         const uint4* row1 = reinterpret_cast<const uint4*>(st.buffer(stage) + st.stage_bytes);
         const bool pair = (step.y & kRowPair) != 0;
-        uint4 x0[kRowVectorsPerThread], x1[kRowVectorsPerThread];
+        uint4 x0[kVectors], x1[kVectors];
 #pragma unroll
-        for (int u = 0; u < kRowVectorsPerThread; ++u) {
+        for (int u = 0; u < kVectors; ++u) {
           const int v = i + u * st.consumers;
-          if (v < vectors) {
+          if (u < kVectors - 1 || v < vectors) {
             x0[u] = row[v];
             if (pair) x1[u] = row1[v];
           }
         }
 #pragma unroll
-        for (int u = 0; u < kRowVectorsPerThread; ++u) {
+        for (int u = 0; u < kVectors; ++u) {
           const int v = i + u * st.consumers;
-          if (v >= vectors) continue;
+          if (u == kVectors - 1 && v >= vectors) continue;
           const Bits* b0 = reinterpret_cast<const Bits*>(&x0[u]);
 #pragma unroll
           for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b0[e]);
@@ -464,9 +466,9 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
     uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
                                           static_cast<int64_t>(t) * c.shape.combine_row_bytes);
 #pragma unroll
-    for (int u = 0; u < kRowVectorsPerThread; ++u) {
+    for (int u = 0; u < kVectors; ++u) {
       const int v = i + u * st.consumers;
-      if (v < vectors) out[v] = Element::store_vector(acc[u]);
+      if (u < kVectors - 1 || v < vectors) out[v] = Element::store_vector(acc[u]);
     }
   }
   return true;
@@ -490,7 +492,17 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const int32_t t0 = static_cast<int32_t>(begin < p.args.token_end ? begin : p.args.token_end);
   const int32_t t1 = static_cast<int32_t>(begin + per_block < p.args.token_end ? begin + per_block : p.args.token_end);
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const bool ok = warp < st.plan.producers ? produce_rows(p, st, warp, t0, t1) : consume_rows<Element>(p, st, t0, t1);
+  const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
+  bool ok;
+  if (warp < st.plan.producers) {
+    ok = produce_rows(p, st, warp, t0, t1);
+  } else if (vectors <= st.consumers) {
+    ok = consume_rows<Element, 1>(p, st, t0, t1);
+  } else if (vectors <= 2 * st.consumers) {
+    ok = consume_rows<Element, 2>(p, st, t0, t1);
+  } else {
+    ok = consume_rows<Element, kRowVectorsPerThread>(p, st, t0, t1);
+  }
   // Every failing thread records (consumers fail one by one: a thread whose
   // part of a row was not stored must not go unreported).
   if (!ok) record_timeout(c.control(), c.state.mirror, kPhaseCombine, -1);

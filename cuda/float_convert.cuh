@@ -38,30 +38,62 @@ __device__ __forceinline__ uint16_t float_to_fp16_bits(float value) {
 // hardware returns one canonical NaN).  Why: combine's output stores are
 // instruction-bound on few SMs, and the scalar rounding costs about seven
 // instructions per value against half of one here.
-__device__ __forceinline__ uint32_t floats_to_bf16x2_bits(float lo, float hi) {
-  if (lo != lo || hi != hi) {
-    return static_cast<uint32_t>(float_to_bf16_bits(lo)) | (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
-  }
+struct Bf16Bits {
+  static __device__ __forceinline__ uint16_t scalar(float f) { return float_to_bf16_bits(f); }
+  static __device__ __forceinline__ uint32_t hardware(float lo, float hi) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  uint32_t packed;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-  return packed;
+    uint32_t packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
 #else
-  return static_cast<uint32_t>(float_to_bf16_bits(lo)) | (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
+    return static_cast<uint32_t>(scalar(lo)) | (static_cast<uint32_t>(scalar(hi)) << 16);
 #endif
+  }
+};
+struct Fp16Bits {
+  static __device__ __forceinline__ uint16_t scalar(float f) { return float_to_fp16_bits(f); }
+  static __device__ __forceinline__ uint32_t hardware(float lo, float hi) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    uint32_t packed;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
+    return packed;
+#else
+    return static_cast<uint32_t>(scalar(lo)) | (static_cast<uint32_t>(scalar(hi)) << 16);
+#endif
+  }
+};
+
+// True when lo or hi is a NaN (one unordered compare).
+__device__ __forceinline__ bool either_nan(float lo, float hi) { return !(lo == lo && hi == hi); }
+
+template <typename Format>
+__device__ __forceinline__ uint32_t floats_to_x2_bits(float lo, float hi) {
+  if (either_nan(lo, hi)) {
+    return static_cast<uint32_t>(Format::scalar(lo)) | (static_cast<uint32_t>(Format::scalar(hi)) << 16);
+  }
+  return Format::hardware(lo, hi);
 }
 
-__device__ __forceinline__ uint32_t floats_to_fp16x2_bits(float lo, float hi) {
-  if (lo != lo || hi != hi) {
-    return static_cast<uint32_t>(float_to_fp16_bits(lo)) | (static_cast<uint32_t>(float_to_fp16_bits(hi)) << 16);
+// Eight values into four packed pairs, with one NaN test for the eight and
+// no branch per pair (v18: the pull's consumers are instruction-bound on few
+// SMs, and a test, branch and reconvergence per pair was a fifth of their
+// work per row); the same bits as four floats_to_x2_bits.
+template <typename Format>
+__device__ __forceinline__ uint4 floats_to_x8_bits(const float (&v)[8]) {
+  const bool nan = either_nan(v[0], v[1]) | either_nan(v[2], v[3]) | either_nan(v[4], v[5]) | either_nan(v[6], v[7]);
+  if (nan) {
+    return make_uint4(floats_to_x2_bits<Format>(v[0], v[1]), floats_to_x2_bits<Format>(v[2], v[3]),
+                      floats_to_x2_bits<Format>(v[4], v[5]), floats_to_x2_bits<Format>(v[6], v[7]));
   }
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  uint32_t packed;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
-  return packed;
-#else
-  return static_cast<uint32_t>(float_to_fp16_bits(lo)) | (static_cast<uint32_t>(float_to_fp16_bits(hi)) << 16);
-#endif
+  return make_uint4(Format::hardware(v[0], v[1]), Format::hardware(v[2], v[3]), Format::hardware(v[4], v[5]),
+                    Format::hardware(v[6], v[7]));
+}
+
+__device__ __forceinline__ uint32_t floats_to_bf16x2_bits(float lo, float hi) {
+  return floats_to_x2_bits<Bf16Bits>(lo, hi);
+}
+__device__ __forceinline__ uint32_t floats_to_fp16x2_bits(float lo, float hi) {
+  return floats_to_x2_bits<Fp16Bits>(lo, hi);
 }
 
 // One element type of combine: how it loads to and stores from fp32, one
@@ -70,19 +102,13 @@ struct Bf16Element {
   using Bits = uint16_t;
   static __device__ __forceinline__ float load(Bits b) { return bf16_bits_to_float(b); }
   static __device__ __forceinline__ Bits store(float f) { return float_to_bf16_bits(f); }
-  static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) {
-    return make_uint4(floats_to_bf16x2_bits(v[0], v[1]), floats_to_bf16x2_bits(v[2], v[3]),
-                      floats_to_bf16x2_bits(v[4], v[5]), floats_to_bf16x2_bits(v[6], v[7]));
-  }
+  static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Bf16Bits>(v); }
 };
 struct Fp16Element {
   using Bits = uint16_t;
   static __device__ __forceinline__ float load(Bits b) { return fp16_bits_to_float(b); }
   static __device__ __forceinline__ Bits store(float f) { return float_to_fp16_bits(f); }
-  static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) {
-    return make_uint4(floats_to_fp16x2_bits(v[0], v[1]), floats_to_fp16x2_bits(v[2], v[3]),
-                      floats_to_fp16x2_bits(v[4], v[5]), floats_to_fp16x2_bits(v[6], v[7]));
-  }
+  static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Fp16Bits>(v); }
 };
 struct Fp32Element {
   using Bits = uint32_t;

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# One device call (2 GPUs): the whole-row pull with up to two partial rows per
-# step (v18), against the figures of the call before (12 or 14 single-row
-# buffers: 16 SMs 254.8 us, 8 SMs 490.6, 24 SMs 194.6, all 194.0); its
-# producer counts; and, from a second build with -DMOE_EP_PULL_DIAGNOSTICS,
+# One device call (2 GPUs): the whole-row pull of this tree (v18: up to two
+# partial rows per step; v19: one NaN test per output vector, the consumers'
+# vector count a constant) on 16, 8, 24 and all SMs, its producer counts; and, from a second build with -DMOE_EP_PULL_DIAGNOSTICS,
 # the kernel with parts switched off (MOE_EP_PULL_DIAGNOSTIC: 1 no adds, 2 no
 # output stores) to time the rest.  4096 tokens, DeepSeek shape, graph,
 # zero-copy combine; then every size on all SMs.  Correctness first: check
@@ -15,7 +14,7 @@ BUDGET=${1:-420}
 BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
-build_step 150 moe_ep_conformance test_nvlink_gpu
+build_step 150 moe_ep_conformance test_nvlink_gpu test_float_convert
 DIAG=build-diag
 # The diagnostic build runs in the background while the checks use the GPUs.
 (cmake -S . -B $DIAG -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
@@ -44,7 +43,7 @@ for d in 1 2; do
 done
 NPICK=4 PICK="^ +[0-9]+ \|" step bench_sizes 60 $MPI2 $TOOL bench --backend nvlink $SHAPE -t 1,128,512,4096 -w 10 -n 50 \
   --graph --zero-copy-combine --no-baselines
-nvlink_suites 120 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2
+nvlink_suites 120 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2 float_convert_gpu
 step racecheck_pull 90 $MPI2 -x MOE_EP_FABRIC=0 compute-sanitizer --print-limit 20 --error-exitcode 3 --tool racecheck \
   $BUILD/test/nvlink/test_nvlink_gpu "[zero_copy]"
 step memcheck_pull 90 $MPI2 -x MOE_EP_FABRIC=0 compute-sanitizer --print-limit 20 --error-exitcode 3 --tool memcheck \

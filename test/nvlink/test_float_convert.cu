@@ -19,7 +19,7 @@ using moe_ep::kernels::floats_to_fp16x2_bits;
 struct Mismatches {
   unsigned long long count;
   uint32_t first_input;
-  uint32_t first_kind;  // 1 bf16 low, 2 bf16 high, 3 fp16 low, 4 fp16 high
+  uint32_t first_kind;  // 1 bf16 low, 2 bf16 high, 3 fp16 low, 4 fp16 high, 5 bf16 x8, 6 fp16 x8
 };
 
 __device__ void report(Mismatches* m, uint32_t input, uint32_t kind) {
@@ -43,6 +43,18 @@ __global__ void check_all(uint64_t begin, uint64_t end, Mismatches* m) {
     if (floats_to_bf16x2_bits(other, f) != (bo | b << 16)) report(m, u, 2);
     if (floats_to_fp16x2_bits(f, other) != (h | ho << 16)) report(m, u, 3);
     if (floats_to_fp16x2_bits(other, f) != (ho | h << 16)) report(m, u, 4);
+    // Eight at once (combine's store_vector): u at a position that moves
+    // with u, next to ordinary values and to the scrambled one, against the
+    // pairs above.
+    float v[8] = {1.0f, -2.5f, 3.0e-39f, 65504.0f, -0.0f, 7.0f, other, 0.1f};
+    v[u % 8] = f;
+    const uint4 bx = moe_ep::kernels::Bf16Element::store_vector(v);
+    const uint4 hx = moe_ep::kernels::Fp16Element::store_vector(v);
+    const uint32_t bw[4] = {bx.x, bx.y, bx.z, bx.w}, hw[4] = {hx.x, hx.y, hx.z, hx.w};
+    for (int k = 0; k < 4; ++k) {
+      if (bw[k] != floats_to_bf16x2_bits(v[2 * k], v[2 * k + 1])) report(m, u, 5);
+      if (hw[k] != floats_to_fp16x2_bits(v[2 * k], v[2 * k + 1])) report(m, u, 6);
+    }
   }
 }
 
@@ -69,7 +81,7 @@ int main() {
     if (!ok(cudaGetLastError(), "launching check_all")) return 1;
   }
   if (!ok(cudaDeviceSynchronize(), "check_all")) return 1;
-  printf("%llu mismatches over 2^32 inputs x 4 conversions", m->count);
+  printf("%llu mismatches over 2^32 inputs x 6 conversions", m->count);
   if (m->count != 0) printf(" (first: input 0x%08x, kind %u)", m->first_input, m->first_kind);
   printf("\n");
   const bool pass = m->count == 0;
