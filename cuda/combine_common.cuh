@@ -53,13 +53,8 @@ __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q
 template <typename Element>
 __device__ __forceinline__ void accumulate(float (&acc)[kReduceVectorsPerLane][16 / sizeof(typename Element::Bits)],
                                            const uint4 (&v)[kReduceVectorsPerLane]) {
-  using Bits = typename Element::Bits;
 #pragma unroll
-  for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-    const Bits* b = reinterpret_cast<const Bits*>(&v[u]);
-#pragma unroll
-    for (int e = 0; e < static_cast<int>(16 / sizeof(Bits)); ++e) acc[u][e] += Element::load(b[e]);
-  }
+  for (int u = 0; u < kReduceVectorsPerLane; ++u) Element::add_vector(acc[u], v[u]);
 }
 
 // Rows of any size or alignment: element by element.

@@ -375,32 +375,36 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
   return true;
 }
 
-// The next position in each producer ring, kept in registers (indexed with
-// constants only: a runtime index would put the array in local memory).
+// The next position in each of up to kProducers producer rings, kept in
+// registers (indexed with constants only: a runtime index would put the array
+// in local memory; sized for the block's producers, since every slot costs
+// selects per token).
+template <int kProducers>
 struct RingCursors {
-  PullRowsSchedule::Position c[kRowMaxProducers];
+  PullRowsSchedule::Position c[kProducers];
   __device__ explicit RingCursors(const PullRowsSchedule& plan) {
 #pragma unroll
-    for (int x = 0; x < kRowMaxProducers; ++x) c[x] = plan.start(x);
+    for (int x = 0; x < kProducers; ++x) c[x] = plan.start(x);
   }
   __device__ PullRowsSchedule::Position get(int j) const {
     PullRowsSchedule::Position r = c[0];
 #pragma unroll
-    for (int x = 1; x < kRowMaxProducers; ++x) r = j == x ? c[x] : r;
+    for (int x = 1; x < kProducers; ++x) r = j == x ? c[x] : r;
     return r;
   }
   __device__ void set(int j, PullRowsSchedule::Position v) {
 #pragma unroll
-    for (int x = 0; x < kRowMaxProducers; ++x) c[x] = j == x ? v : c[x];
+    for (int x = 0; x < kProducers; ++x) c[x] = j == x ? v : c[x];
   }
 };
 
 // Consumer thread i (0 .. st.consumers - 1) owns vectors i, i + consumers, ...
 // of a row, kVectors of them at most (the fewest that cover the row: only
-// the last can fall past its end, so only the last is tested).  Tokens are
+// the last can fall past its end, so only the last is tested), for up to
+// kProducers producers (at least plan.producers).  Tokens are
 // taken in order, token t from producer (t - t0) % P, whose steps for it run
 // until the one flagged kRowLast.
-template <typename Element, int kVectors>
+template <typename Element, int kVectors, int kProducers>
 __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1) {
   using Bits = typename Element::Bits;
   constexpr int kPer = 16 / sizeof(Bits);
@@ -408,7 +412,7 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   const PullRowsSchedule& plan = st.plan;
   const int i = static_cast<int>(threadIdx.x) - 32 * plan.producers;
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
-  RingCursors taken(plan);  // the next step of each producer's ring
+  RingCursors<kProducers> taken(plan);  // the next step of each producer's ring
   int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
   for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
     PullRowsSchedule::Position at = taken.get(j);
@@ -441,14 +445,8 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
         for (int u = 0; u < kVectors; ++u) {
           const int v = i + u * st.consumers;
           if (u == kVectors - 1 && v >= vectors) continue;
-          const Bits* b0 = reinterpret_cast<const Bits*>(&x0[u]);
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b0[e]);
-          if (pair) {
-            const Bits* b1 = reinterpret_cast<const Bits*>(&x1[u]);
-#pragma unroll
-            for (int e = 0; e < kPer; ++e) acc[u][e] += Element::load(b1[e]);
-          }
+          Element::add_vector(acc[u], x0[u]);
+          if (pair) Element::add_vector(acc[u], x1[u]);
         }
       }
       // Every consumer thread arrives (the barrier counts st.consumers): each
@@ -496,12 +494,14 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   bool ok;
   if (warp < st.plan.producers) {
     ok = produce_rows(p, st, warp, t0, t1);
+  } else if (st.plan.producers > 2) {  // not the default: one instance for every row size
+    ok = consume_rows<Element, kRowVectorsPerThread, kRowMaxProducers>(p, st, t0, t1);
   } else if (vectors <= st.consumers) {
-    ok = consume_rows<Element, 1>(p, st, t0, t1);
+    ok = consume_rows<Element, 1, 2>(p, st, t0, t1);
   } else if (vectors <= 2 * st.consumers) {
-    ok = consume_rows<Element, 2>(p, st, t0, t1);
+    ok = consume_rows<Element, 2, 2>(p, st, t0, t1);
   } else {
-    ok = consume_rows<Element, kRowVectorsPerThread>(p, st, t0, t1);
+    ok = consume_rows<Element, kRowVectorsPerThread, 2>(p, st, t0, t1);
   }
   // Every failing thread records (consumers fail one by one: a thread whose
   // part of a row was not stored must not go unreported).

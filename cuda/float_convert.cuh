@@ -97,22 +97,44 @@ __device__ __forceinline__ uint32_t floats_to_fp16x2_bits(float lo, float hi) {
 }
 
 // One element type of combine: how it loads to and stores from fp32, one
-// value (store) or a 16-byte vector of them (store_vector).
+// value (load, store) or a 16-byte vector of them (add_vector: each value
+// added to its accumulator, in order; store_vector).
 struct Bf16Element {
   using Bits = uint16_t;
   static __device__ __forceinline__ float load(Bits b) { return bf16_bits_to_float(b); }
+  // A 32-bit word's two values widened with one instruction each (a shift,
+  // a mask) where the 16-bit loads cost two for the high one (v19).
+  static __device__ __forceinline__ void add_vector(float (&acc)[8], const uint4& x) {
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      acc[2 * k] += __uint_as_float(w[k] << 16);
+      acc[2 * k + 1] += __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
   static __device__ __forceinline__ Bits store(float f) { return float_to_bf16_bits(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Bf16Bits>(v); }
 };
 struct Fp16Element {
   using Bits = uint16_t;
   static __device__ __forceinline__ float load(Bits b) { return fp16_bits_to_float(b); }
+  static __device__ __forceinline__ void add_vector(float (&acc)[8], const uint4& x) {
+    const Bits* b = reinterpret_cast<const Bits*>(&x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += load(b[e]);
+  }
   static __device__ __forceinline__ Bits store(float f) { return float_to_fp16_bits(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Fp16Bits>(v); }
 };
 struct Fp32Element {
   using Bits = uint32_t;
   static __device__ __forceinline__ float load(Bits b) { return __uint_as_float(b); }
+  static __device__ __forceinline__ void add_vector(float (&acc)[4], const uint4& x) {
+    acc[0] += __uint_as_float(x.x);
+    acc[1] += __uint_as_float(x.y);
+    acc[2] += __uint_as_float(x.z);
+    acc[3] += __uint_as_float(x.w);
+  }
   static __device__ __forceinline__ Bits store(float f) { return __float_as_uint(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[4]) {
     return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
