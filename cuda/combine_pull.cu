@@ -472,6 +472,15 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   return true;
 }
 
+// consume_rows with the fewest vectors per thread that cover the row (its
+// bounds test relies on it).
+template <typename Element, int kProducers>
+__device__ bool consume_rows_for_row(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1, int vectors) {
+  if (vectors <= st.consumers) return consume_rows<Element, 1, kProducers>(p, st, t0, t1);
+  if (vectors <= 2 * st.consumers) return consume_rows<Element, 2, kProducers>(p, st, t0, t1);
+  return consume_rows<Element, kRowVectorsPerThread, kProducers>(p, st, t0, t1);
+}
+
 template <typename Element>
 __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const KernelContext& c = p.ctx;
@@ -494,14 +503,10 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   bool ok;
   if (warp < st.plan.producers) {
     ok = produce_rows(p, st, warp, t0, t1);
-  } else if (st.plan.producers > 2) {  // not the default: one instance for every row size
-    ok = consume_rows<Element, kRowVectorsPerThread, kRowMaxProducers>(p, st, t0, t1);
-  } else if (vectors <= st.consumers) {
-    ok = consume_rows<Element, 1, 2>(p, st, t0, t1);
-  } else if (vectors <= 2 * st.consumers) {
-    ok = consume_rows<Element, 2, 2>(p, st, t0, t1);
+  } else if (st.plan.producers <= 2) {
+    ok = consume_rows_for_row<Element, 2>(p, st, t0, t1, vectors);
   } else {
-    ok = consume_rows<Element, kRowVectorsPerThread, 2>(p, st, t0, t1);
+    ok = consume_rows_for_row<Element, kRowMaxProducers>(p, st, t0, t1, vectors);
   }
   // Every failing thread records (consumers fail one by one: a thread whose
   // part of a row was not stored must not go unreported).
