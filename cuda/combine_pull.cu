@@ -18,8 +18,8 @@
 // bits):
 //   whole rows (default, rows of at most 16 KiB, 16-byte aligned): per block,
 //     1 to 4 producer warps (MOE_EP_PULL_PRODUCERS) issue a bulk copy of each
-//     partial row into 12 row buffers and the other warps add them
-//     (pull_reduce_whole_rows);
+//     partial row into buffers of two rows (a step carries up to two partials
+//     of a token) and the other warps add them (pull_reduce_whole_rows);
 //   2 KiB segments (MOE_EP_PULL_ROWS=0): each warp walks its (token, segment)
 //     items and issues its own bulk copies, up to kPullStages ahead
 //     (pull_reduce_bulk);
@@ -205,13 +205,16 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 // ---- Whole rows, warp-specialised (CombineLaunch::pull_rows) ----
 // The first P warps produce (P = CombineLaunch::pull_producers, 1 to 4):
 // producer j walks the block's tokens t0 + j, t0 + j + P, ... and, for each,
-// the ranks holding a partial in ascending order, and its lane 0 issues one
-// bulk copy of the whole partial row into the next buffer of its own ring of
-// row_stages_that_fit / P buffers (a token with no partial gets an empty step, its
-// output is zeros).  The other warps consume, token by token in order, each
-// token from its producer's ring: each thread owns a few 16-byte vectors of
-// the row, adds the buffer's vectors into fp32 sums, releases the buffer and
-// stores the output row after the token's last partial.  Large copies and no
+// the ranks holding a partial in ascending order, two at a time: its lane 0
+// issues one bulk copy of each of the two whole partial rows into the two
+// halves of the next buffer of its own ring of row_stages_that_fit / P
+// buffers, both completing on the buffer's one barrier (a token with no
+// partial gets an empty step, its output is zeros).  The other warps consume,
+// token by token in order, each token from its producer's ring: each thread
+// owns a few 16-byte vectors of the row, adds the buffer's vectors (the lower
+// rank's half first) into fp32 sums, releases the buffer and stores the output
+// row after the token's last partial.  Two partials per step halve the waits,
+// releases and step records per row: at 2 ranks, one step per token (v18).  Large copies and no
 // bookkeeping between a copy and the next are what let a few SMs keep the link
 // busy (docs/latency_budget.md, "Per-SM bandwidth"); several producers issue
 // several streams of copies, as the probe's 170 GB/s per SM did.
