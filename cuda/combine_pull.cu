@@ -260,11 +260,11 @@ struct RowStages {
   __device__ char* buffer(int stage) const { return buffers + static_cast<size_t>(stage) * 2 * stage_bytes; }
 };
 
-// Measurement builds only (-DMOE_EP_PULL_DIAGNOSTICS, scripts/gpu): parts of
+// Measurement builds only (-DMOE_EP_DIAGNOSTICS, scripts/gpu): parts of
 // the whole-row pull switched off to time the rest; results are then wrong.
 enum PullDiagnostic : int32_t { kDiagNoAdds = 1, kDiagNoStores = 2, kDiagNoCopies = 4 };
 __device__ __forceinline__ int32_t pull_diagnostic(const CombineParams& p) {
-#ifdef MOE_EP_PULL_DIAGNOSTICS
+#ifdef MOE_EP_DIAGNOSTICS
   return p.args.pull_diagnostic;
 #else
   (void)p;

@@ -232,12 +232,24 @@ __device__ __forceinline__ void load_segment(const DispatchParams& p, int32_t to
   }
 }
 
+// Measurement builds only (-DMOE_EP_DIAGNOSTICS, scripts/gpu): the ranks whose
+// hidden rows are left unwritten, to time the rest (results are then wrong).
+__device__ __forceinline__ uint64_t rows_left_out(const DispatchParams& p) {
+#ifdef MOE_EP_DIAGNOSTICS
+  const uint64_t own = uint64_t{1} << p.ctx.shape.rank;
+  return p.args.diagnostic == 1 ? own : p.args.diagnostic == 2 ? ~own : 0;
+#else
+  (void)p;
+  return 0;
+#endif
+}
+
 __device__ __forceinline__ void store_segment(const DispatchParams& p, int segment, const TokenDestinations& dests,
                                               int lane, const uint4 (&v)[kVectorsPerLane]) {
   const GroupShape& s = p.ctx.shape;
   const int vectors = segment_vectors(s, segment);
   const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
-  for (uint64_t rest = dests.mask; rest != 0; rest &= rest - 1) {
+  for (uint64_t rest = dests.mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
     const int d = lowest_rank(rest);
     const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests.slot(d);
     uint4* dst = reinterpret_cast<uint4*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden +

@@ -134,6 +134,9 @@ struct DispatchLaunch {
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go
                                // through shared memory with bulk copies; other rows keep the register path
+  int32_t diagnostic;          // only in builds with MOE_EP_DIAGNOSTICS: hidden rows not written to this
+                               // rank (1) or to the peers (2), for timing (MOE_EP_DISPATCH_DIAGNOSTIC;
+                               // wrong results)
 };
 
 // Calls of at most this many tokens per rank may run the small-batch kernels:
@@ -196,7 +199,7 @@ struct CombineLaunch {
                                // row buffers (1..4; MOE_EP_PULL_PRODUCERS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
-  int32_t pull_diagnostic;     // pull_rows only, and only in builds with MOE_EP_PULL_DIAGNOSTICS: parts
+  int32_t pull_diagnostic;     // pull_rows only, and only in builds with MOE_EP_DIAGNOSTICS: parts
                                // of the kernel switched off for timing (MOE_EP_PULL_DIAGNOSTIC; wrong
                                // results)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)

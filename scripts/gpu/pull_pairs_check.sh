@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (2 GPUs): the whole-row pull of this tree (v18: up to two
 # partial rows per step; v19: one NaN test per output vector, the consumers'
-# vector count a constant) on 16, 8, 24 and all SMs, its producer counts; and, from a second build with -DMOE_EP_PULL_DIAGNOSTICS,
+# vector count a constant) on 16, 8, 24 and all SMs, its producer counts; and, from a second build with -DMOE_EP_DIAGNOSTICS,
 # the kernel with parts switched off (MOE_EP_PULL_DIAGNOSTIC: 1 no adds, 2 no
 # output stores) to time the rest.  4096 tokens, DeepSeek shape, graph,
 # zero-copy combine; then every size on all SMs.  Correctness first: check
@@ -18,8 +18,8 @@ build_step 150 moe_ep_conformance test_nvlink_gpu test_float_convert
 DIAG=build-diag
 # The diagnostic build runs in the background while the checks use the GPUs.
 (cmake -S . -B $DIAG -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DCMAKE_PREFIX_PATH=$PWD/.device-deps/usr -DCMAKE_CUDA_FLAGS=-DMOE_EP_PULL_DIAGNOSTICS \
-  -DCMAKE_CXX_FLAGS=-DMOE_EP_PULL_DIAGNOSTICS && ninja -C $DIAG -j16 moe_ep_conformance) > "$OUT/diag_build.log" 2>&1 &
+  -DCMAKE_PREFIX_PATH=$PWD/.device-deps/usr -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS \
+  -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C $DIAG -j16 moe_ep_conformance) > "$OUT/diag_build.log" 2>&1 &
 diag_pid=$!
 TOOL=$BUILD/tools/moe_ep_conformance
 MPI2="mpirun -np 2 --bind-to none"

@@ -140,6 +140,7 @@ class NvlinkBackend final : public Backend {
     a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;
+    a.diagnostic = dispatch_diagnostic_;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
     note_launch(s);
@@ -340,8 +341,9 @@ class NvlinkBackend final : public Backend {
     pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
     pull_copy_bytes_ = pull_copy_bytes_from_environment();
     pull_producers_ = pull_producers_from_environment();
-#ifdef MOE_EP_PULL_DIAGNOSTICS
+#ifdef MOE_EP_DIAGNOSTICS
     pull_diagnostic_ = int_from_environment("MOE_EP_PULL_DIAGNOSTIC");
+    dispatch_diagnostic_ = int_from_environment("MOE_EP_DISPATCH_DIAGNOSTIC");
 #endif
     copy_engines_ = environment_switch("MOE_EP_COMBINE_COPY_ENGINES", "1");
     dispatch_bulk_ = cc >= 90 && environment_switch("MOE_EP_DISPATCH_BULK", "1") ? 1 : 0;
@@ -462,6 +464,7 @@ class NvlinkBackend final : public Backend {
   int32_t pull_copy_bytes_ = kDefaultPullCopyBytes;  // MOE_EP_PULL_COPY_BYTES
   int32_t pull_producers_ = kDefaultPullProducers;   // MOE_EP_PULL_PRODUCERS
   int32_t pull_diagnostic_ = 0;                      // MOE_EP_PULL_DIAGNOSTIC (diagnostic builds only)
+  int32_t dispatch_diagnostic_ = 0;                  // MOE_EP_DISPATCH_DIAGNOSTIC (diagnostic builds only)
   bool copy_engines_ = false;                // MOE_EP_COMBINE_COPY_ENGINES=1
   int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS
   std::unique_ptr<SideCopies> side_copies_;  // made at the first copy-engine combine
