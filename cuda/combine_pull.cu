@@ -225,7 +225,6 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 // per-token load was measured not to be the limit, but it costs nothing off the
 // critical path).
 constexpr int kRowVectorsPerThread = 3;  // 12 consumer warps x 32 x 3 x 16 B >= 16 KiB
-constexpr int kRowWideVectors = 4;       // wide consumers: up to 4 vectors per thread
 // Shared memory: the barriers, step records and slot buffers first (sized
 // for kRowMaxStages), then the row buffers (row_stages_that_fit of them).
 constexpr size_t kRowFixedBytes =
@@ -249,7 +248,7 @@ struct RowStages {
   int stage_bytes;  // one row
   PullRowsSchedule plan;
   int consumers;
-  __device__ RowStages(char* shared, int requested_producers, int row_bytes, int wide_consumers)
+  __device__ RowStages(char* shared, int requested_producers, int row_bytes)
       : full(reinterpret_cast<uint64_t*>(shared)),
         empty(full + kRowMaxStages),
         steps(reinterpret_cast<int2*>(empty + kRowMaxStages)),
@@ -257,15 +256,7 @@ struct RowStages {
         buffers(shared + kRowFixedBytes),
         stage_bytes(row_stage_bytes(row_bytes)),
         plan(PullRowsSchedule::make(requested_producers, row_stages_that_fit(row_bytes))),
-        consumers(consumer_threads(kBlockThreads - 32 * plan.producers, row_bytes / 16, wide_consumers)) {}
-  // Every warp after the producers consumes, or (wide) only as many warps as
-  // cover the row with kRowWideVectors vectors per thread: fewer warps, each
-  // with more of the row per wait and release (MOE_EP_PULL_WIDE_CONSUMERS).
-  static __device__ int consumer_threads(int available, int vectors, int wide) {
-    if (wide == 0) return available;
-    const int warps = (vectors + 32 * kRowWideVectors - 1) / (32 * kRowWideVectors);
-    return 32 * warps < available ? 32 * warps : available;
-  }
+        consumers(kBlockThreads - 32 * plan.producers) {}
   __device__ char* buffer(int stage) const { return buffers + static_cast<size_t>(stage) * 2 * stage_bytes; }
 };
 
@@ -429,7 +420,11 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
     PullRowsSchedule::Position at = taken.get(j);
     float acc[kVectors][kPer];
-    bool started = false;  // acc holds a sum (else it is 0.0f, not yet written)
+#pragma unroll
+    for (int u = 0; u < kVectors; ++u) {
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
+    }
     for (;; at = plan.next(j, at)) {
       const int stage = at.stage;
       if (!barrier_wait(st.full + stage, at.parity(), c.state.timeout_ns)) return false;
@@ -453,14 +448,9 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
         for (int u = 0; u < kVectors; ++u) {
           const int v = i + u * st.consumers;
           if (u == kVectors - 1 && v >= vectors) continue;
-          if (started) {
-            Element::add_vector(acc[u], x0[u]);
-          } else {
-            Element::start_vector(acc[u], x0[u]);
-          }
+          Element::add_vector(acc[u], x0[u]);
           if (pair) Element::add_vector(acc[u], x1[u]);
         }
-        started = true;
       }
       // Every consumer thread arrives (the barrier counts st.consumers): each
       // releases its own reads of the buffer and of the step, which is what
@@ -473,13 +463,6 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       if (step.y & kRowLast) break;
     }
     taken.set(j, plan.next(j, at));
-    if (!started) {  // every pick of the token masked: zeros
-#pragma unroll
-      for (int u = 0; u < kVectors; ++u) {
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
-      }
-    }
     if (pull_diagnostic(p) & kDiagNoStores) continue;
     uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
                                           static_cast<int64_t>(t) * c.shape.combine_row_bytes);
@@ -498,15 +481,13 @@ template <typename Element, int kProducers>
 __device__ bool consume_rows_for_row(const CombineParams& p, const RowStages& st, int32_t t0, int32_t t1, int vectors) {
   if (vectors <= st.consumers) return consume_rows<Element, 1, kProducers>(p, st, t0, t1);
   if (vectors <= 2 * st.consumers) return consume_rows<Element, 2, kProducers>(p, st, t0, t1);
-  if (vectors <= 3 * st.consumers) return consume_rows<Element, 3, kProducers>(p, st, t0, t1);
-  return consume_rows<Element, kRowWideVectors, kProducers>(p, st, t0, t1);
+  return consume_rows<Element, kRowVectorsPerThread, kProducers>(p, st, t0, t1);
 }
 
 template <typename Element>
 __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   const KernelContext& c = p.ctx;
-  const RowStages st(shared, p.args.pull_producers, static_cast<int>(c.shape.combine_row_bytes),
-                     p.args.pull_wide_consumers);
+  const RowStages st(shared, p.args.pull_producers, static_cast<int>(c.shape.combine_row_bytes));
   if (threadIdx.x == 0) {
     for (int s = 0; s < st.plan.stages(); ++s) {
       barrier_init(st.full + s, 1);
@@ -525,8 +506,6 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
   bool ok;
   if (warp < st.plan.producers) {
     ok = produce_rows(p, st, warp, t0, t1);
-  } else if (warp >= st.plan.producers + st.consumers / 32) {
-    ok = true;  // wide consumers: a warp with no part of the row
   } else if (st.plan.producers <= 2) {
     ok = consume_rows_for_row<Element, 2>(p, st, t0, t1, vectors);
   } else {

@@ -98,8 +98,7 @@ __device__ __forceinline__ uint32_t floats_to_fp16x2_bits(float lo, float hi) {
 
 // One element type of combine: how it loads to and stores from fp32, one
 // value (load, store) or a 16-byte vector of them (add_vector: each value
-// added to its accumulator, in order; start_vector: the same into
-// accumulators of 0.0f; store_vector).
+// added to its accumulator, in order; store_vector).
 struct Bf16Element {
   using Bits = uint16_t;
   static __device__ __forceinline__ float load(Bits b) { return bf16_bits_to_float(b); }
@@ -113,16 +112,6 @@ struct Bf16Element {
       acc[2 * k + 1] += __uint_as_float(w[k] & 0xFFFF0000u);
     }
   }
-  // The same from accumulators of 0.0f, without setting them first (0.0f +
-  // -0.0f is +0.0f: the add stays, the zeroing goes).
-  static __device__ __forceinline__ void start_vector(float (&acc)[8], const uint4& x) {
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      acc[2 * k] = __fadd_rn(0.0f, __uint_as_float(w[k] << 16));
-      acc[2 * k + 1] = __fadd_rn(0.0f, __uint_as_float(w[k] & 0xFFFF0000u));
-    }
-  }
   static __device__ __forceinline__ Bits store(float f) { return float_to_bf16_bits(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Bf16Bits>(v); }
 };
@@ -133,11 +122,6 @@ struct Fp16Element {
     const Bits* b = reinterpret_cast<const Bits*>(&x);
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] += load(b[e]);
-  }
-  static __device__ __forceinline__ void start_vector(float (&acc)[8], const uint4& x) {
-    const Bits* b = reinterpret_cast<const Bits*>(&x);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = __fadd_rn(0.0f, load(b[e]));
   }
   static __device__ __forceinline__ Bits store(float f) { return float_to_fp16_bits(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Fp16Bits>(v); }
@@ -150,12 +134,6 @@ struct Fp32Element {
     acc[1] += __uint_as_float(x.y);
     acc[2] += __uint_as_float(x.z);
     acc[3] += __uint_as_float(x.w);
-  }
-  static __device__ __forceinline__ void start_vector(float (&acc)[4], const uint4& x) {
-    acc[0] = __fadd_rn(0.0f, __uint_as_float(x.x));
-    acc[1] = __fadd_rn(0.0f, __uint_as_float(x.y));
-    acc[2] = __fadd_rn(0.0f, __uint_as_float(x.z));
-    acc[3] = __fadd_rn(0.0f, __uint_as_float(x.w));
   }
   static __device__ __forceinline__ Bits store(float f) { return __float_as_uint(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[4]) {

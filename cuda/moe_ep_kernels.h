@@ -199,8 +199,6 @@ struct CombineLaunch {
                                // row buffers (1..4; MOE_EP_PULL_PRODUCERS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
-  int32_t pull_wide_consumers;  // pull_rows only: only as many consumer warps as cover the row with 4
-                                // vectors per thread (MOE_EP_PULL_WIDE_CONSUMERS=1)
   int32_t pull_diagnostic;     // pull_rows only, and only in builds with MOE_EP_DIAGNOSTICS: parts
                                // of the kernel switched off for timing (MOE_EP_PULL_DIAGNOSTIC; wrong
                                // results)

@@ -177,7 +177,6 @@ class NvlinkBackend final : public Backend {
     a.pull_rows = pull_rows_;
     a.pull_copy_bytes = pull_copy_bytes_;
     a.pull_producers = pull_producers_;
-    a.pull_wide_consumers = pull_wide_consumers_;
     a.pull_diagnostic = pull_diagnostic_;
     a.token_begin = 0;
     a.token_end = call.num_tokens;
@@ -342,7 +341,6 @@ class NvlinkBackend final : public Backend {
     pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
     pull_copy_bytes_ = pull_copy_bytes_from_environment();
     pull_producers_ = pull_producers_from_environment();
-    pull_wide_consumers_ = environment_switch("MOE_EP_PULL_WIDE_CONSUMERS", "1") ? 1 : 0;
 #ifdef MOE_EP_DIAGNOSTICS
     pull_diagnostic_ = int_from_environment("MOE_EP_PULL_DIAGNOSTIC");
     dispatch_diagnostic_ = int_from_environment("MOE_EP_DISPATCH_DIAGNOSTIC");
@@ -465,7 +463,6 @@ class NvlinkBackend final : public Backend {
   int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
   int32_t pull_copy_bytes_ = kDefaultPullCopyBytes;  // MOE_EP_PULL_COPY_BYTES
   int32_t pull_producers_ = kDefaultPullProducers;   // MOE_EP_PULL_PRODUCERS
-  int32_t pull_wide_consumers_ = 0;                  // MOE_EP_PULL_WIDE_CONSUMERS=1
   int32_t pull_diagnostic_ = 0;                      // MOE_EP_PULL_DIAGNOSTIC (diagnostic builds only)
   int32_t dispatch_diagnostic_ = 0;                  // MOE_EP_DISPATCH_DIAGNOSTIC (diagnostic builds only)
   bool copy_engines_ = false;                // MOE_EP_COMBINE_COPY_ENGINES=1
