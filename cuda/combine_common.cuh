@@ -35,7 +35,8 @@ __device__ __forceinline__ int reduce_segments(const CombineParams& p, bool alig
 
 // Where the partial of local token `token` from rank q lives (q's slot known):
 // this rank's own in its expert_output; a peer's in this rank's combine_in
-// (pushed there), or, on the pull path, in the peer's combine_input view.
+// (pushed there), or, on the pull path, in the peer's combine_input view (a
+// zero-copy workspace has no combine_in).
 __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q, int32_t slot) {
   const KernelContext& c = p.ctx;
   const int64_t tpr = p.args.tokens_per_rank;
@@ -43,7 +44,7 @@ __device__ __forceinline__ const char* partial_row(const CombineParams& p, int q
   if (q == c.shape.rank) {
     return static_cast<const char*>(p.args.expert_output) + (c.shape.rank * tpr + slot) * row_bytes;
   }
-  if (p.args.pull && !p.args.pull_staged) {
+  if (p.args.pull) {
     return c.rank_base(q) + c.offsets.combine_input + (c.shape.rank * tpr + slot) * row_bytes;
   }
   return c.state.local_base + c.offsets.combine_in + (c.combine_segment(q, c.shape.rank) * tpr + slot) * row_bytes;

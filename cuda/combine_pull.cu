@@ -556,16 +556,6 @@ __device__ void handshake(const KernelContext& c, uint64_t epoch, bool announces
   }
 }
 
-// The handshake alone, for the copy-engine variant (launch_combine_handshake).
-__global__ void __launch_bounds__(kBlockThreads, 1) combine_handshake_kernel(const KernelContext c) {
-  __shared__ int32_t failed;
-  wait_for_prior_grid();
-  allow_dependent_launch();
-  if (handle_timed_out(c.control())) return;  // every thread reads the same record: block-uniform
-  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&c.control()->epoch);
-  handshake(c, epoch, true, &failed);
-}
-
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const CombineParams p) {
   extern __shared__ __align__(128) char pull_shared[];
   __shared__ uint32_t timed_out;
@@ -582,11 +572,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const Co
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
   __syncthreads();
   if (timed_out != kPhaseNone) return;  // block-uniform
-  if (!p.args.pull_staged) {
-    handshake(c, epoch, blockIdx.x == 0, &failed);
-    __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
-    if (failed) return;
-  }
+  handshake(c, epoch, blockIdx.x == 0, &failed);
+  __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
+  if (failed) return;
   switch (s.combine_dtype) {
     case kCombineBf16: pull_reduce<Bf16Element>(p, pull_shared); break;
     case kCombineFp16: pull_reduce<Fp16Element>(p, pull_shared); break;
@@ -595,15 +583,6 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const Co
 }
 
 }  // namespace
-
-cudaError_t launch_combine_handshake(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
-                                     int32_t pdl, cudaStream_t stream) {
-  KernelContext c;
-  c.shape = shape;
-  c.offsets = offsets;
-  c.state = state;
-  return launch_kernel(combine_handshake_kernel, 1, kBlockThreads, 0, stream, pdl, c);
-}
 
 // Shared memory of the pull kernel: the larger of the two bulk-copy layouts.
 constexpr size_t kPullSharedBytes =

@@ -37,7 +37,12 @@ __device__ __forceinline__ uint16_t float_to_fp16_bits(float value) {
 // scalar path, which keeps its sign and payload as the host does (the
 // hardware returns one canonical NaN).  Why: combine's output stores are
 // instruction-bound on few SMs, and the scalar rounding costs about seven
-// instructions per value against half of one here.
+// instructions per value against half of one here.  scalar_pair is the
+// scalar path for both values (NaNs, and devices without the instruction).
+template <typename Format>
+__device__ __forceinline__ uint32_t scalar_pair(float lo, float hi) {
+  return static_cast<uint32_t>(Format::scalar(lo)) | (static_cast<uint32_t>(Format::scalar(hi)) << 16);
+}
 struct Bf16Bits {
   static __device__ __forceinline__ uint16_t scalar(float f) { return float_to_bf16_bits(f); }
   static __device__ __forceinline__ uint32_t hardware(float lo, float hi) {
@@ -46,7 +51,7 @@ struct Bf16Bits {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
     return packed;
 #else
-    return static_cast<uint32_t>(scalar(lo)) | (static_cast<uint32_t>(scalar(hi)) << 16);
+    return scalar_pair<Bf16Bits>(lo, hi);
 #endif
   }
 };
@@ -58,7 +63,7 @@ struct Fp16Bits {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(hi), "f"(lo));
     return packed;
 #else
-    return static_cast<uint32_t>(scalar(lo)) | (static_cast<uint32_t>(scalar(hi)) << 16);
+    return scalar_pair<Fp16Bits>(lo, hi);
 #endif
   }
 };
@@ -68,9 +73,7 @@ __device__ __forceinline__ bool either_nan(float lo, float hi) { return !(lo == 
 
 template <typename Format>
 __device__ __forceinline__ uint32_t floats_to_x2_bits(float lo, float hi) {
-  if (either_nan(lo, hi)) {
-    return static_cast<uint32_t>(Format::scalar(lo)) | (static_cast<uint32_t>(Format::scalar(hi)) << 16);
-  }
+  if (either_nan(lo, hi)) return scalar_pair<Format>(lo, hi);
   return Format::hardware(lo, hi);
 }
 

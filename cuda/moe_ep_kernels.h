@@ -186,9 +186,6 @@ struct CombineLaunch {
                                // its combine starts, and each source reads its rows from the peers'
                                // views; expert_output is then only read for this rank's own rows.
                                // schedule, phases, reduce_blocks and small_batch are ignored.
-  int32_t pull_staged;         // pull only: the peers' partials are already in this rank's combine_in
-                               // (copied there by the copy engines after launch_combine_handshake),
-                               // so the kernel neither announces nor waits
   int32_t token_begin;         // pull only: the kernel reduces tokens [token_begin, token_end)
   int32_t token_end;
   int32_t pull_rows;           // pull only: whole-row bulk copies, warp-specialised (rows of at most
@@ -239,12 +236,6 @@ cudaError_t prepare_dispatch(int32_t bulk_rows);
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets,
                            const HandleState& state, const CombineLaunch& args,
                            cudaStream_t stream);
-// The pull combine's handshake alone (one block): announces "started" for
-// this call at every peer (this rank's combine_input view holds its expert
-// output) and waits for every peer's.  After it, the copy engines may read the
-// peers' views in stream order (docs/nvlink_backend.md, "Combine").
-cudaError_t launch_combine_handshake(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
-                                     int32_t pdl, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace moe_ep

@@ -233,10 +233,12 @@ typedef struct moe_ep_config_t {
                          combine_input, a [P, hidden_size] combine_dtype view
                          of the workspace that the expert computation may
                          write its output into and pass to combine as
-                         expert_output (no copy).  Costs world_size *
+                         expert_output (no copy).  The view holds world_size *
                          max_tokens_per_rank * hidden_size combine_dtype
-                         elements of workspace (moe_ep_workspace_size counts
-                         them).  Must be the same on every rank.  On
+                         elements; on NVLINK_TWO_SIDED it replaces the push
+                         combine's landing rows, so the workspace grows by
+                         max_tokens_per_rank rows only (moe_ep_workspace_size
+                         counts it).  Must be the same on every rank.  On
                          NVLINK_TWO_SIDED combine then pulls each peer's rows
                          from the peer's view; an expert_output elsewhere is
                          first copied into this rank's view on the stream. */

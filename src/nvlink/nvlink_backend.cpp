@@ -26,7 +26,6 @@
 #include "nvlink/mirror_pool.hpp"
 #include "nvlink/nvlink_log.hpp"
 #include "nvlink/shared_memory.hpp"
-#include "nvlink/side_copies.hpp"
 #include "nvlink/tuning_environment.hpp"
 #include "nvlink/workspace_plan.hpp"
 
@@ -183,11 +182,6 @@ class NvlinkBackend final : public Backend {
     if (a.pull) {
       a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
       if (!call.expert_output_is_workspace) copy_into_view(call, s);
-      if (copy_engines_) {
-        pull_with_copy_engines(call, a, s);
-        note_launch(s);
-        return a.output;
-      }
     }
     a.schedule = kernels::resolve_combine_schedule(combine_schedule_, layout_.world_size, call.tokens_per_rank,
                                                    group_min_sm_budget_);
@@ -201,46 +195,6 @@ class NvlinkBackend final : public Backend {
     check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
     note_launch(s);
     return a.output;
-  }
-
-  // The copy-engine variant of the pull (MOE_EP_COMBINE_COPY_ENGINES): after
-  // the handshake, the copy engines bring every peer's partials of this rank's
-  // tokens from the peer's view into combine_in, in chunks of rows on a side
-  // stream, and the pull kernel reduces the tokens of chunk k once chunk k has
-  // landed, while the next chunk is on its way.  Only rows [0, T) of each
-  // segment are copied: a token's slot on a peer counts this rank's earlier
-  // tokens sent there, so it is below the token's index, and tokens [r0, r1)
-  // need rows below r1 only.  A per-rank choice: what a peer sees (the
-  // handshake, reads of its view until this call ends) is the same as for the
-  // pull kernel.
-  void pull_with_copy_engines(const CombineCall& call, kernels::CombineLaunch& a, cudaStream_t s) {
-    check_cuda(kernels::launch_combine_handshake(shape_, offsets_, state_, pdl_, s), "launching the combine handshake");
-    if (!side_copies_) side_copies_ = std::make_unique<SideCopies>();
-    const int64_t T = call.num_tokens;
-    const int64_t tpr = call.tokens_per_rank;
-    const int64_t row = static_cast<int64_t>(layout_.combine_row_bytes);
-    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(copy_engine_chunks_, T));
-    const int64_t rows_per_chunk = (T + chunks - 1) / chunks;
-    const int me = layout_.rank;
-    char* staging = memory_->local() + offsets_.combine_in;
-    side_copies_->fork(s);
-    a.pull_staged = 1;
-    for (int64_t k = 0; k < chunks; ++k) {
-      const int64_t r0 = k * rows_per_chunk;
-      const int64_t r1 = std::min(T, r0 + rows_per_chunk);
-      for (int q = 0; q < layout_.world_size; ++q) {
-        if (q == me) continue;
-        const int64_t segment = q < me ? q : q - 1;  // kernels::KernelContext::combine_segment(q, me)
-        side_copies_->copy(staging + (segment * tpr + r0) * row,
-                           memory_->rank_base(q) + offsets_.combine_input + (me * tpr + r0) * row,
-                           static_cast<size_t>((r1 - r0) * row));
-      }
-      side_copies_->join(static_cast<int>(k), s);
-      a.token_begin = static_cast<int32_t>(r0);
-      a.token_end = static_cast<int32_t>(r1);
-      a.num_blocks = kernels::combine_pull_blocks(static_cast<int32_t>(r1 - r0), sm_budget_);
-      if (r1 > r0) check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
-    }
   }
 
   // Copies the rows of every peer's segment of expert_output into this rank's
@@ -292,7 +246,6 @@ class NvlinkBackend final : public Backend {
       clock.step("unmap and release the workspace");
       own_work_.reset();
       if (private_stream_) cudaStreamDestroy(private_stream_);
-      side_copies_.reset();
       clock.step("stream and events");
       release_mirror_slot(mirror_);  // back to the pool: cudaFreeHost would wait for the device
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
@@ -303,7 +256,6 @@ class NvlinkBackend final : public Backend {
     }
     memory_.reset();
     own_work_.reset();
-    side_copies_.reset();
     private_stream_ = nullptr;
     mirror_ = nullptr;
     if (have_previous) cudaSetDevice(previous);
@@ -345,10 +297,7 @@ class NvlinkBackend final : public Backend {
     pull_diagnostic_ = int_from_environment("MOE_EP_PULL_DIAGNOSTIC");
     dispatch_diagnostic_ = int_from_environment("MOE_EP_DISPATCH_DIAGNOSTIC");
 #endif
-    copy_engines_ = environment_switch("MOE_EP_COMBINE_COPY_ENGINES", "1");
     dispatch_bulk_ = cc >= 90 && environment_switch("MOE_EP_DISPATCH_BULK", "1") ? 1 : 0;
-    copy_engine_chunks_ = int_from_environment("MOE_EP_COMBINE_COPY_CHUNKS");
-    if (copy_engine_chunks_ <= 0 || copy_engine_chunks_ > SideCopies::kMaxChunks) copy_engine_chunks_ = 4;
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -465,9 +414,6 @@ class NvlinkBackend final : public Backend {
   int32_t pull_producers_ = kDefaultPullProducers;   // MOE_EP_PULL_PRODUCERS
   int32_t pull_diagnostic_ = 0;                      // MOE_EP_PULL_DIAGNOSTIC (diagnostic builds only)
   int32_t dispatch_diagnostic_ = 0;                  // MOE_EP_DISPATCH_DIAGNOSTIC (diagnostic builds only)
-  bool copy_engines_ = false;                // MOE_EP_COMBINE_COPY_ENGINES=1
-  int copy_engine_chunks_ = 4;               // MOE_EP_COMBINE_COPY_CHUNKS
-  std::unique_ptr<SideCopies> side_copies_;  // made at the first copy-engine combine
   bool released_ = false;
 };
 

@@ -10,8 +10,6 @@
 //   MOE_EP_PULL_COPY_BYTES=N, MOE_EP_PULL_PRODUCERS=N  below;
 //   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
 //                          into registers instead of bulk copies (a diagnostic);
-//   MOE_EP_COMBINE_COPY_ENGINES=1  the pull combine's copy-engine variant
-//                          (default off: slower on every SM budget measured);
 //   MOE_EP_DISPATCH_BULK=1 dispatch moves 16-byte aligned hidden rows with bulk
 //                          copies through shared memory (compute capability
 //                          9.0 and newer; off by default: faster on 8 SMs,

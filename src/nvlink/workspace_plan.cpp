@@ -45,7 +45,11 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.combine_arrivals = p.place(W * sizeof(uint64_t));
   o.combine_started = p.place(W * sizeof(uint64_t));
   o.combine_chunk_flags = p.place(W * M * sizeof(uint64_t));
-  o.combine_in = p.place((W - 1) * M * l.combine_row_bytes);
+  // The push combine's landing rows.  With zero_copy_combine every combine of
+  // the group pulls from the peers' views and nothing lands here, so the
+  // region is empty: the view replaces it, and the workspace stays within
+  // docs/semantics.md §6's bound at the DeepSeek shape.
+  o.combine_in = p.place(l.zero_copy_combine ? 0 : (W - 1) * M * l.combine_row_bytes);
   // Last of the shared regions and 0 bytes unless enabled: without
   // zero_copy_combine every offset and the total are what they were before it.
   o.combine_input = p.place(combine_input_region_bytes(l));

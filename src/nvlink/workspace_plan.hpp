@@ -1,7 +1,8 @@
 // Where each region lives in one rank's workspace (the same on every rank, so
 // that a peer's region is its base plus the same offset), and how big the
 // whole is.  Sizes follow docs/semantics.md §6: one dispatch receive region and one combine
-// region of world x max_tokens_per_rank rows, no double buffering.
+// region of world x max_tokens_per_rank rows (the push combine's landing rows,
+// or the zero-copy combine_input view), no double buffering.
 #pragma once
 
 #include <cstdint>

@@ -444,30 +444,36 @@ TEST_CASE("100 create/destroy cycles leave device memory where it was", "[gpu][l
 
 TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within docs/semantics.md §6",
           "[gpu][lifecycle]") {
-  WorkloadSpec s = spec_for_world(256, 8, 7168, 512);
-  moe_ep_params_t p = s.params();
-  moe_ep_config_t c;
-  moe_ep_config_init(&c);
-  c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
-  c.device = gpu_device();
-  uint64_t bytes = 0;
-  REQUIRE(moe_ep_workspace_size(&p, &c, s.world, &bytes) == MOE_EP_SUCCESS);
-  const uint64_t row = 7168 * 2;
-  const uint64_t bound = 2ull * s.world * s.max_tokens_per_rank * row + (64ull << 20);
-  const size_t before = free_device_memory();
-  moe_ep_handle_t h = nullptr;
-  const moe_ep_bootstrap_t& b = world_bootstrap();
-  REQUIRE(mpi_all(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS));
-  const size_t during = free_device_memory();
-  moe_ep_destroy(&h);
-  const uint64_t used = before - during;
-  INFO("workspace_size " << bytes << ", device memory taken " << used << ", bound (docs/semantics.md §6) " << bound);
-  REQUIRE(mpi_all(bytes <= bound));
-  // Ranks that share this GPU (more ranks than GPUs) allocate theirs from the
-  // same free memory during the same collective create.
-  const uint64_t sharing = static_cast<uint64_t>((s.world + gpu_device_count() - 1) / gpu_device_count());
-  INFO("ranks per GPU at most " << sharing);
-  REQUIRE(mpi_all(used >= bytes && used <= sharing * (bytes + (4u << 20))));
+  // With and without the zero-copy view: the view replaces the push combine's
+  // landing rows, so both stay within the bound.
+  for (const int32_t zero_copy : {0, 1}) {
+    INFO("zero_copy_combine " << zero_copy);
+    WorkloadSpec s = spec_for_world(256, 8, 7168, 512);
+    moe_ep_params_t p = s.params();
+    moe_ep_config_t c;
+    moe_ep_config_init(&c);
+    c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+    c.device = gpu_device();
+    c.zero_copy_combine = zero_copy;
+    uint64_t bytes = 0;
+    REQUIRE(moe_ep_workspace_size(&p, &c, s.world, &bytes) == MOE_EP_SUCCESS);
+    const uint64_t row = 7168 * 2;
+    const uint64_t bound = 2ull * s.world * s.max_tokens_per_rank * row + (64ull << 20);
+    const size_t before = free_device_memory();
+    moe_ep_handle_t h = nullptr;
+    const moe_ep_bootstrap_t& b = world_bootstrap();
+    REQUIRE(mpi_all(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS));
+    const size_t during = free_device_memory();
+    moe_ep_destroy(&h);
+    const uint64_t used = before - during;
+    INFO("workspace_size " << bytes << ", device memory taken " << used << ", bound (docs/semantics.md §6) " << bound);
+    REQUIRE(mpi_all(bytes <= bound));
+    // Ranks that share this GPU (more ranks than GPUs) allocate theirs from the
+    // same free memory during the same collective create.
+    const uint64_t sharing = static_cast<uint64_t>((s.world + gpu_device_count() - 1) / gpu_device_count());
+    INFO("ranks per GPU at most " << sharing);
+    REQUIRE(mpi_all(used >= bytes && used <= sharing * (bytes + (4u << 20))));
+  }
 }
 
 TEST_CASE("runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank, nothing read "
