@@ -401,6 +401,47 @@ struct RingCursors {
   }
 };
 
+// A token whose one step holds all its partials (at most two: every token at
+// 2 ranks), 16-bit formats: the output row straight from the packed sums
+// (Element::sum_two, v22), the empty step as zeros; a vector with a NaN
+// result is recomputed in fp32 as the multi-step path does.  Releases the
+// buffer before the stores, as that path does.
+template <typename Element, int kVectors>
+__device__ void consume_single_step(const RowStages& st, int stage, int2 step, int i, int vectors,
+                                    uint4 (&out)[kVectors]) {
+  constexpr int kPer = 16 / sizeof(typename Element::Bits);
+  const uint4* row = reinterpret_cast<const uint4*>(st.buffer(stage));
+  const uint4* row1 = reinterpret_cast<const uint4*>(st.buffer(stage) + st.stage_bytes);
+  const bool empty = (step.y & kRowEmpty) != 0;
+  const bool pair = (step.y & kRowPair) != 0;
+  uint4 x0[kVectors], x1[kVectors];
+#pragma unroll
+  for (int u = 0; u < kVectors; ++u) {
+    const int v = i + u * st.consumers;
+    x0[u] = make_uint4(0u, 0u, 0u, 0u);
+    x1[u] = make_uint4(0u, 0u, 0u, 0u);
+    if (!empty && (u < kVectors - 1 || v < vectors)) {
+      x0[u] = row[v];
+      if (pair) x1[u] = row1[v];
+    }
+  }
+  barrier_arrive(st.empty + stage);  // this thread's reads of the buffer and the step are done
+  uint32_t nan = 0;
+#pragma unroll
+  for (int u = 0; u < kVectors; ++u) out[u] = Element::sum_two(x0[u], x1[u], nan);
+  if (nan != 0) {  // rare: the fp32 path keeps NaN payloads as the host does
+#pragma unroll
+    for (int u = 0; u < kVectors; ++u) {
+      float acc[kPer];
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) acc[e] = 0.0f;
+      Element::add_vector(acc, x0[u]);
+      Element::add_vector(acc, x1[u]);  // +0 when there is no second partial: 0 + a + 0 = 0 + a
+      out[u] = Element::store_vector(acc);
+    }
+  }
+}
+
 // Consumer thread i (0 .. st.consumers - 1) owns vectors i, i + consumers, ...
 // of a row, kVectors of them at most (the fewest that cover the row: only
 // the last can fall past its end, so only the last is tested), for up to
@@ -419,15 +460,33 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
   int j = 0;                // producer of token t: plan.producer_of(t, t0), kept without a division
   for (int32_t t = t0; t < t1; ++t, j = j + 1 == plan.producers ? 0 : j + 1) {
     PullRowsSchedule::Position at = taken.get(j);
+    uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
+                                          static_cast<int64_t>(t) * c.shape.combine_row_bytes);
+    if (!barrier_wait(st.full + at.stage, at.parity(), c.state.timeout_ns)) return false;
+    if constexpr (Element::kSumsTwo) {
+      const int2 first = st.steps[at.stage];
+      if ((first.y & kRowLast) && pull_diagnostic(p) == 0) {
+        uint4 sums[kVectors];
+        consume_single_step<Element, kVectors>(st, at.stage, first, i, vectors, sums);
+        taken.set(j, plan.next(j, at));
+#pragma unroll
+        for (int u = 0; u < kVectors; ++u) {
+          const int v = i + u * st.consumers;
+          if (u < kVectors - 1 || v < vectors) out[v] = sums[u];
+        }
+        continue;
+      }
+    }
     float acc[kVectors][kPer];
 #pragma unroll
     for (int u = 0; u < kVectors; ++u) {
 #pragma unroll
       for (int e = 0; e < kPer; ++e) acc[u][e] = 0.0f;
     }
-    for (;; at = plan.next(j, at)) {
+    // The first step's barrier was waited for above.
+    for (bool waited = true;; at = plan.next(j, at), waited = false) {
       const int stage = at.stage;
-      if (!barrier_wait(st.full + stage, at.parity(), c.state.timeout_ns)) return false;
+      if (!waited && !barrier_wait(st.full + stage, at.parity(), c.state.timeout_ns)) return false;
       const int2 step = st.steps[stage];
       if (!(step.y & kRowEmpty) && (pull_diagnostic(p) & kDiagNoAdds) == 0) {
         // Both rows' loads first (four or six 16-byte loads in flight), then
@@ -464,8 +523,6 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
     }
     taken.set(j, plan.next(j, at));
     if (pull_diagnostic(p) & kDiagNoStores) continue;
-    uint4* out = reinterpret_cast<uint4*>(static_cast<char*>(p.args.output) +
-                                          static_cast<int64_t>(t) * c.shape.combine_row_bytes);
 #pragma unroll
     for (int u = 0; u < kVectors; ++u) {
       const int v = i + u * st.consumers;

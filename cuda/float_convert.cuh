@@ -99,9 +99,58 @@ __device__ __forceinline__ uint32_t floats_to_fp16x2_bits(float lo, float hi) {
   return floats_to_x2_bits<Fp16Bits>(lo, hi);
 }
 
+// A token's two partial rows summed with packed adds (v22): the result of
+// 0 + a + b in fp32 (combine's order, the lower rank's a first), rounded once
+// to the 16-bit format, is the exact sum a + b rounded once to that format:
+// fp32 keeps 24 significand bits, at least 2p + 2 for bf16 (p = 8) and fp16
+// (p = 11), and for such formats rounding to the wider one first is
+// innocuous for a sum.  Adding +0 first turns a -0 into +0, as the fp32
+// accumulator that starts at +0 does (-0 + -0 would stay -0).  NaN results
+// (a NaN input, inf - inf) are flagged, not trusted: the hardware returns one
+// canonical NaN where the host keeps the payload; the caller recomputes them
+// in fp32.  test/nvlink/test_float_convert.cu checks every pair of 16-bit
+// inputs, in both orders.  Why: on a few SMs the pull's consumers are
+// instruction-bound, and this is 2 packed adds and a 3-instruction NaN test
+// per two values where widening, fp32 adds and conversion took about 12.
+__device__ __forceinline__ uint32_t bf16x2_add_rn(uint32_t a, uint32_t b) {
+  uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+#elif !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3F803F80u), "r"(b));  // a * 1 + b
+#else
+  d = 0x7FFF7FFFu;  // no packed bf16 arithmetic: a NaN, so that the caller takes the fp32 path
+  (void)a;
+  (void)b;
+#endif
+  return d;
+}
+__device__ __forceinline__ uint32_t fp16x2_add_rn(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+// Nonzero where a half of `w` is a NaN: the half's magnitude plus
+// (0x8000 - smallest NaN magnitude) reaches its sign bit exactly for NaN
+// magnitudes, and never carries into the other half.
+template <uint32_t kSmallestNanMagnitude>
+__device__ __forceinline__ uint32_t nan_halves(uint32_t w) {
+  constexpr uint32_t bias = 0x8000u - kSmallestNanMagnitude;
+  return ((w & 0x7FFF7FFFu) + (bias | bias << 16)) & 0x80008000u;
+}
+template <uint32_t (*kAdd)(uint32_t, uint32_t), uint32_t kSmallestNanMagnitude>
+__device__ __forceinline__ uint4 sum_two_x8(const uint4& a, const uint4& b, uint32_t& nan) {
+  const uint4 r = make_uint4(kAdd(kAdd(a.x, 0u), b.x), kAdd(kAdd(a.y, 0u), b.y), kAdd(kAdd(a.z, 0u), b.z),
+                             kAdd(kAdd(a.w, 0u), b.w));
+  nan |= nan_halves<kSmallestNanMagnitude>(r.x) | nan_halves<kSmallestNanMagnitude>(r.y) |
+         nan_halves<kSmallestNanMagnitude>(r.z) | nan_halves<kSmallestNanMagnitude>(r.w);
+  return r;
+}
+
 // One element type of combine: how it loads to and stores from fp32, one
 // value (load, store) or a 16-byte vector of them (add_vector: each value
-// added to its accumulator, in order; store_vector).
+// added to its accumulator, in order; store_vector).  16-bit formats also
+// sum two partial vectors straight into output bits (sum_two, kSumsTwo).
 struct Bf16Element {
   using Bits = uint16_t;
   static __device__ __forceinline__ float load(Bits b) { return bf16_bits_to_float(b); }
@@ -117,6 +166,10 @@ struct Bf16Element {
   }
   static __device__ __forceinline__ Bits store(float f) { return float_to_bf16_bits(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Bf16Bits>(v); }
+  static constexpr bool kSumsTwo = true;
+  static __device__ __forceinline__ uint4 sum_two(const uint4& a, const uint4& b, uint32_t& nan) {
+    return sum_two_x8<bf16x2_add_rn, 0x7F81u>(a, b, nan);
+  }
 };
 struct Fp16Element {
   using Bits = uint16_t;
@@ -128,9 +181,14 @@ struct Fp16Element {
   }
   static __device__ __forceinline__ Bits store(float f) { return float_to_fp16_bits(f); }
   static __device__ __forceinline__ uint4 store_vector(const float (&v)[8]) { return floats_to_x8_bits<Fp16Bits>(v); }
+  static constexpr bool kSumsTwo = true;
+  static __device__ __forceinline__ uint4 sum_two(const uint4& a, const uint4& b, uint32_t& nan) {
+    return sum_two_x8<fp16x2_add_rn, 0x7C01u>(a, b, nan);
+  }
 };
 struct Fp32Element {
   using Bits = uint32_t;
+  static constexpr bool kSumsTwo = false;  // fp32 partials: the fp32 adds are the sum
   static __device__ __forceinline__ float load(Bits b) { return __uint_as_float(b); }
   static __device__ __forceinline__ void add_vector(float (&acc)[4], const uint4& x) {
     acc[0] += __uint_as_float(x.x);

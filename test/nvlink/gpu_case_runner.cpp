@@ -48,6 +48,30 @@ std::vector<uint8_t> read_device_memory(const void* data, uint64_t bytes) {
   return out;
 }
 
+// Whether the element at `p` (bf16, fp16 or fp32) is a NaN.
+bool is_nan(const uint8_t* p, moe_ep_dtype_t dtype) {
+  if (dtype.bits == 32) {
+    uint32_t u;
+    std::memcpy(&u, p, 4);
+    return (u & 0x7FFFFFFFu) > 0x7F800000u;
+  }
+  uint16_t u;
+  std::memcpy(&u, p, 2);
+  return (u & 0x7FFFu) > (dtype.code == MOE_EP_DTYPE_BFLOAT ? 0x7F80u : 0x7C00u);
+}
+
+// Bit for bit, or (nans_equal) with any two NaNs of `dtype` equal.
+bool same_combine_output(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, moe_ep_dtype_t dtype,
+                         bool nans_equal) {
+  if (a == b) return true;
+  if (!nans_equal || a.size() != b.size()) return false;
+  const size_t size = dtype.bits / 8;
+  for (size_t i = 0; i + size <= a.size(); i += size) {
+    if (std::memcmp(&a[i], &b[i], size) != 0 && !(is_nan(&a[i], dtype) && is_nan(&b[i], dtype))) return false;
+  }
+  return true;
+}
+
 void poison(const moe_ep_tensor_t& t) {
   if (t.data == nullptr) return;
   uint64_t elements = 1;
@@ -177,7 +201,8 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
     RankInputs data = make_rank_inputs(w, rank);
     if (o.edit_inputs) o.edit_inputs(rank, data);
     const int T = data.routing.num_tokens;
-    const std::vector<uint8_t> eo = make_expert_output(w, rank);
+    std::vector<uint8_t> eo = make_expert_output(w, rank);
+    if (o.edit_expert_output) o.edit_expert_output(rank, round, eo);
     gpu.upload(data, eo);
     DispatchArgs gpu_args(w, T, gpu.memory(), dev);
     const void* gpu_eo_address = gpu.expert_output.get();  // or the combine_input view (zero-copy)
@@ -239,7 +264,8 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
     const std::vector<uint8_t> gpu_out = read_combine(w, gpu_combined, T, dev, read_device_memory, v);
     v.merge(compare_dispatch(w, host_copy, gpu_copy));
     std::string diff = v.wrong ? std::to_string(v.wrong) + " wrong:\n" + v.details : "";
-    if (gpu_out != host_out) {  // bitwise: both reduce in fp32 in ascending rank order
+    if (!same_combine_output(gpu_out, host_out, w.combine_dtype, o.nans_compare_equal)) {
+      // bitwise: both reduce in fp32 in ascending rank order
       size_t first = 0;
       while (first < gpu_out.size() && first < host_out.size() && gpu_out[first] == host_out[first]) ++first;
       diff += "combine output differs (" + std::to_string(gpu_out.size()) + " vs " + std::to_string(host_out.size()) +

@@ -5,8 +5,10 @@
 // by the CPU suites and by moe_ep_conformance).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "moe_ep_c.h"
 #include "workload.hpp"
@@ -38,6 +40,13 @@ struct GpuCaseOptions {
   int device = -1;             // -1 = gpu_device()
   // Edits a rank's inputs after they are drawn (both handles see the edit).
   std::function<void(int rank, RankInputs& inputs)> edit_inputs;
+  // Edits a rank's expert output ([P, H] combine_dtype) after it is drawn
+  // (both handles see the edit): special values, say.
+  std::function<void(int rank, int round, std::vector<uint8_t>& expert_output)> edit_expert_output;
+  // Combine outputs compared bit for bit except that any two NaNs of
+  // combine_dtype are equal: a sum with a NaN is the hardware's NaN (the GPU's
+  // canonical one, the host CPU's quieted operand), not a value the API fixes.
+  bool nans_compare_equal = false;
   // Called (eager rounds only) after the GPU dispatch is issued and before its
   // combine: e.g. to run a second handle while this one has a dispatch in flight.
   std::function<void()> between_dispatch_and_combine;

@@ -1,8 +1,11 @@
 // Exhaustive check of combine's vector stores (cuda/float_convert.cuh): the
 // two-at-once hardware conversions must give the same bits as the scalar
 // ones (which equal the host's, src/dtype.cpp) for every one of the 2^32
-// float inputs, in either half of the pair, NaNs included.  One GPU, no MPI;
-// exits 77 (skipped) without a GPU.
+// float inputs, in either half of the pair, NaNs included.  And the packed
+// sums of two partials (Element::sum_two) must give, for every pair of bf16
+// and of fp16 inputs (2^32 each, both orders), the bits of combine's fp32
+// path (0 + a + b, rounded once), with NaN results flagged exactly.  One
+// GPU, no MPI; exits 77 (skipped) without a GPU.
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,7 +22,8 @@ using moe_ep::kernels::floats_to_fp16x2_bits;
 struct Mismatches {
   unsigned long long count;
   uint32_t first_input;
-  uint32_t first_kind;  // 1 bf16 low, 2 bf16 high, 3 fp16 low, 4 fp16 high, 5 bf16 x8, 6 fp16 x8
+  uint32_t first_kind;  // 1 bf16 low, 2 bf16 high, 3 fp16 low, 4 fp16 high, 5 bf16 x8, 6 fp16 x8,
+                        // 7 bf16 sum of two, 8 fp16 sum of two
 };
 
 __device__ void report(Mismatches* m, uint32_t input, uint32_t kind) {
@@ -58,6 +62,38 @@ __global__ void check_all(uint64_t begin, uint64_t end, Mismatches* m) {
   }
 }
 
+// One half of a sum_two result against the fp32 path: equal bits where the
+// half is not flagged, and flagged exactly where the fp32 result is a NaN.
+template <typename Element>
+__device__ bool half_matches(uint32_t x, uint32_t y, uint32_t sum, uint32_t nan, int half) {
+  const float reference = 0.0f + Element::load(static_cast<uint16_t>(x)) + Element::load(static_cast<uint16_t>(y));
+  const bool flagged = ((nan >> (16 * half)) & 0x8000u) != 0;
+  if (flagged != (reference != reference)) return false;
+  return flagged || ((sum >> (16 * half)) & 0xFFFFu) == Element::store(reference);
+}
+
+// Input i is the pair (a, b) = (low, high 16 bits): word A holds (a, b),
+// word B (b, a), so that both orders are summed; the other words of the
+// vectors hold +0 (0 + 0 + 0: never flagged, which the test also checks).
+template <typename Element>
+__device__ void check_sum_two(uint32_t i, uint32_t kind, Mismatches* m) {
+  const uint32_t a = i & 0xFFFFu, b = i >> 16;
+  const uint32_t A = a | b << 16, B = b | a << 16;
+  uint32_t nan = 0;
+  const uint4 r = Element::sum_two(make_uint4(A, 0u, 0u, 0u), make_uint4(B, 0u, 0u, 0u), nan);
+  const bool good = half_matches<Element>(a, b, r.x, nan, 0) && half_matches<Element>(b, a, r.x, nan, 1) && r.y == 0u &&
+                    r.z == 0u && r.w == 0u;
+  if (!good) report(m, i, kind);
+}
+
+__global__ void check_sums(uint64_t begin, uint64_t end, Mismatches* m) {
+  for (uint64_t i = begin + blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < end;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    check_sum_two<moe_ep::kernels::Bf16Element>(static_cast<uint32_t>(i), 7, m);
+    check_sum_two<moe_ep::kernels::Fp16Element>(static_cast<uint32_t>(i), 8, m);
+  }
+}
+
 bool ok(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return true;
   fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
@@ -79,9 +115,11 @@ int main() {
   for (uint64_t begin = 0; begin < total; begin += step) {
     check_all<<<1024, 256>>>(begin, begin + step, m);
     if (!ok(cudaGetLastError(), "launching check_all")) return 1;
+    check_sums<<<1024, 256>>>(begin, begin + step, m);
+    if (!ok(cudaGetLastError(), "launching check_sums")) return 1;
   }
-  if (!ok(cudaDeviceSynchronize(), "check_all")) return 1;
-  printf("%llu mismatches over 2^32 inputs x 6 conversions", m->count);
+  if (!ok(cudaDeviceSynchronize(), "check_all, check_sums")) return 1;
+  printf("%llu mismatches over 2^32 inputs x 6 conversions and 2^32 pairs x 2 sums", m->count);
   if (m->count != 0) printf(" (first: input 0x%08x, kind %u)", m->first_input, m->first_kind);
   printf("\n");
   const bool pass = m->count == 0;

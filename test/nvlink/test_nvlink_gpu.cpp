@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -220,6 +221,69 @@ TEST_CASE("zero-copy combine input: ranks that pass their own buffer instead of 
   none.num_sms = 4;
   s.seed = 69;
   check_case(s, none);
+}
+
+namespace {
+
+// Every 8th element of a rank's expert output (chosen by a hash of rank,
+// round and position) becomes one of `specials`: so partials meet as -0 and
+// -0, inf and -inf, the largest finite and itself (overflow), subnormals,
+// NaNs with payloads, and ordinary values.
+template <typename Bits>
+void plant_specials(int rank, int round, std::vector<uint8_t>& eo, const std::vector<Bits>& specials) {
+  const size_t n = eo.size() / sizeof(Bits);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t h = (static_cast<uint64_t>(rank) << 40) ^ (static_cast<uint64_t>(round) << 32) ^ i;
+    h *= 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+    if (h % 8 != 0) continue;
+    const Bits v = specials[(h >> 3) % specials.size()];
+    std::memcpy(eo.data() + i * sizeof(Bits), &v, sizeof(Bits));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("combine sums special values (-0, inf, overflow, subnormals, NaNs) as the HOST backend does",
+          "[gpu][zero_copy][special_values]") {
+  // The zero-copy pull sums two 16-bit partials with packed adds and takes
+  // fp32 for NaN results (v22); the push path always takes fp32.  Both must
+  // give the HOST backend's bits, NaNs aside (any NaN equals any NaN: a sum
+  // with a NaN is the hardware's NaN).
+  const std::vector<uint16_t> bf16 = {0x8000, 0x0000, 0x7F80, 0xFF80, 0x7F7F, 0xFF7F, 0x0001,
+                                      0x8001, 0x807F, 0x7FA5, 0xFFC1, 0x3F80, 0xBF80};
+  const std::vector<uint16_t> fp16 = {0x8000, 0x0000, 0x7C00, 0xFC00, 0x7BFF, 0xFBFF, 0x0001,
+                                      0x8001, 0x83FF, 0x7E55, 0xFD01, 0x3C00, 0xBC00};
+  const std::vector<uint32_t> fp32 = {0x80000000u, 0x7F800000u, 0xFF800000u, 0x7F7FFFFFu, 0x00000001u,
+                                      0x80000001u, 0x7FC12345u, 0xFF812345u, 0x3F800000u};
+  for (const bool zero_copy : {true, false}) {
+    INFO("zero_copy_combine " << zero_copy);
+    GpuCaseOptions o;
+    o.zero_copy_combine = zero_copy;
+    o.nans_compare_equal = true;
+    WorkloadSpec b = spec_for_world(64, 8, 7168, 64);
+    b.seed = 131;
+    o.edit_expert_output = [&](int rank, int round, std::vector<uint8_t>& eo) {
+      plant_specials(rank, round, eo, bf16);
+    };
+    check_case(b, o);
+    WorkloadSpec h = spec_for_world(64, 8, 2880, 64);
+    h.hidden_dtype = kFp16;
+    h.combine_dtype = kFp16;
+    h.seed = 132;
+    o.edit_expert_output = [&](int rank, int round, std::vector<uint8_t>& eo) {
+      plant_specials(rank, round, eo, fp16);
+    };
+    check_case(h, o);
+    WorkloadSpec f = spec_for_world(64, 8, 1000, 64);
+    f.hidden_dtype = kFp32;
+    f.combine_dtype = kFp32;
+    f.seed = 133;
+    o.edit_expert_output = [&](int rank, int round, std::vector<uint8_t>& eo) {
+      plant_specials(rank, round, eo, fp32);
+    };
+    check_case(f, o);
+  }
 }
 
 TEST_CASE("a CUDA graph of dispatch + combine replays with results identical to eager calls", "[gpu][graph]") {
