@@ -173,6 +173,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int warmup = argc > 3 ? std::atoi(argv[3]) : 5, iters = argc > 4 ? std::atoi(argv[4]) : 30;
+  // Every kernel loaded before any runs: with lazy loading, a rank's first
+  // launch may wait for the kernels in flight in the context, among them its
+  // peer's, which spins until this rank's kernel runs (seen here: a run that
+  // hung until the timeout).  Ranks in separate processes do not share this.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   std::vector<Times> times(2);
   std::vector<std::string> failures(2);
   moe_ep_test::run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {

@@ -297,7 +297,7 @@ class NvlinkBackend final : public Backend {
     pull_diagnostic_ = int_from_environment("MOE_EP_PULL_DIAGNOSTIC");
     dispatch_diagnostic_ = int_from_environment("MOE_EP_DISPATCH_DIAGNOSTIC");
 #endif
-    dispatch_bulk_ = cc >= 90 && environment_switch("MOE_EP_DISPATCH_BULK", "1") ? 1 : 0;
+    dispatch_bulk_ = cc >= 90 && dispatch_bulk_from_environment(sm_budget_) ? 1 : 0;
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the

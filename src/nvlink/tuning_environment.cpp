@@ -15,4 +15,10 @@ int32_t pull_producers_from_environment() {
   return n > kMaxPullProducers ? kMaxPullProducers : n;
 }
 
+bool dispatch_bulk_from_environment(int32_t sm_budget) {
+  if (environment_switch("MOE_EP_DISPATCH_BULK", "1")) return true;
+  if (environment_switch("MOE_EP_DISPATCH_BULK", "0")) return false;
+  return sm_budget <= kDispatchBulkAutoMaxSms;
+}
+
 }  // namespace moe_ep

@@ -10,10 +10,9 @@
 //   MOE_EP_PULL_COPY_BYTES=N, MOE_EP_PULL_PRODUCERS=N  below;
 //   MOE_EP_PULL_LOADS=registers  with whole rows off, the pull combine loads
 //                          into registers instead of bulk copies (a diagnostic);
-//   MOE_EP_DISPATCH_BULK=1 dispatch moves 16-byte aligned hidden rows with bulk
-//                          copies through shared memory (compute capability
-//                          9.0 and newer; off by default: faster on 8 SMs,
-//                          slower on 16, measured).
+//   MOE_EP_DISPATCH_BULK=1 / =0  dispatch moves 16-byte aligned hidden rows
+//                          with bulk copies through shared memory (compute
+//                          capability 9.0 and newer), or never; unset: below.
 #pragma once
 
 #include <stdint.h>
@@ -34,5 +33,12 @@ int32_t pull_copy_bytes_from_environment();
 constexpr int32_t kDefaultPullProducers = 2;
 constexpr int32_t kMaxPullProducers = 4;
 int32_t pull_producers_from_environment();
+
+// MOE_EP_DISPATCH_BULK: "1" always, "0" never, unset (or anything else) when
+// the rank's SM budget is at most kDispatchBulkAutoMaxSms, where the bulk
+// path measured faster (2 H200, 4096 tokens: 8 SMs 314 against 346 us, 16 SMs
+// 217 against 202; docs/nvlink_backend.md v11, v23).
+constexpr int32_t kDispatchBulkAutoMaxSms = 8;
+bool dispatch_bulk_from_environment(int32_t sm_budget);
 
 }  // namespace moe_ep

@@ -37,6 +37,11 @@ int32_t producers(const char* value) {
   return moe_ep::pull_producers_from_environment();
 }
 
+bool bulk(const char* value, int32_t sm_budget) {
+  const ScopedVariable v("MOE_EP_DISPATCH_BULK", value);
+  return moe_ep::dispatch_bulk_from_environment(sm_budget);
+}
+
 }  // namespace
 
 TEST_CASE("environment_switch: on unless \"0\", or only when set to the named value", "[tuning]") {
@@ -94,4 +99,15 @@ TEST_CASE("MOE_EP_PULL_PRODUCERS: default 2, clamped to 1..4", "[tuning]") {
   CHECK(producers("3") == 3);
   CHECK(producers("4") == 4);
   CHECK(producers("9") == moe_ep::kMaxPullProducers);
+}
+
+TEST_CASE("MOE_EP_DISPATCH_BULK: 1 always, 0 never, else by the SM budget", "[tuning]") {
+  const int32_t at = moe_ep::kDispatchBulkAutoMaxSms;
+  for (const int32_t budget : {1, at, at + 1, 16, 132}) {
+    INFO("SM budget " << budget);
+    CHECK(bulk("1", budget));
+    CHECK_FALSE(bulk("0", budget));
+    CHECK(bulk(nullptr, budget) == (budget <= at));
+    CHECK(bulk("junk", budget) == (budget <= at));
+  }
 }
