@@ -405,14 +405,15 @@ struct RingCursors {
 // 2 ranks), 16-bit formats: the output row straight from the packed sums
 // (Element::sum_two, v22), the empty step as zeros; a vector with a NaN
 // result is recomputed in fp32 as the multi-step path does.  Releases the
-// buffer before the stores, as that path does.
+// buffer before the stores, as that path does.  `diagnostic`
+// (PullDiagnostic, measurement builds only) kDiagNoAdds: no loads or sums.
 template <typename Element, int kVectors>
 __device__ void consume_single_step(const RowStages& st, int stage, int2 step, int i, int vectors,
-                                    uint4 (&out)[kVectors]) {
+                                    int32_t diagnostic, uint4 (&out)[kVectors]) {
   constexpr int kPer = 16 / sizeof(typename Element::Bits);
   const uint4* row = reinterpret_cast<const uint4*>(st.buffer(stage));
   const uint4* row1 = reinterpret_cast<const uint4*>(st.buffer(stage) + st.stage_bytes);
-  const bool empty = (step.y & kRowEmpty) != 0;
+  const bool empty = (step.y & kRowEmpty) != 0 || (diagnostic & kDiagNoAdds) != 0;
   const bool pair = (step.y & kRowPair) != 0;
   uint4 x0[kVectors], x1[kVectors];
 #pragma unroll
@@ -465,10 +466,11 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
     if (!barrier_wait(st.full + at.stage, at.parity(), c.state.timeout_ns)) return false;
     if constexpr (Element::kSumsTwo) {
       const int2 first = st.steps[at.stage];
-      if ((first.y & kRowLast) && pull_diagnostic(p) == 0) {
+      if (first.y & kRowLast) {
         uint4 sums[kVectors];
-        consume_single_step<Element, kVectors>(st, at.stage, first, i, vectors, sums);
+        consume_single_step<Element, kVectors>(st, at.stage, first, i, vectors, pull_diagnostic(p), sums);
         taken.set(j, plan.next(j, at));
+        if (pull_diagnostic(p) & kDiagNoStores) continue;
 #pragma unroll
         for (int u = 0; u < kVectors; ++u) {
           const int v = i + u * st.consumers;
