@@ -13,9 +13,7 @@ BUILD=${BUILD:-build-final}
 SUMMARY=$OUT/summary.txt
 source "$(dirname "$0")/steps.sh"
 build_step 150 moe_ep moe_ep_conformance test_nvlink_gpu
-g++ -O2 -std=c++17 scripts/gpu/pull_proxy_bench.cpp test/support/thread_bootstrap.cpp -Iinclude -Itest/support \
-  -I/usr/local/cuda/include -L"$PWD/$BUILD/src" -Wl,-rpath,"$PWD/$BUILD/src" -lmoe_ep -L/usr/local/cuda/lib64 \
-  -lcudart -lpthread -o /tmp/proxy > "$OUT/proxy_build.log" 2>&1 && echo "proxy_build: ok" | tee -a "$SUMMARY"
+proxy_build "$PWD/$BUILD" /tmp/proxy > "$OUT/proxy_build.log" 2>&1 && echo "proxy_build: ok" | tee -a "$SUMMARY"
 for sms in 4 6 8 10 12 16 24; do
   for round in 1 2; do
     for bulk in 0 1; do

@@ -17,10 +17,6 @@ source "$(dirname "$0")/steps.sh"
   -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C $DIAG -j8 moe_ep) > "$OUT/diag_build.log" 2>&1 &
 diag_pid=$!
 build_step 150 moe_ep
-proxy_build() {  # build_dir output
-  g++ -O2 -std=c++17 scripts/gpu/pull_proxy_bench.cpp test/support/thread_bootstrap.cpp -Iinclude -Itest/support \
-    -I/usr/local/cuda/include -L"$1/src" -Wl,-rpath,"$1/src" -lmoe_ep -L/usr/local/cuda/lib64 -lcudart -lpthread -o "$2"
-}
 proxy_build "$PWD/$BUILD" /tmp/proxy > "$OUT/proxy_build.log" 2>&1 && echo "proxy_build: ok" | tee -a "$SUMMARY"
 run() {  # name sms [env...]
   local name=$1 sms=$2

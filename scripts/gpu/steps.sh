@@ -13,6 +13,8 @@
 #       ./.device-deps/usr) and builds the targets (all without any) with ninja.
 #   nvlink_suites LIMIT SUITE...   one step per NVLink GPU CTest suite of
 #       $BUILD (ctest_SUITE), LIMIT seconds each.
+#   proxy_build BUILD_DIR OUTPUT   builds scripts/gpu/pull_proxy_bench.cpp (the
+#       one-GPU stand-in benchmark) against BUILD_DIR's libmoe_ep.
 # Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -66,4 +68,9 @@ nvlink_suites() {
   for t in "$@"; do
     step "ctest_$t" "$limit" ctest --test-dir "$BUILD" -R "^$t\$" --output-on-failure --timeout $((limit - 5))
   done
+}
+
+proxy_build() {
+  g++ -O2 -std=c++17 scripts/gpu/pull_proxy_bench.cpp test/support/thread_bootstrap.cpp -Iinclude -Itest/support \
+    -I/usr/local/cuda/include -L"$1/src" -Wl,-rpath,"$1/src" -lmoe_ep -L/usr/local/cuda/lib64 -lcudart -lpthread -o "$2"
 }

@@ -22,10 +22,6 @@ if [ "$CHECKS" = 1 ]; then
 else
   build_step 150 moe_ep
 fi
-proxy_build() {  # build_dir output
-  g++ -O2 -std=c++17 scripts/gpu/pull_proxy_bench.cpp test/support/thread_bootstrap.cpp -Iinclude -Itest/support \
-    -I/usr/local/cuda/include -L"$1/src" -Wl,-rpath,"$1/src" -lmoe_ep -L/usr/local/cuda/lib64 -lcudart -lpthread -o "$2"
-}
 proxy_build "$PWD/$BUILD" /tmp/proxy_new > "$OUT/proxy_build.log" 2>&1 && echo "proxy_build: ok" | tee -a "$SUMMARY"
 # The base library builds in the background while the checks run.
 rm -rf /tmp/base && mkdir -p /tmp/base

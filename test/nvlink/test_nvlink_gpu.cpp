@@ -258,31 +258,23 @@ TEST_CASE("combine sums special values (-0, inf, overflow, subnormals, NaNs) as 
                                       0x80000001u, 0x7FC12345u, 0xFF812345u, 0x3F800000u};
   for (const bool zero_copy : {true, false}) {
     INFO("zero_copy_combine " << zero_copy);
-    GpuCaseOptions o;
-    o.zero_copy_combine = zero_copy;
-    o.nans_compare_equal = true;
-    WorkloadSpec b = spec_for_world(64, 8, 7168, 64);
-    b.seed = 131;
-    o.edit_expert_output = [&](int rank, int round, std::vector<uint8_t>& eo) {
-      plant_specials(rank, round, eo, bf16);
+    // One case per combine dtype, its specials planted in every rank's expert output.
+    auto check_with = [&](moe_ep_dtype_t dtype, int hidden, uint64_t seed, const auto& specials) {
+      WorkloadSpec s = spec_for_world(64, 8, hidden, 64);
+      s.hidden_dtype = dtype;
+      s.combine_dtype = dtype;
+      s.seed = seed;
+      GpuCaseOptions o;
+      o.zero_copy_combine = zero_copy;
+      o.nans_compare_equal = true;
+      o.edit_expert_output = [&](int rank, int round, std::vector<uint8_t>& eo) {
+        plant_specials(rank, round, eo, specials);
+      };
+      check_case(s, o);
     };
-    check_case(b, o);
-    WorkloadSpec h = spec_for_world(64, 8, 2880, 64);
-    h.hidden_dtype = kFp16;
-    h.combine_dtype = kFp16;
-    h.seed = 132;
-    o.edit_expert_output = [&](int rank, int round, std::vector<uint8_t>& eo) {
-      plant_specials(rank, round, eo, fp16);
-    };
-    check_case(h, o);
-    WorkloadSpec f = spec_for_world(64, 8, 1000, 64);
-    f.hidden_dtype = kFp32;
-    f.combine_dtype = kFp32;
-    f.seed = 133;
-    o.edit_expert_output = [&](int rank, int round, std::vector<uint8_t>& eo) {
-      plant_specials(rank, round, eo, fp32);
-    };
-    check_case(f, o);
+    check_with(kBf16, 7168, 131, bf16);
+    check_with(kFp16, 2880, 132, fp16);
+    check_with(kFp32, 1000, 133, fp32);
   }
 }
 
