@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Seventh session's validation of main on ONE GPU (nvidia-h200; the two-GPU
+# machines were withheld): build everything; every GPU CTest suite that runs on
+# one GPU (the NVLink ones run several ranks on it; NCCL refuses two ranks on
+# one GPU, so its suites are left for a two-GPU machine); the conformance check
+# on the NVLink backend (2 and 4 ranks, zero-copy, 8 SMs); the fd exchange as
+# root; compute-sanitizer memcheck, racecheck and synccheck on the NVLink
+# kernels; the one-GPU proxy bench (scripts/gpu/pull_proxy_bench.cpp).
+#   usage: OUT=/dir bash scripts/gpu/final_session7.sh [BUDGET_S]
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+BUDGET=${1:-540}
+BUILD=${BUILD:-build-final}
+SUMMARY=$OUT/summary.txt
+source "$(dirname "$0")/steps.sh"
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$SUMMARY"
+build_step 240
+[ -x $BUILD/tools/moe_ep_conformance ] || { cat "$SUMMARY"; exit 1; }
+proxy_build "$PWD/$BUILD" /tmp/proxy > "$OUT/proxy_build.log" 2>&1 && echo "proxy_build: ok" | tee -a "$SUMMARY"
+TOOL="$BUILD/tools/moe_ep_conformance"
+GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
+MPI2="mpirun -np 2 --bind-to none"
+SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
+for t in $(cd $BUILD && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p' | grep -v nccl); do
+  step "ctest_$t" 150 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 140
+done
+echo "not run here (NCCL needs one GPU per rank): $(cd $BUILD && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p' |
+  grep nccl | tr '\n' ' ')" | tee -a "$SUMMARY"
+step check_nvlink 90 $MPI2 $TOOL check --backend nvlink
+step check_nvlink_zero_copy 90 $MPI2 $TOOL check --backend nvlink --zero-copy-combine
+step check_nvlink_4ranks 120 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nvlink --zero-copy-combine
+step check_nvlink_sms8 90 $MPI2 $TOOL check --backend nvlink --num-sms 8 --zero-copy-combine
+step fd_exchange_root 30 $BUILD/test/nvlink/test_nvlink_host "[fd_exchange]"
+step memcheck_nvlink 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[peer_counts],[bad_ids],[zero_copy]"
+step racecheck_nvlink 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[peer_counts],[zero_copy]"
+step synccheck_nvlink 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "[peer_counts],[zero_copy]"
+for sms in 8 16 24; do
+  NPICK=1 PICK="^proxy" step "proxy_sms$sms" 30 /tmp/proxy 4096 $sms 5 30
+done
+echo "total $(($(date +%s) - START)) s, exit $rc" | tee -a "$SUMMARY"
+exit $rc
