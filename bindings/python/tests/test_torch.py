@@ -171,6 +171,11 @@ def world_group():
 def nccl_group(world_group):
     if not HAS_CUDA:
         pytest.skip("no CUDA device visible to torch")
+    if torch.cuda.device_count() < WORLD:
+        # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"); the
+        # library itself runs several ranks per GPU, its bootstrap is what cannot.
+        pytest.skip(f"an NCCL process group needs a GPU per rank: {WORLD} ranks, "
+                    f"{torch.cuda.device_count()} GPUs")
     return dist.new_group(backend="nccl")
 
 
