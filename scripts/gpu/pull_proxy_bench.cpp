@@ -11,7 +11,9 @@
 // DeepSeek shape (hidden 7168 bf16, top-8 of 256 experts, uniform routing),
 // zero-copy combine (expert output written into the combine_input view once,
 // then passed back), eager calls timed with events around each call on each
-// rank; prints the median over the timed iterations of each rank.  NUM_SMS
+// rank; prints the median over the timed iterations of each rank, and the
+// host time spent inside moe_ep_dispatch / moe_ep_combine (validation and
+// launches: what an eager caller pays on the CPU per call).  NUM_SMS
 // must leave room for both ranks' grids at once (a kernel of one rank spins
 // until the other's runs): at most half the SMs, never 0 (all).
 //   usage: pull_proxy_bench TOKENS NUM_SMS [WARMUP] [ITERS]
@@ -19,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -55,8 +58,13 @@ moe_ep_tensor_t tensor(void* data, int64_t* shape, int ndim, uint8_t code, uint8
 constexpr int kHidden = 7168, kTopK = 8, kExperts = 256;
 
 struct Times {
-  std::vector<float> dispatch, combine;
+  std::vector<float> dispatch, combine;            // GPU time between events, us
+  std::vector<float> host_dispatch, host_combine;  // host time inside the API call, us
 };
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup, int iters) {
   cuda(cudaSetDevice(0), "cudaSetDevice");
@@ -120,7 +128,9 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r);
     cuda(cudaEventRecord(e0, s), "cudaEventRecord");
+    const double d0 = now_us();
     moe(moe_ep_dispatch(h, &a, &r, s), "moe_ep_dispatch");
+    const double d1 = now_us();
     cuda(cudaEventRecord(e1, s), "cudaEventRecord");
     if (i == 0) {  // the expert output: the received rows, once (contents do not change the timing)
       cuda(cudaMemcpyAsync(r.combine_input.data, r.hidden_states.data,
@@ -130,7 +140,9 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
     }
     moe_ep_combine_result_t cr;
     moe_ep_combine_result_init(&cr);
+    const double c0 = now_us();
     moe(moe_ep_combine(h, &r.combine_input, &to, &cr, s), "moe_ep_combine");
+    const double c1 = now_us();
     cuda(cudaEventRecord(e2, s), "cudaEventRecord");
     cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     b.barrier(b.ctx);  // the next dispatch starts together on both ranks
@@ -140,6 +152,8 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
     if (i >= warmup) {
       times.dispatch.push_back(d * 1000.0f);
       times.combine.push_back(cm * 1000.0f);
+      times.host_dispatch.push_back(static_cast<float>(d1 - d0));
+      times.host_combine.push_back(static_cast<float>(c1 - c0));
     }
   }
   b.barrier(b.ctx);  // neither rank frees while the other's kernels run
@@ -196,5 +210,8 @@ int main(int argc, char** argv) {
   std::printf("proxy tokens %d sms %d: dispatch %.2f / %.2f us, combine %.2f / %.2f us (median of %d, rank 0 / 1)\n", T,
               sms, median(times[0].dispatch), median(times[1].dispatch), median(times[0].combine),
               median(times[1].combine), iters);
+  std::printf("host time inside the calls, tokens %d sms %d: dispatch %.2f / %.2f us, combine %.2f / %.2f us\n", T, sms,
+              median(times[0].host_dispatch), median(times[1].host_dispatch), median(times[0].host_combine),
+              median(times[1].host_combine));
   return 0;
 }
