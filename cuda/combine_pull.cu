@@ -56,8 +56,8 @@ __device__ void pull_reduce_rows(const CombineParams& p) {
   const int lane = threadIdx.x % 32;
   const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t token = p.args.token_begin + static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-       token < p.args.token_end; token += step) {
+  for (int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; token < p.args.num_tokens;
+       token += step) {
     const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
     reduce_row_any<Element>(p, static_cast<int32_t>(token), srcs, lane);
   }
@@ -71,11 +71,10 @@ __device__ void pull_reduce_registers(const CombineParams& p) {
   const int lane = threadIdx.x % 32;
   const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   const int segments = reduce_segments(p, true);
-  const int64_t items = static_cast<int64_t>(p.args.token_end) * segments;
+  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t item = static_cast<int64_t>(p.args.token_begin) * segments +
-                      static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-       item < items; item += step) {
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; item < items;
+       item += step) {
     const int64_t token = item / segments;
     const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
     reduce_segment<Element>(p, static_cast<int32_t>(token), static_cast<int>(item % segments), srcs, lane);
@@ -156,14 +155,13 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
   if (lane == 0) {
     for (int s = 0; s < kPullStages; ++s) barrier_init(stages.barriers + s);
     barrier_init_fence();
-    fence_global_before_bulk_copies();  // the handshake's acquires (or the copies' stream order)
+    fence_global_before_bulk_copies();  // the handshake's acquires
   }
   __syncwarp();
   const int segments = reduce_segments(p, true);
-  const int64_t items = static_cast<int64_t>(p.args.token_end) * segments;  // the items of [token_begin, token_end)
+  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  const int64_t first =
-      static_cast<int64_t>(p.args.token_begin) * segments + static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
   PartialProducer producer(p, stages, first, step, items, segments);
   uint32_t issued = 0, consumed = 0;
   while (issued < kPullStages && producer.issue(issued)) ++issued;
@@ -555,11 +553,11 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
     barrier_init_fence();
   }
   __syncthreads();
-  const int64_t tokens = static_cast<int64_t>(p.args.token_end) - p.args.token_begin;
+  const int64_t tokens = p.args.num_tokens;
   const int64_t per_block = (tokens + gridDim.x - 1) / gridDim.x;
-  const int64_t begin = p.args.token_begin + per_block * blockIdx.x;
-  const int32_t t0 = static_cast<int32_t>(begin < p.args.token_end ? begin : p.args.token_end);
-  const int32_t t1 = static_cast<int32_t>(begin + per_block < p.args.token_end ? begin + per_block : p.args.token_end);
+  const int64_t begin = per_block * blockIdx.x;
+  const int32_t t0 = static_cast<int32_t>(begin < tokens ? begin : tokens);
+  const int32_t t1 = static_cast<int32_t>(begin + per_block < tokens ? begin + per_block : tokens);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int vectors = static_cast<int>(c.shape.combine_row_bytes / 16);
   bool ok;

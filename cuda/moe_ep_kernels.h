@@ -186,8 +186,6 @@ struct CombineLaunch {
                                // its combine starts, and each source reads its rows from the peers'
                                // views; expert_output is then only read for this rank's own rows.
                                // schedule, phases, reduce_blocks and small_batch are ignored.
-  int32_t token_begin;         // pull only: the kernel reduces tokens [token_begin, token_end)
-  int32_t token_end;
   int32_t pull_rows;           // pull only: whole-row bulk copies, warp-specialised (rows of at most
                                // 16 KiB, 16-byte aligned; MOE_EP_PULL_ROWS)
   int32_t pull_copy_bytes;     // pull_rows only: each row is brought in copies of at most this many

@@ -177,8 +177,6 @@ class NvlinkBackend final : public Backend {
     a.pull_copy_bytes = pull_copy_bytes_;
     a.pull_producers = pull_producers_;
     a.pull_diagnostic = pull_diagnostic_;
-    a.token_begin = 0;
-    a.token_end = call.num_tokens;
     if (a.pull) {
       a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
       if (!call.expert_output_is_workspace) copy_into_view(call, s);
