@@ -12,6 +12,7 @@
 // release; then it waits for every rank's arrivals and produces recv_counts
 // and local_expert_counts.  No block waits for another block of this grid.
 #include <stdint.h>
+#include <stdio.h>
 
 #include <atomic>
 
@@ -43,6 +44,61 @@ struct RoutingShared {
   uint32_t totals[kMaxWorldSize];  // tokens bound to each rank so far; all tokens at the end
   int32_t histogram[kSharedHistogram];  // block 0: valid picks per expert
   uint32_t timed_out;                   // the handle's timeout record at kernel start
+};
+
+// Measurement builds only (-DMOE_EP_DIAGNOSTICS, MOE_EP_DISPATCH_DIAGNOSTIC
+// bit 4): per-block phase times.  Thread 0 of every block stamps the global
+// timer (ns) at the marks below and stores its stamps before the block's
+// publication; block 0, once every block of the rank has arrived, prints a
+// line per block: "dtrace RANK EPOCH BLOCK", the stamps, and block 0's end (0
+// on other blocks), for scripts/gpu/dispatch_trace.py.  (Printing from every
+// block perturbed the timing: the stamps are gathered instead.)  In other
+// builds the class is empty and every call compiles to nothing.
+#ifdef MOE_EP_DIAGNOSTICS
+constexpr int kTraceRanks = 8, kTraceBlocks = 1024, kTraceMarks = 6;
+__device__ uint64_t dispatch_trace_stamps[kTraceRanks][kTraceBlocks][kTraceMarks];
+#endif
+
+class DispatchTrace {
+ public:
+  enum Mark { kStart, kSetUp, kFirstRound, kRouted, kSent, kPadded, kMarks };
+
+#ifdef MOE_EP_DIAGNOSTICS
+  __device__ explicit DispatchTrace(const DispatchParams& p)
+      : p_(p), on_((p.args.diagnostic & 4) != 0 && threadIdx.x == 0 && blockIdx.x < kTraceBlocks) {
+    mark(kStart);
+  }
+  __device__ void mark(Mark m) {
+    if (on_) stamps_[m] = global_timer_ns();
+  }
+  __device__ void store() const {
+    if (!on_) return;
+    for (int i = 0; i < kMarks; ++i) dispatch_trace_stamps[p_.ctx.shape.rank % kTraceRanks][blockIdx.x][i] = stamps_[i];
+  }
+  __device__ void print(uint64_t epoch) const {
+    if (!on_ || blockIdx.x != 0) return;
+    const unsigned long long done = global_timer_ns();
+    const int rank = p_.ctx.shape.rank;
+    for (int b = 0; b < static_cast<int>(gridDim.x) && b < kTraceBlocks; ++b) {
+      const volatile uint64_t* t = dispatch_trace_stamps[rank % kTraceRanks][b];
+      printf("dtrace %d %llu %d %llu %llu %llu %llu %llu %llu %llu\n", rank, static_cast<unsigned long long>(epoch), b,
+             static_cast<unsigned long long>(t[0]), static_cast<unsigned long long>(t[1]),
+             static_cast<unsigned long long>(t[2]), static_cast<unsigned long long>(t[3]),
+             static_cast<unsigned long long>(t[4]), static_cast<unsigned long long>(t[5]), b == 0 ? done : 0ull);
+    }
+  }
+
+ private:
+  static_assert(kMarks == kTraceMarks, "one stamp per mark");
+  const DispatchParams& p_;
+  const bool on_;
+  uint64_t stamps_[kMarks] = {};
+#else
+  __device__ explicit DispatchTrace(const DispatchParams&) {}
+  __device__ void mark(Mark) {}
+  __device__ void store() const {}
+  __device__ void print(uint64_t) const {}
+#endif
 };
 
 __device__ __forceinline__ bool is_valid_expert(const GroupShape& s, int32_t id) {
@@ -123,7 +179,7 @@ __device__ inline void route_round(const DispatchParams& p, int base, uint64_t m
 // Step 1: slots of the tokens [t0, t1) into token_slots; sh.totals = tokens
 // bound to each rank; block 0 also fills its histogram.  The ids of
 // kRoundsPerPass rounds are loaded before the first is used (latency).
-__device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingShared& sh) {
+__device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingShared& sh, DispatchTrace& trace) {
   const GroupShape& s = p.ctx.shape;
   const int T = p.args.num_tokens;
   const bool counts_picks = blockIdx.x == 0;
@@ -133,6 +189,7 @@ __device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingSha
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.histogram[x] = 0;
   }
   __syncthreads();
+  trace.mark(DispatchTrace::kSetUp);
   for (int pass = 0; pass < T; pass += kBlockThreads * kRoundsPerPass) {
     uint64_t masks[kRoundsPerPass];
 #pragma unroll
@@ -151,6 +208,7 @@ __device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingSha
     for (int i = 0; i < kRoundsPerPass; ++i) {
       const int base = pass + i * kBlockThreads;
       if (base < T) route_round(p, base, masks[i], t0, t1, sh);
+      if (base == 0) trace.mark(DispatchTrace::kFirstRound);
     }
   }
   __syncthreads();  // totals and histogram final; own token_slots rows visible to the whole block
@@ -237,7 +295,8 @@ __device__ __forceinline__ void load_segment(const DispatchParams& p, int32_t to
 __device__ __forceinline__ uint64_t rows_left_out(const DispatchParams& p) {
 #ifdef MOE_EP_DIAGNOSTICS
   const uint64_t own = uint64_t{1} << p.ctx.shape.rank;
-  return p.args.diagnostic == 1 ? own : p.args.diagnostic == 2 ? ~own : 0;
+  const int which = p.args.diagnostic & 3;
+  return which == 1 ? own : which == 2 ? ~own : 0;
 #else
   (void)p;
   return 0;
@@ -561,6 +620,31 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
   if (threadIdx.x == 0) c.control()->epoch = epoch;  // combine reads it; the next dispatch advances it
 }
 
+// Block 0 does more than the others before its rows (it counts every pick
+// and sends the counts) and after them (it waits for every rank): on a grid
+// of at least this many blocks it owns no token, so that it is not the last
+// block to publish (docs/nvlink_backend.md, v24); on fewer, its share of the
+// rows is worth more than its delay.  MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS:
+// measurement builds only (scripts/gpu).
+#ifndef MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS
+#define MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS 24
+#endif
+constexpr int kIdleBlockZeroMinBlocks = MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS;
+
+// The own tokens [t0, t1) of this block: an even share of the T local tokens,
+// over all blocks or, when `block_zero_idle`, over blocks 1.. (block 0 none).
+__device__ __forceinline__ void own_token_range(int T, bool block_zero_idle, int* t0, int* t1) {
+  const int64_t shares = block_zero_idle ? gridDim.x - 1 : gridDim.x;
+  const int64_t share = block_zero_idle ? static_cast<int64_t>(blockIdx.x) - 1 : blockIdx.x;
+  if (share < 0) {
+    *t0 = 0;
+    *t1 = 0;
+    return;
+  }
+  *t0 = static_cast<int>(static_cast<int64_t>(T) * share / shares);
+  *t1 = static_cast<int>(static_cast<int64_t>(T) * (share + 1) / shares);
+}
+
 // Shared memory given at launch: the segment policy's buffers.
 extern __shared__ __align__(128) char segment_shared[];
 
@@ -571,9 +655,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   wait_for_prior_grid();
   allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
-  const int T = p.args.num_tokens;
-  const int t0 = static_cast<int>(static_cast<int64_t>(T) * blockIdx.x / gridDim.x);
-  const int t1 = static_cast<int>(static_cast<int64_t>(T) * (blockIdx.x + 1) / gridDim.x);
+  DispatchTrace trace(p);
+  int t0, t1;
+  own_token_range(p.args.num_tokens, gridDim.x >= kIdleBlockZeroMinBlocks, &t0, &t1);
 
   // The timeout record and the epoch are read now, in flight with the first
   // row segments and the routing loads; nothing leaves the rank before the
@@ -583,7 +667,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
       blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
   Segments segments(p, t0, t1, segment_shared);
   segments.start();
-  route_tokens(p, t0, t1, sh);  // ends with a barrier
+  route_tokens(p, t0, t1, sh, trace);  // ends with a barrier
+  trace.mark(DispatchTrace::kRouted);
   if (sh.timed_out != kPhaseNone) {  // block-uniform
     segments.abandon();
     return;
@@ -594,9 +679,15 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   send_own_tokens(p, t0, t1, segments, [&](int32_t token, int lane) {
     return TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
   });
+  trace.mark(DispatchTrace::kSent);
   write_padding(p, sh.totals);
+  trace.mark(DispatchTrace::kPadded);
+  trace.store();
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
-  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh, wait_ok);
+  if (blockIdx.x == 0) {
+    finish_dispatch(p, epoch, sh, wait_ok);
+    trace.print(epoch);
+  }
 }
 
 // ---- Small-batch kernel (tokens_per_rank <= kSmallBatchMaxTokens) ----------
@@ -616,21 +707,6 @@ struct SmallShared {
   uint64_t masks[kBlockThreads];   // destinations of every local token
   uint32_t wait_ok[kMaxWorldSize];
 };
-
-// Block 0 owns no token when there are other blocks.
-__device__ __forceinline__ void small_own_range(int T, int* t0, int* t1) {
-  if (gridDim.x == 1) {
-    *t0 = 0;
-    *t1 = T;
-  } else if (blockIdx.x == 0) {
-    *t0 = 0;
-    *t1 = 0;
-  } else {
-    const int64_t n = gridDim.x - 1, b = blockIdx.x - 1;
-    *t0 = static_cast<int>(static_cast<int64_t>(T) * b / n);
-    *t1 = static_cast<int>(static_cast<int64_t>(T) * (b + 1) / n);
-  }
-}
 
 // Slot of local token `token` on rank d, -1 when it does not go there.
 __device__ __forceinline__ int32_t small_slot(const SmallShared& sh, int token, int d) {
@@ -693,7 +769,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
   int t0, t1;
-  small_own_range(p.args.num_tokens, &t0, &t1);
+  own_token_range(p.args.num_tokens, gridDim.x > 1, &t0, &t1);
   const uint32_t timed_out =
       threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
   const uint64_t epoch =

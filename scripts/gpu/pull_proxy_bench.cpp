@@ -16,7 +16,7 @@
 // launches: what an eager caller pays on the CPU per call).  NUM_SMS
 // must leave room for both ranks' grids at once (a kernel of one rank spins
 // until the other's runs): at most half the SMs, never 0 (all).
-//   usage: pull_proxy_bench TOKENS NUM_SMS [WARMUP] [ITERS]
+//   usage: [PROXY_HIDDEN=H] pull_proxy_bench TOKENS NUM_SMS [WARMUP] [ITERS]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -55,7 +55,13 @@ moe_ep_tensor_t tensor(void* data, int64_t* shape, int ndim, uint8_t code, uint8
   return t;
 }
 
-constexpr int kHidden = 7168, kTopK = 8, kExperts = 256;
+constexpr int kTopK = 8, kExperts = 256;
+// Hidden size: 7168, or PROXY_HIDDEN (small rows time what is not the rows).
+int hidden_size() {
+  const char* v = std::getenv("PROXY_HIDDEN");
+  return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : 7168;
+}
+const int kHidden = hidden_size();
 
 struct Times {
   std::vector<float> dispatch, combine;            // GPU time between events, us

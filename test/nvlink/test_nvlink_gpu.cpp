@@ -156,6 +156,39 @@ TEST_CASE("EPLB statistics: counted on the device, or passed by the caller", "[g
   check_case(passed);
 }
 
+// The routing scan takes 2048 or 4096 tokens per pass (docs/nvlink_backend.md,
+// v24): 5000 tokens take several passes, with a block's own tokens across a
+// pass boundary.  Each block counts the picks of its slice of the experts:
+// 8192 experts on one SM put the slice's counts in global memory (more than
+// 4096), on 3 SMs and by default in shared memory; the small-batch kernel
+// (100 tokens) counts all 8192 in global memory.  EPLB rows and masked picks
+// check that every expert's count arrives exactly once.
+TEST_CASE("routing over several passes; expert counts from every block's slice, in shared or global memory",
+          "[gpu][routing]") {
+  WorkloadSpec many = spec_for_world(8192, 4, 64, 5000);
+  for (int r = 0; r < many.world; ++r) many.tokens.push_back(5000 - 7 * r);
+  many.eplb_stats = true;
+  many.routing.mask_fraction = 0.1;
+  many.seed = 81;
+  check_case(many);
+  GpuCaseOptions one;
+  one.num_sms = 1;
+  many.seed = 82;
+  check_case(many, one);
+  GpuCaseOptions three;
+  three.num_sms = 3;
+  many.seed = 83;
+  check_case(many, three);
+  WorkloadSpec small = spec_for_world(8192, 8, 64, 100);
+  small.eplb_stats = true;
+  small.seed = 84;
+  check_case(small);
+  WorkloadSpec wide = spec_for_world(64, 8, 512, 4500);  // 3 passes of 2048 tokens, 2 of 4096
+  wide.tokens.assign(wide.world, 4500);
+  wide.seed = 85;
+  check_case(wide);
+}
+
 TEST_CASE("combine into the caller's buffer, and with few SMs", "[gpu]") {
   WorkloadSpec s = spec_for_world(64, 8, 2048, 128);
   s.seed = 61;
