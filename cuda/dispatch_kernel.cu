@@ -18,6 +18,7 @@
 
 #include "bulk_store_ring.cuh"
 #include "device_sync.cuh"
+#include "dispatch_token_shares.h"
 #include "fast_division.h"
 #include "kernel_common.cuh"
 #include "kernel_launch.cuh"
@@ -620,31 +621,6 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
   if (threadIdx.x == 0) c.control()->epoch = epoch;  // combine reads it; the next dispatch advances it
 }
 
-// Block 0 does more than the others before its rows (it counts every pick
-// and sends the counts) and after them (it waits for every rank): on a grid
-// of at least this many blocks it owns no token, so that it is not the last
-// block to publish (docs/nvlink_backend.md, v24); on fewer, its share of the
-// rows is worth more than its delay.  MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS:
-// measurement builds only (scripts/gpu).
-#ifndef MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS
-#define MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS 24
-#endif
-constexpr int kIdleBlockZeroMinBlocks = MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS;
-
-// The own tokens [t0, t1) of this block: an even share of the T local tokens,
-// over all blocks or, when `block_zero_idle`, over blocks 1.. (block 0 none).
-__device__ __forceinline__ void own_token_range(int T, bool block_zero_idle, int* t0, int* t1) {
-  const int64_t shares = block_zero_idle ? gridDim.x - 1 : gridDim.x;
-  const int64_t share = block_zero_idle ? static_cast<int64_t>(blockIdx.x) - 1 : blockIdx.x;
-  if (share < 0) {
-    *t0 = 0;
-    *t1 = 0;
-    return;
-  }
-  *t0 = static_cast<int>(static_cast<int64_t>(T) * share / shares);
-  *t1 = static_cast<int>(static_cast<int64_t>(T) * (share + 1) / shares);
-}
-
 // Shared memory given at launch: the segment policy's buffers.
 extern __shared__ __align__(128) char segment_shared[];
 
@@ -656,8 +632,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
   DispatchTrace trace(p);
-  int t0, t1;
-  own_token_range(p.args.num_tokens, gridDim.x >= kIdleBlockZeroMinBlocks, &t0, &t1);
+  int32_t t0, t1;  // block 0's share is chosen by the host (dispatch_token_shares.h)
+  own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, p.args.block_zero_share, &t0, &t1);
 
   // The timeout record and the epoch are read now, in flight with the first
   // row segments and the routing loads; nothing leaves the rank before the
@@ -768,8 +744,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   wait_for_prior_grid();
   allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
-  int t0, t1;
-  own_token_range(p.args.num_tokens, gridDim.x > 1, &t0, &t1);
+  int32_t t0, t1;  // block 0 owns no token when there are other blocks
+  own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, gridDim.x > 1 ? 0 : kTokenShareUnit, &t0, &t1);
   const uint32_t timed_out =
       threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
   const uint64_t epoch =

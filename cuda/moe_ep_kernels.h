@@ -134,6 +134,8 @@ struct DispatchLaunch {
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go
                                // through shared memory with bulk copies; other rows keep the register path
+  int32_t block_zero_share;    // the general kernel: block 0's share of the tokens, in 1/kTokenShareUnit of
+                               // the other blocks' (block_zero_token_share, dispatch_token_shares.h)
   int32_t diagnostic;          // only in builds with MOE_EP_DIAGNOSTICS: hidden rows not written to this
                                // rank (1) or to the peers (2), for timing (MOE_EP_DISPATCH_DIAGNOSTIC;
                                // wrong results)

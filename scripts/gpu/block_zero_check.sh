@@ -8,6 +8,8 @@
 # release build: the NVLink GPU suites that test dispatch, the conformance
 # check (several ranks on the one GPU), memcheck and racecheck on the routing
 # cases.
+# Runs on the tree of commit a5d437a (v24), where the threshold was the
+# measurement macro MOE_EP_IDLE_BLOCK_ZERO_MIN_BLOCKS (v25 replaced it).
 #   usage: OUT=/dir bash scripts/gpu/block_zero_check.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "collective_step.hpp"
+#include "dispatch_token_shares.h"
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
@@ -139,6 +140,9 @@ class NvlinkBackend final : public Backend {
     a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;
+    a.block_zero_share = kernels::block_zero_token_share(
+        a.num_blocks, shape_.top_k, shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k,
+        shape_.world_size);
     a.diagnostic = dispatch_diagnostic_;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");

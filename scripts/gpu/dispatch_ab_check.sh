@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Eighth session, one GPU: this tree's dispatch against the base commit's
+# (.ab_base/, an export carried beside the checkout; v25: block 0's share of
+# the tokens from its extra routing work, against v24's "none on 24 blocks or
+# more") on the one-GPU proxy (scripts/gpu/pull_proxy_bench.cpp),
+# -DMOE_EP_DIAGNOSTICS builds, alternated twice: 4096 tokens on 8-66 SMs,
+# 16-byte rows (PROXY_HIDDEN=8), 512 tokens; per-block phase times of both
+# (MOE_EP_DISPATCH_DIAGNOSTIC=4, dispatch_trace.py); then the release build of
+# this tree: the NVLink GPU suites that test dispatch, the conformance check on
+# 2 and 4 ranks and on 8 SMs, memcheck and racecheck on the routing cases.
+#   usage: OUT=/dir bash scripts/gpu/dispatch_ab_check.sh [BUDGET_S]
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+BUDGET=${1:-480}
+BUILD=${BUILD:-build-final}
+SUMMARY=$OUT/summary.txt
+STEP_LOG_DIR=$OUT/steps
+mkdir -p "$STEP_LOG_DIR"
+source "$(dirname "$0")/steps.sh"
+build_step 240
+diag_build() {  # name source_dir
+  PICK="Linking|error" step "build_$1" 120 bash -c "cmake -S '$2' -B '$PWD/build-$1' -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' \
+    -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C '$PWD/build-$1' -j32 moe_ep"
+  proxy_build "$PWD/build-$1" "/tmp/proxy_$1" >> "$OUT/proxy_build.log" 2>&1 || echo "proxy_$1: FAILED" | tee -a "$SUMMARY"
+}
+diag_build base "$PWD/.ab_base"
+diag_build new "$PWD"
+proxy() {  # variant name tokens sms warmup iters [env...]
+  local v=$1 name=$2 t=$3 sms=$4 w=$5 n=$6
+  shift 6
+  NPICK=1 PICK="^proxy" step "${v}_$name" 40 env "$@" "/tmp/proxy_$v" "$t" "$sms" "$w" "$n"
+}
+for round in 1 2; do
+  for v in base new; do
+    for sms in 8 16 24 32 66; do proxy $v "t4096_sms${sms}_$round" 4096 $sms 5 30; done
+    proxy $v "h8_t4096_sms66_$round" 4096 66 5 30 PROXY_HIDDEN=8
+    proxy $v "t512_sms32_$round" 512 32 5 50
+  done
+done
+for v in base new; do
+  for sms in 8 16 24; do proxy $v "trace_t4096_sms$sms" 4096 $sms 3 1 MOE_EP_DISPATCH_DIAGNOSTIC=4; done
+done
+for f in "$STEP_LOG_DIR"/*trace_*.log; do
+  { echo "== $(basename "$f" .log)"; python3 "$(dirname "$0")/dispatch_trace.py" "$f"; } >> "$OUT/trace_summary.txt"
+done
+TOOL="$BUILD/tools/moe_ep_conformance"
+MPI2="mpirun -np 2 --bind-to none"
+nvlink_suites 150 nvlink_gpu_np1 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2 nvlink_gpu_dispatch_bulk_general_np2
+step check_nvlink 90 $MPI2 $TOOL check --backend nvlink
+step check_nvlink_4ranks 120 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nvlink --zero-copy-combine
+step check_nvlink_sms8 90 $MPI2 $TOOL check --backend nvlink --num-sms 8 --zero-copy-combine
+SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
+GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
+step memcheck_routing 150 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[routing],[bad_ids],[peer_counts]"
+step racecheck_routing 150 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[routing]"
+echo "total $(($(date +%s) - START)) s, exit $rc" | tee -a "$SUMMARY"
+exit $rc
