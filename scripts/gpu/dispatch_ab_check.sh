@@ -18,14 +18,8 @@ STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
 build_step 240
-diag_build() {  # name source_dir
-  PICK="Linking|error" step "build_$1" 120 bash -c "cmake -S '$2' -B '$PWD/build-$1' -G Ninja \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' \
-    -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C '$PWD/build-$1' -j32 moe_ep"
-  proxy_build "$PWD/build-$1" "/tmp/proxy_$1" >> "$OUT/proxy_build.log" 2>&1 || echo "proxy_$1: FAILED" | tee -a "$SUMMARY"
-}
-diag_build base "$PWD/.ab_base"
-diag_build new "$PWD"
+diag_proxy base "$PWD/.ab_base"
+diag_proxy new "$PWD"
 proxy() {  # variant name tokens sms warmup iters [env...]
   local v=$1 name=$2 t=$3 sms=$4 w=$5 n=$6
   shift 6

@@ -8,19 +8,15 @@
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 BUDGET=${1:-300}
-BUILD=${BUILD:-build-diag}
 SUMMARY=$OUT/summary.txt
 STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
-PICK="${PICK:-Linking|error}" step build 200 bash -c "cmake -S . -B '$BUILD' -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS \
-  -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C '$BUILD' -j32 moe_ep"
-proxy_build "$PWD/$BUILD" /tmp/proxy > "$OUT/proxy_build.log" 2>&1 && echo "proxy_build: ok" | tee -a "$SUMMARY"
+diag_proxy diag "$PWD"
 proxy() {  # name tokens sms warmup iters [env...]
   local name=$1 t=$2 sms=$3 w=$4 n=$5
   shift 5
-  NPICK=1 PICK="^proxy" step "$name" 40 env "$@" /tmp/proxy "$t" "$sms" "$w" "$n"
+  NPICK=1 PICK="^proxy" step "$name" 40 env "$@" /tmp/proxy_diag "$t" "$sms" "$w" "$n"
 }
 for sms in 8 16 24 32 66; do proxy "t4096_sms$sms" 4096 $sms 5 30; done
 for sms in 16 66; do proxy "h8_t4096_sms$sms" 4096 $sms 5 30 PROXY_HIDDEN=8; done

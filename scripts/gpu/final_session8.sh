@@ -23,10 +23,7 @@ SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
 MPI2="mpirun -np 2 --bind-to none"
 step memcheck_routing 40 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $BUILD/test/nvlink/test_nvlink_gpu "[routing]"
 step racecheck_routing 40 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $BUILD/test/nvlink/test_nvlink_gpu "[routing]"
-PICK="Linking|error" step build_diag 60 bash -c "cmake -S . -B '$PWD/build-diag' -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS \
-  -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C '$PWD/build-diag' -j32 moe_ep"
-proxy_build "$PWD/build-diag" /tmp/proxy_diag >> "$OUT/proxy_build.log" 2>&1
+diag_proxy diag "$PWD"
 for run in "512 66" "4096 66" "4096 24" "4096 16" "4096 8"; do
   set -- $run
   NPICK=1 PICK="^proxy" step "trace_t$1_sms$2" 20 env MOE_EP_DISPATCH_DIAGNOSTIC=4 /tmp/proxy_diag "$1" "$2" 3 1

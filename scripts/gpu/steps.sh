@@ -15,6 +15,9 @@
 #       $BUILD (ctest_SUITE), LIMIT seconds each.
 #   proxy_build BUILD_DIR OUTPUT   builds scripts/gpu/pull_proxy_bench.cpp (the
 #       one-GPU stand-in benchmark) against BUILD_DIR's libmoe_ep.
+#   diag_proxy NAME SOURCE_DIR   the step "build_NAME": a -DMOE_EP_DIAGNOSTICS
+#       Release build of SOURCE_DIR's libmoe_ep in build-NAME, then the proxy
+#       against it as /tmp/proxy_NAME.
 # Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -73,4 +76,12 @@ nvlink_suites() {
 proxy_build() {
   g++ -O2 -std=c++17 scripts/gpu/pull_proxy_bench.cpp test/support/thread_bootstrap.cpp -Iinclude -Itest/support \
     -I/usr/local/cuda/include -L"$1/src" -Wl,-rpath,"$1/src" -lmoe_ep -L/usr/local/cuda/lib64 -lcudart -lpthread -o "$2"
+}
+
+diag_proxy() {
+  PICK="Linking|error" step "build_$1" 120 bash -c "cmake -S '$2' -B '$PWD/build-$1' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='${DEPS:-$PWD/.device-deps/usr}' \
+    -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C '$PWD/build-$1' -j32 moe_ep"
+  proxy_build "$PWD/build-$1" "/tmp/proxy_$1" >> "$OUT/proxy_build.log" 2>&1 ||
+    { echo "proxy_$1: FAILED" | tee -a "$SUMMARY"; rc=1; }
 }
