@@ -10,9 +10,13 @@
 // Block 0 also counts this rank's picks per expert and sends every rank its
 // row count, its per-expert counts and this rank's EPLB row before its own
 // release; then it waits for every rank's arrivals and produces recv_counts
-// and local_expert_counts.  No block waits for another block of this grid.
+// and local_expert_counts.  For that extra work it owns fewer tokens than the
+// other blocks (dispatch_token_shares.h).  No block waits for another block
+// of this grid.
 #include <stdint.h>
-#include <stdio.h>
+#ifdef MOE_EP_DIAGNOSTICS
+#include <stdio.h>  // DispatchTrace prints
+#endif
 
 #include <atomic>
 
