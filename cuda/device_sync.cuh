@@ -37,6 +37,19 @@ __device__ __forceinline__ uint64_t load_relaxed_sys(const uint64_t* p) {
   return v;
 }
 
+// Between the blocks of one grid (the dispatch look-back): device scope.
+__device__ __forceinline__ uint64_t load_relaxed_gpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
 __device__ __forceinline__ int32_t load_relaxed_sys(const int32_t* p) {
   int32_t v;
   asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -75,16 +88,16 @@ __device__ __forceinline__ void red_relaxed_sys_add(uint64_t* p, uint64_t v) {
   asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-// Spins until *word >= target.  Reads the clock only every 256 polls (it is
-// slow to read), gives up at the deadline or as soon as another wait of this
-// handle gave up, and records (phase, peer) on a timeout.
-__device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target, ControlBlock* control,
-                                           HostTimeoutMirror* mirror, int64_t timeout_ns, uint32_t phase,
-                                           int32_t peer) {
-  if (load_acquire_sys(word) >= target) return true;
+// Spins until ready() (which polls the memory), reading the clock only every
+// 256 polls (it is slow to read); gives up at the deadline or as soon as
+// another wait of this handle gave up, and records (phase, peer) on a timeout.
+template <typename Ready>
+__device__ inline bool bounded_wait(const Ready& ready, ControlBlock* control, HostTimeoutMirror* mirror,
+                                    int64_t timeout_ns, uint32_t phase, int32_t peer) {
+  if (ready()) return true;
   const uint64_t start = global_timer_ns();
   for (uint32_t polls = 1;; ++polls) {
-    if (load_acquire_sys(word) >= target) return true;
+    if (ready()) return true;
     if (polls > 64) __nanosleep(32);  // many waiters: leave the memory system to the data
     if ((polls & 255u) == 0) {
       if (handle_timed_out(control)) return false;
@@ -94,6 +107,13 @@ __device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target
       }
     }
   }
+}
+
+// Spins until *word >= target (acquire), bounded as above.
+__device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target, ControlBlock* control,
+                                           HostTimeoutMirror* mirror, int64_t timeout_ns, uint32_t phase,
+                                           int32_t peer) {
+  return bounded_wait([&] { return load_acquire_sys(word) >= target; }, control, mirror, timeout_ns, phase, peer);
 }
 
 // Every block of a kernel adds to a per-source counter at each destination,

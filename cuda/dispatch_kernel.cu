@@ -1,18 +1,27 @@
-// Dispatch: one kernel per call.  Every block
-//   1. scans the routing of all local tokens and so knows, for each of its own
-//      tokens, the slot on every destination rank (the number of earlier local
-//      tokens bound there: ascending source order, deterministic, no count
-//      exchange before the data), and how many tokens go to each rank;
-//   2. writes its tokens' rows, rewritten ids, weights and scales straight into
+// Dispatch: one kernel per call.  General kernel: every block
+//   1. takes its logical index L from a ticket and routes only its own tokens
+//      (share L, in order): their slots among themselves on every destination,
+//      their picks into the rank's per-expert histogram, their bad ids;
+//   2. publishes its count per destination and reads those of blocks
+//      0 .. L - 1 (a decoupled look-back, dispatch_lookback.h): its tokens go
+//      after theirs, so a token's slot on a destination is the number of
+//      earlier local tokens bound there (ascending source order,
+//      deterministic, no count exchange before the data); calls of at most
+//      kBlockThreads tokens, where a scan of every token is one round, skip
+//      the look-back (DispatchLaunch::lookback 0): L is the block index, the
+//      block scans the tokens up to its last itself, block G - 1 counts every
+//      pick;
+//   3. writes its tokens' rows, rewritten ids, weights and scales straight into
 //      the final receive rows of each destination (row = rank*tpr + slot), and
-//      its share of the padding rows (ids = invalid, weights = 0);
-//   3. publishes with one release-add per destination (arrival counters).
-// Block 0 also counts this rank's picks per expert and sends every rank its
-// row count, its per-expert counts and this rank's EPLB row before its own
-// release; then it waits for every rank's arrivals and produces recv_counts
-// and local_expert_counts.  For that extra work it owns fewer tokens than the
-// other blocks (dispatch_token_shares.h).  No block waits for another block
-// of this grid.
+//      its padding rows (ids = invalid, weights = 0): one per own token that
+//      does not go there, from the back, and its share of [T, tpr);
+//   4. publishes with one release-add per destination (arrival counters).
+// The block that drew the last ticket knows the totals once it has looked
+// back: it sends every rank its row count, its per-expert counts and this
+// rank's EPLB row before its own release.  Block 0, last, waits for every
+// rank's arrivals and produces recv_counts and local_expert_counts.  A block
+// waits only for blocks that drew an earlier ticket, which are running and
+// publish before they wait: no deadlock whatever the residency.
 #include <stdint.h>
 #ifdef MOE_EP_DIAGNOSTICS
 #include <stdio.h>  // DispatchTrace prints
@@ -22,6 +31,7 @@
 
 #include "bulk_store_ring.cuh"
 #include "device_sync.cuh"
+#include "dispatch_lookback.h"
 #include "dispatch_token_shares.h"
 #include "fast_division.h"
 #include "kernel_common.cuh"
@@ -46,9 +56,15 @@ struct DispatchParams {
 struct RoutingShared {
   uint32_t warp_counts[kWarpsPerBlock][kMaxWorldSize];
   uint32_t warp_offsets[kWarpsPerBlock][kMaxWorldSize];
-  uint32_t totals[kMaxWorldSize];  // tokens bound to each rank so far; all tokens at the end
-  int32_t histogram[kSharedHistogram];  // block 0: valid picks per expert
+  uint32_t totals[kMaxWorldSize];       // tokens bound to each rank so far (general kernel: own tokens only)
+  int32_t histogram[kSharedHistogram];  // small kernel, block 0: valid picks per expert
   uint32_t timed_out;                   // the handle's timeout record at kernel start
+  // General kernel only (the look-back):
+  uint32_t before[kMaxWorldSize];    // tokens of blocks 0 .. L - 1 bound to each rank
+  uint32_t all_rows[kMaxWorldSize];  // last block: the rows this rank sends each rank
+  uint64_t epoch;                    // this call's number
+  uint32_t tag;                      // this call's look-back tag
+  int32_t logical;                   // L
 };
 
 // Measurement builds only (-DMOE_EP_DIAGNOSTICS, MOE_EP_DISPATCH_DIAGNOSTIC
@@ -130,7 +146,7 @@ __device__ __forceinline__ int32_t* histogram_of(const DispatchParams& p, Routin
                                                      : p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
 }
 
-// Block 0: counts the valid picks of a token per expert, and reports bad ids
+// Counts the valid picks of a token per expert, and reports bad ids
 // (first = lowest (token, pick), as the HOST backend reports it).
 __device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
   const GroupShape& s = p.ctx.shape;
@@ -177,46 +193,132 @@ __device__ inline void route_round(const DispatchParams& p, int base, uint64_t m
   for (int d = 0; d < world; ++d) {
     const bool goes = (mask >> d) & 1u;
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, goes);
-    if (own) slots[d] = goes ? static_cast<int32_t>(sh.warp_offsets[warp][d] + __popc(ballot & lanes_below)) : -1;
+    const uint32_t earlier = sh.warp_offsets[warp][d] + __popc(ballot & lanes_below);
+    if (own) slots[d] = goes ? static_cast<int32_t>(earlier) : -1;
+    if (t == t0) sh.before[d] = earlier;  // routed tokens before the block's first
   }
 }
 
-// Step 1: slots of the tokens [t0, t1) into token_slots; sh.totals = tokens
-// bound to each rank; block 0 also fills its histogram.  The ids of
-// kRoundsPerPass rounds are loaded before the first is used (latency).
-__device__ void route_tokens(const DispatchParams& p, int t0, int t1, RoutingShared& sh, DispatchTrace& trace) {
+// General kernel, step 1: the tokens [from, t1), kBlockThreads per round:
+// the slots of the own tokens [t0, t1) among the routed ones into token_slots,
+// sh.totals = how many routed tokens go to each rank, sh.before = how many of
+// [from, t0).  Look-back (from = t0): every block counts its own picks into
+// the global histogram (with the bad-id report); scan (from = 0): block G - 1,
+// which routes every token, counts them all.  The ids of kRoundsPerPass
+// rounds are loaded before the first is used (latency).  Ends with a barrier.
+__device__ void route_tokens(const DispatchParams& p, int from, int t0, int t1, RoutingShared& sh,
+                             DispatchTrace& trace) {
   const GroupShape& s = p.ctx.shape;
-  const int T = p.args.num_tokens;
-  const bool counts_picks = blockIdx.x == 0;
-  int32_t* hist = histogram_of(p, sh);
-  for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) sh.totals[d] = 0;
+  const bool counts_picks = p.args.lookback != 0 || sh.logical == static_cast<int32_t>(gridDim.x) - 1;
+  int32_t* hist = p.args.lookback != 0 ? p.ctx.local<int32_t>(p.ctx.offsets.expert_hist) : histogram_of(p, sh);
+  for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) {
+    sh.totals[d] = 0;
+    sh.before[d] = 0;
+  }
   if (counts_picks && hist == sh.histogram) {
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.histogram[x] = 0;
   }
   __syncthreads();
   trace.mark(DispatchTrace::kSetUp);
-  for (int pass = 0; pass < T; pass += kBlockThreads * kRoundsPerPass) {
+  for (int pass = from; pass < t1; pass += kBlockThreads * kRoundsPerPass) {
     uint64_t masks[kRoundsPerPass];
 #pragma unroll
     for (int i = 0; i < kRoundsPerPass; ++i) {
       const int t = pass + i * kBlockThreads + static_cast<int>(threadIdx.x);
-      masks[i] = t < T ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
+      masks[i] = t < t1 ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
     }
     if (counts_picks) {
 #pragma unroll
       for (int i = 0; i < kRoundsPerPass; ++i) {
         const int t = pass + i * kBlockThreads + static_cast<int>(threadIdx.x);
-        if (t < T) count_picks(p, t, hist);
+        if (t < t1) count_picks(p, t, hist);
       }
     }
 #pragma unroll
     for (int i = 0; i < kRoundsPerPass; ++i) {
       const int base = pass + i * kBlockThreads;
-      if (base < T) route_round(p, base, masks[i], t0, t1, sh);
-      if (base == 0) trace.mark(DispatchTrace::kFirstRound);
+      if (base < t1) route_round(p, base, masks[i], t0, t1, sh);
     }
   }
-  __syncthreads();  // totals and histogram final; own token_slots rows visible to the whole block
+  if (t0 == t1) {  // no own token: every routed token is before the block's (none are, on a look-back)
+    for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) sh.before[d] = sh.totals[d];
+  }
+  __syncthreads();  // totals, before final; histogram adds issued
+}
+
+// Step 2a: block L's count per destination, tagged with the call.  A release
+// per word (after the barrier that ended routing): whoever sees the word sees
+// the block's histogram adds.
+__device__ __forceinline__ void publish_own_counts(const DispatchParams& p, const RoutingShared& sh) {
+  const int world = p.ctx.shape.world_size;
+  uint64_t* words = p.ctx.local<uint64_t>(p.ctx.offsets.dispatch_lookback) + static_cast<int64_t>(sh.logical) * world;
+  for (int d = threadIdx.x; d < world; d += blockDim.x)
+    store_release_gpu(words + d, lookback_word(sh.tag, sh.totals[d]));
+}
+
+// Step 2b: sh.before = the counts of blocks 0 .. L - 1 per destination.  Each
+// thread loads up to 4 words at once (relaxed), waits for those not yet this
+// call's, and acquires them all with one fence.  A block whose wait timed out
+// (recorded) returns false with the rest of the block: it sends nothing.
+constexpr int kLookbackLoads = 4;
+__device__ bool look_back(const DispatchParams& p, RoutingShared& sh) {
+  const KernelContext& c = p.ctx;
+  const int world = c.shape.world_size;
+  const uint32_t tag = sh.tag;
+  const uint64_t* words = c.local<uint64_t>(c.offsets.dispatch_lookback);
+  const int n = sh.logical * world;
+  bool ok = true;
+  for (int first = threadIdx.x; first < n; first += kLookbackLoads * kBlockThreads) {
+    uint64_t w[kLookbackLoads];
+#pragma unroll
+    for (int u = 0; u < kLookbackLoads; ++u) {
+      const int i = first + u * kBlockThreads;
+      w[u] = i < n ? load_relaxed_gpu(words + i) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kLookbackLoads; ++u) {
+      const int i = first + u * kBlockThreads;
+      if (i >= n || !ok) continue;
+      if (!lookback_word_is_current(w[u], tag)) {
+        uint64_t* seen = &w[u];
+        ok = bounded_wait(
+            [&] {
+              *seen = load_relaxed_gpu(words + i);
+              return lookback_word_is_current(*seen, tag);
+            },
+            c.control(), c.state.mirror, c.state.timeout_ns, kPhaseDispatch, c.shape.rank);
+      }
+      if (ok) atomicAdd(&sh.before[i % world], lookback_count(w[u]));
+    }
+  }
+  fence_acq_rel_gpu();  // the words' publishers' histogram adds are visible to this block
+  return __syncthreads_or(ok ? 0 : 1) == 0;
+}
+
+// A token's destinations for the sends: its slots (token_slots), after a
+// look-back placed after the earlier blocks' tokens.
+__device__ __forceinline__ TokenDestinations placed_destinations(const DispatchParams& p, const int32_t* slots_row,
+                                                                 const RoutingShared& sh, int world, int lane) {
+  TokenDestinations d = TokenDestinations::load(slots_row, world, lane);
+  if (p.args.lookback != 0) {
+    if (d.slot_low >= 0) d.slot_low += static_cast<int32_t>(sh.before[lane]);
+    if (d.slot_high >= 0) d.slot_high += static_cast<int32_t>(sh.before[lane + 32]);
+  }
+  return d;
+}
+
+// After a look-back's sends (behind a barrier: nothing reads them any more),
+// the own tokens' slots in token_slots become the final ones, which combine
+// reads.
+__device__ void store_placed_slots(const DispatchParams& p, int t0, int t1, const RoutingShared& sh) {
+  if (p.args.lookback == 0 || sh.logical == 0) return;  // already final; nothing before block 0
+  const int world = p.ctx.shape.world_size;
+  int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots) + static_cast<int64_t>(t0) * world;
+  const int n = (t1 - t0) * world;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int32_t v = slots[i];
+    if (v >= 0) slots[i] = v + static_cast<int32_t>(sh.before[i % world]);
+  }
 }
 
 // What a source publishes with its rows, in one 64-bit store: its call's
@@ -250,16 +352,16 @@ __device__ __forceinline__ int32_t accepted_rows(const KernelContext& c, int32_t
   return 0;
 }
 
-// Block 0, step 1b: what every destination needs besides rows: how many rows
-// this rank sends it (with its tokens_per_rank), this rank's picks per expert
-// it owns, this rank's EPLB row.  Plain stores; block 0's release covers them.
-__device__ void send_counts(const DispatchParams& p, RoutingShared& sh) {
+// What every destination needs besides rows: how many rows this rank sends
+// it (`rows`, with its tokens_per_rank), this rank's picks per expert it owns
+// (`hist`), this rank's EPLB row.  Plain stores; the sending block's release
+// covers them.
+__device__ void send_counts(const DispatchParams& p, const uint32_t* rows, const int32_t* hist) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   const int world = s.world_size, epr = s.experts_per_rank, E = s.num_experts;
-  const int32_t* hist = histogram_of(p, sh);
   for (int d = threadIdx.x; d < world; d += blockDim.x) {
-    c.remote<uint64_t>(d, c.offsets.dispatch_counts_in)[s.rank] = published_rows(p.args.tokens_per_rank, sh.totals[d]);
+    c.remote<uint64_t>(d, c.offsets.dispatch_counts_in)[s.rank] = published_rows(p.args.tokens_per_rank, rows[d]);
   }
   for (int i = threadIdx.x; i < world * epr; i += blockDim.x) {
     const int d = i / epr, e = i % epr;
@@ -585,13 +687,75 @@ __device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
   }
 }
 
+// The rows of [0, t1) bound to rank d: after a look-back, the earlier blocks'
+// and the own; after a scan, every routed one.
+__device__ __forceinline__ uint32_t rows_through_own(const DispatchParams& p, const RoutingShared& sh, int d) {
+  return p.args.lookback != 0 ? sh.before[d] + sh.totals[d] : sh.totals[d];
+}
+
+// General kernel, block G - 1 (the last ticket), after its look-back or
+// scan: it knows the totals, and the histogram is complete (after a
+// look-back every other block's adds were acquired with its word; a scan
+// counted them all here).  Sends the counts, then leaves a global histogram
+// at zero for the next call and, after a look-back, rewrites the words of the
+// blocks beyond this grid with this call's tag (dispatch_lookback.h).
+__device__ void send_totals(const DispatchParams& p, RoutingShared& sh) {
+  const KernelContext& c = p.ctx;
+  const int world = c.shape.world_size;
+  for (int d = threadIdx.x; d < world; d += blockDim.x) sh.all_rows[d] = rows_through_own(p, sh, d);
+  __syncthreads();
+  int32_t* hist = p.args.lookback != 0 ? c.local<int32_t>(c.offsets.expert_hist) : histogram_of(p, sh);
+  send_counts(p, sh.all_rows, hist);
+  __syncthreads();  // every count read before the histogram is zeroed
+  if (hist != sh.histogram) {
+    for (int x = threadIdx.x; x < c.shape.num_experts; x += blockDim.x) hist[x] = 0;
+  }
+  if (p.args.lookback == 0) return;
+  uint64_t* words = c.local<uint64_t>(c.offsets.dispatch_lookback);
+  const int from = static_cast<int>(gridDim.x) * world, to = p.args.max_blocks * world;
+  for (int i = from + static_cast<int>(threadIdx.x); i < to; i += blockDim.x) words[i] = lookback_word(sh.tag, 0);
+}
+
+// Padding rows r in [r0, r1) of this rank's segment on rank d.
+__device__ __forceinline__ void pad_rows(const DispatchParams& p, int d, int32_t r0, int32_t r1) {
+  const GroupShape& s = p.ctx.shape;
+  const int64_t first = (static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + r0) * s.top_k;
+  const int n = (r1 - r0) * s.top_k;
+  int32_t* ids = p.ctx.remote<int32_t>(d, p.ctx.offsets.recv_ids) + first;
+  float* weights = p.ctx.remote<float>(d, p.ctx.offsets.recv_weights) + first;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    ids[i] = s.invalid_expert_id;
+    weights[i] = 0.0f;
+  }
+}
+
+// General kernel, step 3b: block L's padding rows on every destination
+// (dispatch_lookback.h): one per own token that does not go there, counted
+// from the back of [0, T), and its share of [T, tpr).
+__device__ void write_own_padding(const DispatchParams& p, int t0, int t1, const RoutingShared& sh) {
+  const int32_t T = p.args.num_tokens;
+  int32_t tail0, tail1;
+  block_tail_rows(T, p.args.tokens_per_rank, static_cast<int32_t>(gridDim.x), sh.logical, &tail0, &tail1);
+  for (int d = 0; d < p.ctx.shape.world_size; ++d) {
+    int32_t r0, r1;
+    const int32_t before = static_cast<int32_t>(sh.before[d]);
+    block_padding_rows(T, t0, t1, before, static_cast<int32_t>(rows_through_own(p, sh, d)) - before, &r0, &r1);
+    pad_rows(p, d, r0, r1);
+    pad_rows(p, d, tail0, tail1);
+  }
+}
+
 // Block 0, last: wait until every rank's blocks have all arrived here, then
 // produce recv_counts and local_expert_counts.  One barrier after every wait,
 // then every count load in one round (L2 loads, ordered after the waits'
 // acquires by the barrier).  `wait_ok` is shared memory of kMaxWorldSize
 // entries.  (epoch was read at kernel start: only this block of the previous
-// call wrote it.)
-__device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh, uint32_t* wait_ok) {
+// call wrote it, and this one writes it once every block of the rank has
+// arrived, so after each has read it.)  `zero_histogram`: the small kernel
+// leaves the global histogram at zero here (large E); the general kernel's
+// last block does it (send_totals).
+__device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh, uint32_t* wait_ok,
+                                bool zero_histogram) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   const int world = s.world_size, epr = s.experts_per_rank;
@@ -602,7 +766,7 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
                        ? 1u
                        : 0u;
   }
-  if (s.num_experts > kSharedHistogram) {  // the global histogram starts the next call at zero
+  if (zero_histogram && s.num_experts > kSharedHistogram) {  // the global histogram starts the next call at zero
     int32_t* hist = histogram_of(p, sh);
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
   }
@@ -628,6 +792,15 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
 // Shared memory given at launch: the segment policy's buffers.
 extern __shared__ __align__(128) char segment_shared[];
 
+// Thread 0: this block's logical index; the block that draws the last one
+// sets the ticket back to 0 for the next call (every block of this grid has
+// drawn by then, and the next dispatch starts after this grid has completed).
+__device__ __forceinline__ int32_t draw_logical_block(ControlBlock* control) {
+  const uint32_t L = atomicAdd(&control->dispatch_ticket, 1u);
+  if (L == gridDim.x - 1) atomicExch(&control->dispatch_ticket, 0u);
+  return static_cast<int32_t>(L);
+}
+
 template <typename Segments>
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const DispatchParams p) {
   __shared__ RoutingShared sh;
@@ -636,37 +809,45 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
   DispatchTrace trace(p);
-  int32_t t0, t1;  // block 0's share is chosen by the host (dispatch_token_shares.h)
-  own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, p.args.block_zero_share, &t0, &t1);
-
-  // The timeout record and the epoch are read now, in flight with the first
-  // row segments and the routing loads; nothing leaves the rank before the
-  // check (routing writes only private memory).
-  if (threadIdx.x == 0) sh.timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
-  const uint64_t epoch =
-      blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
+  const bool lookback = p.args.lookback != 0;
+  if (threadIdx.x == 0) {
+    sh.logical = lookback ? draw_logical_block(control) : static_cast<int32_t>(blockIdx.x);
+    sh.timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
+    sh.epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1;
+    sh.tag = *reinterpret_cast<const volatile uint32_t*>(&control->lookback_tag) + 1u;
+  }
+  __syncthreads();
+  if (sh.timed_out != kPhaseNone) return;  // block-uniform; the ticket was drawn (and reset)
+  int32_t t0, t1;
+  own_token_range(p.args.num_tokens, gridDim.x, sh.logical, kTokenShareUnit, &t0, &t1);
   Segments segments(p, t0, t1, segment_shared);
   segments.start();
-  route_tokens(p, t0, t1, sh, trace);  // ends with a barrier
-  trace.mark(DispatchTrace::kRouted);
-  if (sh.timed_out != kPhaseNone) {  // block-uniform
-    segments.abandon();
-    return;
+  route_tokens(p, lookback ? t0 : 0, t0, t1, sh, trace);  // ends with a barrier
+  trace.mark(DispatchTrace::kFirstRound);
+  if (lookback) {
+    publish_own_counts(p, sh);
+    if (!look_back(p, sh)) {  // block-uniform; a timeout was recorded
+      segments.abandon();
+      return;
+    }
   }
-  if (blockIdx.x == 0) send_counts(p, sh);
+  trace.mark(DispatchTrace::kRouted);
+  if (sh.logical == static_cast<int32_t>(gridDim.x) - 1) send_totals(p, sh);
   const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
   const int world = p.ctx.shape.world_size;
   send_own_tokens(p, t0, t1, segments, [&](int32_t token, int lane) {
-    return TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
+    return placed_destinations(p, slots + static_cast<int64_t>(token) * world, sh, world, lane);
   });
   trace.mark(DispatchTrace::kSent);
-  write_padding(p, sh.totals);
+  write_own_padding(p, t0, t1, sh);
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 3
+  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 4 (starts with a barrier)
+  store_placed_slots(p, t0, t1, sh);
   if (blockIdx.x == 0) {
-    finish_dispatch(p, epoch, sh, wait_ok);
-    trace.print(epoch);
+    finish_dispatch(p, sh.epoch, sh, wait_ok, false);
+    if (lookback && threadIdx.x == 0) control->lookback_tag = sh.tag;  // as the epoch: every block has read it
+    trace.print(sh.epoch);
   }
 }
 
@@ -766,13 +947,13 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
     segments.abandon();
     return;
   }
-  if (blockIdx.x == 0) send_counts(p, sh.r);
+  if (blockIdx.x == 0) send_counts(p, sh.r.totals, histogram_of(p, sh.r));
   const int world = p.ctx.shape.world_size;
   send_own_tokens(p, t0, t1, segments,
                   [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
   write_padding(p, sh.r.totals);
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
-  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh.r, sh.wait_ok);
+  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh.r, sh.wait_ok, true);
 }
 
 }  // namespace
@@ -783,6 +964,7 @@ int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tok
   const int64_t padding_blocks = (static_cast<int64_t>(shape.world_size) * tokens_per_rank + 255) / 256;
   int64_t blocks = num_tokens > padding_blocks ? num_tokens : padding_blocks;
   if (blocks > sm_budget) blocks = sm_budget;
+  if (blocks > kMaxDispatchBlocks) blocks = kMaxDispatchBlocks;  // the look-back words' rows
   return blocks < 1 ? 1 : static_cast<int32_t>(blocks);
 }
 

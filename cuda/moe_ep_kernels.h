@@ -84,6 +84,8 @@ struct WorkspaceOffsets {
   uint64_t counts_private;      // [world] int32: recv_counts kept for combine
   uint64_t local_expert_counts; // [experts_per_rank] int32 (a dispatch result)
   uint64_t token_slots;         // [max_tpr][world] int32: slot of my token on each rank, -1 = not sent
+  uint64_t dispatch_lookback;   // [kMaxDispatchBlocks][world] uint64: each dispatch block's count per
+                                // destination, tagged with the call (dispatch_lookback.h)
   uint64_t combine_out;         // [max_tpr][combine_row_bytes] library-owned combine output
   uint64_t total_bytes;         // end of the layout
 };
@@ -91,7 +93,8 @@ struct WorkspaceOffsets {
 // Per-handle device state in the private part of the workspace.
 struct ControlBlock {
   uint64_t epoch;  // number of the last dispatch (set by dispatch, read by combine); 0 at create
-  uint64_t reserved;
+  uint32_t dispatch_ticket;  // the general dispatch's next logical block index; 0 between calls
+  uint32_t lookback_tag;     // the general dispatch's last call tag (dispatch_lookback.h); 0 at create
   DeviceErrors errors;
 };
 
@@ -130,12 +133,17 @@ struct DispatchLaunch {
   const void* scales;          // [T, scale_row_bytes] or NULL
   const int32_t* eplb_local;   // [num_experts] or NULL: counted picks are sent
   int32_t num_blocks;          // grid size, at most the SMs the handle may use
+  int32_t max_blocks;          // the largest grid of the handle (its SM budget, at most
+                               // kMaxDispatchBlocks): the general kernel refreshes the look-back
+                               // words of blocks [num_blocks, max_blocks)
+  int32_t lookback;            // the general kernel: nonzero: each block routes its own tokens and
+                               // looks back for the earlier blocks' counts (dispatch_lookback.h);
+                               // zero: each block scans the tokens up to its last (one round for
+                               // calls of at most kBlockThreads tokens); per rank (MOE_EP_DISPATCH_LOOKBACK)
   int32_t small_batch;         // nonzero: the small-batch kernel where it applies (tokens_per_rank <= kSmallBatchMaxTokens)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go
                                // through shared memory with bulk copies; other rows keep the register path
-  int32_t block_zero_share;    // the general kernel: block 0's share of the tokens, in 1/kTokenShareUnit of
-                               // the other blocks' (block_zero_token_share, dispatch_token_shares.h)
   int32_t diagnostic;          // only in builds with MOE_EP_DIAGNOSTICS: hidden rows not written to this
                                // rank (1) or to the peers (2), for timing (MOE_EP_DISPATCH_DIAGNOSTIC;
                                // wrong results)

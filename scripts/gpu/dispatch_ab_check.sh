@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Eighth session, one GPU: this tree's dispatch against the base commit's
-# (.ab_base/, an export carried beside the checkout; v25: block 0's share of
-# the tokens from its extra routing work, against v24's "none on 24 blocks or
-# more") on the one-GPU proxy (scripts/gpu/pull_proxy_bench.cpp),
-# -DMOE_EP_DIAGNOSTICS builds, alternated twice: 4096 tokens on 8-66 SMs,
-# 16-byte rows (PROXY_HIDDEN=8), 512 tokens; per-block phase times of both
+# One GPU: this tree's dispatch against the base commit's (.ab_base/, an
+# export carried beside the checkout: `git archive REV | tar -x -C .ab_base`)
+# on the one-GPU proxy (scripts/gpu/pull_proxy_bench.cpp), -DMOE_EP_DIAGNOSTICS
+# builds, alternated twice: 4096 tokens on 8-66 SMs, 16-byte rows
+# (PROXY_HIDDEN=8), 512 tokens; per-block phase times of both
 # (MOE_EP_DISPATCH_DIAGNOSTIC=4, dispatch_trace.py); then the release build of
 # this tree: the NVLink GPU suites that test dispatch, the conformance check on
-# 2 and 4 ranks and on 8 SMs, memcheck and racecheck on the routing cases.
+# 2 and 4 ranks and on 8 SMs, memcheck, racecheck and synccheck on the routing
+# cases.  (Eighth session: v25 against v24; ninth: the look-back against v25.)
 #   usage: OUT=/dir bash scripts/gpu/dispatch_ab_check.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -48,5 +48,6 @@ SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 step memcheck_routing 150 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[routing],[bad_ids],[peer_counts]"
 step racecheck_routing 150 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[routing]"
+step synccheck_routing 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "[routing]"
 echo "total $(($(date +%s) - START)) s, exit $rc" | tee -a "$SUMMARY"
 exit $rc

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "collective_step.hpp"
-#include "dispatch_token_shares.h"
+#include "dispatch_lookback.h"
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
@@ -119,7 +119,10 @@ class NvlinkBackend final : public Backend {
              : combine_schedule_ == kernels::kCombineAuto     ? "auto"
                                                               : "serial",
              ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off", ", dispatch rows ",
-             dispatch_bulk_ ? "bulk copies" : "registers");
+             dispatch_bulk_ ? "bulk copies" : "registers", ", dispatch routing ",
+             dispatch_lookback_ == DispatchLookback::kAlways  ? "look-back"
+             : dispatch_lookback_ == DispatchLookback::kNever ? "scan"
+                                                              : "auto");
   }
 
   const char* name() const override { return "nvlink_two_sided"; }
@@ -137,12 +140,11 @@ class NvlinkBackend final : public Backend {
     a.scales = call.scales;
     a.eplb_local = call.eplb_local;
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
+    a.lookback = dispatch_looks_back(dispatch_lookback_, call.num_tokens, kernels::kBlockThreads) ? 1 : 0;
     a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;
-    a.block_zero_share = kernels::block_zero_token_share(
-        a.num_blocks, shape_.top_k, shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k,
-        shape_.world_size);
     a.diagnostic = dispatch_diagnostic_;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
@@ -300,6 +302,7 @@ class NvlinkBackend final : public Backend {
     dispatch_diagnostic_ = int_from_environment("MOE_EP_DISPATCH_DIAGNOSTIC");
 #endif
     dispatch_bulk_ = cc >= 90 && dispatch_bulk_from_environment(sm_budget_) ? 1 : 0;
+    dispatch_lookback_ = dispatch_lookback_from_environment();
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -396,6 +399,7 @@ class NvlinkBackend final : public Backend {
   int device_ = 0;
   int sm_count_ = 0;
   int sm_budget_ = 0;
+  DispatchLookback dispatch_lookback_ = DispatchLookback::kAuto;
   kernels::GroupShape shape_{};
   kernels::WorkspaceOffsets offsets_{};
   kernels::HandleState state_{};

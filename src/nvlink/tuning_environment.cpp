@@ -21,4 +21,16 @@ bool dispatch_bulk_from_environment(int32_t sm_budget) {
   return sm_budget <= kDispatchBulkAutoMaxSms;
 }
 
+DispatchLookback dispatch_lookback_from_environment() {
+  if (environment_switch("MOE_EP_DISPATCH_LOOKBACK", "1")) return DispatchLookback::kAlways;
+  if (environment_switch("MOE_EP_DISPATCH_LOOKBACK", "0")) return DispatchLookback::kNever;
+  return DispatchLookback::kAuto;
+}
+
+bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t scan_round_tokens) {
+  if (mode == DispatchLookback::kAlways) return true;
+  if (mode == DispatchLookback::kNever) return false;
+  return num_tokens > scan_round_tokens;
+}
+
 }  // namespace moe_ep

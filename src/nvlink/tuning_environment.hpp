@@ -12,7 +12,9 @@
 //                          into registers instead of bulk copies (a diagnostic);
 //   MOE_EP_DISPATCH_BULK=1 / =0  dispatch moves 16-byte aligned hidden rows
 //                          with bulk copies through shared memory (compute
-//                          capability 9.0 and newer), or never; unset: below.
+//                          capability 9.0 and newer), or never; unset: below;
+//   MOE_EP_DISPATCH_LOOKBACK=1 / =0  the general dispatch routes by look-back
+//                          always, or never; unset: below.
 #pragma once
 
 #include <stdint.h>
@@ -40,5 +42,15 @@ int32_t pull_producers_from_environment();
 // 217 against 202; docs/nvlink_backend.md v11, v23).
 constexpr int32_t kDispatchBulkAutoMaxSms = 8;
 bool dispatch_bulk_from_environment(int32_t sm_budget);
+
+// MOE_EP_DISPATCH_LOOKBACK: whether a general-kernel dispatch of `num_tokens`
+// local tokens routes by look-back (each block its own tokens, then the
+// earlier blocks' counts) or by scan (each block every token up to its last).
+// "1" always, "0" never, unset (or anything else) for calls of more than
+// `scan_round_tokens` tokens, where a scan takes several rounds
+// (docs/nvlink_backend.md v27).  Ranks may differ: nothing a peer sees does.
+enum class DispatchLookback { kAuto, kAlways, kNever };
+DispatchLookback dispatch_lookback_from_environment();
+bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t scan_round_tokens);
 
 }  // namespace moe_ep

@@ -1,5 +1,6 @@
 #include "nvlink/workspace_plan.hpp"
 
+#include "dispatch_lookback.h"
 #include "dtype.hpp"
 
 namespace moe_ep {
@@ -61,6 +62,7 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.counts_private = p.place(W * sizeof(int32_t));
   o.local_expert_counts = p.place(epr * sizeof(int32_t));
   o.token_slots = p.place(M * W * sizeof(int32_t));
+  o.dispatch_lookback = p.place(static_cast<uint64_t>(kernels::kMaxDispatchBlocks) * W * sizeof(uint64_t));
   o.combine_out = p.place(M * l.combine_row_bytes);
   o.total_bytes = p.end();
   return o;

@@ -42,6 +42,11 @@ bool bulk(const char* value, int32_t sm_budget) {
   return moe_ep::dispatch_bulk_from_environment(sm_budget);
 }
 
+bool looks_back(const char* value, int32_t num_tokens) {
+  const ScopedVariable v("MOE_EP_DISPATCH_LOOKBACK", value);
+  return moe_ep::dispatch_looks_back(moe_ep::dispatch_lookback_from_environment(), num_tokens, 512);
+}
+
 }  // namespace
 
 TEST_CASE("environment_switch: on unless \"0\", or only when set to the named value", "[tuning]") {
@@ -109,5 +114,15 @@ TEST_CASE("MOE_EP_DISPATCH_BULK: 1 always, 0 never, else by the SM budget", "[tu
     CHECK_FALSE(bulk("0", budget));
     CHECK(bulk(nullptr, budget) == (budget <= at));
     CHECK(bulk("junk", budget) == (budget <= at));
+  }
+}
+
+TEST_CASE("MOE_EP_DISPATCH_LOOKBACK: 1 always, 0 never, else beyond one scan round", "[tuning]") {
+  for (const int32_t tokens : {0, 1, 511, 512, 513, 4096}) {
+    INFO("tokens " << tokens);
+    CHECK(looks_back("1", tokens));
+    CHECK_FALSE(looks_back("0", tokens));
+    CHECK(looks_back(nullptr, tokens) == (tokens > 512));
+    CHECK(looks_back("junk", tokens) == (tokens > 512));
   }
 }
