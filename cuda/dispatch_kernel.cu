@@ -6,11 +6,10 @@
 //      0 .. L - 1 (a decoupled look-back, dispatch_lookback.h): its tokens go
 //      after theirs, so a token's slot on a destination is the number of
 //      earlier local tokens bound there (ascending source order,
-//      deterministic, no count exchange before the data); calls of at most
-//      kBlockThreads tokens, where a scan of every token is one round, skip
-//      the look-back (DispatchLaunch::lookback 0): L is the block index, the
-//      block scans the tokens up to its last itself, block G - 1 counts every
-//      pick;
+//      deterministic, no count exchange before the data); calls the host
+//      routes by scan instead (DispatchLaunch::lookback 0: small calls, large
+//      grids) skip the look-back: L is the block index, the block scans the
+//      tokens up to its last itself, block G - 1 counts every pick;
 //   3. writes its tokens' rows, rewritten ids, weights and scales straight into
 //      the final receive rows of each destination (row = rank*tpr + slot), and
 //      its padding rows (ids = invalid, weights = 0): one per own token that

@@ -138,8 +138,8 @@ struct DispatchLaunch {
                                // words of blocks [num_blocks, max_blocks)
   int32_t lookback;            // the general kernel: nonzero: each block routes its own tokens and
                                // looks back for the earlier blocks' counts (dispatch_lookback.h);
-                               // zero: each block scans the tokens up to its last (one round for
-                               // calls of at most kBlockThreads tokens); per rank (MOE_EP_DISPATCH_LOOKBACK)
+                               // zero: each block scans the tokens up to its last; chosen per call and
+                               // rank (dispatch_looks_back, MOE_EP_DISPATCH_LOOKBACK)
   int32_t small_batch;         // nonzero: the small-batch kernel where it applies (tokens_per_rank <= kSmallBatchMaxTokens)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go

@@ -141,7 +141,7 @@ class NvlinkBackend final : public Backend {
     a.eplb_local = call.eplb_local;
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
     a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
-    a.lookback = dispatch_looks_back(dispatch_lookback_, call.num_tokens, kernels::kBlockThreads) ? 1 : 0;
+    a.lookback = dispatch_looks_back(dispatch_lookback_, call.num_tokens, a.num_blocks) ? 1 : 0;
     a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;

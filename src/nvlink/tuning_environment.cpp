@@ -27,10 +27,10 @@ DispatchLookback dispatch_lookback_from_environment() {
   return DispatchLookback::kAuto;
 }
 
-bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t scan_round_tokens) {
+bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t blocks) {
   if (mode == DispatchLookback::kAlways) return true;
   if (mode == DispatchLookback::kNever) return false;
-  return num_tokens > scan_round_tokens;
+  return num_tokens > kLookbackMinTokens && blocks <= kLookbackMaxBlocks;
 }
 
 }  // namespace moe_ep

@@ -43,14 +43,21 @@ int32_t pull_producers_from_environment();
 constexpr int32_t kDispatchBulkAutoMaxSms = 8;
 bool dispatch_bulk_from_environment(int32_t sm_budget);
 
-// MOE_EP_DISPATCH_LOOKBACK: whether a general-kernel dispatch of `num_tokens`
-// local tokens routes by look-back (each block its own tokens, then the
-// earlier blocks' counts) or by scan (each block every token up to its last).
-// "1" always, "0" never, unset (or anything else) for calls of more than
-// `scan_round_tokens` tokens, where a scan takes several rounds
-// (docs/nvlink_backend.md v27).  Ranks may differ: nothing a peer sees does.
+// MOE_EP_DISPATCH_LOOKBACK: whether a general-kernel dispatch routes by
+// look-back (each block its own tokens, then the earlier blocks' counts) or by
+// scan (each block every token up to its last).  "1" always, "0" never, unset
+// (or anything else) for calls of more than kLookbackMinTokens tokens on grids
+// of at most kLookbackMaxBlocks blocks, where the look-back measured faster on
+// the one-GPU proxy: there a block's own routing round is short against the
+// 5+ rounds a late block scans.  Below that a scan is at most a few rounds, and
+// on larger grids the scan's early blocks start their rows sooner, which the
+// shared bandwidth rewards (docs/nvlink_backend.md v27: 66 SMs 2-4 us faster
+// by scan at 1024-4096 tokens; 8-24 SMs at 4096 up to 9 us faster by
+// look-back).  Ranks may differ: nothing a peer sees does.
+constexpr int32_t kLookbackMinTokens = 2048;
+constexpr int32_t kLookbackMaxBlocks = 32;
 enum class DispatchLookback { kAuto, kAlways, kNever };
 DispatchLookback dispatch_lookback_from_environment();
-bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t scan_round_tokens);
+bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t blocks);
 
 }  // namespace moe_ep

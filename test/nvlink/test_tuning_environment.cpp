@@ -42,9 +42,9 @@ bool bulk(const char* value, int32_t sm_budget) {
   return moe_ep::dispatch_bulk_from_environment(sm_budget);
 }
 
-bool looks_back(const char* value, int32_t num_tokens) {
+bool looks_back(const char* value, int32_t num_tokens, int32_t blocks) {
   const ScopedVariable v("MOE_EP_DISPATCH_LOOKBACK", value);
-  return moe_ep::dispatch_looks_back(moe_ep::dispatch_lookback_from_environment(), num_tokens, 512);
+  return moe_ep::dispatch_looks_back(moe_ep::dispatch_lookback_from_environment(), num_tokens, blocks);
 }
 
 }  // namespace
@@ -117,12 +117,20 @@ TEST_CASE("MOE_EP_DISPATCH_BULK: 1 always, 0 never, else by the SM budget", "[tu
   }
 }
 
-TEST_CASE("MOE_EP_DISPATCH_LOOKBACK: 1 always, 0 never, else beyond one scan round", "[tuning]") {
-  for (const int32_t tokens : {0, 1, 511, 512, 513, 4096}) {
-    INFO("tokens " << tokens);
-    CHECK(looks_back("1", tokens));
-    CHECK_FALSE(looks_back("0", tokens));
-    CHECK(looks_back(nullptr, tokens) == (tokens > 512));
-    CHECK(looks_back("junk", tokens) == (tokens > 512));
+TEST_CASE("MOE_EP_DISPATCH_LOOKBACK: 1 always, 0 never, else large calls on small grids", "[tuning]") {
+  const int32_t min_tokens = moe_ep::kLookbackMinTokens, max_blocks = moe_ep::kLookbackMaxBlocks;
+  for (const int32_t tokens : {0, 1, 512, min_tokens, min_tokens + 1, 4096}) {
+    for (const int32_t blocks : {1, 8, max_blocks, max_blocks + 1, 132}) {
+      INFO("tokens " << tokens << ", blocks " << blocks);
+      const bool expected = tokens > min_tokens && blocks <= max_blocks;
+      CHECK(looks_back("1", tokens, blocks));
+      CHECK_FALSE(looks_back("0", tokens, blocks));
+      CHECK(looks_back(nullptr, tokens, blocks) == expected);
+      CHECK(looks_back("junk", tokens, blocks) == expected);
+    }
   }
+  // The measured crossover (v27): 4096 tokens on 8-24 SMs by look-back, on 66 by scan; 1024 by scan.
+  CHECK(looks_back(nullptr, 4096, 24));
+  CHECK_FALSE(looks_back(nullptr, 4096, 66));
+  CHECK_FALSE(looks_back(nullptr, 1024, 16));
 }
