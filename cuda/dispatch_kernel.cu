@@ -818,7 +818,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   __syncthreads();
   if (sh.timed_out != kPhaseNone) return;  // block-uniform; the ticket was drawn (and reset)
   int32_t t0, t1;
-  own_token_range(p.args.num_tokens, gridDim.x, sh.logical, kTokenShareUnit, &t0, &t1);
+  own_token_range(p.args.num_tokens, gridDim.x, sh.logical, kTokenShareUnit, p.args.last_block_share, &t0, &t1);
   Segments segments(p, t0, t1, segment_shared);
   segments.start();
   route_tokens(p, lookback ? t0 : 0, t0, t1, sh, trace);  // ends with a barrier
@@ -929,7 +929,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
   int32_t t0, t1;  // block 0 owns no token when there are other blocks
-  own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, gridDim.x > 1 ? 0 : kTokenShareUnit, &t0, &t1);
+  own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, gridDim.x > 1 ? 0 : kTokenShareUnit, kTokenShareUnit, &t0,
+                  &t1);
   const uint32_t timed_out =
       threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
   const uint64_t epoch =

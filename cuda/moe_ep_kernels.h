@@ -140,6 +140,9 @@ struct DispatchLaunch {
                                // looks back for the earlier blocks' counts (dispatch_lookback.h);
                                // zero: each block scans the tokens up to its last; chosen per call and
                                // rank (dispatch_looks_back, MOE_EP_DISPATCH_LOOKBACK)
+  int32_t last_block_share;    // the general kernel: the last block's share of the tokens, in
+                               // 1/kTokenShareUnit of the others' (scan_last_block_share after a scan,
+                               // the whole unit after a look-back; dispatch_token_shares.h)
   int32_t small_batch;         // nonzero: the small-batch kernel where it applies (tokens_per_rank <= kSmallBatchMaxTokens)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go

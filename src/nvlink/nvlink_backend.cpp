@@ -16,6 +16,7 @@
 
 #include "collective_step.hpp"
 #include "dispatch_lookback.h"
+#include "dispatch_token_shares.h"
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
@@ -142,6 +143,12 @@ class NvlinkBackend final : public Backend {
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
     a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
     a.lookback = dispatch_looks_back(dispatch_lookback_, call.num_tokens, a.num_blocks) ? 1 : 0;
+    a.last_block_share =
+        a.lookback != 0
+            ? kernels::kTokenShareUnit
+            : kernels::scan_last_block_share(
+                  a.num_blocks, shape_.top_k,
+                  shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k, shape_.world_size);
     a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;

@@ -165,8 +165,9 @@ constexpr int kPadding = -1;  // a row's content: the local token it holds, or p
 constexpr int kUnwritten = -2;
 
 // One call: T tokens with random destinations on `world` ranks, G blocks with
-// equal shares; returns "" or what went wrong with rank d's segment.
-std::string run_padding(int world, int T, int tpr, int G, bool from_back, std::mt19937& rng) {
+// equal shares but the last's (a scan's last block may take less); returns ""
+// or what went wrong with rank d's segment.
+std::string run_padding(int world, int T, int tpr, int G, int32_t share_last, bool from_back, std::mt19937& rng) {
   std::vector<uint64_t> mask(static_cast<size_t>(T));
   for (auto& m : mask) m = rng() % (uint64_t{1} << world);  // any set, empty too
   for (int d = 0; d < world; ++d) {
@@ -179,7 +180,7 @@ std::string run_padding(int world, int T, int tpr, int G, bool from_back, std::m
     };
     for (int L = 0; L < G; ++L) {
       int32_t t0, t1;
-      own_token_range(T, G, L, kTokenShareUnit, &t0, &t1);
+      own_token_range(T, G, L, kTokenShareUnit, share_last, &t0, &t1);
       int32_t before = 0, own = 0;
       for (int t = 0; t < t0; ++t) before += (mask[static_cast<size_t>(t)] >> d) & 1u;
       for (int t = t0; t < t1; ++t) {
@@ -220,7 +221,8 @@ std::string first_padding_failure(bool from_back, int seeds) {
       const int tpr = 1 + static_cast<int>(rng() % 40);
       const int T = static_cast<int>(rng() % static_cast<uint32_t>(tpr + 1));
       const int G = 1 + static_cast<int>(rng() % 12);
-      const std::string failure = run_padding(world, T, tpr, G, from_back, rng);
+      const int32_t share_last = rng() % 2 == 0 ? kTokenShareUnit : static_cast<int32_t>(rng() % (kTokenShareUnit + 1));
+      const std::string failure = run_padding(world, T, tpr, G, share_last, from_back, rng);
       if (!failure.empty()) {
         return std::to_string(world) + " ranks, T " + std::to_string(T) + ", tpr " + std::to_string(tpr) + ", " +
                std::to_string(G) + " blocks: " + failure;

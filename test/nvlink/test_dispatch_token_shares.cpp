@@ -1,6 +1,9 @@
 // How a dispatch grid shares its tokens (cuda/dispatch_token_shares.h): the
-// blocks' ranges cover every token once, in order, for any share of block 0
-// (the general kernel's even split, the small-batch kernel's empty block 0).
+// blocks' ranges cover every token once, in order, for any share of the first
+// and the last block (the small-batch kernel's empty block 0, the scan's
+// smaller last block); the last block's share follows the model of its extra
+// work (smaller on larger grids, none where its rows would be worth less than
+// its delay).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -10,6 +13,7 @@
 
 using moe_ep::kernels::kTokenShareUnit;
 using moe_ep::kernels::own_token_range;
+using moe_ep::kernels::scan_last_block_share;
 
 namespace {
 
@@ -17,9 +21,9 @@ struct Range {
   int32_t begin, end;
 };
 
-std::vector<Range> ranges(int32_t T, int32_t blocks, int32_t share0) {
+std::vector<Range> ranges(int32_t T, int32_t blocks, int32_t share_first, int32_t share_last = kTokenShareUnit) {
   std::vector<Range> r(blocks);
-  for (int32_t b = 0; b < blocks; ++b) own_token_range(T, blocks, b, share0, &r[b].begin, &r[b].end);
+  for (int32_t b = 0; b < blocks; ++b) own_token_range(T, blocks, b, share_first, share_last, &r[b].begin, &r[b].end);
   return r;
 }
 
@@ -36,12 +40,15 @@ void require_partition(const std::vector<Range>& r, int32_t T) {
 
 }  // namespace
 
-TEST_CASE("the blocks' token ranges partition the tokens for every share of block 0", "[dispatch_shares]") {
+TEST_CASE("the blocks' token ranges partition the tokens for every share of the first and last block",
+          "[dispatch_shares]") {
   for (int32_t T : {0, 1, 5, 127, 128, 513, 4096, 32768, 65536}) {
     for (int32_t blocks : {1, 2, 3, 8, 24, 132, 1024}) {
-      for (int32_t share0 : {0, 1, 100, 249, kTokenShareUnit}) {
-        INFO("T " << T << " blocks " << blocks << " share " << share0);
-        require_partition(ranges(T, blocks, share0), T);
+      for (int32_t first : {0, 1, 100, 249, kTokenShareUnit}) {
+        for (int32_t last : {0, 1, 171, kTokenShareUnit}) {
+          INFO("T " << T << " blocks " << blocks << " shares " << first << ", " << last);
+          require_partition(ranges(T, blocks, first, last), T);
+        }
       }
     }
   }
@@ -59,4 +66,35 @@ TEST_CASE("a full share is the even split; a zero share leaves block 0 empty", "
   const std::vector<Range> one = ranges(77, 1, 0);  // a lone block sends everything whatever the share
   REQUIRE(one[0].begin == 0);
   REQUIRE(one[0].end == 77);
+}
+
+TEST_CASE("a smaller last share leaves the last block fewer tokens, the others even", "[dispatch_shares]") {
+  const std::vector<Range> r = ranges(4096, 66, kTokenShareUnit, 128);  // half a share
+  const int32_t middle = r[10].end - r[10].begin;
+  REQUIRE(r[65].end - r[65].begin <= middle / 2 + 1);
+  for (int32_t b = 0; b < 65; ++b) REQUIRE(r[b].end - r[b].begin >= middle - 1);
+  const std::vector<Range> none = ranges(4096, 66, kTokenShareUnit, 0);
+  REQUIRE(none[65].begin == 4096);
+  REQUIRE(none[64].end == 4096);
+  const std::vector<Range> both = ranges(10, 2, 0, 0);  // nobody owns a share: the last block takes all
+  REQUIRE(both[0].end == 0);
+  REQUIRE(both[1].end == 10);
+}
+
+TEST_CASE("the scan's last block's share follows the model of its extra routing work", "[dispatch_shares]") {
+  constexpr int64_t kDeepSeekBytes = 7168 * 2 + 8 * 8;  // bf16 row, ids and weights of top-8
+  // f = G x (8 x 11.8 + 49) / (14400 x 2)
+  REQUIRE(scan_last_block_share(1, 8, kDeepSeekBytes, 2) == kTokenShareUnit);
+  const int32_t s16 = scan_last_block_share(16, 8, kDeepSeekBytes, 2);
+  const int32_t s66 = scan_last_block_share(66, 8, kDeepSeekBytes, 2);
+  const int32_t s132 = scan_last_block_share(132, 8, kDeepSeekBytes, 2);
+  CHECK(s16 == 235);  // 8 % less
+  CHECK(s66 == 171);  // 33 % less: ≈ 10 us of extra routing over ≈ 32 us of sends
+  CHECK(s132 == 87);  // 66 % less
+  REQUIRE(s16 > s66);
+  REQUIRE(s66 > s132);
+  REQUIRE(s132 > 0);
+  REQUIRE(scan_last_block_share(66, 8, 16 + 64, 2) == 0);            // tiny rows: routing outweighs any share
+  REQUIRE(scan_last_block_share(132, 8, kDeepSeekBytes, 8) > s132);  // more destinations: rows worth more
+  REQUIRE(scan_last_block_share(8, 1, 0, 2) == 0);
 }
