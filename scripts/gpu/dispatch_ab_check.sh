@@ -7,7 +7,8 @@
 # (MOE_EP_DISPATCH_DIAGNOSTIC=4, dispatch_trace.py); then the release build of
 # this tree: the NVLink GPU suites that test dispatch, the conformance check on
 # 2 and 4 ranks and on 8 SMs, memcheck, racecheck and synccheck on the routing
-# cases.  (Eighth session: v25 against v24; ninth: the look-back against v25.)
+# cases.  (Eighth session: v25 against v24; the ninth used its own copies,
+# dispatch_lookback_check.sh and scan_share_check.sh.)
 #   usage: OUT=/dir bash scripts/gpu/dispatch_ab_check.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -20,24 +21,17 @@ source "$(dirname "$0")/steps.sh"
 build_step 240
 diag_proxy base "$PWD/.ab_base"
 diag_proxy new "$PWD"
-proxy() {  # variant name tokens sms warmup iters [env...]
-  local v=$1 name=$2 t=$3 sms=$4 w=$5 n=$6
-  shift 6
-  NPICK=1 PICK="^proxy" step "${v}_$name" 40 env "$@" "/tmp/proxy_$v" "$t" "$sms" "$w" "$n"
-}
 for round in 1 2; do
   for v in base new; do
-    for sms in 8 16 24 32 66; do proxy $v "t4096_sms${sms}_$round" 4096 $sms 5 30; done
-    proxy $v "h8_t4096_sms66_$round" 4096 66 5 30 PROXY_HIDDEN=8
-    proxy $v "t512_sms32_$round" 512 32 5 50
+    for sms in 8 16 24 32 66; do ab_proxy $v "t4096_sms${sms}_$round" 4096 $sms 5 30; done
+    ab_proxy $v "h8_t4096_sms66_$round" 4096 66 5 30 PROXY_HIDDEN=8
+    ab_proxy $v "t512_sms32_$round" 512 32 5 50
   done
 done
 for v in base new; do
-  for sms in 8 16 24; do proxy $v "trace_t4096_sms$sms" 4096 $sms 3 1 MOE_EP_DISPATCH_DIAGNOSTIC=4; done
+  for sms in 8 16 24; do ab_proxy $v "trace_t4096_sms$sms" 4096 $sms 3 1 MOE_EP_DISPATCH_DIAGNOSTIC=4; done
 done
-for f in "$STEP_LOG_DIR"/*trace_*.log; do
-  { echo "== $(basename "$f" .log)"; python3 "$(dirname "$0")/dispatch_trace.py" "$f"; } >> "$OUT/trace_summary.txt"
-done
+trace_summaries
 TOOL="$BUILD/tools/moe_ep_conformance"
 MPI2="mpirun -np 2 --bind-to none"
 nvlink_suites 150 nvlink_gpu_np1 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2 nvlink_gpu_dispatch_bulk_general_np2

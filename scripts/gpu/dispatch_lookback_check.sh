@@ -23,9 +23,9 @@ build_step 240
 diag_proxy base "$PWD/.ab_base"
 diag_proxy new "$PWD"
 proxy() {  # label binary name tokens sms warmup iters [env...]
-  local label=$1 v=$2 name=$3 t=$4 sms=$5 w=$6 n=$7
-  shift 7
-  NPICK=1 PICK="^proxy" step "${label}_$name" 40 env "$@" "/tmp/proxy_$v" "$t" "$sms" "$w" "$n"
+  local label=$1 v=$2
+  shift 2
+  ab_proxy "$label:$v" "$@"
 }
 variant() {  # label: the binary and its environment
   case $1 in
@@ -44,16 +44,13 @@ for round in 1 2; do
   for label in base auto look; do
     read -r v env <<< "$(variant $label)"
     proxy $label $v "t512_sms32_$round" 512 32 5 50 $env
-    proxy $label $v "t512_sms132_$round" 512 132 5 50 $env
   done
 done
 for label in base auto; do
   read -r v env <<< "$(variant $label)"
   for sms in 8 24 66; do proxy $label $v "trace_t4096_sms$sms" 4096 $sms 3 1 MOE_EP_DISPATCH_DIAGNOSTIC=4 $env; done
 done
-for f in "$STEP_LOG_DIR"/*trace_*.log; do
-  { echo "== $(basename "$f" .log)"; python3 "$(dirname "$0")/dispatch_trace.py" "$f"; } >> "$OUT/trace_summary.txt"
-done
+trace_summaries
 TOOL="$BUILD/tools/moe_ep_conformance"
 MPI2="mpirun -np 2 --bind-to none"
 nvlink_suites 150 nvlink_gpu_np1 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2 nvlink_gpu_dispatch_lookback_np2 \

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# For the first two-GPU call after the eighth session (whose two-GPU machines
-# were withheld): does block 0's smaller share of the tokens (v24-v25) help on
-# 2 H200, where 16 SMs and more are bound by the link?  This tree's dispatch
+# For the first two-GPU call after the eighth and ninth sessions (whose
+# two-GPU machines were withheld): do the dispatch changes measured only on
+# the one-GPU proxy (v24-v25 block 0's share, v27 routing by look-back or by
+# scan up to each block's last token, v28 the scan's smaller last block) help
+# on 2 H200, where 16 SMs and more are bound by the link?  This tree's dispatch
 # against the base commit's (.ab_base/: an export of 91f3915, the seventh
 # session's final tree, carried beside the checkout), both release builds of
 # the conformance tool, alternated twice: 4096 tokens on 8, 16, 24, 32 SMs and

@@ -8,8 +8,8 @@
 # racecheck and synccheck on the NVLink kernels, the routing cases with either
 # routing; the one-GPU proxy (scripts/gpu/pull_proxy_bench.cpp): 4096 tokens on
 # 8-24 SMs, and where the look-back starts to pay (1024 and 2048 tokens, auto /
-# scan / look-back).
-#   usage: OUT=/dir bash scripts/gpu/final_session9.sh [BUDGET_S]
+# scan / look-back; SWEEP=0 leaves that out).
+#   usage: OUT=/dir [SWEEP=0] bash scripts/gpu/final_session9.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 BUDGET=${1:-540}
@@ -22,10 +22,10 @@ nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a 
 build_step 240
 [ -x $BUILD/tools/moe_ep_conformance ] || { cat "$SUMMARY"; exit 1; }
 proxy_build "$PWD/$BUILD" /tmp/proxy > "$OUT/proxy_build.log" 2>&1 && echo "proxy_build: ok" | tee -a "$SUMMARY"
-for sms in 8 16 24; do
+for sms in 8 16 24 32 66; do
   NPICK=1 PICK="^proxy" step "proxy_sms$sms" 30 /tmp/proxy 4096 $sms 5 30
 done
-for round in 1 2; do
+for round in $([ "${SWEEP:-1}" = 0 ] || echo 1 2); do
   for t in 1024 2048; do
     for sms in 16 32 66; do
       for mode in auto 0 1; do

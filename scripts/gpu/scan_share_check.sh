@@ -19,22 +19,15 @@ source "$(dirname "$0")/steps.sh"
 build_step 240
 diag_proxy base "$PWD/.ab_base"
 diag_proxy new "$PWD"
-proxy() {  # binary name tokens sms warmup iters [env...]
-  local v=$1 name=$2 t=$3 sms=$4 w=$5 n=$6
-  shift 6
-  NPICK=1 PICK="^proxy" step "${v}_$name" 40 env "$@" "/tmp/proxy_$v" "$t" "$sms" "$w" "$n"
-}
 for round in 1 2; do
   for v in base new; do
     for t in 1024 2048 4096; do
-      for sms in 32 66; do proxy $v "t${t}_sms${sms}_$round" $t $sms 5 30; done
+      for sms in 32 66; do ab_proxy $v "t${t}_sms${sms}_$round" $t $sms 5 30; done
     done
   done
 done
-for v in base new; do proxy $v "trace_t4096_sms66" 4096 66 3 1 MOE_EP_DISPATCH_DIAGNOSTIC=4; done
-for f in "$STEP_LOG_DIR"/*trace_*.log; do
-  { echo "== $(basename "$f" .log)"; python3 "$(dirname "$0")/dispatch_trace.py" "$f"; } >> "$OUT/trace_summary.txt"
-done
+for v in base new; do ab_proxy $v "trace_t4096_sms66" 4096 66 3 1 MOE_EP_DISPATCH_DIAGNOSTIC=4; done
+trace_summaries
 TOOL="$BUILD/tools/moe_ep_conformance"
 MPI2="mpirun -np 2 --bind-to none"
 nvlink_suites 150 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2 nvlink_gpu_dispatch_lookback_np2 \

@@ -18,6 +18,12 @@
 #   diag_proxy NAME SOURCE_DIR   the step "build_NAME": a -DMOE_EP_DIAGNOSTICS
 #       Release build of SOURCE_DIR's libmoe_ep in build-NAME, then the proxy
 #       against it as /tmp/proxy_NAME.
+#   ab_proxy LABEL[:BINARY] NAME TOKENS SMS WARMUP ITERS [VAR=VALUE...]   the
+#       step "LABEL_NAME": /tmp/proxy_BINARY (diag_proxy; default LABEL) with
+#       those variables set, its median line picked.  The proxy's two ranks
+#       share one GPU: at most half its SMs each (132 never finishes).
+#   trace_summaries   dispatch_trace.py over every "*trace_*" step log, into
+#       $OUT/trace_summary.txt.
 # Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -84,4 +90,17 @@ diag_proxy() {
     -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS && ninja -C '$PWD/build-$1' -j32 moe_ep"
   proxy_build "$PWD/build-$1" "/tmp/proxy_$1" >> "$OUT/proxy_build.log" 2>&1 ||
     { echo "proxy_$1: FAILED" | tee -a "$SUMMARY"; rc=1; }
+}
+
+ab_proxy() {
+  local label=${1%%:*} binary=${1##*:} name=$2 t=$3 sms=$4 w=$5 n=$6
+  shift 6
+  NPICK=1 PICK="^proxy" step "${label}_$name" 40 env "$@" "/tmp/proxy_$binary" "$t" "$sms" "$w" "$n"
+}
+
+trace_summaries() {
+  local f
+  for f in "$STEP_LOG_DIR"/*trace_*.log; do
+    { echo "== $(basename "$f" .log)"; python3 "$(dirname "${BASH_SOURCE[0]}")/dispatch_trace.py" "$f"; } >> "$OUT/trace_summary.txt"
+  done
 }
