@@ -15,9 +15,10 @@
 //      its padding rows (ids = invalid, weights = 0): one per own token that
 //      does not go there, from the back, and its share of [T, tpr);
 //   4. publishes with one release-add per destination (arrival counters).
-// The block that drew the last ticket knows the totals once it has looked
-// back: it sends every rank its row count, its per-expert counts and this
-// rank's EPLB row before its own release.  Block 0, last, waits for every
+// The last block (the last ticket, or after a scan the last index) knows the
+// totals once it has looked back or scanned: it sends every rank its row
+// count, its per-expert counts and this rank's EPLB row before its own
+// release.  Block 0, last, waits for every
 // rank's arrivals and produces recv_counts and local_expert_counts.  A block
 // waits only for blocks that drew an earlier ticket, which are running and
 // publish before they wait: no deadlock whatever the residency.
