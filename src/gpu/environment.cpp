@@ -11,6 +11,12 @@ bool environment_switch(const char* name, const char* on_value) {
   return v != nullptr && std::strcmp(v, on_value) == 0;
 }
 
+std::optional<bool> forced_switch(const char* name) {
+  if (environment_switch(name, "1")) return true;
+  if (environment_switch(name, "0")) return false;
+  return std::nullopt;
+}
+
 int32_t int_from_environment(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr) return 0;

@@ -121,9 +121,9 @@ class NvlinkBackend final : public Backend {
                                                               : "serial",
              ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off", ", dispatch rows ",
              dispatch_bulk_ ? "bulk copies" : "registers", ", dispatch routing ",
-             dispatch_lookback_ == DispatchLookback::kAlways  ? "look-back"
-             : dispatch_lookback_ == DispatchLookback::kNever ? "scan"
-                                                              : "auto");
+             !dispatch_lookback_.has_value() ? "auto"
+             : *dispatch_lookback_           ? "look-back"
+                                             : "scan");
   }
 
   const char* name() const override { return "nvlink_two_sided"; }
@@ -406,7 +406,7 @@ class NvlinkBackend final : public Backend {
   int device_ = 0;
   int sm_count_ = 0;
   int sm_budget_ = 0;
-  DispatchLookback dispatch_lookback_ = DispatchLookback::kAuto;
+  std::optional<bool> dispatch_lookback_;  // MOE_EP_DISPATCH_LOOKBACK forced it, or none
   kernels::GroupShape shape_{};
   kernels::WorkspaceOffsets offsets_{};
   kernels::HandleState state_{};

@@ -16,21 +16,13 @@ int32_t pull_producers_from_environment() {
 }
 
 bool dispatch_bulk_from_environment(int32_t sm_budget) {
-  if (environment_switch("MOE_EP_DISPATCH_BULK", "1")) return true;
-  if (environment_switch("MOE_EP_DISPATCH_BULK", "0")) return false;
-  return sm_budget <= kDispatchBulkAutoMaxSms;
+  return forced_switch("MOE_EP_DISPATCH_BULK").value_or(sm_budget <= kDispatchBulkAutoMaxSms);
 }
 
-DispatchLookback dispatch_lookback_from_environment() {
-  if (environment_switch("MOE_EP_DISPATCH_LOOKBACK", "1")) return DispatchLookback::kAlways;
-  if (environment_switch("MOE_EP_DISPATCH_LOOKBACK", "0")) return DispatchLookback::kNever;
-  return DispatchLookback::kAuto;
-}
+std::optional<bool> dispatch_lookback_from_environment() { return forced_switch("MOE_EP_DISPATCH_LOOKBACK"); }
 
-bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t blocks) {
-  if (mode == DispatchLookback::kAlways) return true;
-  if (mode == DispatchLookback::kNever) return false;
-  return num_tokens > kLookbackMinTokens && blocks <= kLookbackMaxBlocks;
+bool dispatch_looks_back(std::optional<bool> forced, int32_t num_tokens, int32_t blocks) {
+  return forced.value_or(num_tokens > kLookbackMinTokens && blocks <= kLookbackMaxBlocks);
 }
 
 }  // namespace moe_ep

@@ -19,7 +19,9 @@
 
 #include <stdint.h>
 
-#include "gpu/environment.hpp"  // environment_switch, int_from_environment
+#include <optional>
+
+#include "gpu/environment.hpp"  // environment_switch, forced_switch, int_from_environment
 
 namespace moe_ep {
 
@@ -56,8 +58,7 @@ bool dispatch_bulk_from_environment(int32_t sm_budget);
 // look-back).  Ranks may differ: nothing a peer sees does.
 constexpr int32_t kLookbackMinTokens = 2048;
 constexpr int32_t kLookbackMaxBlocks = 32;
-enum class DispatchLookback { kAuto, kAlways, kNever };
-DispatchLookback dispatch_lookback_from_environment();
-bool dispatch_looks_back(DispatchLookback mode, int32_t num_tokens, int32_t blocks);
+std::optional<bool> dispatch_lookback_from_environment();  // forced_switch: none = by the call
+bool dispatch_looks_back(std::optional<bool> forced, int32_t num_tokens, int32_t blocks);
 
 }  // namespace moe_ep
