@@ -19,8 +19,7 @@ STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
 build_step 240
-diag_proxy base "$PWD/.ab_base"
-diag_proxy new "$PWD"
+ab_builds
 for round in 1 2; do
   for v in base new; do
     for sms in 8 16 24 32 66; do ab_proxy $v "t4096_sms${sms}_$round" 4096 $sms 5 30; done

@@ -20,8 +20,7 @@ STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
 build_step 240
-diag_proxy base "$PWD/.ab_base"
-diag_proxy new "$PWD"
+ab_builds
 proxy() {  # label binary name tokens sms warmup iters [env...]
   local label=$1 v=$2
   shift 2

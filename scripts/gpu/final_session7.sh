@@ -21,11 +21,7 @@ TOOL="$BUILD/tools/moe_ep_conformance"
 GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 MPI2="mpirun -np 2 --bind-to none"
 SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
-for t in $(cd $BUILD && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p' | grep -v nccl); do
-  step "ctest_$t" 150 ctest --test-dir $BUILD -R "^$t\$" --output-on-failure --timeout 140
-done
-echo "not run here (NCCL needs one GPU per rank): $(cd $BUILD && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p' |
-  grep nccl | tr '\n' ' ')" | tee -a "$SUMMARY"
+one_gpu_suites 150
 step check_nvlink 90 $MPI2 $TOOL check --backend nvlink
 step check_nvlink_zero_copy 90 $MPI2 $TOOL check --backend nvlink --zero-copy-combine
 step check_nvlink_4ranks 120 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nvlink --zero-copy-combine

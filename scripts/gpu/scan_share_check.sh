@@ -17,8 +17,7 @@ STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
 build_step 240
-diag_proxy base "$PWD/.ab_base"
-diag_proxy new "$PWD"
+ab_builds
 for round in 1 2; do
   for v in base new; do
     for t in 1024 2048 4096; do

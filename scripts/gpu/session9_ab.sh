@@ -12,8 +12,7 @@ SUMMARY=$OUT/summary.txt
 STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
-diag_proxy base "$PWD/.ab_base"
-diag_proxy new "$PWD"
+ab_builds
 for round in 1 2 3; do
   for v in base new; do
     for sms in 8 16 24 32 66; do ab_proxy $v "t4096_sms${sms}_$round" 4096 $sms 5 30; done

@@ -18,6 +18,10 @@
 #   diag_proxy NAME SOURCE_DIR   the step "build_NAME": a -DMOE_EP_DIAGNOSTICS
 #       Release build of SOURCE_DIR's libmoe_ep in build-NAME, then the proxy
 #       against it as /tmp/proxy_NAME.
+#   one_gpu_suites LIMIT   one step per GPU CTest suite of $BUILD that runs on
+#       one GPU (every one but NCCL's, which need a GPU per rank), LIMIT seconds
+#       each, and a summary line naming the NCCL suites left out.
+#   ab_builds   diag_proxy "base" from .ab_base/ and "new" from this tree.
 #   ab_proxy LABEL[:BINARY] NAME TOKENS SMS WARMUP ITERS [VAR=VALUE...]   the
 #       step "LABEL_NAME": /tmp/proxy_BINARY (diag_proxy; default LABEL) with
 #       those variables set, its median line picked.  The proxy's two ranks
@@ -103,4 +107,18 @@ trace_summaries() {
   for f in "$STEP_LOG_DIR"/*trace_*.log; do
     { echo "== $(basename "$f" .log)"; python3 "$(dirname "${BASH_SOURCE[0]}")/dispatch_trace.py" "$f"; } >> "$OUT/trace_summary.txt"
   done
+}
+
+one_gpu_suites() {
+  local limit=$1 t all
+  all=$(cd "$BUILD" && ctest -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p')
+  for t in $(grep -v nccl <<< "$all"); do
+    step "ctest_$t" "$limit" ctest --test-dir "$BUILD" -R "^$t\$" --output-on-failure --timeout $((limit - 10))
+  done
+  echo "not run here (NCCL needs one GPU per rank): $(grep nccl <<< "$all" | tr '\n' ' ')" | tee -a "$SUMMARY"
+}
+
+ab_builds() {
+  diag_proxy base "$PWD/.ab_base"
+  diag_proxy new "$PWD"
 }
