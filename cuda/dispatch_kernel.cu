@@ -57,7 +57,7 @@ struct RoutingShared {
   uint32_t warp_counts[kWarpsPerBlock][kMaxWorldSize];
   uint32_t warp_offsets[kWarpsPerBlock][kMaxWorldSize];
   uint32_t totals[kMaxWorldSize];       // tokens bound to each rank so far (general kernel: own tokens only)
-  int32_t histogram[kSharedHistogram];  // small kernel, block 0: valid picks per expert
+  int32_t histogram[kSharedHistogram];  // valid picks per expert counted by this block (histogram_of)
   uint32_t timed_out;                   // the handle's timeout record at kernel start
   // General kernel only (the look-back):
   uint32_t before[kMaxWorldSize];    // tokens of blocks 0 .. L - 1 bound to each rank
@@ -199,18 +199,36 @@ __device__ inline void route_round(const DispatchParams& p, int base, uint64_t m
   }
 }
 
+// Look-back, after routing: the block's own picks, counted in shared memory,
+// added to the rank's global histogram, one add per expert that has any
+// (each add by one thread, the whole block's picks in it).  Counting every
+// pick straight into the global histogram sent every block's thousands of
+// adds to the few lines that hold it, where they queued behind each other
+// (v29).  Ends with a barrier: the block's publication (a release after it)
+// covers these adds.
+__device__ void add_block_histogram(const DispatchParams& p, const RoutingShared& sh) {
+  int32_t* global = p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
+  for (int x = threadIdx.x; x < p.ctx.shape.num_experts; x += blockDim.x) {
+    const int32_t n = sh.histogram[x];
+    if (n != 0) atomicAdd(global + x, n);
+  }
+  __syncthreads();
+}
+
 // General kernel, step 1: the tokens [from, t1), kBlockThreads per round:
 // the slots of the own tokens [t0, t1) among the routed ones into token_slots,
 // sh.totals = how many routed tokens go to each rank, sh.before = how many of
-// [from, t0).  Look-back (from = t0): every block counts its own picks into
-// the global histogram (with the bad-id report); scan (from = 0): block G - 1,
-// which routes every token, counts them all.  The ids of kRoundsPerPass
-// rounds are loaded before the first is used (latency).  Ends with a barrier.
+// [from, t0).  Look-back (from = t0): every block counts its own picks (with
+// the bad-id report) and adds them to the global histogram; scan (from = 0):
+// block G - 1, which routes every token, counts them all.  Counts go to
+// shared memory where the experts fit (histogram_of), else straight to the
+// global histogram.  The ids of kRoundsPerPass rounds are loaded before the
+// first is used (latency).  Ends with a barrier.
 __device__ void route_tokens(const DispatchParams& p, int from, int t0, int t1, RoutingShared& sh,
                              DispatchTrace& trace) {
   const GroupShape& s = p.ctx.shape;
   const bool counts_picks = p.args.lookback != 0 || sh.logical == static_cast<int32_t>(gridDim.x) - 1;
-  int32_t* hist = p.args.lookback != 0 ? p.ctx.local<int32_t>(p.ctx.offsets.expert_hist) : histogram_of(p, sh);
+  int32_t* hist = histogram_of(p, sh);
   for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) {
     sh.totals[d] = 0;
     sh.before[d] = 0;
@@ -244,6 +262,7 @@ __device__ void route_tokens(const DispatchParams& p, int from, int t0, int t1, 
     for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) sh.before[d] = sh.totals[d];
   }
   __syncthreads();  // totals, before final; histogram adds issued
+  if (p.args.lookback != 0 && hist == sh.histogram) add_block_histogram(p, sh);
 }
 
 // Step 2a: block L's count per destination, tagged with the call.  A release
@@ -665,28 +684,6 @@ __device__ __forceinline__ void send_own_tokens(const DispatchParams& p, int t0,
   segments.finish();
 }
 
-// Step 2b: rows [totals[d], tpr) of this rank's segment on every rank d get
-// ids = invalid and weights = 0.  Spread over all threads of the grid.
-__device__ void write_padding(const DispatchParams& p, const uint32_t* totals) {
-  const GroupShape& s = p.ctx.shape;
-  const int64_t tpr = p.args.tokens_per_rank;
-  const int K = s.top_k;
-  int64_t all = 0;
-  for (int d = 0; d < s.world_size; ++d) all += (tpr - totals[d]) * K;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < all; i += stride) {
-    int64_t rest = i;
-    int d = 0;
-    while (rest >= (tpr - totals[d]) * K) {
-      rest -= (tpr - totals[d]) * K;
-      ++d;
-    }
-    const int64_t element = (static_cast<int64_t>(s.rank) * tpr + totals[d]) * K + rest;
-    p.ctx.remote<int32_t>(d, p.ctx.offsets.recv_ids)[element] = s.invalid_expert_id;
-    p.ctx.remote<float>(d, p.ctx.offsets.recv_weights)[element] = 0.0f;
-  }
-}
-
 // The rows of [0, t1) bound to rank d: after a look-back, the earlier blocks'
 // and the own; after a scan, every routed one.
 __device__ __forceinline__ uint32_t rows_through_own(const DispatchParams& p, const RoutingShared& sh, int d) {
@@ -729,17 +726,26 @@ __device__ __forceinline__ void pad_rows(const DispatchParams& p, int d, int32_t
   }
 }
 
-// General kernel, step 3b: block L's padding rows on every destination
-// (dispatch_lookback.h): one per own token that does not go there, counted
-// from the back of [0, T), and its share of [T, tpr).
-__device__ void write_own_padding(const DispatchParams& p, int t0, int t1, const RoutingShared& sh) {
+// How many of the tokens [0, t0) and [0, t1) go to one destination.
+struct BoundRows {
+  int32_t before;   // of [0, t0)
+  int32_t through;  // of [0, t1)
+};
+
+// Step 3b, both kernels: the padding rows of the block with logical index L
+// that owns tokens [t0, t1), on every destination (dispatch_lookback.h): one
+// per own token that does not go there, counted from the back of [0, T), and
+// its share of [T, tpr).  `bound_of(d)` says how many tokens before and up to
+// its own go to d.  No block needs the totals.
+template <typename BoundOf>
+__device__ void write_block_padding(const DispatchParams& p, int t0, int t1, int32_t logical, const BoundOf& bound_of) {
   const int32_t T = p.args.num_tokens;
   int32_t tail0, tail1;
-  block_tail_rows(T, p.args.tokens_per_rank, static_cast<int32_t>(gridDim.x), sh.logical, &tail0, &tail1);
+  block_tail_rows(T, p.args.tokens_per_rank, static_cast<int32_t>(gridDim.x), logical, &tail0, &tail1);
   for (int d = 0; d < p.ctx.shape.world_size; ++d) {
+    const BoundRows bound = bound_of(d);
     int32_t r0, r1;
-    const int32_t before = static_cast<int32_t>(sh.before[d]);
-    block_padding_rows(T, t0, t1, before, static_cast<int32_t>(rows_through_own(p, sh, d)) - before, &r0, &r1);
+    block_padding_rows(T, t0, t1, bound.before, bound.through - bound.before, &r0, &r1);
     pad_rows(p, d, r0, r1);
     pad_rows(p, d, tail0, tail1);
   }
@@ -839,7 +845,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
     return placed_destinations(p, slots + static_cast<int64_t>(token) * world, sh, world, lane);
   });
   trace.mark(DispatchTrace::kSent);
-  write_own_padding(p, t0, t1, sh);
+  write_block_padding(p, t0, t1, sh.logical, [&](int d) {
+    return BoundRows{static_cast<int32_t>(sh.before[d]), static_cast<int32_t>(rows_through_own(p, sh, d))};
+  });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 4 (starts with a barrier)
@@ -876,6 +884,13 @@ __device__ __forceinline__ int32_t small_slot(const SmallShared& sh, int token, 
   return ((sh.masks[token] >> d) & 1u) != 0
              ? static_cast<int32_t>(sh.r.warp_offsets[w][d] + __popc(sh.r.warp_counts[w][d] & below))
              : -1;
+}
+
+// How many of the local tokens [0, x) go to rank d (x <= kBlockThreads).
+__device__ __forceinline__ int32_t small_bound_before(const SmallShared& sh, int x, int d) {
+  const int w = x / 32;
+  if (w >= kWarpsPerBlock) return static_cast<int32_t>(sh.r.totals[d]);
+  return static_cast<int32_t>(sh.r.warp_offsets[w][d] + __popc(sh.r.warp_counts[w][d] & ((1u << (x % 32)) - 1u)));
 }
 
 __device__ __forceinline__ TokenDestinations small_destinations(const SmallShared& sh, int token, int world,
@@ -952,7 +967,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   const int world = p.ctx.shape.world_size;
   send_own_tokens(p, t0, t1, segments,
                   [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
-  write_padding(p, sh.r.totals);
+  write_block_padding(p, t0, t1, static_cast<int32_t>(blockIdx.x), [&](int d) {
+    return BoundRows{small_bound_before(sh, t0, d), small_bound_before(sh, t1, d)};
+  });
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
   if (blockIdx.x == 0) finish_dispatch(p, epoch, sh.r, sh.wait_ok, true);
 }
