@@ -68,13 +68,14 @@ struct RoutingShared {
 };
 
 // Measurement builds only (-DMOE_EP_DIAGNOSTICS, MOE_EP_DISPATCH_DIAGNOSTIC
-// bit 4): per-block phase times.  Thread 0 of every block stamps the global
-// timer (ns) at the marks below and stores its stamps before the block's
-// publication; block 0, once every block of the rank has arrived, prints a
-// line per block: "dtrace RANK EPOCH BLOCK", the stamps, and block 0's end (0
-// on other blocks), for scripts/gpu/dispatch_trace.py.  (Printing from every
-// block perturbed the timing: the stamps are gathered instead.)  In other
-// builds the class is empty and every call compiles to nothing.
+// bit 4): per-block phase times, in both kernels.  Thread 0 of every block
+// stamps the global timer (ns) at the marks below and stores its stamps before
+// the block's publication; block 0, once every block of the rank has arrived,
+// prints a line per block: "dtrace RANK EPOCH BLOCK", the stamps, and block
+// 0's own publication, end of its waits and end (0 on other blocks), for
+// scripts/gpu/dispatch_trace.py.  (Printing from every block perturbed the
+// timing: the stamps are gathered instead.)  In other builds the class is
+// empty and every call compiles to nothing.
 #ifdef MOE_EP_DIAGNOSTICS
 constexpr int kTraceRanks = 8, kTraceBlocks = 1024, kTraceMarks = 6;
 __device__ uint64_t dispatch_trace_stamps[kTraceRanks][kTraceBlocks][kTraceMarks];
@@ -96,16 +97,25 @@ class DispatchTrace {
     if (!on_) return;
     for (int i = 0; i < kMarks; ++i) dispatch_trace_stamps[p_.ctx.shape.rank % kTraceRanks][blockIdx.x][i] = stamps_[i];
   }
+  // Block 0 only, after the block's publication and after its waits.
+  __device__ void mark_published() {
+    if (on_) published_ = global_timer_ns();
+  }
+  __device__ void mark_waited() {
+    if (on_) waited_ = global_timer_ns();
+  }
   __device__ void print(uint64_t epoch) const {
     if (!on_ || blockIdx.x != 0) return;
     const unsigned long long done = global_timer_ns();
     const int rank = p_.ctx.shape.rank;
     for (int b = 0; b < static_cast<int>(gridDim.x) && b < kTraceBlocks; ++b) {
       const volatile uint64_t* t = dispatch_trace_stamps[rank % kTraceRanks][b];
-      printf("dtrace %d %llu %d %llu %llu %llu %llu %llu %llu %llu\n", rank, static_cast<unsigned long long>(epoch), b,
-             static_cast<unsigned long long>(t[0]), static_cast<unsigned long long>(t[1]),
-             static_cast<unsigned long long>(t[2]), static_cast<unsigned long long>(t[3]),
-             static_cast<unsigned long long>(t[4]), static_cast<unsigned long long>(t[5]), b == 0 ? done : 0ull);
+      printf("dtrace %d %llu %d %llu %llu %llu %llu %llu %llu %llu %llu %llu\n", rank,
+             static_cast<unsigned long long>(epoch), b, static_cast<unsigned long long>(t[0]),
+             static_cast<unsigned long long>(t[1]), static_cast<unsigned long long>(t[2]),
+             static_cast<unsigned long long>(t[3]), static_cast<unsigned long long>(t[4]),
+             static_cast<unsigned long long>(t[5]), b == 0 ? static_cast<unsigned long long>(published_) : 0ull,
+             b == 0 ? static_cast<unsigned long long>(waited_) : 0ull, b == 0 ? done : 0ull);
     }
   }
 
@@ -114,10 +124,14 @@ class DispatchTrace {
   const DispatchParams& p_;
   const bool on_;
   uint64_t stamps_[kMarks] = {};
+  uint64_t published_ = 0;
+  uint64_t waited_ = 0;
 #else
   __device__ explicit DispatchTrace(const DispatchParams&) {}
   __device__ void mark(Mark) {}
   __device__ void store() const {}
+  __device__ void mark_published() {}
+  __device__ void mark_waited() {}
   __device__ void print(uint64_t) const {}
 #endif
 };
@@ -147,10 +161,15 @@ __device__ __forceinline__ int32_t* histogram_of(const DispatchParams& p, Routin
 }
 
 // Counts the valid picks of a token per expert, and reports bad ids
-// (first = lowest (token, pick), as the HOST backend reports it).
+// (first = lowest (token, pick), as the HOST backend reports it).  kUnroll
+// picks' loads in flight at once: the small-batch kernel, whose one token
+// per thread is on the call's path, takes 4; the general kernel 1 (unrolled,
+// its register-path kernel spills).
+template <int kUnroll = 1>
 __device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
   const GroupShape& s = p.ctx.shape;
   const int32_t* row = p.args.topk_ids + static_cast<int64_t>(token) * s.top_k;
+#pragma unroll kUnroll
   for (int k = 0; k < s.top_k; ++k) {
     const int32_t id = __ldg(row + k);
     if (is_valid_expert(s, id)) {
@@ -761,7 +780,7 @@ __device__ void write_block_padding(const DispatchParams& p, int t0, int t1, int
 // leaves the global histogram at zero here (large E); the general kernel's
 // last block does it (send_totals).
 __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh, uint32_t* wait_ok,
-                                bool zero_histogram) {
+                                bool zero_histogram, DispatchTrace& trace) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
   const int world = s.world_size, epr = s.experts_per_rank;
@@ -777,6 +796,7 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;
   }
   __syncthreads();
+  trace.mark_waited();
   const uint64_t* counts_in = c.local<uint64_t>(c.offsets.dispatch_counts_in);
   const int32_t* experts_in = c.local<int32_t>(c.offsets.expert_counts_in);
   const int src = threadIdx.x;  // world <= kMaxWorldSize < kBlockThreads
@@ -851,9 +871,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   trace.mark(DispatchTrace::kPadded);
   trace.store();
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 4 (starts with a barrier)
+  trace.mark_published();
   store_placed_slots(p, t0, t1, sh);
   if (blockIdx.x == 0) {
-    finish_dispatch(p, sh.epoch, sh, wait_ok, false);
+    finish_dispatch(p, sh.epoch, sh, wait_ok, false, trace);
     if (lookback && threadIdx.x == 0) control->lookback_tag = sh.tag;  // as the epoch: every block has read it
     trace.print(sh.epoch);
   }
@@ -866,9 +887,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
 // from the shared ballots instead of being read back from token_slots (which
 // is still written: combine reads it); the timeout record waits in a register
 // instead of holding up routing's first barrier; the own tokens' weight rows
-// are prefetched; block 0 owns no token when the grid has several blocks, so
-// its counts are not queued behind a row; and block 0's count loads after the
-// waits are issued in one round.
+// are prefetched; block 0 owns no token when the grid has several blocks, and
+// a lone block sends its counts after its rows, so the counts never hold up a
+// row; the prefix walks only the warps that hold tokens (v30); and block 0's
+// count loads after the waits are issued in one round.
 static_assert(kSmallBatchMaxTokens <= kBlockThreads, "the small-batch routing is one round");
 
 struct SmallShared {
@@ -915,16 +937,19 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.r.histogram[x] = 0;
   }
   __syncthreads();
-  if (counts_picks && t < T) count_picks(p, t, hist);
+  if (counts_picks && t < T) count_picks<4>(p, t, hist);
   sh.masks[t] = mask;
   for (int d = 0; d < world; ++d) {
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
     if (lane == 0) sh.r.warp_counts[warp][d] = ballot;
   }
   __syncthreads();
+  // Only the warps up to the one after the last token hold or bound tokens
+  // (small_slot, small_bound_before): a 1-token call walks one warp, not 16.
+  const int warps = T / 32 + 1 < kWarpsPerBlock ? T / 32 + 1 : kWarpsPerBlock;
   for (int d = threadIdx.x; d < world; d += blockDim.x) {
     uint32_t running = 0;
-    for (int w = 0; w < kWarpsPerBlock; ++w) {
+    for (int w = 0; w < warps; ++w) {
       sh.r.warp_offsets[w][d] = running;
       running += __popc(sh.r.warp_counts[w][d]);
     }
@@ -943,6 +968,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   __shared__ SmallShared sh;
   wait_for_prior_grid();
   allow_dependent_launch();
+  DispatchTrace trace(p);
   ControlBlock* control = p.ctx.control();
   int32_t t0, t1;  // block 0 owns no token when there are other blocks
   own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, gridDim.x > 1 ? 0 : kTokenShareUnit, kTokenShareUnit, &t0,
@@ -958,20 +984,33 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
       asm volatile("prefetch.global.L1 [%0];" ::"l"(p.args.topk_weights + static_cast<int64_t>(t) * p.ctx.shape.top_k));
     }
   }
+  trace.mark(DispatchTrace::kSetUp);
   route_small(p, t0, t1, timed_out, sh);  // ends with a barrier
+  trace.mark(DispatchTrace::kFirstRound);
   if (sh.r.timed_out != kPhaseNone) {     // block-uniform
     segments.abandon();
     return;
   }
-  if (blockIdx.x == 0) send_counts(p, sh.r.totals, histogram_of(p, sh.r));
+  trace.mark(DispatchTrace::kRouted);
   const int world = p.ctx.shape.world_size;
   send_own_tokens(p, t0, t1, segments,
                   [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
+  // After the rows (a lone block 0 owns tokens): the counts' few stores then
+  // travel behind the rows instead of holding them up; the same release
+  // publishes both.
+  if (blockIdx.x == 0) send_counts(p, sh.r.totals, histogram_of(p, sh.r));
+  trace.mark(DispatchTrace::kSent);
   write_block_padding(p, t0, t1, static_cast<int32_t>(blockIdx.x), [&](int d) {
     return BoundRows{small_bound_before(sh, t0, d), small_bound_before(sh, t1, d)};
   });
+  trace.mark(DispatchTrace::kPadded);
+  trace.store();
   publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
-  if (blockIdx.x == 0) finish_dispatch(p, epoch, sh.r, sh.wait_ok, true);
+  trace.mark_published();
+  if (blockIdx.x == 0) {
+    finish_dispatch(p, epoch, sh.r, sh.wait_ok, true, trace);
+    trace.print(epoch);
+  }
 }
 
 }  // namespace

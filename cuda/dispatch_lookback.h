@@ -57,12 +57,17 @@ MOE_EP_LOOKBACK_FN void block_padding_rows(int32_t T, int32_t t0, int32_t t1, in
 }
 
 // Rows [*r0, *r1) of [T, tokens_per_rank) (padding in every segment) that
-// block L of G pads.
+// block L of G pads: chunks of ceil(n / G) rows in block order.  One 32-bit
+// division (n < 2^31, G <= kMaxDispatchBlocks): this sits on a small call's
+// path just before the block's publication, where 64-bit divisions cost.
 MOE_EP_LOOKBACK_FN void block_tail_rows(int32_t T, int32_t tokens_per_rank, int32_t G, int32_t L, int32_t* r0,
                                         int32_t* r1) {
-  const int64_t n = static_cast<int64_t>(tokens_per_rank) - T;
-  *r0 = T + static_cast<int32_t>(n * L / G);
-  *r1 = T + static_cast<int32_t>(n * (L + 1) / G);
+  const uint32_t n = static_cast<uint32_t>(tokens_per_rank - T);
+  const uint32_t chunk = (n + static_cast<uint32_t>(G) - 1u) / static_cast<uint32_t>(G);
+  const uint64_t begin = static_cast<uint64_t>(chunk) * static_cast<uint32_t>(L);
+  const uint64_t end = begin + chunk;
+  *r0 = T + static_cast<int32_t>(begin < n ? begin : n);
+  *r1 = T + static_cast<int32_t>(end < n ? end : n);
 }
 
 }  // namespace kernels

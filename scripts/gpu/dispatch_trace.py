@@ -2,15 +2,17 @@
 """Summarises the dispatch kernel's per-block phase times.
 
 Input: the lines "dtrace RANK EPOCH BLOCK START SETUP FIRST_ROUND ROUTED SENT
-PADDED DONE" that a -DMOE_EP_DIAGNOSTICS build prints with
-MOE_EP_DISPATCH_DIAGNOSTIC=4 (global timer, ns; DONE is block 0's end, 0 on
-other blocks).  For each rank's last call, all times in us from the first
+PADDED PUBLISHED WAITED DONE" that a -DMOE_EP_DIAGNOSTICS build prints with
+MOE_EP_DISPATCH_DIAGNOSTIC=4 (global timer, ns; PUBLISHED, WAITED and DONE
+are block 0's publication, end of its waits and end, 0 on other blocks;
+builds before the tenth session print DONE alone after PADDED).  For each rank's last call, all times in us from the first
 block's start on either rank (both ranks of the one-GPU proxy share the
 timer): when each rank's blocks started, the median and largest block time of
 each phase (set-up: to the routing's first barrier; first round: the first
 round of routing, its ids loaded; rest of routing; sends: the block's rows
 and metadata, as seen by its warp 0; padding), when the blocks' publications
-began (median, last, which block), and block 0's end.
+began (median, last, which block), and block 0's publication (fence and
+adds), its waits for every rank's arrivals and its end (the counts).
   usage: dispatch_trace.py LOG...
 """
 import statistics
@@ -39,7 +41,12 @@ def summarise(calls):
         slowest = max(ends, key=ends.get)
         parts.append(f"padded median {statistics.median(ends.values()):.2f} last {ends[slowest]:.2f} (block {slowest})")
         if 0 in blocks:
-            parts.append(f"block 0 padded {ends[0]:.2f} done {us(blocks[0][6]):.2f}")
+            published, waited, done = blocks[0][6:9]
+            if published and waited:
+                parts.append(f"block 0 padded {ends[0]:.2f} published {us(published):.2f} waited {us(waited):.2f}"
+                             f" done {us(done):.2f}")
+            else:
+                parts.append(f"block 0 padded {ends[0]:.2f} done {us(done):.2f}")
         lines.append("; ".join(parts))
     return lines
 
@@ -50,10 +57,13 @@ def main(paths):
         with open(path, errors="replace") as f:
             for line in f:
                 fields = line.split()
-                if len(fields) != 11 or fields[0] != "dtrace":
+                if len(fields) not in (11, 13) or fields[0] != "dtrace":
                     continue
                 rank, epoch, block = int(fields[1]), int(fields[2]), int(fields[3])
-                calls.setdefault((rank, epoch), {})[block] = [int(x) for x in fields[4:]]
+                stamps = [int(x) for x in fields[4:]]
+                if len(fields) == 11:  # no publication and wait stamps
+                    stamps = stamps[:6] + [0, 0] + stamps[6:]
+                calls.setdefault((rank, epoch), {})[block] = stamps
     for line in summarise(calls):
         print(line)
     return 0 if calls else 1

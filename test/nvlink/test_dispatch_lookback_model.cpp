@@ -271,3 +271,24 @@ TEST_CASE("padding model: every row is written once, real rows in token order, p
   REQUIRE(failure.empty());
   CHECK_FALSE(first_padding_failure(false, 2000).empty());
 }
+
+TEST_CASE("tail rows: the blocks' chunks tile [T, tokens_per_rank) in order, up to 2^31 - 1 rows and 1024 blocks",
+          "[protocol][lookback]") {
+  const int32_t kMax = 2147483647;
+  const int32_t cases[][3] = {{0, kMax, 1024}, {1, kMax, 1023}, {kMax, kMax, 7}, {5, 6, 1024},
+                              {0, 1000, 3},    {128, 128, 1},   {3, 130, 128}};
+  for (const auto& c : cases) {
+    const int32_t T = c[0], tpr = c[1], G = c[2];
+    INFO("T " << T << " tokens_per_rank " << tpr << " blocks " << G);
+    int64_t next = T;  // each block's rows start where the previous block's ended
+    for (int32_t L = 0; L < G; ++L) {
+      int32_t r0, r1;
+      block_tail_rows(T, tpr, G, L, &r0, &r1);
+      REQUIRE(r0 == next);
+      REQUIRE(r1 >= r0);
+      REQUIRE(r1 <= tpr);
+      next = r1;
+    }
+    REQUIRE(next == tpr);
+  }
+}
