@@ -4,9 +4,9 @@
 # whole kernel (routing, its own rows, padding, fence, its own arrival, the
 # counts) with no link and no second rank whose start skews the time, so
 # CUDA-graph replays give a clean figure (±0.1 us) of what the kernel adds to
-# a call.  Release builds of the conformance tool from .ab_base/ ("base") and,
-# if present, .ab_mid/ ("mid") (`git archive REV | tar -x -C DIR`) against
-# this tree ("new"), alternated four times: bench --graph at 1, 8, 32 and 128
+# a call.  Release builds of the conformance tool from .ab_base/ ("base") and
+# every other .ab_NAME/ ("NAME"; `git archive REV | tar -x -C DIR`, or a tree
+# with one change) against this tree ("new"), alternated four times: bench --graph at 1, 8, 32 and 128
 # tokens (DeepSeek shape); this tree with the general kernels
 # (MOE_EP_SMALL_BATCH=0); the latency probe's evented empty call on the same
 # GPU (the floor of a call timed this way); a -DMOE_EP_DIAGNOSTICS build's
@@ -35,9 +35,15 @@ tool_build() {  # name source_dir [extra cmake flags...]
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$DEPS' $* && \
     ninja -C '$PWD/build-tool-$name' -j32 moe_ep_conformance"
 }
-VARIANTS="base new"
-tool_build base "$PWD/.ab_base"
-[ -d .ab_mid ] && { tool_build mid "$PWD/.ab_mid"; VARIANTS="base mid new"; }
+VARIANTS=""
+for dir in .ab_base .ab_*; do  # base first, then every other source tree beside it
+  [ -d "$dir" ] || continue
+  name=${dir#.ab_}
+  case " $VARIANTS " in *" $name "*) continue ;; esac
+  tool_build "$name" "$PWD/$dir"
+  VARIANTS="$VARIANTS $name"
+done
+VARIANTS="$VARIANTS new"
 tool_build diag "$PWD" -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS
 np1() {  # label tool tokens warmup iters [VAR=VALUE...]
   local label=$1 tool=$2 tokens=$3 w=$4 n=$5
