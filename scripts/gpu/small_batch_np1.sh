@@ -17,7 +17,8 @@
 # one GPU, the check on 2 and 4 ranks, zero-copy, 8 SMs and either routing,
 # the fd exchange as root, and memcheck / racecheck / synccheck on the NVLink
 # kernels with either routing.
-#   usage: OUT=/dir [FULL=1] bash scripts/gpu/small_batch_np1.sh [BUDGET_S]
+# TRACE=0 leaves the diagnostic build and its stamps out.
+#   usage: OUT=/dir [FULL=1] [TRACE=0] bash scripts/gpu/small_batch_np1.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 BUDGET=${1:-500}
@@ -44,7 +45,7 @@ for dir in .ab_base .ab_*; do  # base first, then every other source tree beside
   VARIANTS="$VARIANTS $name"
 done
 VARIANTS="$VARIANTS new"
-tool_build diag "$PWD" -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS
+[ "${TRACE:-1}" = 1 ] && tool_build diag "$PWD" -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS
 np1() {  # label tool tokens warmup iters [VAR=VALUE...]
   local label=$1 tool=$2 tokens=$3 w=$4 n=$5
   shift 5
@@ -60,10 +61,12 @@ done
 np1 np1_new_general "$(tool_of new)" 1,8,32,128 20 300 MOE_EP_SMALL_BATCH=0
 NPICK=3 PICK="^graph_1_kernel |^graph_evented_1_kernel|^kernel_evented_eager" step probe_call 120 \
   "$BUILD/tools/latency_probe/moe_ep_latency_probe" --only launch,call --json "$OUT/latency.json"
-DIAG_TOOL=$PWD/build-tool-diag/tools/moe_ep_conformance
-for t in 1 8 128; do np1 "np1_trace_small_t$t" "$DIAG_TOOL" $t 3 3 MOE_EP_DISPATCH_DIAGNOSTIC=4; done
-np1 np1_trace_general_t1 "$DIAG_TOOL" 1 3 3 MOE_EP_DISPATCH_DIAGNOSTIC=4 MOE_EP_SMALL_BATCH=0
-trace_summaries
+if [ "${TRACE:-1}" = 1 ]; then
+  DIAG_TOOL=$PWD/build-tool-diag/tools/moe_ep_conformance
+  for t in 1 8 128; do np1 "np1_trace_small_t$t" "$DIAG_TOOL" $t 3 3 MOE_EP_DISPATCH_DIAGNOSTIC=4; done
+  np1 np1_trace_general_t1 "$DIAG_TOOL" 1 3 3 MOE_EP_DISPATCH_DIAGNOSTIC=4 MOE_EP_SMALL_BATCH=0
+  trace_summaries
+fi
 TOOL="$BUILD/tools/moe_ep_conformance"
 MPI2="mpirun -np 2 --bind-to none"
 SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
