@@ -163,8 +163,9 @@ __device__ __forceinline__ int32_t* histogram_of(const DispatchParams& p, Routin
 // Counts the valid picks of a token per expert, and reports bad ids
 // (first = lowest (token, pick), as the HOST backend reports it).  kUnroll
 // picks' loads in flight at once: the small-batch kernel's block 0, whose
-// counting is on a small call's path, takes 4 (v30: a 1-token call 0.25 us faster); the
-// general kernel 1 (unrolled, its register-path kernel spills).
+// counting is on a small call's path, takes 4 (v30: 0.1-0.3 us off a 1-8
+// token call); the general kernel 1 (unrolled, its register-path kernel
+// spills).
 template <int kUnroll = 1>
 __device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
   const GroupShape& s = p.ctx.shape;
