@@ -22,29 +22,24 @@ SUMMARY=$OUT/summary.txt
 STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
-tool_build() {  # name source_dir cuda_flags
-  PICK="Linking|error" step "build_$1" 200 bash -c "cmake -S '$2' -B '$PWD/build-$1' -G Ninja \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$PWD/.device-deps/usr' \
-    -DCMAKE_CUDA_FLAGS='$3' -DCMAKE_CXX_FLAGS='$3' && ninja -C '$PWD/build-$1' -j32 moe_ep_conformance"
-}
-tool_build new "$PWD" ""
-tool_build base "$PWD/.ab_base" ""
-tool_build diag "$PWD" "-DMOE_EP_DIAGNOSTICS"
+tool_build new "$PWD"
+tool_build base "$PWD/.ab_base"
+tool_build diag "$PWD" -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS
 MPI2="mpirun -np 2 --bind-to none"
 B="bench --backend nvlink --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform --graph \
   --zero-copy-combine --no-baselines"
 for round in 1 2; do
   for v in base new; do
     for sms in 8 16 24 32 0; do
-      NPICK=1 PICK="^ +4096 \|" step "${v}_sms${sms}_$round" 25 $MPI2 "build-$v/tools/moe_ep_conformance" $B \
+      NPICK=1 PICK="^ +4096 \|" step "${v}_sms${sms}_$round" 25 $MPI2 "build-tool-$v/tools/moe_ep_conformance" $B \
         -w 10 -n 40 -t 4096 --num-sms $sms
     done
-    NPICK=1 PICK="^ +512 \|" step "${v}_t512_$round" 25 $MPI2 "build-$v/tools/moe_ep_conformance" $B -w 10 -n 40 -t 512
+    NPICK=1 PICK="^ +512 \|" step "${v}_t512_$round" 25 $MPI2 "build-tool-$v/tools/moe_ep_conformance" $B -w 10 -n 40 -t 512
   done
 done
 for sms in 0 24 8; do
   NPICK=1 PICK="^ +4096 \|" step "trace_sms$sms" 25 $MPI2 -x MOE_EP_DISPATCH_DIAGNOSTIC=4 \
-    build-diag/tools/moe_ep_conformance $B -w 3 -n 1 -t 4096 --num-sms $sms
+    build-tool-diag/tools/moe_ep_conformance $B -w 3 -n 1 -t 4096 --num-sms $sms
 done
 for f in "$STEP_LOG_DIR"/trace_*.log; do
   { echo "== $(basename "$f" .log)"; python3 "$(dirname "$0")/dispatch_trace.py" "$f"; } >> "$OUT/trace_summary.txt"

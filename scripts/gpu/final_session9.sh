@@ -35,23 +35,6 @@ for round in $([ "${SWEEP:-1}" = 0 ] || echo 1 2); do
     done
   done
 done
-TOOL="$BUILD/tools/moe_ep_conformance"
-GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
-MPI2="mpirun -np 2 --bind-to none"
-SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
-one_gpu_suites 150
-step check_nvlink 90 $MPI2 $TOOL check --backend nvlink
-step check_nvlink_zero_copy 90 $MPI2 $TOOL check --backend nvlink --zero-copy-combine
-step check_nvlink_4ranks 120 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nvlink --zero-copy-combine
-step check_nvlink_sms8 90 $MPI2 $TOOL check --backend nvlink --num-sms 8 --zero-copy-combine
-step check_nvlink_look 90 $MPI2 -x MOE_EP_DISPATCH_LOOKBACK=1 -x MOE_EP_SMALL_BATCH=0 $TOOL check --backend nvlink
-step fd_exchange_root 30 $BUILD/test/nvlink/test_nvlink_host "[fd_exchange]"
-step memcheck_nvlink 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "[peer_counts],[bad_ids],[zero_copy],[routing]"
-step racecheck_nvlink 150 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "[peer_counts],[zero_copy],[routing]"
-step synccheck_nvlink 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "[peer_counts],[zero_copy],[routing]"
-step memcheck_look 120 $MPI2 -x MOE_EP_FABRIC=0 -x MOE_EP_DISPATCH_LOOKBACK=1 -x MOE_EP_SMALL_BATCH=0 \
-  $SAN --tool memcheck $GPU_TEST "[peer_counts],[bad_ids],[routing]"
-step racecheck_look 150 $MPI2 -x MOE_EP_FABRIC=0 -x MOE_EP_DISPATCH_LOOKBACK=1 -x MOE_EP_SMALL_BATCH=0 \
-  $SAN --tool racecheck $GPU_TEST "[peer_counts],[routing]"
+one_gpu_validation
 echo "total $(($(date +%s) - START)) s, exit $rc" | tee -a "$SUMMARY"
 exit $rc

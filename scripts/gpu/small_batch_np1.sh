@@ -27,15 +27,7 @@ SUMMARY=$OUT/summary.txt
 STEP_LOG_DIR=$OUT/steps
 mkdir -p "$STEP_LOG_DIR"
 source "$(dirname "$0")/steps.sh"
-DEPS=${DEPS:-$PWD/.device-deps/usr}
 build_step 240
-tool_build() {  # name source_dir [extra cmake flags...]
-  local name=$1 src=$2
-  shift 2
-  PICK="Linking|error" step "build_tool_$name" 200 bash -c "cmake -S '$src' -B '$PWD/build-tool-$name' -G Ninja \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='$DEPS' $* && \
-    ninja -C '$PWD/build-tool-$name' -j32 moe_ep_conformance"
-}
 VARIANTS=""
 for dir in .ab_base .ab_*; do  # base first, then every other source tree beside it
   [ -d "$dir" ] || continue
@@ -67,27 +59,13 @@ if [ "${TRACE:-1}" = 1 ]; then
   np1 np1_trace_general_t1 "$DIAG_TOOL" 1 3 3 MOE_EP_DISPATCH_DIAGNOSTIC=4 MOE_EP_SMALL_BATCH=0
   trace_summaries
 fi
-TOOL="$BUILD/tools/moe_ep_conformance"
-MPI2="mpirun -np 2 --bind-to none"
-SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
-GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
 if [ "${FULL:-0}" = 1 ]; then
-  LOOK="-x MOE_EP_DISPATCH_LOOKBACK=1 -x MOE_EP_SMALL_BATCH=0"
-  one_gpu_suites 150
-  step check_nvlink 90 $MPI2 $TOOL check --backend nvlink
-  step check_nvlink_zero_copy 90 $MPI2 $TOOL check --backend nvlink --zero-copy-combine
-  step check_nvlink_4ranks 120 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nvlink \
-    --zero-copy-combine
-  step check_nvlink_sms8 90 $MPI2 $TOOL check --backend nvlink --num-sms 8 --zero-copy-combine
-  step check_nvlink_look 90 $MPI2 $LOOK $TOOL check --backend nvlink
-  step fd_exchange_root 30 $BUILD/test/nvlink/test_nvlink_host "[fd_exchange]"
-  CASES="[peer_counts],[bad_ids],[zero_copy],[routing],token counts*"
-  step memcheck_nvlink 150 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool memcheck $GPU_TEST "$CASES"
-  step racecheck_nvlink 150 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool racecheck $GPU_TEST "$CASES"
-  step synccheck_nvlink 120 $MPI2 -x MOE_EP_FABRIC=0 $SAN --tool synccheck $GPU_TEST "$CASES"
-  step memcheck_look 120 $MPI2 -x MOE_EP_FABRIC=0 $LOOK $SAN --tool memcheck $GPU_TEST "[bad_ids],[routing]"
-  step racecheck_look 150 $MPI2 -x MOE_EP_FABRIC=0 $LOOK $SAN --tool racecheck $GPU_TEST "[routing]"
+  one_gpu_validation
 else
+  TOOL="$BUILD/tools/moe_ep_conformance"
+  MPI2="mpirun -np 2 --bind-to none"
+  SAN="compute-sanitizer --print-limit 20 --error-exitcode 3"
+  GPU_TEST=$BUILD/test/nvlink/test_nvlink_gpu
   nvlink_suites 150 nvlink_gpu_np1 nvlink_gpu_np2 nvlink_gpu_general_kernels_np2 nvlink_gpu_dispatch_lookback_np2
   step check_nvlink 90 $MPI2 $TOOL check --backend nvlink
   step check_nvlink_4ranks 120 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nvlink

@@ -28,6 +28,13 @@
 #       share one GPU: at most half its SMs each (132 never finishes).
 #   trace_summaries   dispatch_trace.py over every "*trace_*" step log, into
 #       $OUT/trace_summary.txt.
+#   tool_build NAME SOURCE_DIR [CMAKE_ARG...]   the step "build_tool_NAME": a
+#       Release build of SOURCE_DIR's conformance tool in build-tool-NAME.
+#   one_gpu_validation   the one-GPU validation of $BUILD: one_gpu_suites, the
+#       NVLink conformance check (2 and 4 ranks, zero-copy, 8 SMs, the
+#       look-back forced), the fd exchange, and compute-sanitizer memcheck /
+#       racecheck / synccheck on the NVLink kernels, memcheck / racecheck with
+#       the look-back forced.
 # Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -121,4 +128,32 @@ one_gpu_suites() {
 ab_builds() {
   diag_proxy base "$PWD/.ab_base"
   diag_proxy new "$PWD"
+}
+
+tool_build() {
+  local name=$1 src=$2
+  shift 2
+  PICK="Linking|error" step "build_tool_$name" 200 bash -c "cmake -S '$src' -B '$PWD/build-tool-$name' -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH='${DEPS:-$PWD/.device-deps/usr}' $* && \
+    ninja -C '$PWD/build-tool-$name' -j32 moe_ep_conformance"
+}
+
+one_gpu_validation() {
+  local tool="$BUILD/tools/moe_ep_conformance" gpu_test="$BUILD/test/nvlink/test_nvlink_gpu"
+  local mpi2="mpirun -np 2 --bind-to none" san="compute-sanitizer --print-limit 20 --error-exitcode 3"
+  local look="-x MOE_EP_DISPATCH_LOOKBACK=1 -x MOE_EP_SMALL_BATCH=0"
+  local cases="[peer_counts],[bad_ids],[zero_copy],[routing],token counts*"
+  one_gpu_suites 150
+  step check_nvlink 90 $mpi2 $tool check --backend nvlink
+  step check_nvlink_zero_copy 90 $mpi2 $tool check --backend nvlink --zero-copy-combine
+  step check_nvlink_4ranks 120 mpirun -np 4 --oversubscribe --bind-to none $tool check --backend nvlink \
+    --zero-copy-combine
+  step check_nvlink_sms8 90 $mpi2 $tool check --backend nvlink --num-sms 8 --zero-copy-combine
+  step check_nvlink_look 90 $mpi2 $look $tool check --backend nvlink
+  step fd_exchange_root 30 "$BUILD/test/nvlink/test_nvlink_host" "[fd_exchange]"
+  step memcheck_nvlink 150 $mpi2 -x MOE_EP_FABRIC=0 $san --tool memcheck $gpu_test "$cases"
+  step racecheck_nvlink 150 $mpi2 -x MOE_EP_FABRIC=0 $san --tool racecheck $gpu_test "$cases"
+  step synccheck_nvlink 120 $mpi2 -x MOE_EP_FABRIC=0 $san --tool synccheck $gpu_test "$cases"
+  step memcheck_look 120 $mpi2 -x MOE_EP_FABRIC=0 $look $san --tool memcheck $gpu_test "[peer_counts],[bad_ids],[routing]"
+  step racecheck_look 150 $mpi2 -x MOE_EP_FABRIC=0 $look $san --tool racecheck $gpu_test "[peer_counts],[routing]"
 }
