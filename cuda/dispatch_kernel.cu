@@ -144,14 +144,20 @@ __device__ __forceinline__ int owner_of(const GroupShape& s, int32_t id) {
   return static_cast<int>(divide_by_magic(static_cast<uint32_t>(id), s.owner_magic, s.owner_shift));
 }
 
-// Ranks that own at least one valid pick of the token.
+// Adds the rank that owns pick `id` to `mask`; nothing for a masked or bad
+// id.  (A branch: as a select, the general kernel's register path spilled
+// 20 / 124 bytes against 4 / 4.)
+__device__ __forceinline__ void add_owner(const GroupShape& s, int32_t id, uint64_t& mask) {
+  if (is_valid_expert(s, id)) mask |= uint64_t{1} << owner_of(s, id);
+}
+
+// Ranks that own at least one valid pick of the token.  (Unrolled by 8, one
+// load round for top-8, the general kernel's register path spilled 52 / 132
+// bytes against 4 / 4.)
 __device__ inline uint64_t token_mask(const GroupShape& s, const int32_t* ids_row) {
   uint64_t mask = 0;
 #pragma unroll 4
-  for (int k = 0; k < s.top_k; ++k) {
-    const int32_t id = __ldg(ids_row + k);
-    if (is_valid_expert(s, id)) mask |= uint64_t{1} << owner_of(s, id);
-  }
+  for (int k = 0; k < s.top_k; ++k) add_owner(s, __ldg(ids_row + k), mask);
   return mask;
 }
 
@@ -160,29 +166,28 @@ __device__ __forceinline__ int32_t* histogram_of(const DispatchParams& p, Routin
                                                      : p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
 }
 
-// Counts the valid picks of a token per expert, and reports bad ids
-// (first = lowest (token, pick), as the HOST backend reports it).  kUnroll
-// picks' loads in flight at once: the small-batch kernel's block 0, whose
-// counting is on a small call's path, takes 4 (v30: 0.1-0.3 us off a 1-8
-// token call); the general kernel 1 (unrolled, its register-path kernel
-// spills).
-template <int kUnroll = 1>
-__device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
+// Counts pick k of a token, `id`, for its expert, or reports it when it is
+// bad (first = lowest (token, pick), as the HOST backend reports it).
+__device__ __forceinline__ void count_pick(const DispatchParams& p, int32_t token, int k, int32_t id, int32_t* hist) {
   const GroupShape& s = p.ctx.shape;
-  const int32_t* row = p.args.topk_ids + static_cast<int64_t>(token) * s.top_k;
-#pragma unroll kUnroll
-  for (int k = 0; k < s.top_k; ++k) {
-    const int32_t id = __ldg(row + k);
-    if (is_valid_expert(s, id)) {
-      atomicAdd(hist + id, 1);
-    } else if (id != s.invalid_expert_id) {
-      DeviceErrors* errors = &p.ctx.control()->errors;
-      atomicAdd(&errors->bad_id_count, 1u);
-      const uint64_t position = static_cast<uint64_t>(token) * s.top_k + k;
-      atomicMin(reinterpret_cast<unsigned long long*>(&errors->bad_id_first),
-                static_cast<unsigned long long>((position << 32) | static_cast<uint32_t>(id)));
-    }
+  if (is_valid_expert(s, id)) {
+    atomicAdd(hist + id, 1);
+  } else if (id != s.invalid_expert_id) {
+    DeviceErrors* errors = &p.ctx.control()->errors;
+    atomicAdd(&errors->bad_id_count, 1u);
+    const uint64_t position = static_cast<uint64_t>(token) * s.top_k + k;
+    atomicMin(reinterpret_cast<unsigned long long*>(&errors->bad_id_first),
+              static_cast<unsigned long long>((position << 32) | static_cast<uint32_t>(id)));
   }
+}
+
+// Counts every pick of a token, one load at a time (unrolled, the general
+// kernel's register path spilled 12 / 28 bytes against 4 / 4).
+__device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
+  const int top_k = p.ctx.shape.top_k;
+  const int32_t* row = p.args.topk_ids + static_cast<int64_t>(token) * top_k;
+#pragma unroll 1
+  for (int k = 0; k < top_k; ++k) count_pick(p, token, k, __ldg(row + k), hist);
 }
 
 // One round of kBlockThreads tokens starting at `base`: per-rank counts of
@@ -932,12 +937,32 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   const int t = threadIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool counts_picks = blockIdx.x == 0;
   int32_t* hist = histogram_of(p, sh.r);
-  const uint64_t mask = t < T ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
+  // The token's first kHeldPicks ids are loaded once, in one round whose
+  // latency the histogram's zeroing and its barrier hide, and give both the
+  // mask and block 0's counts (v31; they were two load rounds of 4 for the
+  // mask, then the counts' reloads after the barrier).
+  constexpr int kHeldPicks = 8;
+  const int32_t* ids = p.args.topk_ids + static_cast<int64_t>(t) * s.top_k;
+  const int held = t < T ? min(s.top_k, kHeldPicks) : 0;
+  int32_t id[kHeldPicks];
+#pragma unroll
+  for (int k = 0; k < kHeldPicks; ++k) id[k] = k < held ? __ldg(ids + k) : 0;
   if (counts_picks && hist == sh.r.histogram) {
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.r.histogram[x] = 0;
   }
   __syncthreads();
-  if (counts_picks && t < T) count_picks<4>(p, t, hist);
+  uint64_t mask = 0;
+#pragma unroll
+  for (int k = 0; k < kHeldPicks; ++k) {
+    if (k >= held) break;
+    add_owner(s, id[k], mask);
+    if (counts_picks) count_pick(p, t, k, id[k], hist);
+  }
+  for (int k = kHeldPicks; t < T && k < s.top_k; ++k) {  // top_k > kHeldPicks: the rest one by one
+    const int32_t x = __ldg(ids + k);
+    add_owner(s, x, mask);
+    if (counts_picks) count_pick(p, t, k, x, hist);
+  }
   sh.masks[t] = mask;
   for (int d = 0; d < world; ++d) {
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
