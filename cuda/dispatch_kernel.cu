@@ -896,7 +896,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
 // are prefetched; block 0 owns no token when the grid has several blocks, so
 // its counts are not queued behind a row; and block 0's count loads after the
 // waits are issued in one round.
-static_assert(kSmallBatchMaxTokens <= kBlockThreads, "the small-batch routing is one round");
+static_assert(kSmallDispatchMaxTokens <= kBlockThreads, "the small-batch routing is one round");
 
 struct SmallShared {
   RoutingShared r;                 // r.warp_counts holds each warp's ballots (bit per token)
@@ -1089,7 +1089,7 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
   p.ctx.offsets = offsets;
   p.ctx.state = state;
   p.args = args;
-  const bool small = args.small_batch != 0 && args.tokens_per_rank <= kSmallBatchMaxTokens;
+  const bool small = args.small_batch != 0 && args.tokens_per_rank <= kSmallDispatchMaxTokens;
   // Bulk copies need 16-byte aligned rows and sources; any other call keeps
   // the register path (which also handles rows of any size).
   const bool bulk =

@@ -143,7 +143,8 @@ struct DispatchLaunch {
   int32_t last_block_share;    // the general kernel: the last block's share of the tokens, in
                                // 1/kTokenShareUnit of the others' (scan_last_block_share after a scan,
                                // the whole unit after a look-back; dispatch_token_shares.h)
-  int32_t small_batch;         // nonzero: the small-batch kernel where it applies (tokens_per_rank <= kSmallBatchMaxTokens)
+  int32_t small_batch;         // nonzero: the small-batch kernel (tokens_per_rank <= kSmallDispatchMaxTokens;
+                               // the host chooses below that, MOE_EP_SMALL_DISPATCH_TOKENS)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go
                                // through shared memory with bulk copies; other rows keep the register path
@@ -158,6 +159,11 @@ struct DispatchLaunch {
 // chooses by itself (MOE_EP_SMALL_BATCH=0 turns them off): nothing a peer
 // sees differs.
 constexpr int32_t kSmallBatchMaxTokens = 128;
+// The small-batch dispatch kernel routes every token in one round of one
+// token per thread, so it can take calls of up to kBlockThreads tokens per
+// rank; where below that it takes over from the general kernel is the host's
+// choice (MOE_EP_SMALL_DISPATCH_TOKENS, src/nvlink/tuning_environment.hpp).
+constexpr int32_t kSmallDispatchMaxTokens = kBlockThreads;
 
 // How combine schedules its reduction.
 enum CombineSchedule : int32_t {

@@ -33,6 +33,9 @@
 
 namespace moe_ep {
 
+static_assert(kMaxSmallDispatchTokens == kernels::kSmallDispatchMaxTokens,
+              "MOE_EP_SMALL_DISPATCH_TOKENS is bounded by the small dispatch kernel's one routing round");
+
 namespace {
 
 // MOE_EP_COMBINE_SCHEDULE=serial|overlapped|auto (default auto: decided per
@@ -119,8 +122,9 @@ class NvlinkBackend final : public Backend {
              combine_schedule_ == kernels::kCombineOverlapped ? "overlapped"
              : combine_schedule_ == kernels::kCombineAuto     ? "auto"
                                                               : "serial",
-             ", small-batch kernels ", small_batch_ ? "on" : "off", ", PDL ", pdl_ ? "on" : "off", ", dispatch rows ",
-             dispatch_bulk_ ? "bulk copies" : "registers", ", dispatch routing ",
+             ", small-batch kernels ", small_batch_ ? "on" : "off", " (dispatch to ", small_dispatch_tokens_,
+             " tokens), PDL ", pdl_ ? "on" : "off", ", dispatch rows ", dispatch_bulk_ ? "bulk copies" : "registers",
+             ", dispatch routing ",
              !dispatch_lookback_.has_value() ? "auto"
              : *dispatch_lookback_           ? "look-back"
                                              : "scan");
@@ -149,7 +153,7 @@ class NvlinkBackend final : public Backend {
             : kernels::scan_last_block_share(
                   a.num_blocks, shape_.top_k,
                   shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k, shape_.world_size);
-    a.small_batch = small_batch_ && call.tokens_per_rank <= kernels::kSmallBatchMaxTokens ? 1 : 0;
+    a.small_batch = small_batch_ && call.tokens_per_rank <= small_dispatch_tokens_ ? 1 : 0;
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;
     a.diagnostic = dispatch_diagnostic_;
@@ -299,6 +303,7 @@ class NvlinkBackend final : public Backend {
     combine_phases_ = int_from_environment("MOE_EP_COMBINE_PHASES");
     combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
     small_batch_ = environment_switch("MOE_EP_SMALL_BATCH");
+    small_dispatch_tokens_ = small_dispatch_tokens_from_environment();
     pdl_ = cc >= 90 && environment_switch("MOE_EP_PDL") ? 1 : 0;
     pull_registers_ = environment_switch("MOE_EP_PULL_LOADS", "registers") ? 1 : 0;
     pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
@@ -419,6 +424,7 @@ class NvlinkBackend final : public Backend {
   int32_t combine_reduce_blocks_ = 0;
   int32_t group_min_sm_budget_ = 0;
   bool small_batch_ = true;
+  int32_t small_dispatch_tokens_ = kDefaultSmallDispatchTokens;  // MOE_EP_SMALL_DISPATCH_TOKENS
   int32_t dispatch_bulk_ = 0;                // bulk-copy dispatch rows (cuda/bulk_store_ring.cuh)
   int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers

@@ -15,6 +15,12 @@ int32_t pull_producers_from_environment() {
   return n > kMaxPullProducers ? kMaxPullProducers : n;
 }
 
+int32_t small_dispatch_tokens_from_environment() {
+  const int32_t n = int_from_environment("MOE_EP_SMALL_DISPATCH_TOKENS");
+  if (n <= 0) return kDefaultSmallDispatchTokens;
+  return n > kMaxSmallDispatchTokens ? kMaxSmallDispatchTokens : n;
+}
+
 bool dispatch_bulk_from_environment(int32_t sm_budget) {
   return forced_switch("MOE_EP_DISPATCH_BULK").value_or(sm_budget <= kDispatchBulkAutoMaxSms);
 }

@@ -2,7 +2,8 @@
 // at create.  None changes what a peer sees, so ranks may differ in them
 // (docs/api.md lists them with their measured effect):
 //   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: calls of at
-//                          most kSmallBatchMaxTokens tokens per rank run them);
+//                          most kSmallBatchMaxTokens tokens per rank run them,
+//                          dispatch up to MOE_EP_SMALL_DISPATCH_TOKENS below);
 //   MOE_EP_PDL=0           Programmatic Dependent Launch off (default on where
 //                          the device has compute capability 9.0 or newer);
 //   MOE_EP_PULL_ROWS=0     the pull combine copies 2 KiB segments instead of
@@ -44,6 +45,17 @@ int32_t pull_producers_from_environment();
 // 217 against 202; docs/nvlink_backend.md v11, v23).
 constexpr int32_t kDispatchBulkAutoMaxSms = 8;
 bool dispatch_bulk_from_environment(int32_t sm_budget);
+
+// MOE_EP_SMALL_DISPATCH_TOKENS: dispatches of at most this many tokens per
+// rank run the small-batch kernel (while MOE_EP_SMALL_BATCH is on), 1 to
+// kMaxSmallDispatchTokens (the kernel's one routing round: one token per
+// thread of its 512-thread blocks); unset or not a positive number: the
+// default, the whole range, where the small kernel measured faster at every
+// size (one H200, one rank: 0.9-1.0 us less at 192-384 tokens, 0.4 at 512;
+// docs/nvlink_backend.md v32).
+constexpr int32_t kDefaultSmallDispatchTokens = 512;
+constexpr int32_t kMaxSmallDispatchTokens = 512;
+int32_t small_dispatch_tokens_from_environment();
 
 // MOE_EP_DISPATCH_LOOKBACK: whether a general-kernel dispatch routes by
 // look-back (each block its own tokens, then the earlier blocks' counts) or by

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -127,6 +128,31 @@ TEST_CASE("token counts: zero on one rank, runtime_max below the maximum, masked
   other_invalid.routing.mask_fraction = 0.5;
   other_invalid.seed = 33;
   check_case(other_invalid);
+}
+
+// The small-batch dispatch kernel at its bound (one routing round: 512
+// tokens per rank), whatever MOE_EP_SMALL_DISPATCH_TOKENS defaults to; with
+// MOE_EP_SMALL_BATCH=0 (the general-kernels suite) the general kernel runs.
+TEST_CASE("small-batch dispatch up to 512 tokens per rank: unequal counts, masked picks, top-12",
+          "[gpu][small_batch]") {
+  struct SmallDispatchBound {  // read by create; put back however the case ends
+    const char* name = "MOE_EP_SMALL_DISPATCH_TOKENS";
+    const char* before = std::getenv(name);
+    std::string saved = before ? before : "";
+    SmallDispatchBound() { setenv(name, "512", 1); }
+    ~SmallDispatchBound() { before ? setenv(name, saved.c_str(), 1) : unsetenv(name); }
+  } bound;
+  WorkloadSpec full = spec_for_world(256, 8, 7168, 512);
+  for (int r = 0; r < full.world; ++r) full.tokens.push_back(512 - 37 * (r % 3));
+  full.routing.mask_fraction = 0.2;
+  full.eplb_stats = true;
+  full.seed = 51;
+  check_case(full);
+  WorkloadSpec wide = spec_for_world(64, 12, 1000, 300);  // more picks than the kernel holds in registers
+  wide.runtime_max_tokens_per_rank = 257;
+  for (int r = 0; r < wide.world; ++r) wide.tokens.push_back(257 - 5 * r);
+  wide.seed = 52;
+  check_case(wide);
 }
 
 TEST_CASE("top_k 1, 8 and 32 of 64 experts; 6 experts on 2 ranks", "[gpu]") {

@@ -37,6 +37,11 @@ int32_t producers(const char* value) {
   return moe_ep::pull_producers_from_environment();
 }
 
+int32_t small_dispatch_tokens(const char* value) {
+  const ScopedVariable v("MOE_EP_SMALL_DISPATCH_TOKENS", value);
+  return moe_ep::small_dispatch_tokens_from_environment();
+}
+
 bool bulk(const char* value, int32_t sm_budget) {
   const ScopedVariable v("MOE_EP_DISPATCH_BULK", value);
   return moe_ep::dispatch_bulk_from_environment(sm_budget);
@@ -104,6 +109,18 @@ TEST_CASE("MOE_EP_PULL_PRODUCERS: default 2, clamped to 1..4", "[tuning]") {
   CHECK(producers("3") == 3);
   CHECK(producers("4") == 4);
   CHECK(producers("9") == moe_ep::kMaxPullProducers);
+}
+
+TEST_CASE("MOE_EP_SMALL_DISPATCH_TOKENS: default, clamped to 1..512", "[tuning]") {
+  CHECK(small_dispatch_tokens(nullptr) == moe_ep::kDefaultSmallDispatchTokens);
+  CHECK(small_dispatch_tokens("0") == moe_ep::kDefaultSmallDispatchTokens);
+  CHECK(small_dispatch_tokens("-3") == moe_ep::kDefaultSmallDispatchTokens);
+  CHECK(small_dispatch_tokens("junk") == moe_ep::kDefaultSmallDispatchTokens);
+  CHECK(small_dispatch_tokens("1") == 1);
+  CHECK(small_dispatch_tokens("200") == 200);
+  CHECK(small_dispatch_tokens("512") == 512);
+  CHECK(small_dispatch_tokens("513") == moe_ep::kMaxSmallDispatchTokens);
+  CHECK(moe_ep::kMaxSmallDispatchTokens == 512);
 }
 
 TEST_CASE("MOE_EP_DISPATCH_BULK: 1 always, 0 never, else by the SM budget", "[tuning]") {

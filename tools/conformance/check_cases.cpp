@@ -131,6 +131,8 @@ std::vector<CheckCase> check_cases() {
       Case("tokens_unequal").tokens(TokenRule::unequal),
       Case("tokens_full").tokens(TokenRule::full),
       Case("tokens_128").max_tokens(128).top_k(4).experts_per_rank(16).hidden(40),
+      // The small-batch dispatch kernel's bound (one routing round of 512).
+      Case("tokens_512").max_tokens(512).top_k(8).experts_per_rank(16).hidden(40),
       Case("max_tokens_1").max_tokens(1),
       // runtime_max_tokens_per_rank below max_tokens_per_rank.
       Case("runtime_max_5").max_tokens(32).runtime_max(5),
