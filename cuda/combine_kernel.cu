@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   }
 }
 
-// ---- Small-batch kernel (serial schedule, tokens_per_rank <= kSmallBatchMaxTokens) ----
+// ---- Small-batch kernel (serial schedule, tokens_per_rank <= kSmallCombineMaxTokens) ----
 // The serial schedule's protocol and results (same counters, same weights:
 // publish_serial_arrival), with two dependent loads taken off the path of a
 // small call (docs/nvlink_backend.md, v5): push items are mapped statically
@@ -517,7 +517,7 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.phases = combine_phases(shape, args.phases);
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
   if (args.pull != 0) return launch_combine_pull(p, stream);
-  if (args.small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallBatchMaxTokens) {
+  if (args.small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallCombineMaxTokens) {
     return launch_kernel(combine_small_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
   }
   return launch_kernel(combine_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);

@@ -886,7 +886,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   }
 }
 
-// ---- Small-batch kernel (tokens_per_rank <= kSmallBatchMaxTokens) ----------
+// ---- Small-batch kernel (tokens_per_rank <= kSmallDispatchMaxTokens) -------
 // The same work, protocol, counters and results as dispatch_kernel, with fewer
 // dependent steps on the path of a small call (docs/nvlink_backend.md, v5):
 // the routing is one round (T <= kBlockThreads); a token's slots are derived

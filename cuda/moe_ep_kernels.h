@@ -153,17 +153,21 @@ struct DispatchLaunch {
                                // wrong results)
 };
 
-// Calls of at most this many tokens per rank may run the small-batch kernels:
-// the same protocol, counters and results as the general kernels, with a
-// shorter chain of dependent steps (docs/nvlink_backend.md, v5).  Each rank
-// chooses by itself (MOE_EP_SMALL_BATCH=0 turns them off): nothing a peer
-// sees differs.
-constexpr int32_t kSmallBatchMaxTokens = 128;
+// Small calls may run the small-batch kernels: the same protocol, counters
+// and results as the general kernels, with a shorter chain of dependent steps
+// (docs/nvlink_backend.md, v5).  Each rank chooses by itself, up to the bounds
+// below (MOE_EP_SMALL_BATCH=0 turns them off): nothing a peer sees differs.
+//
 // The small-batch dispatch kernel routes every token in one round of one
 // token per thread, so it can take calls of up to kBlockThreads tokens per
 // rank; where below that it takes over from the general kernel is the host's
 // choice (MOE_EP_SMALL_DISPATCH_TOKENS, src/nvlink/tuning_environment.hpp).
 constexpr int32_t kSmallDispatchMaxTokens = kBlockThreads;
+// The small-batch combine kernel's bound: any size works (its push items are
+// (peer, slot, segment) over tokens_per_rank, strided over the grid's warps);
+// this is the range that is tested, and the host chooses below it
+// (MOE_EP_SMALL_COMBINE_TOKENS).
+constexpr int32_t kSmallCombineMaxTokens = 512;
 
 // How combine schedules its reduction.
 enum CombineSchedule : int32_t {
@@ -199,7 +203,7 @@ struct CombineLaunch {
   int32_t phases;              // overlapped: publication phases (same on every rank), 0 = default
   int32_t reduce_blocks;       // overlapped: blocks that reduce, 0 = 5/11 of the grid
   int32_t small_batch;         // nonzero: the small-batch kernel where it applies (serial schedule,
-                               // tokens_per_rank <= kSmallBatchMaxTokens)
+                               // tokens_per_rank <= kSmallCombineMaxTokens)
   int32_t pull;                // nonzero: zero-copy pull (config.zero_copy_combine, the same on every
                                // rank): every rank's expert output is in its combine_input view when
                                // its combine starts, and each source reads its rows from the peers'

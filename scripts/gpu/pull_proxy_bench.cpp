@@ -16,7 +16,9 @@
 // launches: what an eager caller pays on the CPU per call).  NUM_SMS
 // must leave room for both ranks' grids at once (a kernel of one rank spins
 // until the other's runs): at most half the SMs, never 0 (all).
-//   usage: [PROXY_HIDDEN=H] pull_proxy_bench TOKENS NUM_SMS [WARMUP] [ITERS]
+// PROXY_PUSH=1: without the zero-copy view, so that combine pushes the rows
+// from a separate expert_output buffer (the serial push schedules).
+//   usage: [PROXY_HIDDEN=H] [PROXY_PUSH=1] pull_proxy_bench TOKENS NUM_SMS [WARMUP] [ITERS]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -62,6 +64,7 @@ int hidden_size() {
   return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : 7168;
 }
 const int kHidden = hidden_size();
+const bool kPush = std::getenv("PROXY_PUSH") != nullptr && std::atoi(std::getenv("PROXY_PUSH")) != 0;
 
 struct Times {
   std::vector<float> dispatch, combine;            // GPU time between events, us
@@ -85,7 +88,7 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
   c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
   c.device = 0;
   c.num_sms = sms;
-  c.zero_copy_combine = 1;
+  c.zero_copy_combine = kPush ? 0 : 1;
   moe_ep_handle_t h = nullptr;
   moe(moe_ep_create(&b, &p, &c, &h), "moe_ep_create");
 
@@ -100,11 +103,12 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
     std::shuffle(experts.begin(), experts.end(), rng);
     std::copy(experts.begin(), experts.begin() + kTopK, ids.begin() + static_cast<size_t>(t) * kTopK);
   }
-  void *d_hidden, *d_ids, *d_weights, *d_out;
+  void *d_hidden, *d_ids, *d_weights, *d_out, *d_expert = nullptr;
   cuda(cudaMalloc(&d_hidden, hidden.size() * 2), "cudaMalloc");
   cuda(cudaMalloc(&d_ids, ids.size() * 4), "cudaMalloc");
   cuda(cudaMalloc(&d_weights, weights.size() * 4), "cudaMalloc");
   cuda(cudaMalloc(&d_out, static_cast<size_t>(T) * kHidden * 2), "cudaMalloc");
+  if (kPush) cuda(cudaMalloc(&d_expert, 2 * static_cast<size_t>(T) * kHidden * 2), "cudaMalloc");  // 2 ranks
   cuda(cudaMemcpy(d_hidden, hidden.data(), hidden.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
   cuda(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
   cuda(cudaMemcpy(d_weights, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -113,6 +117,8 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
   const moe_ep_tensor_t ti = tensor(d_ids, ids_shape, 2, MOE_EP_DTYPE_INT, 32);
   const moe_ep_tensor_t tw = tensor(d_weights, ids_shape, 2, MOE_EP_DTYPE_FLOAT, 32);
   const moe_ep_tensor_t to = tensor(d_out, out_shape, 2, MOE_EP_DTYPE_BFLOAT, 16);
+  int64_t expert_shape[2] = {2 * static_cast<int64_t>(T), kHidden};
+  const moe_ep_tensor_t te = tensor(d_expert, expert_shape, 2, MOE_EP_DTYPE_BFLOAT, 16);
   moe_ep_dispatch_args_t a;
   moe_ep_dispatch_args_init(&a);
   a.hidden_states = &th;
@@ -139,15 +145,15 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
     const double d1 = now_us();
     cuda(cudaEventRecord(e1, s), "cudaEventRecord");
     if (i == 0) {  // the expert output: the received rows, once (contents do not change the timing)
-      cuda(cudaMemcpyAsync(r.combine_input.data, r.hidden_states.data,
-                           static_cast<size_t>(r.combine_input.shape[0]) * kHidden * 2, cudaMemcpyDeviceToDevice, s),
+      cuda(cudaMemcpyAsync(kPush ? d_expert : r.combine_input.data, r.hidden_states.data,
+                           static_cast<size_t>(r.hidden_states.shape[0]) * kHidden * 2, cudaMemcpyDeviceToDevice, s),
            "cudaMemcpyAsync");
       cuda(cudaEventRecord(e1, s), "cudaEventRecord");
     }
     moe_ep_combine_result_t cr;
     moe_ep_combine_result_init(&cr);
     const double c0 = now_us();
-    moe(moe_ep_combine(h, &r.combine_input, &to, &cr, s), "moe_ep_combine");
+    moe(moe_ep_combine(h, kPush ? &te : &r.combine_input, &to, &cr, s), "moe_ep_combine");
     const double c1 = now_us();
     cuda(cudaEventRecord(e2, s), "cudaEventRecord");
     cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
@@ -171,6 +177,7 @@ Times run_rank(int rank, const moe_ep_bootstrap_t& b, int T, int sms, int warmup
   cudaFree(d_ids);
   cudaFree(d_weights);
   cudaFree(d_out);
+  cudaFree(d_expert);
   cudaStreamDestroy(s);
   return times;
 }

@@ -33,8 +33,8 @@
 #   one_gpu_validation   the one-GPU validation of $BUILD: one_gpu_suites, the
 #       NVLink conformance check (2 and 4 ranks, zero-copy, 8 SMs, the
 #       look-back forced), the fd exchange, and compute-sanitizer memcheck /
-#       racecheck / synccheck on the NVLink kernels, memcheck / racecheck with
-#       the look-back forced.
+#       racecheck / synccheck on the NVLink kernels (the small-batch kernels at
+#       512 tokens among them), memcheck / racecheck with the look-back forced.
 # Callers set OUT, SUMMARY and BUDGET before sourcing; START and rc are set here.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
@@ -142,7 +142,7 @@ one_gpu_validation() {
   local tool="$BUILD/tools/moe_ep_conformance" gpu_test="$BUILD/test/nvlink/test_nvlink_gpu"
   local mpi2="mpirun -np 2 --bind-to none" san="compute-sanitizer --print-limit 20 --error-exitcode 3"
   local look="-x MOE_EP_DISPATCH_LOOKBACK=1 -x MOE_EP_SMALL_BATCH=0"
-  local cases="[peer_counts],[bad_ids],[zero_copy],[routing],token counts*"
+  local cases="[peer_counts],[bad_ids],[zero_copy],[routing],[small_batch],token counts*"
   one_gpu_suites 150
   step check_nvlink 90 $mpi2 $tool check --backend nvlink
   step check_nvlink_zero_copy 90 $mpi2 $tool check --backend nvlink --zero-copy-combine

@@ -35,6 +35,8 @@ namespace moe_ep {
 
 static_assert(kMaxSmallDispatchTokens == kernels::kSmallDispatchMaxTokens,
               "MOE_EP_SMALL_DISPATCH_TOKENS is bounded by the small dispatch kernel's one routing round");
+static_assert(kMaxSmallCombineTokens == kernels::kSmallCombineMaxTokens,
+              "MOE_EP_SMALL_COMBINE_TOKENS is bounded by the small combine kernel's launch check");
 
 namespace {
 
@@ -123,8 +125,8 @@ class NvlinkBackend final : public Backend {
              : combine_schedule_ == kernels::kCombineAuto     ? "auto"
                                                               : "serial",
              ", small-batch kernels ", small_batch_ ? "on" : "off", " (dispatch to ", small_dispatch_tokens_,
-             " tokens), PDL ", pdl_ ? "on" : "off", ", dispatch rows ", dispatch_bulk_ ? "bulk copies" : "registers",
-             ", dispatch routing ",
+             " tokens, combine to ", small_combine_tokens_, "), PDL ", pdl_ ? "on" : "off", ", dispatch rows ",
+             dispatch_bulk_ ? "bulk copies" : "registers", ", dispatch routing ",
              !dispatch_lookback_.has_value() ? "auto"
              : *dispatch_lookback_           ? "look-back"
                                              : "scan");
@@ -203,10 +205,8 @@ class NvlinkBackend final : public Backend {
     a.phases = combine_phases_;
     a.reduce_blocks = combine_reduce_blocks_;
     a.pdl = pdl_;
-    a.small_batch = small_batch_ && a.schedule == kernels::kCombineSerial &&
-                            call.tokens_per_rank <= kernels::kSmallBatchMaxTokens
-                        ? 1
-                        : 0;
+    a.small_batch =
+        small_batch_ && a.schedule == kernels::kCombineSerial && call.tokens_per_rank <= small_combine_tokens_ ? 1 : 0;
     check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
     note_launch(s);
     return a.output;
@@ -304,6 +304,7 @@ class NvlinkBackend final : public Backend {
     combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
     small_batch_ = environment_switch("MOE_EP_SMALL_BATCH");
     small_dispatch_tokens_ = small_dispatch_tokens_from_environment();
+    small_combine_tokens_ = small_combine_tokens_from_environment();
     pdl_ = cc >= 90 && environment_switch("MOE_EP_PDL") ? 1 : 0;
     pull_registers_ = environment_switch("MOE_EP_PULL_LOADS", "registers") ? 1 : 0;
     pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
@@ -425,6 +426,7 @@ class NvlinkBackend final : public Backend {
   int32_t group_min_sm_budget_ = 0;
   bool small_batch_ = true;
   int32_t small_dispatch_tokens_ = kDefaultSmallDispatchTokens;  // MOE_EP_SMALL_DISPATCH_TOKENS
+  int32_t small_combine_tokens_ = kDefaultSmallCombineTokens;    // MOE_EP_SMALL_COMBINE_TOKENS
   int32_t dispatch_bulk_ = 0;                // bulk-copy dispatch rows (cuda/bulk_store_ring.cuh)
   int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
   int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers

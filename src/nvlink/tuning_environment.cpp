@@ -15,10 +15,24 @@ int32_t pull_producers_from_environment() {
   return n > kMaxPullProducers ? kMaxPullProducers : n;
 }
 
+namespace {
+
+// A positive token count from the environment, at most `most`; `fallback`
+// where unset or not a positive number.
+int32_t tokens_from_environment(const char* name, int32_t fallback, int32_t most) {
+  const int32_t n = int_from_environment(name);
+  if (n <= 0) return fallback;
+  return n > most ? most : n;
+}
+
+}  // namespace
+
 int32_t small_dispatch_tokens_from_environment() {
-  const int32_t n = int_from_environment("MOE_EP_SMALL_DISPATCH_TOKENS");
-  if (n <= 0) return kDefaultSmallDispatchTokens;
-  return n > kMaxSmallDispatchTokens ? kMaxSmallDispatchTokens : n;
+  return tokens_from_environment("MOE_EP_SMALL_DISPATCH_TOKENS", kDefaultSmallDispatchTokens, kMaxSmallDispatchTokens);
+}
+
+int32_t small_combine_tokens_from_environment() {
+  return tokens_from_environment("MOE_EP_SMALL_COMBINE_TOKENS", kDefaultSmallCombineTokens, kMaxSmallCombineTokens);
 }
 
 bool dispatch_bulk_from_environment(int32_t sm_budget) {

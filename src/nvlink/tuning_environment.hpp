@@ -1,9 +1,10 @@
 // Per-rank tuning switches of the NVLink backend, read from the environment
 // at create.  None changes what a peer sees, so ranks may differ in them
 // (docs/api.md lists them with their measured effect):
-//   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: calls of at
-//                          most kSmallBatchMaxTokens tokens per rank run them,
-//                          dispatch up to MOE_EP_SMALL_DISPATCH_TOKENS below);
+//   MOE_EP_SMALL_BATCH=0   the small-batch kernels off (default on: dispatches
+//                          of at most MOE_EP_SMALL_DISPATCH_TOKENS and combines
+//                          of at most MOE_EP_SMALL_COMBINE_TOKENS tokens per
+//                          rank run them, below);
 //   MOE_EP_PDL=0           Programmatic Dependent Launch off (default on where
 //                          the device has compute capability 9.0 or newer);
 //   MOE_EP_PULL_ROWS=0     the pull combine copies 2 KiB segments instead of
@@ -56,6 +57,17 @@ bool dispatch_bulk_from_environment(int32_t sm_budget);
 constexpr int32_t kDefaultSmallDispatchTokens = 512;
 constexpr int32_t kMaxSmallDispatchTokens = 512;
 int32_t small_dispatch_tokens_from_environment();
+
+// MOE_EP_SMALL_COMBINE_TOKENS: combines (serial push schedule) of at most this
+// many tokens per rank run the small-batch kernel, 1 to kMaxSmallCombineTokens
+// (its static (peer, slot, segment) push items grow with tokens_per_rank, not
+// with the rows sent); unset or not a positive number: the default, the whole
+// range, where it measured faster at every size (one H200: 0.2-0.4 us less
+// on one rank at 192-512 tokens, 0.7 / 1.2 / 0.2 us in the two-rank proxy's
+// push at 192 / 256 / 512; docs/nvlink_backend.md v33).
+constexpr int32_t kDefaultSmallCombineTokens = 512;
+constexpr int32_t kMaxSmallCombineTokens = 512;
+int32_t small_combine_tokens_from_environment();
 
 // MOE_EP_DISPATCH_LOOKBACK: whether a general-kernel dispatch routes by
 // look-back (each block its own tokens, then the earlier blocks' counts) or by

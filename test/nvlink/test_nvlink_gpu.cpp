@@ -130,24 +130,43 @@ TEST_CASE("token counts: zero on one rank, runtime_max below the maximum, masked
   check_case(other_invalid);
 }
 
-// The small-batch dispatch kernel at its bound (one routing round: 512
-// tokens per rank), whatever MOE_EP_SMALL_DISPATCH_TOKENS defaults to; with
-// MOE_EP_SMALL_BATCH=0 (the general-kernels suite) the general kernel runs.
-TEST_CASE("small-batch dispatch up to 512 tokens per rank: unequal counts, masked picks, top-12",
-          "[gpu][small_batch]") {
-  struct SmallDispatchBound {  // read by create; put back however the case ends
-    const char* name = "MOE_EP_SMALL_DISPATCH_TOKENS";
+// Sets an environment variable that create reads, for the lifetime of the
+// object; puts the previous value back however the case ends.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const char* value) : name_(name) {
     const char* before = std::getenv(name);
-    std::string saved = before ? before : "";
-    SmallDispatchBound() { setenv(name, "512", 1); }
-    ~SmallDispatchBound() { before ? setenv(name, saved.c_str(), 1) : unsetenv(name); }
-  } bound;
+    had_ = before != nullptr;
+    if (had_) before_ = before;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnvironment() { had_ ? setenv(name_, before_.c_str(), 1) : unsetenv(name_); }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string before_;
+};
+
+// The small-batch kernels at their bound (dispatch: one routing round of 512
+// tokens per rank), whatever MOE_EP_SMALL_DISPATCH_TOKENS and
+// MOE_EP_SMALL_COMBINE_TOKENS default to; with MOE_EP_SMALL_BATCH=0 (the
+// general-kernels suite) the general kernels run.
+TEST_CASE("small-batch kernels up to 512 tokens per rank: unequal counts, masked picks, top-12", "[gpu][small_batch]") {
+  const ScopedEnvironment dispatch_bound("MOE_EP_SMALL_DISPATCH_TOKENS", "512");
+  const ScopedEnvironment combine_bound("MOE_EP_SMALL_COMBINE_TOKENS", "512");
   WorkloadSpec full = spec_for_world(256, 8, 7168, 512);
   for (int r = 0; r < full.world; ++r) full.tokens.push_back(512 - 37 * (r % 3));
   full.routing.mask_fraction = 0.2;
   full.eplb_stats = true;
   full.seed = 51;
   check_case(full);
+  GpuCaseOptions graph;
+  graph.graph = true;
+  full.seed = 53;
+  check_case(full, graph);
   WorkloadSpec wide = spec_for_world(64, 12, 1000, 300);  // more picks than the kernel holds in registers
   wide.runtime_max_tokens_per_rank = 257;
   for (int r = 0; r < wide.world; ++r) wide.tokens.push_back(257 - 5 * r);

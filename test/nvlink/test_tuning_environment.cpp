@@ -42,6 +42,11 @@ int32_t small_dispatch_tokens(const char* value) {
   return moe_ep::small_dispatch_tokens_from_environment();
 }
 
+int32_t small_combine_tokens(const char* value) {
+  const ScopedVariable v("MOE_EP_SMALL_COMBINE_TOKENS", value);
+  return moe_ep::small_combine_tokens_from_environment();
+}
+
 bool bulk(const char* value, int32_t sm_budget) {
   const ScopedVariable v("MOE_EP_DISPATCH_BULK", value);
   return moe_ep::dispatch_bulk_from_environment(sm_budget);
@@ -121,6 +126,16 @@ TEST_CASE("MOE_EP_SMALL_DISPATCH_TOKENS: default, clamped to 1..512", "[tuning]"
   CHECK(small_dispatch_tokens("512") == 512);
   CHECK(small_dispatch_tokens("513") == moe_ep::kMaxSmallDispatchTokens);
   CHECK(moe_ep::kMaxSmallDispatchTokens == 512);
+}
+
+TEST_CASE("MOE_EP_SMALL_COMBINE_TOKENS: default, clamped to 1..512", "[tuning]") {
+  CHECK(small_combine_tokens(nullptr) == moe_ep::kDefaultSmallCombineTokens);
+  CHECK(small_combine_tokens("0") == moe_ep::kDefaultSmallCombineTokens);
+  CHECK(small_combine_tokens("junk") == moe_ep::kDefaultSmallCombineTokens);
+  CHECK(small_combine_tokens("7") == 7);
+  CHECK(small_combine_tokens("512") == 512);
+  CHECK(small_combine_tokens("4096") == moe_ep::kMaxSmallCombineTokens);
+  CHECK(moe_ep::kMaxSmallCombineTokens == 512);
 }
 
 TEST_CASE("MOE_EP_DISPATCH_BULK: 1 always, 0 never, else by the SM budget", "[tuning]") {
