@@ -992,9 +992,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   allow_dependent_launch();
   DispatchTrace trace(p);
   ControlBlock* control = p.ctx.control();
-  int32_t t0, t1;  // block 0 owns no token when there are other blocks
-  own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, gridDim.x > 1 ? 0 : kTokenShareUnit, kTokenShareUnit, &t0,
-                  &t1);
+  int32_t t0, t1;  // block 0 counts every pick first: a smaller share, none on small calls
+  own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, p.args.first_block_share, kTokenShareUnit, &t0, &t1);
   const uint32_t timed_out =
       threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
   const uint64_t epoch =

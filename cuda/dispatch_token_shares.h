@@ -3,8 +3,14 @@
 // the shares for each call, and a host test
 // (test/nvlink/test_dispatch_token_shares.cpp).  Blocks in the middle take
 // equal shares; the first and the last block may take less:
-// - the small-batch kernel's block 0 sends the counts before its rows, and
-//   takes none when there are other blocks;
+// - the small-batch kernel's block 0 counts every pick (one round, one token
+//   per thread) and sends the counts before its rows: about 1 us more than a
+//   block in the middle, the bytes a block sends in 1 us at the per-SM rate
+//   of 8 SMs (56 KB).  It takes 1 - g of a share, g = 56 KB over the bytes of
+//   one share, (T / G) x row x d; g >= 1 (small calls, large grids): none, so
+//   that its counts are never behind a row (v34: with none on 8 SMs at 512
+//   tokens, the other 7 blocks' rows took 2 us longer than the general
+//   kernel's);
 // - the general kernel's last block, when the call routes by scan
 //   (DispatchLaunch::lookback 0), scans every token (the others only up to
 //   their last, half of them on average) and counts every pick before its
@@ -51,6 +57,21 @@ MOE_EP_SHARES_FN int32_t scan_last_block_share(int32_t blocks, int32_t top_k, in
   const double extra = static_cast<double>(blocks) * (top_k * kScanLastBytesPerPick + kScanLastBytesPerToken);
   if (sends <= 0.0 || extra >= sends) return 0;
   return static_cast<int32_t>(static_cast<double>(kTokenShareUnit) * (1.0 - extra / sends));
+}
+
+// 1 us of a block's sends at 56 GB/s, in bytes (see above).
+constexpr double kSmallFirstExtraBytes = 56000.0;
+
+// The small-batch kernel's block 0's share of the own tokens, in
+// [0, kTokenShareUnit].
+MOE_EP_SHARES_FN int32_t small_first_block_share(int32_t blocks, int32_t num_tokens, int32_t top_k,
+                                                 int64_t bytes_per_destination, int32_t world_size) {
+  if (blocks <= 1) return kTokenShareUnit;  // the only block sends everything
+  const int64_t destinations = world_size < top_k ? world_size : top_k;
+  const double sends = static_cast<double>(num_tokens) / blocks * static_cast<double>(bytes_per_destination) *
+                       static_cast<double>(destinations);
+  if (sends <= kSmallFirstExtraBytes) return 0;
+  return static_cast<int32_t>(static_cast<double>(kTokenShareUnit) * (1.0 - kSmallFirstExtraBytes / sends));
 }
 
 // The own tokens [*t0, *t1) of block `block` of `blocks`: the first block

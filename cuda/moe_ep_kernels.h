@@ -140,6 +140,8 @@ struct DispatchLaunch {
                                // looks back for the earlier blocks' counts (dispatch_lookback.h);
                                // zero: each block scans the tokens up to its last; chosen per call and
                                // rank (dispatch_looks_back, MOE_EP_DISPATCH_LOOKBACK)
+  int32_t first_block_share;   // the small-batch kernel: block 0's share of the tokens, in
+                               // 1/kTokenShareUnit of the others' (small_first_block_share)
   int32_t last_block_share;    // the general kernel: the last block's share of the tokens, in
                                // 1/kTokenShareUnit of the others' (scan_last_block_share after a scan,
                                // the whole unit after a look-back; dispatch_token_shares.h)

@@ -149,13 +149,14 @@ class NvlinkBackend final : public Backend {
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
     a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
     a.lookback = dispatch_looks_back(dispatch_lookback_, call.num_tokens, a.num_blocks) ? 1 : 0;
-    a.last_block_share =
-        a.lookback != 0
-            ? kernels::kTokenShareUnit
-            : kernels::scan_last_block_share(
-                  a.num_blocks, shape_.top_k,
-                  shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k, shape_.world_size);
+    // What a token sends to each destination: its row, scales, ids and weights.
+    const int64_t token_bytes = shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k;
     a.small_batch = small_batch_ && call.tokens_per_rank <= small_dispatch_tokens_ ? 1 : 0;
+    a.first_block_share =
+        kernels::small_first_block_share(a.num_blocks, call.num_tokens, shape_.top_k, token_bytes, shape_.world_size);
+    a.last_block_share =
+        a.lookback != 0 ? kernels::kTokenShareUnit
+                        : kernels::scan_last_block_share(a.num_blocks, shape_.top_k, token_bytes, shape_.world_size);
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;
     a.diagnostic = dispatch_diagnostic_;

@@ -3,7 +3,8 @@
 // and the last block (the small-batch kernel's empty block 0, the scan's
 // smaller last block); the last block's share follows the model of its extra
 // work (smaller on larger grids, none where its rows would be worth less than
-// its delay).
+// its delay); the small-batch kernel's block 0's share follows the model of
+// its fixed extra work (none on small calls, nearly a full one on few SMs).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 using moe_ep::kernels::kTokenShareUnit;
 using moe_ep::kernels::own_token_range;
 using moe_ep::kernels::scan_last_block_share;
+using moe_ep::kernels::small_first_block_share;
 
 namespace {
 
@@ -97,4 +99,27 @@ TEST_CASE("the scan's last block's share follows the model of its extra routing 
   REQUIRE(scan_last_block_share(66, 8, 16 + 64, 2) == 0);            // tiny rows: routing outweighs any share
   REQUIRE(scan_last_block_share(132, 8, kDeepSeekBytes, 8) > s132);  // more destinations: rows worth more
   REQUIRE(scan_last_block_share(8, 1, 0, 2) == 0);
+}
+
+TEST_CASE("the small-batch kernel's block 0's share follows the model of its fixed extra work", "[dispatch_shares]") {
+  constexpr int64_t kDeepSeekBytes = 7168 * 2 + 8 * 8;
+  // g = 56000 / ((T / G) x 14400 x d)
+  REQUIRE(small_first_block_share(1, 1, 8, kDeepSeekBytes, 2) == kTokenShareUnit);  // a lone block
+  for (int32_t t : {0, 1, 8, 32, 128}) {  // small calls on the grids they get (a block per token or more): none
+    for (int32_t blocks : {t < 2 ? 2 : t, 132}) {
+      INFO("tokens " << t << " blocks " << blocks);
+      REQUIRE(small_first_block_share(blocks, t, 8, kDeepSeekBytes, 2) == 0);
+    }
+  }
+  CHECK(small_first_block_share(8, 512, 8, kDeepSeekBytes, 2) == 248);    // 3 % less: 1.8 MB of sends per share
+  CHECK(small_first_block_share(8, 512, 8, kDeepSeekBytes, 1) == 240);    // one rank: 6 % less
+  CHECK(small_first_block_share(132, 512, 8, kDeepSeekBytes, 2) == 127);  // half: 112 KB per share
+  CHECK(small_first_block_share(132, 512, 8, kDeepSeekBytes, 1) == 0);    // 56 KB per share: none
+  REQUIRE(small_first_block_share(16, 512, 8, kDeepSeekBytes, 2) <
+          small_first_block_share(8, 512, 8, kDeepSeekBytes, 2));
+  REQUIRE(small_first_block_share(16, 256, 8, kDeepSeekBytes, 2) <
+          small_first_block_share(16, 512, 8, kDeepSeekBytes, 2));
+  REQUIRE(small_first_block_share(16, 512, 8, 16 + 64, 2) == 0);  // tiny rows: the counts outweigh any share
+  REQUIRE(small_first_block_share(8, 512, 1, kDeepSeekBytes, 8) <
+          small_first_block_share(8, 512, 8, kDeepSeekBytes, 8));
 }
