@@ -19,6 +19,7 @@
 #include "gpu_test_env.hpp"
 #include "hold_kernel.hpp"
 #include "mpi_test_bootstrap.hpp"
+#include "scoped_environment.hpp"
 #include "tensor_view.hpp"
 #include "thread_bootstrap.hpp"
 
@@ -129,26 +130,6 @@ TEST_CASE("token counts: zero on one rank, runtime_max below the maximum, masked
   other_invalid.seed = 33;
   check_case(other_invalid);
 }
-
-// Sets an environment variable that create reads, for the lifetime of the
-// object; puts the previous value back however the case ends.
-class ScopedEnvironment {
- public:
-  ScopedEnvironment(const char* name, const char* value) : name_(name) {
-    const char* before = std::getenv(name);
-    had_ = before != nullptr;
-    if (had_) before_ = before;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnvironment() { had_ ? setenv(name_, before_.c_str(), 1) : unsetenv(name_); }
-  ScopedEnvironment(const ScopedEnvironment&) = delete;
-  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string before_;
-};
 
 // The small-batch kernels at their bound (dispatch: one routing round of 512
 // tokens per rank), whatever MOE_EP_SMALL_DISPATCH_TOKENS and

@@ -6,54 +6,39 @@
 
 #include "gpu/environment.hpp"
 #include "nvlink/tuning_environment.hpp"
+#include "scoped_environment.hpp"
 
 namespace {
 
-// Sets `name` to `value` (NULL: unset) for the lifetime of the object.
-class ScopedVariable {
- public:
-  ScopedVariable(const char* name, const char* value) : name_(name) {
-    if (value != nullptr) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedVariable() { unsetenv(name_); }
-  ScopedVariable(const ScopedVariable&) = delete;
-  ScopedVariable& operator=(const ScopedVariable&) = delete;
-
- private:
-  const char* name_;
-};
+using moe_ep_test::ScopedEnvironment;
 
 int32_t copy_bytes(const char* value) {
-  const ScopedVariable v("MOE_EP_PULL_COPY_BYTES", value);
+  const ScopedEnvironment v("MOE_EP_PULL_COPY_BYTES", value);
   return moe_ep::pull_copy_bytes_from_environment();
 }
 
 int32_t producers(const char* value) {
-  const ScopedVariable v("MOE_EP_PULL_PRODUCERS", value);
+  const ScopedEnvironment v("MOE_EP_PULL_PRODUCERS", value);
   return moe_ep::pull_producers_from_environment();
 }
 
 int32_t small_dispatch_tokens(const char* value) {
-  const ScopedVariable v("MOE_EP_SMALL_DISPATCH_TOKENS", value);
+  const ScopedEnvironment v("MOE_EP_SMALL_DISPATCH_TOKENS", value);
   return moe_ep::small_dispatch_tokens_from_environment();
 }
 
 int32_t small_combine_tokens(const char* value) {
-  const ScopedVariable v("MOE_EP_SMALL_COMBINE_TOKENS", value);
+  const ScopedEnvironment v("MOE_EP_SMALL_COMBINE_TOKENS", value);
   return moe_ep::small_combine_tokens_from_environment();
 }
 
 bool bulk(const char* value, int32_t sm_budget) {
-  const ScopedVariable v("MOE_EP_DISPATCH_BULK", value);
+  const ScopedEnvironment v("MOE_EP_DISPATCH_BULK", value);
   return moe_ep::dispatch_bulk_from_environment(sm_budget);
 }
 
 bool looks_back(const char* value, int32_t num_tokens, int32_t blocks) {
-  const ScopedVariable v("MOE_EP_DISPATCH_LOOKBACK", value);
+  const ScopedEnvironment v("MOE_EP_DISPATCH_LOOKBACK", value);
   return moe_ep::dispatch_looks_back(moe_ep::dispatch_lookback_from_environment(), num_tokens, blocks);
 }
 
@@ -61,17 +46,17 @@ bool looks_back(const char* value, int32_t num_tokens, int32_t blocks) {
 
 TEST_CASE("environment_switch: on unless \"0\", or only when set to the named value", "[tuning]") {
   {
-    const ScopedVariable v("MOE_EP_TEST_SWITCH", nullptr);
+    const ScopedEnvironment v("MOE_EP_TEST_SWITCH", nullptr);
     CHECK(moe_ep::environment_switch("MOE_EP_TEST_SWITCH"));
     CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "1"));
   }
   {
-    const ScopedVariable v("MOE_EP_TEST_SWITCH", "0");
+    const ScopedEnvironment v("MOE_EP_TEST_SWITCH", "0");
     CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH"));
     CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "1"));
   }
   {
-    const ScopedVariable v("MOE_EP_TEST_SWITCH", "registers");
+    const ScopedEnvironment v("MOE_EP_TEST_SWITCH", "registers");
     CHECK(moe_ep::environment_switch("MOE_EP_TEST_SWITCH"));
     CHECK(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "registers"));
     CHECK_FALSE(moe_ep::environment_switch("MOE_EP_TEST_SWITCH", "1"));
@@ -86,7 +71,7 @@ TEST_CASE("int_from_environment: positive integers below 65536, else 0", "[tunin
   } cases[] = {{nullptr, 0}, {"", 0},        {"abc", 0},       {"-5", 0},    {"0", 0},
                {"1", 1},     {"4096", 4096}, {"65535", 65535}, {"65536", 0}, {"99999999999999999999", 0}};
   for (const auto& c : cases) {
-    const ScopedVariable v(name, c.value);
+    const ScopedEnvironment v(name, c.value);
     INFO("value " << (c.value ? c.value : "(unset)"));
     CHECK(moe_ep::int_from_environment(name) == c.expected);
   }

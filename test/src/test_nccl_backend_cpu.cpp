@@ -22,26 +22,19 @@
 #include "nccl_kernels.h"
 #include "nvlink/nvlink_backend.hpp"
 #include "nvlink/workspace_plan.hpp"
+#include "scoped_environment.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
 
 namespace {
 
-// Sets MOE_EP_NCCL_LIBRARY for the lifetime of the object.
+// MOE_EP_NCCL_LIBRARY for the lifetime of the object.
 class NcclLibraryOverride {
  public:
-  explicit NcclLibraryOverride(const std::string& path) {
-    if (const char* old = std::getenv("MOE_EP_NCCL_LIBRARY")) previous_ = old, had_ = true;
-    setenv("MOE_EP_NCCL_LIBRARY", path.c_str(), 1);
-  }
-  ~NcclLibraryOverride() {
-    if (had_) setenv("MOE_EP_NCCL_LIBRARY", previous_.c_str(), 1);
-    else unsetenv("MOE_EP_NCCL_LIBRARY");
-  }
+  explicit NcclLibraryOverride(const std::string& path) : variable_("MOE_EP_NCCL_LIBRARY", path.c_str()) {}
 
  private:
-  std::string previous_;
-  bool had_ = false;
+  moe_ep_test::ScopedEnvironment variable_;
 };
 
 moe_ep_config_t nccl_config() {
@@ -265,7 +258,7 @@ moe_ep::nccl::Result fake_deregister(moe_ep::nccl::CommHandle, void*) { return m
 
 TEST_CASE("NCCL registration: wanted only with the zero-copy view, the NCCL calls, and not switched off", "[nccl]") {
   moe_ep::nccl::Api api{};
-  unsetenv("MOE_EP_NCCL_REGISTER");
+  const moe_ep_test::ScopedEnvironment unset("MOE_EP_NCCL_REGISTER", nullptr);
   CHECK_FALSE(api.can_register());
   CHECK_FALSE(moe_ep::nccl_registration_wanted(api, true));  // an NCCL older than 2.19
   api.MemAlloc = fake_mem_alloc;
@@ -282,5 +275,4 @@ TEST_CASE("NCCL registration: wanted only with the zero-copy view, the NCCL call
   CHECK_FALSE(moe_ep::nccl_registration_wanted(api, true));
   setenv("MOE_EP_NCCL_REGISTER", "1", 1);
   CHECK(moe_ep::nccl_registration_wanted(api, true));
-  unsetenv("MOE_EP_NCCL_REGISTER");
 }
