@@ -893,9 +893,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
 // from the shared ballots instead of being read back from token_slots (which
 // is still written: combine reads it); the timeout record waits in a register
 // instead of holding up routing's first barrier; the own tokens' weight rows
-// are prefetched; block 0 owns no token when the grid has several blocks, so
-// its counts are not queued behind a row; and block 0's count loads after the
-// waits are issued in one round.
+// are prefetched; block 0, which counts every pick, takes a smaller share of
+// the tokens (none on small calls, so that its counts are not queued behind a
+// row; small_first_block_share); and block 0's count loads after the waits
+// are issued in one round.
 static_assert(kSmallDispatchMaxTokens <= kBlockThreads, "the small-batch routing is one round");
 
 struct SmallShared {
