@@ -17,8 +17,9 @@
 # one GPU, the check on 2 and 4 ranks, zero-copy, 8 SMs and either routing,
 # the fd exchange as root, and memcheck / racecheck / synccheck on the NVLink
 # kernels with either routing.
-# TRACE=0 leaves the diagnostic build and its stamps out.
-#   usage: OUT=/dir [FULL=1] [TRACE=0] bash scripts/gpu/small_batch_np1.sh [BUDGET_S]
+# TRACE=0 leaves the diagnostic build and its stamps out; SIZES (default
+# 1,8,32,128) the bench's token counts.
+#   usage: OUT=/dir [FULL=1] [TRACE=0] [SIZES=...] bash scripts/gpu/small_batch_np1.sh [BUDGET_S]
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 BUDGET=${1:-500}
@@ -43,14 +44,14 @@ np1() {  # label tool tokens warmup iters [VAR=VALUE...]
   shift 5
   local xs=() kv
   for kv in "$@"; do xs+=(-x "$kv"); done
-  NPICK=4 PICK="^ +[0-9]+ \|" step "$label" 60 env "$@" mpirun -np 1 --bind-to none "${xs[@]}" "$tool" bench \
+  NPICK=8 PICK="^ +[0-9]+ \|" step "$label" 60 env "$@" mpirun -np 1 --bind-to none "${xs[@]}" "$tool" bench \
     --backend nvlink -t "$tokens" --graph --no-baselines -w "$w" -n "$n"
 }
 tool_of() { [ "$1" = new ] && echo "$BUILD/tools/moe_ep_conformance" || echo "$PWD/build-tool-$1/tools/moe_ep_conformance"; }
 for round in 1 2 3 4; do
-  for v in $VARIANTS; do np1 "np1_${v}_$round" "$(tool_of $v)" 1,8,32,128 20 300; done
+  for v in $VARIANTS; do np1 "np1_${v}_$round" "$(tool_of $v)" "${SIZES:-1,8,32,128}" 20 300; done
 done
-np1 np1_new_general "$(tool_of new)" 1,8,32,128 20 300 MOE_EP_SMALL_BATCH=0
+np1 np1_new_general "$(tool_of new)" "${SIZES:-1,8,32,128}" 20 300 MOE_EP_SMALL_BATCH=0
 NPICK=3 PICK="^graph_1_kernel |^graph_evented_1_kernel|^kernel_evented_eager" step probe_call 120 \
   "$BUILD/tools/latency_probe/moe_ep_latency_probe" --only launch,call --json "$OUT/latency.json"
 if [ "${TRACE:-1}" = 1 ]; then
