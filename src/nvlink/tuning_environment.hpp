@@ -61,11 +61,12 @@ int32_t small_dispatch_tokens_from_environment();
 // MOE_EP_SMALL_COMBINE_TOKENS: combines (serial push schedule) of at most this
 // many tokens per rank run the small-batch kernel, 1 to kMaxSmallCombineTokens
 // (its static (peer, slot, segment) push items grow with tokens_per_rank, not
-// with the rows sent); unset or not a positive number: the default, the whole
-// range, where it measured faster at every size (one H200: 0.2-0.4 us less
-// on one rank at 192-512 tokens, 0.7 / 1.2 / 0.2 us in the two-rank proxy's
-// push at 192 / 256 / 512; docs/nvlink_backend.md v33).
-constexpr int32_t kDefaultSmallCombineTokens = 512;
+// with the rows sent); unset or not a positive number: the default, 384.  On
+// one H200 the small kernel measured faster at every size up to 512 (0.2-0.4
+// us on one rank, 0.7 / 1.2 / 0.2 us in the two-rank proxy's push at 192 /
+// 256 / 512), on 2 H200 0.25-0.33 us faster at 192-384 tokens but 0.7 us
+// slower at 512 (docs/nvlink_backend.md v33).
+constexpr int32_t kDefaultSmallCombineTokens = 384;
 constexpr int32_t kMaxSmallCombineTokens = 512;
 int32_t small_combine_tokens_from_environment();
 

@@ -121,6 +121,7 @@ TEST_CASE("MOE_EP_SMALL_COMBINE_TOKENS: default, clamped to 1..512", "[tuning]")
   CHECK(small_combine_tokens("512") == 512);
   CHECK(small_combine_tokens("4096") == moe_ep::kMaxSmallCombineTokens);
   CHECK(moe_ep::kMaxSmallCombineTokens == 512);
+  CHECK(moe_ep::kDefaultSmallCombineTokens == 384);
 }
 
 TEST_CASE("MOE_EP_DISPATCH_BULK: 1 always, 0 never, else by the SM budget", "[tuning]") {
