@@ -39,14 +39,7 @@ for dir in .ab_base .ab_*; do  # base first, then every other source tree beside
 done
 VARIANTS="$VARIANTS new"
 [ "${TRACE:-1}" = 1 ] && tool_build diag "$PWD" -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS
-np1() {  # label tool tokens warmup iters [VAR=VALUE...]
-  local label=$1 tool=$2 tokens=$3 w=$4 n=$5
-  shift 5
-  local xs=() kv
-  for kv in "$@"; do xs+=(-x "$kv"); done
-  NPICK=8 PICK="^ +[0-9]+ \|" step "$label" 60 env "$@" mpirun -np 1 --bind-to none "${xs[@]}" "$tool" bench \
-    --backend nvlink -t "$tokens" --graph --no-baselines -w "$w" -n "$n"
-}
+np1() { nvlink_bench "$1" 1 "${@:2}"; }  # label tool tokens warmup iters [VAR=VALUE...]
 tool_of() { [ "$1" = new ] && echo "$BUILD/tools/moe_ep_conformance" || echo "$PWD/build-tool-$1/tools/moe_ep_conformance"; }
 for round in 1 2 3 4; do
   for v in $VARIANTS; do np1 "np1_${v}_$round" "$(tool_of $v)" "${SIZES:-1,8,32,128}" 20 300; done

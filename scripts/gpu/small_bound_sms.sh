@@ -25,9 +25,8 @@ bounds() { echo "MOE_EP_SMALL_DISPATCH_TOKENS=$1 MOE_EP_SMALL_COMBINE_TOKENS=$1"
 for round in 1 2 3 4; do
   for sms in 8 16 24 132; do
     for bound in 128 512; do
-      NPICK=3 PICK="^ +[0-9]+ \|" step "np1_s${sms}_b${bound}_$round" 60 mpirun -np 1 --bind-to none \
-        -x MOE_EP_SMALL_DISPATCH_TOKENS=$bound -x MOE_EP_SMALL_COMBINE_TOKENS=$bound $TOOL bench --backend nvlink \
-        -t 128,256,512 --graph --no-baselines -w 20 -n 200 --num-sms $sms
+      NPICK=3 BENCH_ARGS="--num-sms $sms" nvlink_bench "np1_s${sms}_b${bound}_$round" 1 $TOOL 128,256,512 20 200 \
+        $(bounds $bound)
     done
   done
 done

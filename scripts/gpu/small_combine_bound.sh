@@ -24,9 +24,7 @@ proxy_build "$PWD/$BUILD" /tmp/proxy_new >> "$OUT/proxy_build.log" 2>&1 || { ech
 TOOL=$BUILD/tools/moe_ep_conformance
 for round in 1 2 3 4; do
   for bound in 128 512; do
-    NPICK=4 PICK="^ +[0-9]+ \|" step "np1_c${bound}_$round" 60 mpirun -np 1 --bind-to none \
-      -x MOE_EP_SMALL_COMBINE_TOKENS=$bound $TOOL bench --backend nvlink -t 192,256,384,512 --graph --no-baselines \
-      -w 20 -n 300
+    NPICK=4 nvlink_bench "np1_c${bound}_$round" 1 $TOOL 192,256,384,512 20 300 MOE_EP_SMALL_COMBINE_TOKENS=$bound
   done
 done
 for round in 1 2 3 4; do

@@ -25,14 +25,7 @@ build_step 240
 [ "${TRACE:-1}" = 1 ] && tool_build diag "$PWD" -DCMAKE_CUDA_FLAGS=-DMOE_EP_DIAGNOSTICS -DCMAKE_CXX_FLAGS=-DMOE_EP_DIAGNOSTICS
 TOOL=$BUILD/tools/moe_ep_conformance
 SIZES=128,192,256,384,512
-bench_ranks() {  # label ranks tool tokens warmup iters [VAR=VALUE...]
-  local label=$1 ranks=$2 tool=$3 tokens=$4 w=$5 n=$6
-  shift 6
-  local xs=() kv
-  for kv in "$@"; do xs+=(-x "$kv"); done
-  NPICK=5 PICK="^ +[0-9]+ \|" step "$label" 90 env "$@" mpirun -np "$ranks" --oversubscribe --bind-to none "${xs[@]}" \
-    "$tool" bench --backend nvlink -t "$tokens" --graph --no-baselines -w "$w" -n "$n"
-}
+bench_ranks() { NPICK=5 nvlink_bench "$@"; }  # label ranks tool tokens warmup iters [VAR=VALUE...]
 for round in 1 2 3 4; do
   for bound in 128 512; do
     bench_ranks "np1_b${bound}_$round" 1 "$TOOL" $SIZES 20 300 MOE_EP_SMALL_DISPATCH_TOKENS=$bound

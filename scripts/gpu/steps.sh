@@ -28,6 +28,10 @@
 #       share one GPU: at most half its SMs each (132 never finishes).
 #   trace_summaries   dispatch_trace.py over every "*trace_*" step log, into
 #       $OUT/trace_summary.txt.
+#   nvlink_bench LABEL RANKS TOOL TOKENS WARMUP ITERS [VAR=VALUE...]   the step
+#       LABEL: TOOL's bench --backend nvlink --graph --no-baselines on RANKS
+#       ranks (oversubscribed where they share GPUs) with those variables set,
+#       plus $BENCH_ARGS; the last $NPICK (default 8) size lines picked.
 #   tool_build NAME SOURCE_DIR [CMAKE_ARG...]   the step "build_tool_NAME": a
 #       Release build of SOURCE_DIR's conformance tool in build-tool-NAME.
 #   one_gpu_validation   the one-GPU validation of $BUILD: one_gpu_suites, the
@@ -128,6 +132,15 @@ one_gpu_suites() {
 ab_builds() {
   diag_proxy base "$PWD/.ab_base"
   diag_proxy new "$PWD"
+}
+
+nvlink_bench() {
+  local label=$1 ranks=$2 tool=$3 tokens=$4 w=$5 n=$6
+  shift 6
+  local xs=() kv
+  for kv in "$@"; do xs+=(-x "$kv"); done
+  NPICK=${NPICK:-8} PICK="^ +[0-9]+ \|" step "$label" 90 env "$@" mpirun -np "$ranks" --oversubscribe --bind-to none \
+    "${xs[@]}" "$tool" bench --backend nvlink -t "$tokens" --graph --no-baselines -w "$w" -n "$n" ${BENCH_ARGS:-}
 }
 
 tool_build() {
