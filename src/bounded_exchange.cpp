@@ -1,5 +1,5 @@
 #include "bounded_exchange.hpp"
-#include "gpu_context.hpp"
+#include "common/gpu_context.hpp"
 
 #include <chrono>
 #include <condition_variable>

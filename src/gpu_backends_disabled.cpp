@@ -4,7 +4,7 @@
 #include <string>
 
 #include "error.hpp"
-#include "gpu_context.hpp"
+#include "common/gpu_context.hpp"
 #include "nccl/nccl_backend.hpp"
 #include "nvlink/nvlink_backend.hpp"
 

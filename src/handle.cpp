@@ -11,9 +11,9 @@
 #include "error.hpp"
 #include "host_backend.hpp"
 #include "nccl/nccl_backend.hpp"
-#include "nvlink/host_identity.hpp"
+#include "common/host_identity.hpp"
 #include "nvlink/nvlink_backend.hpp"
-#include "nvlink/nvlink_log.hpp"
+#include "common/log.hpp"
 #include "tensor_check.hpp"
 #include "versioned_struct.hpp"
 

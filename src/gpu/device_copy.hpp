@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "nvlink/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace moe_ep {
 

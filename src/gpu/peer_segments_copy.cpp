@@ -1,6 +1,6 @@
 #include "gpu/peer_segments_copy.hpp"
 
-#include "nvlink/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace moe_ep {
 

@@ -32,9 +32,9 @@
 #include "nccl/nccl_workspace.hpp"
 #include "nccl/nccl_workspace_memory.hpp"
 #include "nccl_kernels.h"
-#include "nvlink/cuda_check.hpp"
-#include "nvlink/host_identity.hpp"
-#include "nvlink/nvlink_log.hpp"
+#include "common/cuda_check.hpp"
+#include "common/host_identity.hpp"
+#include "common/log.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "gpu/environment.hpp"
-#include "nvlink/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace moe_ep {
 

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <vector>
 
-#include "nvlink/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 
 namespace moe_ep {
 

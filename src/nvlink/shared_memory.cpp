@@ -7,11 +7,11 @@
 #include "collective_step.hpp"
 #include "error.hpp"
 #include "gpu/environment.hpp"
-#include "nvlink/cuda_check.hpp"
+#include "common/cuda_check.hpp"
 #include "nvlink/driver_api.hpp"
 #include "nvlink/fd_exchange.hpp"
-#include "nvlink/host_identity.hpp"
-#include "nvlink/nvlink_log.hpp"
+#include "common/host_identity.hpp"
+#include "common/log.hpp"
 
 namespace moe_ep {
 

@@ -1,4 +1,4 @@
-#include "nvlink/nvlink_log.hpp"
+#include "common/log.hpp"
 
 #include <cstdio>
 #include <cstdlib>

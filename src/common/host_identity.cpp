@@ -1,4 +1,4 @@
-#include "nvlink/host_identity.hpp"
+#include "common/host_identity.hpp"
 
 #include <unistd.h>
 

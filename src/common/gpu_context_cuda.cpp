@@ -1,4 +1,4 @@
-#include "gpu_context.hpp"
+#include "common/gpu_context.hpp"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
