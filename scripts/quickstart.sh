@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Fresh machine to first result: install dependencies, build, then run the
-# conformance check and a small benchmark over mpirun on this machine.  Uses
-# the NVLink backend where every rank has a supported GPU, else the HOST backend.
+# Fresh machine to first result: install the dependencies, configure build/
+# (tests included, so that `cmake --build build` builds them next), build only
+# what the main job needs (libmoe_ep, libmoe_ep_mpi, moe_ep_conformance), then
+# run the conformance check and a small benchmark over mpirun on this machine.
+# The backend is NVLink where every rank has a supported GPU, else HOST (whose
+# timings say that the code runs, not how fast).
+#   bash scripts/quickstart.sh            NP=4 bash scripts/quickstart.sh
+#   MOE_EP_CMAKE_ARGS=...  more configure arguments (e.g. -DCMAKE_CUDA_ARCHITECTURES=90)
+#   MOE_EP_SKIP_DEPS=1     do not run .ci/install-deps.sh (already installed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash .ci/install-deps.sh
+[ "${MOE_EP_SKIP_DEPS:-0}" = 1 ] || bash .ci/install-deps.sh
 export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B build -G Ninja ${MOE_EP_CMAKE_ARGS:-}
-cmake --build build
+cmake --build build --target moe_ep moe_ep_mpi moe_ep_conformance
 # Open MPI needs these to run as root or without an ssh client (single host only).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_plm_rsh_agent=sh
 NP=${NP:-2}
 mpirun -np "$NP" --oversubscribe build/tools/moe_ep_conformance check --backend auto
 mpirun -np "$NP" --oversubscribe build/tools/moe_ep_conformance bench --backend auto -b 1 -e 64 -f 4 -w 2 -n 10
+echo "next: cmake --build build && ctest --test-dir build -LE slow --output-on-failure"
