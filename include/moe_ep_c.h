@@ -386,10 +386,6 @@ MOE_EP_API moe_ep_status_t moe_ep_destroy(moe_ep_handle_t* handle);
 #endif
 
 /* The Open MPI bootstrap adapter (libmoe_ep_mpi) is declared in its own
- * header.  It is included here so that code written when its declarations
- * lived in this header keeps compiling; new code includes <moe_ep_mpi.h>
- * where it uses the adapter.  Including it declares three functions and
- * needs no MPI header. */
-#include "moe_ep_mpi.h"
+ * header, <moe_ep_mpi.h>, which includes this one. */
 
 #endif /* MOE_EP_C_H */

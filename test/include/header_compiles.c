@@ -1,6 +1,6 @@
 /* The public headers compile as strict C (C99 and C11, -Wall -Wextra -Werror
  * -pedantic) and their types are usable from C.  moe_ep_mpi.h comes first: it
- * must stand alone (it includes moe_ep_c.h, which includes it back). */
+ * must stand alone (it includes moe_ep_c.h). */
 #include "moe_ep_mpi.h"
 #include "moe_ep_c.h"
 

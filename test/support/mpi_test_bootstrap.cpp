@@ -3,6 +3,8 @@
 #ifdef MOE_EP_TEST_HAVE_MPI
 #include <mpi.h>
 
+#include "moe_ep_mpi.h"
+
 #include <cstdlib>
 #include <stdexcept>
 

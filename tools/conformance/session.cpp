@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "errors.hpp"
+#include "moe_ep_mpi.h"
 #include "nccl_baseline.hpp"
 
 namespace moe_ep_tool {
