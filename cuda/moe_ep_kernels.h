@@ -2,6 +2,10 @@
 // the NVLINK_TWO_SIDED backend: plain structs of pointers and integers, and
 // launch functions that return a cudaError_t.  No templates cross it, so the
 // host side compiles as ordinary C++.
+//
+// Fields under MOE_EP_DIAGNOSTICS exist only in measurement builds (the CMake
+// option of that name, which defines it for the kernels and for the host code
+// that fills these structs alike).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -150,9 +154,10 @@ struct DispatchLaunch {
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go
                                // through shared memory with bulk copies; other rows keep the register path
-  int32_t diagnostic;          // only in builds with MOE_EP_DIAGNOSTICS: hidden rows not written to this
-                               // rank (1) or to the peers (2), for timing (MOE_EP_DISPATCH_DIAGNOSTIC;
-                               // wrong results)
+#ifdef MOE_EP_DIAGNOSTICS
+  int32_t diagnostic;  // hidden rows not written to this rank (1) or to the peers (2), for timing
+                       // (wrong results); 4: per-block phase times (MOE_EP_DISPATCH_DIAGNOSTIC)
+#endif
 };
 
 // Small calls may run the small-batch kernels: the same protocol, counters
@@ -219,9 +224,10 @@ struct CombineLaunch {
                                // row buffers (1..4; MOE_EP_PULL_PRODUCERS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
                                // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
-  int32_t pull_diagnostic;     // pull_rows only, and only in builds with MOE_EP_DIAGNOSTICS: parts
-                               // of the kernel switched off for timing (MOE_EP_PULL_DIAGNOSTIC; wrong
-                               // results)
+#ifdef MOE_EP_DIAGNOSTICS
+  int32_t pull_diagnostic;  // pull_rows only: parts of the kernel switched off for timing
+                            // (MOE_EP_PULL_DIAGNOSTIC; wrong results)
+#endif
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
 };
 

@@ -159,7 +159,9 @@ class NvlinkBackend final : public Backend {
                         : kernels::scan_last_block_share(a.num_blocks, shape_.top_k, token_bytes, shape_.world_size);
     a.pdl = pdl_;
     a.bulk_rows = dispatch_bulk_;
+#ifdef MOE_EP_DIAGNOSTICS
     a.diagnostic = dispatch_diagnostic_;
+#endif
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
     note_launch(s);
@@ -196,7 +198,9 @@ class NvlinkBackend final : public Backend {
     a.pull_rows = pull_rows_;
     a.pull_copy_bytes = pull_copy_bytes_;
     a.pull_producers = pull_producers_;
+#ifdef MOE_EP_DIAGNOSTICS
     a.pull_diagnostic = pull_diagnostic_;
+#endif
     if (a.pull) {
       a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
       if (!call.expert_output_is_workspace) copy_into_view(call, s);
@@ -434,8 +438,10 @@ class NvlinkBackend final : public Backend {
   int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
   int32_t pull_copy_bytes_ = kDefaultPullCopyBytes;  // MOE_EP_PULL_COPY_BYTES
   int32_t pull_producers_ = kDefaultPullProducers;   // MOE_EP_PULL_PRODUCERS
+#ifdef MOE_EP_DIAGNOSTICS
   int32_t pull_diagnostic_ = 0;                      // MOE_EP_PULL_DIAGNOSTIC (diagnostic builds only)
   int32_t dispatch_diagnostic_ = 0;                  // MOE_EP_DISPATCH_DIAGNOSTIC (diagnostic builds only)
+#endif
   bool released_ = false;
 };
 
