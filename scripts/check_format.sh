@@ -18,7 +18,7 @@ fix=0
 if [ "${1:-}" = "--fix" ]; then fix=1; shift; fi
 bases=("${1:-HEAD~1}")
 if [ $# -eq 0 ] && git rev-parse --verify -q HEAD^2 > /dev/null; then
-  bases=($(git rev-parse HEAD^@))  # a merge: every parent
+  mapfile -t bases < <(git rev-parse "HEAD^@") # a merge: every parent
 fi
 format=${CLANG_FORMAT:-clang-format-14}
 format_diff=${CLANG_FORMAT_DIFF:-clang-format-diff-14}
