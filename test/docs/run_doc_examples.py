@@ -10,19 +10,37 @@ A fenced block's info string is its language followed by a marker:
 Every block in a programming language (c, cpp, python, rust, julia) must carry
 exactly one marker, so that a new example cannot silently go untested.
 Shell, CMake and TOML blocks show commands and are not checked here.
-`ranks=N` runs the program under mpiexec with N ranks.
+`ranks=N` runs the program under mpiexec with N ranks.  `needs=a,b` (Python)
+names what the program needs: modules to import, and `cuda` for one CUDA
+device per rank (through torch).  A block that needs `torch` runs with the
+environment torchrun would give it (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT), taken from mpiexec's.
 
-    run_doc_examples.py check FILE...
+    run_doc_examples.py check [--python-src DIR] FILE...
     run_doc_examples.py run-c --prefix PREFIX --work DIR [--mpiexec M] FILE...
-    run_doc_examples.py run-python --python PY --work DIR [--mpiexec M] FILE...
+    run_doc_examples.py run-python --python PY --work DIR [--mpiexec M] [--gpu]
+                        [--python-src DIR --library LIB [--mpi-library LIB]] FILE...
+
+check also compiles every Python block, runnable or fragment, and with
+--python-src (the bindings' source directory) binds every call of a moe_ep
+function or constructor, and of the handle's dispatch and combine, to its
+real signature, so that a wrong keyword in a fragment fails too.
 
 run-c builds each runnable C block the way the README says, against an
 installed prefix: `cc -std=c99 $(pkg-config --cflags --libs moe_ep_mpi)
 -Wl,-rpath,<libdir>`, and runs it with nothing from the build tree in the
-environment.  run-python runs each runnable Python block with PY (a venv
-where the wheel is installed).  Exit status 0 = all passed, 1 = a failure,
-77 = nothing could run here (CTest's skip code), saying why.
+environment.  run-python runs each runnable Python block with PY: a venv
+where the wheel is installed, or, with --python-src and --library, any
+interpreter with the package taken from the source tree and the library
+from the build.  It runs the blocks that need `cuda` with --gpu, the others
+without.  A block whose needs are missing is skipped, saying which.  Exit
+status 0 = all passed, 1 = a failure, 77 = something could not run here
+(CTest's skip code), saying why.
 """
+
+import ast
+import inspect
+import socket
 
 import argparse
 import os
@@ -35,6 +53,20 @@ LANGUAGES = {"c": "c", "cpp": "cpp", "c++": "cpp", "python": "python", "py": "py
              "rust": "rust", "julia": "julia"}
 MARKERS = ("runnable", "fragment", "untested")
 RUNNERS = {"c", "python"}  # languages with a runner below
+# The prelude a block that needs torch runs under: torchrun's environment from mpiexec's.
+TORCHRUN_PRELUDE = """import os, runpy, sys
+for name, sources in (("RANK", ("OMPI_COMM_WORLD_RANK", "PMI_RANK")),
+                      ("WORLD_SIZE", ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")),
+                      ("LOCAL_RANK", ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"))):
+    for s in sources:
+        if s in os.environ:
+            os.environ.setdefault(name, os.environ[s])
+            break
+    os.environ.setdefault(name, "1" if name == "WORLD_SIZE" else "0")
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 FENCE = re.compile(r"^(\s*)```+\s*(.*)$")
 SKIP = 77
 
@@ -55,6 +87,10 @@ class Block:
     @property
     def ranks(self):
         return int(self.options.get("ranks", "0"))
+
+    @property
+    def needs(self):
+        return [n for n in self.options.get("needs", "").split(",") if n]
 
 
 def blocks_of(path):
@@ -89,6 +125,46 @@ def problems(blocks):
         if "runnable" in b.markers and b.language not in RUNNERS:
             found.append(f"{b.where}: no runner for {b.language} blocks; mark it fragment or untested "
                          "and test the full program elsewhere")
+        if b.needs and b.language != "python":
+            found.append(f"{b.where}: needs= is read for Python blocks only")
+        if b.language == "python":
+            try:
+                compile(b.code, b.where, "exec")
+            except SyntaxError as e:
+                found.append(f"{b.path}:{b.line + (e.lineno or 0)}: Python syntax error: {e.msg}")
+    return found
+
+
+def call_problems(blocks, python_src):
+    """Calls of the moe_ep API in Python blocks that do not bind to its real signatures."""
+    sys.path.insert(0, python_src)
+    import moe_ep  # the package only; the library is loaded on first use
+    functions = {name: getattr(moe_ep, name) for name in moe_ep.__all__ if callable(getattr(moe_ep, name))}
+    methods = {name: getattr(moe_ep.MoeEp, name) for name in ("dispatch", "combine")}
+    found = []
+    for b in blocks:
+        if b.language != "python":
+            continue
+        for node in ast.walk(ast.parse(b.code)):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if isinstance(f, ast.Attribute) and name in methods:
+                target, first = methods[name], [None]  # self
+            elif name in functions and (isinstance(f, ast.Name) or
+                                        (isinstance(f.value, ast.Name) and f.value.id == "moe_ep")):
+                target, first = functions[name], []
+            else:
+                continue
+            if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+                continue  # *args / **kwargs: not checkable here
+            try:
+                inspect.signature(target).bind(*first, *[None] * len(node.args),
+                                               **{k.arg: None for k in node.keywords})
+            except TypeError as e:
+                found.append(f"{b.path}:{b.line + node.lineno}: {name}(...) does not match "
+                             f"moe_ep's {name}{inspect.signature(target)}: {e}")
     return found
 
 
@@ -96,6 +172,31 @@ def launcher(block, mpiexec):
     if block.ranks <= 0:
         return []
     return [mpiexec, "-n", str(block.ranks), "--oversubscribe"]
+
+
+def missing_needs(block, python, env):
+    """What of the block's needs the interpreter lacks ('' when nothing)."""
+    modules = [n for n in block.needs if n != "cuda"]
+    probe = "".join(f"import {m}\n" for m in modules)
+    if "cuda" in block.needs:
+        gpus = max(block.ranks, 1)
+        probe += ("import torch, sys\n"
+                  f"sys.exit(0 if torch.cuda.is_available() and torch.cuda.device_count() >= {gpus} else 3)\n")
+    if not probe:
+        return ""
+    p = subprocess.run([python, "-c", probe], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode == 3:
+        return f"{max(block.ranks, 1)} CUDA devices (one per rank)"
+    if p.returncode != 0:
+        last = p.stdout.strip().splitlines()[-1] if p.stdout.strip() else "failed"
+        return f"{', '.join(block.needs)} ({last})"
+    return ""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def clean_env():
@@ -152,18 +253,35 @@ def run_c(blocks, prefix, work, mpiexec):
     return 1 if failed else 0
 
 
-def run_python(blocks, python, work, mpiexec):
+def run_python(blocks, python, work, mpiexec, source=None):
     env = clean_env()
-    failed = 0
+    if source:  # the package from the source tree, the libraries from the build
+        env["PYTHONPATH"], env["MOE_EP_LIBRARY"] = source["python_src"], source["library"]
+        if source.get("mpi_library"):
+            env["MOE_EP_MPI_LIBRARY"] = source["mpi_library"]
+    prelude = os.path.join(work, "torchrun_prelude.py")
+    with open(prelude, "w") as f:
+        f.write(TORCHRUN_PRELUDE)
+    failed, skipped = 0, 0
     for i, b in enumerate(blocks):
         src = os.path.join(work, f"example_{i}.py")
         with open(src, "w") as f:
             f.write(b.code)
         print(f"== {b.where}", flush=True)
-        if run(launcher(b, mpiexec) + [python, src], env, work) != 0:
+        missing = missing_needs(b, python, env)
+        if missing:
+            print(f"SKIP: {b.where} needs {missing}")
+            skipped += 1
+            continue
+        cmd, env_run = [python, src], dict(env)
+        if "torch" in b.needs:
+            cmd = [python, prelude, src]
+            env_run["MASTER_PORT"] = str(free_port())
+        if run(launcher(b, mpiexec) + cmd, env_run, work) != 0:
             print(f"FAIL: {b.where}")
             failed += 1
-    return 1 if failed else 0
+    print(f"{len(blocks)} blocks: {len(blocks) - failed - skipped} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else SKIP if skipped else 0
 
 
 def main():
@@ -174,9 +292,15 @@ def main():
     ap.add_argument("--python")
     ap.add_argument("--work")
     ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--gpu", action="store_true", help="run-python: the blocks that need cuda, not the others")
+    ap.add_argument("--python-src", help="the bindings' source directory (bindings/python/src)")
+    ap.add_argument("--library", help="run-python: libmoe_ep.so to use with --python-src")
+    ap.add_argument("--mpi-library", help="run-python: libmoe_ep_mpi.so to use with --python-src")
     a = ap.parse_args()
     blocks = [b for path in a.files for b in blocks_of(path)]
     found = problems(blocks)
+    if not found and a.mode == "check" and a.python_src:
+        found = call_problems(blocks, a.python_src)
     if found:
         print("\n".join(found))
         return 1
@@ -186,16 +310,24 @@ def main():
         return 0
     language = "c" if a.mode == "run-c" else "python"
     chosen = [b for b in blocks if b.language == language and "runnable" in b.markers]
+    if language == "python":
+        chosen = [b for b in chosen if ("cuda" in b.needs) == a.gpu]
     if not chosen:
-        print(f"FAIL: no runnable {language} block in {a.files}")
+        print(f"FAIL: no runnable {language} block{' that needs cuda' if a.gpu else ''} in {a.files}")
         return 1
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
     if a.mode == "run-c":
         return run_c(chosen, a.prefix, a.work, a.mpiexec)
+    if a.python_src:
+        if not a.library:
+            print("FAIL: --python-src needs --library")
+            return 1
+        source = {"python_src": a.python_src, "library": a.library, "mpi_library": a.mpi_library}
+        return run_python(chosen, a.python or sys.executable, a.work, a.mpiexec, source)
     if not a.python or not os.path.exists(a.python):
         print(f"SKIP: no Python environment with moe_ep installed ({a.python}); "
-              "see python_wheel_venv's output")
+              "see python_bindings_pip_install's output")
         return SKIP
     return run_python(chosen, a.python, a.work, a.mpiexec)
 
