@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python bindings on the 2-GPU machine (device kind nvidia-h200-x2, with
-# .device-deps/ carried): builds libmoe_ep + libmoe_ep_mpi only, then runs
+# The Python bindings on a machine with 2 GPUs (with .device-deps/ present):
+# builds libmoe_ep + libmoe_ep_mpi only, then runs
 #   - test_torch.py on 2 ranks: gloo bootstrap + HOST backend (CPU bf16), then
 #     NVLINK_TWO_SIDED on CUDA tensors with the NCCL and mpi4py bootstraps;
 #   - the single-process suite (numpy 2.x: versioned DLPack capsules);
