@@ -11,6 +11,11 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+// Plain C++ the host shares with the kernels: the dispatch grid's bound and
+// look-back words (the workspace layout), the token shares it picks per call.
+#include "dispatch/lookback.h"
+#include "dispatch/token_shares.h"
+
 namespace moe_ep {
 namespace kernels {
 
@@ -89,7 +94,7 @@ struct WorkspaceOffsets {
   uint64_t local_expert_counts; // [experts_per_rank] int32 (a dispatch result)
   uint64_t token_slots;         // [max_tpr][world] int32: slot of my token on each rank, -1 = not sent
   uint64_t dispatch_lookback;   // [kMaxDispatchBlocks][world] uint64: each dispatch block's count per
-                                // destination, tagged with the call (dispatch_lookback.h)
+                                // destination, tagged with the call (dispatch/lookback.h)
   uint64_t combine_out;         // [max_tpr][combine_row_bytes] library-owned combine output
   uint64_t total_bytes;         // end of the layout
 };
@@ -98,7 +103,7 @@ struct WorkspaceOffsets {
 struct ControlBlock {
   uint64_t epoch;  // number of the last dispatch (set by dispatch, read by combine); 0 at create
   uint32_t dispatch_ticket;  // the general dispatch's next logical block index; 0 between calls
-  uint32_t lookback_tag;     // the general dispatch's last call tag (dispatch_lookback.h); 0 at create
+  uint32_t lookback_tag;     // the general dispatch's last call tag (dispatch/lookback.h); 0 at create
   DeviceErrors errors;
 };
 
@@ -141,19 +146,20 @@ struct DispatchLaunch {
                                // kMaxDispatchBlocks): the general kernel refreshes the look-back
                                // words of blocks [num_blocks, max_blocks)
   int32_t lookback;            // the general kernel: nonzero: each block routes its own tokens and
-                               // looks back for the earlier blocks' counts (dispatch_lookback.h);
+                               // looks back for the earlier blocks' counts (dispatch/lookback.h);
                                // zero: each block scans the tokens up to its last; chosen per call and
-                               // rank (dispatch_looks_back, MOE_EP_DISPATCH_LOOKBACK)
+                               // rank by the host's path selection (src/nvlink/path_selection.hpp)
   int32_t first_block_share;   // the small-batch kernel: block 0's share of the tokens, in
                                // 1/kTokenShareUnit of the others' (small_first_block_share)
   int32_t last_block_share;    // the general kernel: the last block's share of the tokens, in
                                // 1/kTokenShareUnit of the others' (scan_last_block_share after a scan,
-                               // the whole unit after a look-back; dispatch_token_shares.h)
-  int32_t small_batch;         // nonzero: the small-batch kernel (tokens_per_rank <= kSmallDispatchMaxTokens;
-                               // the host chooses below that, MOE_EP_SMALL_DISPATCH_TOKENS)
+                               // the whole unit after a look-back; dispatch/token_shares.h)
+  int32_t small_batch;         // nonzero: the small-batch kernel (the host's path selection chose it
+                               // for a call of at most kSmallDispatchMaxTokens tokens per rank)
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
-  int32_t bulk_rows;           // nonzero (compute capability >= 9.0): 16-byte aligned hidden rows go
-                               // through shared memory with bulk copies; other rows keep the register path
+  int32_t bulk_rows;           // nonzero (compute capability >= 9.0): hidden rows go through shared
+                               // memory with bulk copies (the host's path selection checked that rows
+                               // and source are 16-byte aligned); zero: through registers
 #ifdef MOE_EP_DIAGNOSTICS
   int32_t diagnostic;  // hidden rows not written to this rank (1) or to the peers (2), for timing
                        // (wrong results); 4: per-block phase times (MOE_EP_DISPATCH_DIAGNOSTIC)
@@ -162,13 +168,13 @@ struct DispatchLaunch {
 
 // Small calls may run the small-batch kernels: the same protocol, counters
 // and results as the general kernels, with a shorter chain of dependent steps
-// (docs/nvlink_backend.md, v5).  Each rank chooses by itself, up to the bounds
+// (docs/nvlink_backend.md).  Each rank chooses by itself, up to the bounds
 // below (MOE_EP_SMALL_BATCH=0 turns them off): nothing a peer sees differs.
 //
 // The small-batch dispatch kernel routes every token in one round of one
 // token per thread, so it can take calls of up to kBlockThreads tokens per
 // rank; where below that it takes over from the general kernel is the host's
-// choice (MOE_EP_SMALL_DISPATCH_TOKENS, src/nvlink/tuning_environment.hpp).
+// choice (MOE_EP_SMALL_DISPATCH_TOKENS, src/nvlink/path_selection.hpp).
 constexpr int32_t kSmallDispatchMaxTokens = kBlockThreads;
 // The small-batch combine kernel's bound: any size works (its push items are
 // (peer, slot, segment) over tokens_per_rank, strided over the grid's warps);
@@ -200,6 +206,11 @@ constexpr int32_t kOverlapMinTokens = 1024;
 // Publication phases of the overlapped schedule when CombineLaunch::phases is 0.
 constexpr int32_t kDefaultCombinePhases = 16;
 
+// The whole-row pull takes rows of at most this many bytes, with at most
+// kPullMaxProducers producer warps per block (combine/pull_rows_schedule.h).
+constexpr int32_t kPullRowMaxBytes = 16 * 1024;
+constexpr int32_t kPullMaxProducers = 4;
+
 struct CombineLaunch {
   int32_t num_tokens;
   int32_t tokens_per_rank;
@@ -209,21 +220,21 @@ struct CombineLaunch {
   int32_t schedule;            // CombineSchedule, resolved (never kCombineAuto); the same on every rank
   int32_t phases;              // overlapped: publication phases (same on every rank), 0 = default
   int32_t reduce_blocks;       // overlapped: blocks that reduce, 0 = 5/11 of the grid
-  int32_t small_batch;         // nonzero: the small-batch kernel where it applies (serial schedule,
-                               // tokens_per_rank <= kSmallCombineMaxTokens)
+  int32_t small_batch;         // nonzero: the small-batch kernel (the host's path selection chose it
+                               // for a serial schedule of at most kSmallCombineMaxTokens tokens per rank)
   int32_t pull;                // nonzero: zero-copy pull (config.zero_copy_combine, the same on every
                                // rank): every rank's expert output is in its combine_input view when
                                // its combine starts, and each source reads its rows from the peers'
                                // views; expert_output is then only read for this rank's own rows.
                                // schedule, phases, reduce_blocks and small_batch are ignored.
   int32_t pull_rows;           // pull only: whole-row bulk copies, warp-specialised (rows of at most
-                               // 16 KiB, 16-byte aligned; MOE_EP_PULL_ROWS)
+                               // kPullRowMaxBytes, 16-byte aligned; MOE_EP_PULL_ROWS)
   int32_t pull_copy_bytes;     // pull_rows only: each row is brought in copies of at most this many
-                               // bytes (a multiple of 16, 16..16384; MOE_EP_PULL_COPY_BYTES)
+                               // bytes (a multiple of 16, 16..kPullRowMaxBytes)
   int32_t pull_producers;      // pull_rows only: producer warps per block, each with its own ring of
                                // row buffers (1..4; MOE_EP_PULL_PRODUCERS)
   int32_t pull_registers;      // pull only: load the partials into registers instead of bulk copies
-                               // into shared memory (a diagnostic: MOE_EP_PULL_LOADS=registers)
+                               // into shared memory (the path where bulk copies are not available)
 #ifdef MOE_EP_DIAGNOSTICS
   int32_t pull_diagnostic;  // pull_rows only: parts of the kernel switched off for timing
                             // (MOE_EP_PULL_DIAGNOSTIC; wrong results)

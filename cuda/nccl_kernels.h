@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "fast_division.h"  // MOE_EP_HOST_DEVICE
+#include "common/host_device.h"
 #include "moe_ep_kernels.h"
 
 namespace moe_ep {
@@ -28,45 +28,43 @@ constexpr int32_t kNcclRouteChunk = kBlockThreads;
 // (row data) that a mismatched transfer might leave where the receiver looks.
 constexpr int32_t kNcclHeaderFixed = 3;
 constexpr int32_t kNcclHeaderTag = 0x4E45504D;  // "MPEN"
-MOE_EP_HOST_DEVICE inline int32_t nccl_header_ints(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int32_t nccl_header_ints(const GroupShape& s) {
   return kNcclHeaderFixed + s.experts_per_rank + (s.eplb_enabled ? s.num_experts : 0);
 }
 
-MOE_EP_HOST_DEVICE inline int64_t nccl_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+MOE_EP_HOST_DEVICE int64_t nccl_round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 // The metadata of one segment of tpr rows, contiguous so that one NCCL send
 // moves it (every extra send or receive in a group costs NCCL a few us):
 //   [header][ids: tpr x top_k int32][weights: tpr x top_k float][scales: tpr rows]
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_ids_offset(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_ids_offset(const GroupShape& s) {
   return static_cast<int64_t>(nccl_header_ints(s)) * 4;
 }
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_weights_offset(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_weights_offset(const GroupShape& s, int64_t tpr) {
   return nccl_meta_ids_offset(s) + tpr * s.top_k * 4;
 }
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_scales_offset(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_scales_offset(const GroupShape& s, int64_t tpr) {
   return nccl_meta_ids_offset(s) + tpr * s.top_k * 8;
 }
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_bytes(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_bytes(const GroupShape& s, int64_t tpr) {
   return nccl_meta_scales_offset(s, tpr) + tpr * s.scale_row_bytes;
 }
 // The block rounded up to 16 bytes.
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_span(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_span(const GroupShape& s, int64_t tpr) {
   return nccl_round_up(nccl_meta_bytes(s, tpr), 16);
 }
 // What a block placed before rows occupies: rounded up to 256 bytes, so that
 // the [block | rows] operation starts as aligned as the rows (a start aligned
 // to 16 bytes only measured 10-20 us slower on that rank's transfer).
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_lead(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_lead(const GroupShape& s, int64_t tpr) {
   return nccl_round_up(nccl_meta_bytes(s, tpr), 256);
 }
 // Distance between two ranks' blocks in recv_meta (16-byte multiple).  The
 // host checks every product here for overflow when it plans the workspace.
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_stride(const GroupShape& s) {
-  return nccl_meta_span(s, s.max_tokens_per_rank);
-}
+MOE_EP_HOST_DEVICE int64_t nccl_meta_stride(const GroupShape& s) { return nccl_meta_span(s, s.max_tokens_per_rank); }
 // Room for one block at max_tokens_per_rank, 256-byte multiple: kept before
 // and after the receive rows and in every send segment.
-MOE_EP_HOST_DEVICE inline int64_t nccl_meta_gap(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_gap(const GroupShape& s) {
   return nccl_round_up(nccl_meta_bytes(s, s.max_tokens_per_rank), 256);
 }
 
@@ -79,24 +77,24 @@ MOE_EP_HOST_DEVICE inline int64_t nccl_meta_gap(const GroupShape& s) {
 // blocks of the other sources go to recv_meta in an operation of their own.
 // A send segment has the same shape as what its receiver expects: source
 // world-1 keeps its block after its rows, every other source before them.
-MOE_EP_HOST_DEVICE inline bool nccl_meta_after_rows(const GroupShape& s, int src) { return src == s.world_size - 1; }
+MOE_EP_HOST_DEVICE bool nccl_meta_after_rows(const GroupShape& s, int src) { return src == s.world_size - 1; }
 // Whether source src's block and rows are one operation: it borders the
 // receive rows, and rows are 16-byte multiples (a block after rows then
 // starts exactly at their end, aligned for its int32 fields).
-MOE_EP_HOST_DEVICE inline bool nccl_meta_joins_rows(const GroupShape& s, int src) {
+MOE_EP_HOST_DEVICE bool nccl_meta_joins_rows(const GroupShape& s, int src) {
   return s.hidden_row_bytes % 16 == 0 && (src == 0 || src == s.world_size - 1);
 }
 // Distance between two destinations' send segments: the gap and
 // max_tokens_per_rank rows (16-byte rounded), 256-byte multiple.
-MOE_EP_HOST_DEVICE inline int64_t nccl_send_segment_stride(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int64_t nccl_send_segment_stride(const GroupShape& s) {
   return nccl_round_up(
       nccl_round_up(static_cast<int64_t>(s.max_tokens_per_rank) * s.hidden_row_bytes, 16) + nccl_meta_gap(s), 256);
 }
 // Inside this rank's send segment (for any destination): its rows and its block.
-MOE_EP_HOST_DEVICE inline int64_t nccl_send_rows_offset(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int64_t nccl_send_rows_offset(const GroupShape& s) {
   return nccl_meta_after_rows(s, s.rank) ? 0 : nccl_meta_gap(s);
 }
-MOE_EP_HOST_DEVICE inline int64_t nccl_send_meta_offset(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_send_meta_offset(const GroupShape& s, int64_t tpr) {
   return nccl_meta_after_rows(s, s.rank) ? nccl_round_up(tpr * s.hidden_row_bytes, 16)
                                          : nccl_meta_gap(s) - nccl_meta_lead(s, tpr);
 }
@@ -104,7 +102,7 @@ MOE_EP_HOST_DEVICE inline int64_t nccl_send_meta_offset(const GroupShape& s, int
 // (src 0: just before the rows; src world-1: just after the world x tpr
 // rows), or -1 when it lands in recv_meta (the other sources, and this
 // rank's own header).
-MOE_EP_HOST_DEVICE inline int64_t nccl_recv_meta_offset(const GroupShape& s, int src, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_recv_meta_offset(const GroupShape& s, int src, int64_t tpr) {
   if (src == s.rank) return -1;
   if (src == 0) return -nccl_meta_lead(s, tpr);
   if (src == s.world_size - 1) return nccl_round_up(s.world_size * tpr * s.hidden_row_bytes, 16);

@@ -15,8 +15,6 @@
 #include <vector>
 
 #include "collective_step.hpp"
-#include "dispatch_lookback.h"
-#include "dispatch_token_shares.h"
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"

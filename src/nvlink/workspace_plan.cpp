@@ -1,6 +1,5 @@
 #include "nvlink/workspace_plan.hpp"
 
-#include "dispatch_lookback.h"
 #include "dtype.hpp"
 
 namespace moe_ep {

@@ -1,5 +1,5 @@
 // A model of the general dispatch kernel's look-back routing
-// (cuda/dispatch_kernel.cu, cuda/dispatch_lookback.h, docs/nvlink_backend.md
+// (cuda/dispatch/, cuda/dispatch/lookback.h, docs/nvlink_backend.md
 // "Routing by look-back"), run on the kernel's own arithmetic, as
 // test_reuse_protocol_model.cpp checks the buffer reuse:
 //
@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "dispatch_lookback.h"
-#include "dispatch_token_shares.h"
+#include "dispatch/lookback.h"
+#include "dispatch/token_shares.h"
 
 using moe_ep::kernels::block_padding_rows;
 using moe_ep::kernels::block_tail_rows;

@@ -1,4 +1,4 @@
-// How a dispatch grid shares its tokens (cuda/dispatch_token_shares.h): the
+// How a dispatch grid shares its tokens (cuda/dispatch/token_shares.h): the
 // blocks' ranges cover every token once, in order, for any share of the first
 // and the last block (the small-batch kernel's empty block 0, the scan's
 // smaller last block); the last block's share follows the model of its extra
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "dispatch_token_shares.h"
+#include "dispatch/token_shares.h"
 
 using moe_ep::kernels::kTokenShareUnit;
 using moe_ep::kernels::own_token_range;

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <random>
 
-#include "fast_division.h"
+#include "common/fast_division.h"
 
 using moe_ep::kernels::compute_division_magic;
 using moe_ep::kernels::divide_by_magic;

@@ -1,4 +1,4 @@
-// Exhaustive check of combine's vector stores (cuda/float_convert.cuh): the
+// Exhaustive check of combine's vector stores (cuda/common/float_convert.cuh): the
 // two-at-once hardware conversions must give the same bits as the scalar
 // ones (which equal the host's, src/dtype.cpp) for every one of the 2^32
 // float inputs, in either half of the pair, NaNs included.  And the packed
@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "float_convert.cuh"
+#include "common/float_convert.cuh"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Model check of the whole-row pull combine's protocol (cuda/combine_pull.cu,
+// Model check of the whole-row pull combine's protocol (cuda/combine/pull_rows.cuh,
 // pull_reduce_whole_rows) on the kernel's own schedule (PullRowsSchedule):
 // 1 to 4 producer warps, each with a ring of buffers and their "full" and
 // "empty" barriers, each step carrying up to two partial rows of a token (one
@@ -19,7 +19,7 @@
 #include <set>
 #include <vector>
 
-#include "pull_rows_schedule.h"
+#include "combine/pull_rows_schedule.h"
 
 using moe_ep::kernels::kRowMaxStages;
 using moe_ep::kernels::kSlotRegionInts;

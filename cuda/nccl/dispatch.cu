@@ -23,10 +23,10 @@
 //           scales from the metadata blocks into the result rows.
 #include <stdint.h>
 
-#include "fast_division.h"
-#include "kernel_common.cuh"
+#include "common/fast_division.h"
+#include "common/kernel_common.cuh"
 #include "nccl_kernels.h"
-#include "row_copy.cuh"
+#include "common/row_copy.cuh"
 
 namespace moe_ep {
 namespace kernels {

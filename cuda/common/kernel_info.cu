@@ -1,5 +1,5 @@
 // Host-side facts about the compiled kernels.
-#include "fast_division.h"
+#include "common/fast_division.h"
 #include "moe_ep_kernels.h"
 
 namespace moe_ep {

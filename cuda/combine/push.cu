@@ -1,5 +1,5 @@
 // Combine, push schedules (the pull schedule of config.zero_copy_combine is
-// combine_pull.cu): one kernel per call.  Every row this rank received from a peer s
+// combine/pull.cu): one kernel per call.  Every row this rank received from a peer s
 // (rows s*tpr + j, j < recv_count[s]) goes back to s's combine_in region
 // (segment of this rank, row j); each local token then sums its partials over
 // ranks in ascending rank order, in fp32 starting from 0.0f exactly as the
@@ -15,13 +15,14 @@
 // lets the next dispatch reuse the single receive region (docs/nvlink_backend.md).
 #include <stdint.h>
 
-#include "combine_common.cuh"
-#include "device_sync.cuh"
-#include "float_convert.cuh"
-#include "kernel_common.cuh"
-#include "kernel_launch.cuh"
+#include "combine/common.cuh"
+#include "combine/reduce.cuh"
+#include "common/device_sync.cuh"
+#include "common/float_convert.cuh"
+#include "common/kernel_common.cuh"
+#include "common/kernel_launch.cuh"
 #include "moe_ep_kernels.h"
-#include "row_copy.cuh"
+#include "common/row_copy.cuh"
 
 namespace moe_ep {
 namespace kernels {
@@ -517,7 +518,9 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.phases = combine_phases(shape, args.phases);
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
   if (args.pull != 0) return launch_combine_pull(p, stream);
-  if (args.small_batch != 0 && args.schedule == kCombineSerial && args.tokens_per_rank <= kSmallCombineMaxTokens) {
+  // The host's path selection chose the small-batch kernel only for a serial
+  // schedule of at most kSmallCombineMaxTokens tokens per rank.
+  if (args.small_batch != 0) {
     return launch_kernel(combine_small_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
   }
   return launch_kernel(combine_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);

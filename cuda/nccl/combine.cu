@@ -5,8 +5,8 @@
 // same conversions as the HOST backend, so the output is bitwise equal to it.
 #include <stdint.h>
 
-#include "float_convert.cuh"
-#include "kernel_common.cuh"
+#include "common/float_convert.cuh"
+#include "common/kernel_common.cuh"
 #include "nccl_kernels.h"
 
 namespace moe_ep {

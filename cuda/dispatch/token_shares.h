@@ -1,5 +1,5 @@
 // How a dispatch grid shares the rank's own tokens between its blocks
-// (dispatch_kernel.cu): plain C++ shared by the kernels, the host, which picks
+// (dispatch/dispatch.cu): plain C++ shared by the kernels, the host, which picks
 // the shares for each call, and a host test
 // (test/nvlink/test_dispatch_token_shares.cpp).  Blocks in the middle take
 // equal shares; the first and the last block may take less:
@@ -32,11 +32,7 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define MOE_EP_SHARES_FN __host__ __device__ __forceinline__
-#else
-#define MOE_EP_SHARES_FN inline
-#endif
+#include "common/host_device.h"
 
 namespace moe_ep {
 namespace kernels {
@@ -49,8 +45,8 @@ constexpr double kScanLastBytesPerPick = 11.8;
 constexpr double kScanLastBytesPerToken = 49.0;
 
 // The scan's last block's share of the own tokens, in [0, kTokenShareUnit].
-MOE_EP_SHARES_FN int32_t scan_last_block_share(int32_t blocks, int32_t top_k, int64_t bytes_per_destination,
-                                               int32_t world_size) {
+MOE_EP_HOST_DEVICE int32_t scan_last_block_share(int32_t blocks, int32_t top_k, int64_t bytes_per_destination,
+                                                 int32_t world_size) {
   if (blocks <= 1) return kTokenShareUnit;  // the only block sends everything
   const int64_t destinations = world_size < top_k ? world_size : top_k;
   const double sends = static_cast<double>(bytes_per_destination) * static_cast<double>(destinations);
@@ -64,8 +60,8 @@ constexpr double kSmallFirstExtraBytes = 56000.0;
 
 // The small-batch kernel's block 0's share of the own tokens, in
 // [0, kTokenShareUnit].
-MOE_EP_SHARES_FN int32_t small_first_block_share(int32_t blocks, int32_t num_tokens, int32_t top_k,
-                                                 int64_t bytes_per_destination, int32_t world_size) {
+MOE_EP_HOST_DEVICE int32_t small_first_block_share(int32_t blocks, int32_t num_tokens, int32_t top_k,
+                                                   int64_t bytes_per_destination, int32_t world_size) {
   if (blocks <= 1) return kTokenShareUnit;  // the only block sends everything
   const int64_t destinations = world_size < top_k ? world_size : top_k;
   const double sends = static_cast<double>(num_tokens) / blocks * static_cast<double>(bytes_per_destination) *
@@ -78,8 +74,8 @@ MOE_EP_SHARES_FN int32_t small_first_block_share(int32_t blocks, int32_t num_tok
 // takes `share_first` / kTokenShareUnit of what a block in the middle takes,
 // the last `share_last` / kTokenShareUnit; a lone block takes every token.
 // Together the ranges cover [0, T) in block order, each token once.
-MOE_EP_SHARES_FN void own_token_range(int32_t T, int32_t blocks, int32_t block, int32_t share_first, int32_t share_last,
-                                      int32_t* t0, int32_t* t1) {
+MOE_EP_HOST_DEVICE void own_token_range(int32_t T, int32_t blocks, int32_t block, int32_t share_first,
+                                        int32_t share_last, int32_t* t0, int32_t* t1) {
   const int64_t total = static_cast<int64_t>(blocks - 2) * kTokenShareUnit + share_first + share_last;
   if (blocks <= 1 || total <= 0) {  // a lone block, or two that own nothing: every token to the last
     *t0 = 0;

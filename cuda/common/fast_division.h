@@ -5,11 +5,7 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define MOE_EP_HOST_DEVICE __host__ __device__
-#else
-#define MOE_EP_HOST_DEVICE
-#endif
+#include "common/host_device.h"
 
 namespace moe_ep {
 namespace kernels {
@@ -24,7 +20,7 @@ inline void compute_division_magic(uint32_t divisor, uint32_t* magic, uint32_t* 
   *magic = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << s) - divisor)) / divisor + 1);
 }
 
-MOE_EP_HOST_DEVICE inline uint32_t divide_by_magic(uint32_t n, uint32_t magic, uint32_t shift) {
+MOE_EP_HOST_DEVICE uint32_t divide_by_magic(uint32_t n, uint32_t magic, uint32_t shift) {
 #if defined(__CUDA_ARCH__)
   const uint32_t hi = __umulhi(n, magic);
 #else

@@ -1,4 +1,4 @@
-// The general dispatch kernel's decoupled look-back (dispatch_kernel.cu,
+// The general dispatch kernel's decoupled look-back (dispatch/lookback.cuh,
 // docs/nvlink_backend.md "Routing by look-back"): plain C++ shared by the
 // kernel and by the CPU model that checks it
 // (test/nvlink/test_dispatch_lookback_model.cpp), so that the model runs the
@@ -19,11 +19,7 @@
 
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define MOE_EP_LOOKBACK_FN __host__ __device__ __forceinline__
-#else
-#define MOE_EP_LOOKBACK_FN inline
-#endif
+#include "common/host_device.h"
 
 namespace moe_ep {
 namespace kernels {
@@ -37,20 +33,20 @@ constexpr int32_t kMaxDispatchBlocks = 1024;
 // call's when its tag is.  Each call rewrites the words of the blocks beyond
 // its grid with its tag (count 0), so every word is this call's or the
 // previous one's, and a wrapped tag cannot be mistaken for a fresh one.
-MOE_EP_LOOKBACK_FN uint64_t lookback_word(uint32_t tag, uint32_t count) {
+MOE_EP_HOST_DEVICE uint64_t lookback_word(uint32_t tag, uint32_t count) {
   return (static_cast<uint64_t>(tag) << 32) | static_cast<uint64_t>(count);
 }
-MOE_EP_LOOKBACK_FN bool lookback_word_is_current(uint64_t word, uint32_t tag) {
+MOE_EP_HOST_DEVICE bool lookback_word_is_current(uint64_t word, uint32_t tag) {
   return static_cast<uint32_t>(word >> 32) == tag;
 }
-MOE_EP_LOOKBACK_FN uint32_t lookback_count(uint64_t word) { return static_cast<uint32_t>(word); }
+MOE_EP_HOST_DEVICE uint32_t lookback_count(uint64_t word) { return static_cast<uint32_t>(word); }
 
 // Rows [*r0, *r1) of one destination's segment that the block owning tokens
 // [t0, t1) of T pads: `before` of the tokens before t0 and `own` of its own go
 // to that destination, so t0 - before earlier tokens do not, and t1 - t0 - own
 // of its own do not.  Counted from the back of [0, T): the union over the
 // blocks is [tokens going there, T), disjoint from the real rows.
-MOE_EP_LOOKBACK_FN void block_padding_rows(int32_t T, int32_t t0, int32_t t1, int32_t before, int32_t own, int32_t* r0,
+MOE_EP_HOST_DEVICE void block_padding_rows(int32_t T, int32_t t0, int32_t t1, int32_t before, int32_t own, int32_t* r0,
                                            int32_t* r1) {
   *r0 = T - (t1 - before - own);
   *r1 = T - (t0 - before);
@@ -60,7 +56,7 @@ MOE_EP_LOOKBACK_FN void block_padding_rows(int32_t T, int32_t t0, int32_t t1, in
 // block L of G pads: chunks of ceil(n / G) rows in block order.  One 32-bit
 // division (n < 2^31, G <= kMaxDispatchBlocks): this sits on a small call's
 // path just before the block's publication, where 64-bit divisions cost.
-MOE_EP_LOOKBACK_FN void block_tail_rows(int32_t T, int32_t tokens_per_rank, int32_t G, int32_t L, int32_t* r0,
+MOE_EP_HOST_DEVICE void block_tail_rows(int32_t T, int32_t tokens_per_rank, int32_t G, int32_t L, int32_t* r0,
                                         int32_t* r1) {
   const uint32_t n = static_cast<uint32_t>(tokens_per_rank - T);
   const uint32_t chunk = (n + static_cast<uint32_t>(G) - 1u) / static_cast<uint32_t>(G);

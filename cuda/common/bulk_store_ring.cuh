@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#include "bulk_copy.cuh"
+#include "common/bulk_copy.cuh"
 
 namespace moe_ep {
 namespace kernels {

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "device_sync.cuh"
+#include "common/device_sync.cuh"
 
 namespace moe_ep {
 namespace kernels {

@@ -4,7 +4,7 @@
 
 #include <stdint.h>
 
-#include "device_sync.cuh"
+#include "common/device_sync.cuh"
 #include "moe_ep_kernels.h"
 
 namespace moe_ep {

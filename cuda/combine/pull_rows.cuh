@@ -1,204 +1,23 @@
-// Combine, pull schedule (config.zero_copy_combine): every rank's expert
-// output is in its shared combine_input view before its combine starts
-// (written there by its experts, or copied there by the host code in stream
-// order), so each source rank sums its tokens' partials straight from the
-// views of the ranks that computed them.  Each row crosses NVLink once, in one
-// pass: no push, no staging region, no fence, no publication counter.
+// The pull's whole-row path, warp-specialised: producer warps bring whole
+// partial rows into shared memory with bulk copies, the other warps add them.
 //
-// Protocol: block 0 stores "started N" at every peer at kernel start; every
-// block waits for every peer's "started N" before reading any view.  That wait
-// (for every peer, not only those holding this block's rows) is also what
-// releases the peers' receive rows to this rank's next dispatch; a peer
-// rewrites its view only after its next dispatch has completed, which needs
-// this rank's next dispatch, issued after this kernel ended
-// (docs/nvlink_backend.md, "Combine"; model-checked in test_reuse_protocol_model).
-//
-// Loads, one of four ways (the partials are always added in ascending rank
-// order in fp32 from 0.0f, as every schedule does, so all four give the same
-// bits):
-//   whole rows (default, rows of at most 16 KiB, 16-byte aligned): per block,
-//     1 to 4 producer warps (MOE_EP_PULL_PRODUCERS) issue a bulk copy of each
-//     partial row into buffers of two rows (a step carries up to two partials
-//     of a token) and the other warps add them (pull_reduce_whole_rows);
-//   2 KiB segments (MOE_EP_PULL_ROWS=0): each warp walks its (token, segment)
-//     items and issues its own bulk copies, up to kPullStages ahead
-//     (pull_reduce_bulk);
-//   registers (MOE_EP_PULL_ROWS=0 and MOE_EP_PULL_LOADS=registers, or a build
-//     without bulk copies): 16-byte loads
-//     (pull_reduce_registers);
-//   any other row: element by element (pull_reduce_rows).
+// Part of the pull kernel's one translation unit (combine/pull.cu): device
+// code with internal linkage, included there only.
+#pragma once
+
 #include <stdint.h>
 
-#include <atomic>
-
-#include "bulk_copy.cuh"
-#include "combine_common.cuh"
-#include "device_sync.cuh"
-#include "kernel_launch.cuh"
-#include "pull_rows_schedule.h"
+#include "combine/common.cuh"
+#include "combine/pull_diagnostics.cuh"
+#include "combine/pull_rows_schedule.h"
+#include "combine/reduce.cuh"
+#include "common/bulk_copy.cuh"
+#include "common/device_sync.cuh"
+#include "common/kernel_common.cuh"
 
 namespace moe_ep {
 namespace kernels {
 namespace {
-
-constexpr int kPullStages = 6;
-constexpr size_t kPullBufferBytes = size_t{kWarpsPerBlock} * kPullStages * kReduceSegmentBytes;
-constexpr size_t kPullBarrierBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(uint64_t);
-constexpr size_t kPullItemBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(int64_t);
-constexpr size_t kPullRankBytes = size_t{kWarpsPerBlock} * kPullStages * sizeof(int32_t);
-constexpr size_t kPullSegmentSharedBytes = kPullBufferBytes + kPullBarrierBytes + kPullItemBytes + kPullRankBytes;
-
-// Rows of any size or alignment (and devices without bulk copies): a token per
-// warp, element by element, from the same places.
-template <typename Element>
-__device__ void pull_reduce_rows(const CombineParams& p) {
-  const GroupShape& s = p.ctx.shape;
-  const int lane = threadIdx.x % 32;
-  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t token = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; token < p.args.num_tokens;
-       token += step) {
-    const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
-    reduce_row_any<Element>(p, static_cast<int32_t>(token), srcs, lane);
-  }
-}
-
-// Aligned rows, partials loaded into registers (MOE_EP_PULL_LOADS=registers):
-// what every warp keeps in flight is 4 KiB (two ranks' 2 KiB segments).
-template <typename Element>
-__device__ void pull_reduce_registers(const CombineParams& p) {
-  const GroupShape& s = p.ctx.shape;
-  const int lane = threadIdx.x % 32;
-  const int32_t* slots = p.ctx.local<int32_t>(p.ctx.offsets.token_slots);
-  const int segments = reduce_segments(p, true);
-  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32; item < items;
-       item += step) {
-    const int64_t token = item / segments;
-    const TokenDestinations srcs = TokenDestinations::load(slots + token * s.world_size, s.world_size, lane);
-    reduce_segment<Element>(p, static_cast<int32_t>(token), static_cast<int>(item % segments), srcs, lane);
-  }
-}
-
-#ifdef MOE_EP_HAVE_BULK_COPY
-// One warp's buffers and what each holds: the copy of one rank's partial of
-// one (token, segment) item.
-struct WarpStages {
-  char* buffers;       // [kPullStages][kReduceSegmentBytes]
-  uint64_t* barriers;  // [kPullStages]
-  int64_t* items;      // [kPullStages]: the item whose partial the buffer holds
-  int32_t* ranks;      // [kPullStages]: the rank that computed it (for a timeout record)
-
-  __device__ WarpStages(char* shared, int warp) {
-    const int first = warp * kPullStages;
-    buffers = shared + static_cast<size_t>(first) * kReduceSegmentBytes;
-    barriers = reinterpret_cast<uint64_t*>(shared + kPullBufferBytes) + first;
-    items = reinterpret_cast<int64_t*>(shared + kPullBufferBytes + kPullBarrierBytes) + first;
-    ranks = reinterpret_cast<int32_t*>(shared + kPullBufferBytes + kPullBarrierBytes + kPullItemBytes) + first;
-  }
-};
-
-// The producer side of a warp: walks the same (item, rank) sequence as the
-// consumer, issuing one bulk copy per step into the next free buffer.
-class PartialProducer {
- public:
-  __device__ PartialProducer(const CombineParams& p, const WarpStages& stages, int64_t first, int64_t step,
-                             int64_t items, int segments)
-      : p_(p), stages_(stages), item_(first - step), step_(step), items_(items), segments_(segments) {}
-
-  // Warp-collective.  Issues the copy of the next partial into buffer
-  // `issued % kPullStages`; false when every partial has been issued.
-  __device__ bool issue(uint32_t issued) {
-    const int lane = threadIdx.x % 32;
-    const int world = p_.ctx.shape.world_size;
-    while (rest_ == 0) {
-      if (item_ + step_ >= items_) return false;
-      item_ += step_;
-      const int32_t* slots = p_.ctx.local<int32_t>(p_.ctx.offsets.token_slots);
-      srcs_ = TokenDestinations::load(slots + (item_ / segments_) * world, world, lane);
-      rest_ = srcs_.mask;
-    }
-    const int q = lowest_rank(rest_);
-    rest_ &= rest_ - 1;
-    const int32_t slot = srcs_.slot(q);  // every lane
-    const int segment = static_cast<int>(item_ % segments_);
-    const int stage = static_cast<int>(issued % kPullStages);
-    if (lane == 0) {
-      stages_.items[stage] = item_;
-      stages_.ranks[stage] = q;
-      fence_shared_before_bulk_copy();  // the buffer's last reads
-      bulk_copy_to_shared(stages_.buffers + static_cast<size_t>(stage) * kReduceSegmentBytes,
-                          partial_row(p_, q, slot) + static_cast<int64_t>(segment) * kReduceSegmentBytes,
-                          static_cast<uint32_t>(reduce_segment_vectors(p_, segment)) * 16u, stages_.barriers + stage);
-    }
-    __syncwarp();  // the buffer's item and rank, for every lane
-    return true;
-  }
-
- private:
-  const CombineParams& p_;
-  const WarpStages& stages_;
-  int64_t item_;
-  const int64_t step_, items_;
-  const int segments_;
-  TokenDestinations srcs_{};
-  uint64_t rest_ = 0;
-};
-
-// Aligned rows: bulk copies into the warp's buffers, kPullStages ahead.
-template <typename Element>
-__device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
-  const KernelContext& c = p.ctx;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const WarpStages stages(shared, warp);
-  if (lane == 0) {
-    for (int s = 0; s < kPullStages; ++s) barrier_init(stages.barriers + s);
-    barrier_init_fence();
-    fence_global_before_bulk_copies();  // the handshake's acquires
-  }
-  __syncwarp();
-  const int segments = reduce_segments(p, true);
-  const int64_t items = static_cast<int64_t>(p.args.num_tokens) * segments;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + warp;
-  PartialProducer producer(p, stages, first, step, items, segments);
-  uint32_t issued = 0, consumed = 0;
-  while (issued < kPullStages && producer.issue(issued)) ++issued;
-  for (int64_t item = first; item < items; item += step) {
-    const int segment = static_cast<int>(item % segments);
-    const int vectors = reduce_segment_vectors(p, segment);
-    SegmentSums<Element> sums;
-    auto& acc = sums.v;
-    // The item's partials are the next buffers whose item is this one (none:
-    // every pick of the token was masked, the output row is zeros).
-    while (consumed < issued && stages.items[consumed % kPullStages] == item) {
-      const int stage = static_cast<int>(consumed % kPullStages);
-      const bool landed = barrier_wait(stages.barriers + stage, (consumed / kPullStages) & 1u, c.state.timeout_ns);
-      if (!__all_sync(0xFFFFFFFFu, landed)) {  // the whole warp leaves, after the copies it issued (bounded)
-        if (lane == 0) record_timeout(c.control(), c.state.mirror, kPhaseCombine, stages.ranks[stage]);
-        for (uint32_t n = consumed; n < issued; ++n) {
-          barrier_wait(stages.barriers + n % kPullStages, (n / kPullStages) & 1u, c.state.timeout_ns);
-        }
-        return;
-      }
-      const uint4* buffer =
-          reinterpret_cast<const uint4*>(stages.buffers + static_cast<size_t>(stage) * kReduceSegmentBytes);
-      uint4 v[kReduceVectorsPerLane] = {};
-#pragma unroll
-      for (int u = 0; u < kReduceVectorsPerLane; ++u) {
-        if (u * 32 + lane < vectors) v[u] = buffer[u * 32 + lane];
-      }
-      accumulate<Element>(acc, v);
-      __syncwarp();  // every lane has read the buffer before it is refilled
-      ++consumed;
-      if (producer.issue(issued)) ++issued;
-    }
-    store_segment<Element>(p, static_cast<int32_t>(item / segments),
-                           static_cast<int64_t>(segment) * kReduceSegmentBytes, vectors, acc, lane);
-  }
-}
-#endif
 
 // ---- Whole rows, warp-specialised (CombineLaunch::pull_rows) ----
 // The first P warps produce (P = CombineLaunch::pull_producers, 1 to 4):
@@ -217,7 +36,7 @@ __device__ void pull_reduce_bulk(const CombineParams& p, char* shared) {
 // busy (docs/latency_budget.md, "Per-SM bandwidth"); several producers issue
 // several streams of copies, as the probe's 170 GB/s per SM did.
 // The schedule (which tokens, buffers, phases and slot buffers each producer
-// uses) is PullRowsSchedule (pull_rows_schedule.h), model-checked on the host.
+// uses) is PullRowsSchedule (combine/pull_rows_schedule.h), model-checked on the host.
 // The producers read the token slots (which rank holds each partial) a batch
 // of tokens at a time, one batch ahead, into two shared buffers each (the
 // per-token load was measured not to be the limit, but it costs nothing off the
@@ -258,17 +77,6 @@ struct RowStages {
   __device__ char* buffer(int stage) const { return buffers + static_cast<size_t>(stage) * 2 * stage_bytes; }
 };
 
-// Measurement builds only (-DMOE_EP_DIAGNOSTICS, scripts/gpu): parts of
-// the whole-row pull switched off to time the rest; results are then wrong.
-enum PullDiagnostic : int32_t { kDiagNoAdds = 1, kDiagNoStores = 2, kDiagNoCopies = 4 };
-__device__ __forceinline__ int32_t pull_diagnostic(const CombineParams& p) {
-#ifdef MOE_EP_DIAGNOSTICS
-  return p.args.pull_diagnostic;
-#else
-  (void)p;
-  return 0;
-#endif
-}
 
 bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
   return p.args.pull_rows != 0 && combine_rows_aligned(p) && p.ctx.shape.combine_row_bytes <= kRowMaxBytes;
@@ -574,85 +382,6 @@ __device__ void pull_reduce_whole_rows(const CombineParams& p, char* shared) {
 }
 #endif
 
-template <typename Element>
-__device__ void pull_reduce(const CombineParams& p, char* shared) {
-  if (combine_rows_aligned(p)) {
-#ifdef MOE_EP_HAVE_BULK_COPY
-    if (pull_rows_applies(p)) {
-      pull_reduce_whole_rows<Element>(p, shared);
-      return;
-    }
-    if (p.args.pull_registers == 0) {
-      pull_reduce_bulk<Element>(p, shared);
-      return;
-    }
-#endif
-    pull_reduce_registers<Element>(p);
-    return;
-  }
-  (void)shared;
-  pull_reduce_rows<Element>(p);
-}
-
-// "Started N" at every peer (by the block that `announces`): this rank's view
-// holds its expert output N, written by earlier work in stream order.  Then
-// the wait for every peer's "started N"; a failed wait sets *failed.
-__device__ void handshake(const KernelContext& c, uint64_t epoch, bool announces, int32_t* failed) {
-  const GroupShape& s = c.shape;
-  if (announces) {
-    for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
-      if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
-    }
-  }
-  for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
-    if (q == s.rank) continue;
-    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, c.control(), c.state.mirror,
-                             c.state.timeout_ns, kPhaseCombine, q)) {
-      *failed = 1;
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const CombineParams p) {
-  extern __shared__ __align__(128) char pull_shared[];
-  __shared__ uint32_t timed_out;
-  __shared__ int32_t failed;
-  wait_for_prior_grid();
-  allow_dependent_launch();
-  const KernelContext& c = p.ctx;
-  const GroupShape& s = c.shape;
-  ControlBlock* control = c.control();
-  if (threadIdx.x == 0) {
-    timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
-    failed = 0;
-  }
-  const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
-  __syncthreads();
-  if (timed_out != kPhaseNone) return;  // block-uniform
-  handshake(c, epoch, blockIdx.x == 0, &failed);
-  __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
-  if (failed) return;
-  switch (s.combine_dtype) {
-    case kCombineBf16: pull_reduce<Bf16Element>(p, pull_shared); break;
-    case kCombineFp16: pull_reduce<Fp16Element>(p, pull_shared); break;
-    default: pull_reduce<Fp32Element>(p, pull_shared); break;
-  }
-}
-
 }  // namespace
-
-// Shared memory of the pull kernel: the larger of the two bulk-copy layouts.
-constexpr size_t kPullSharedBytes =
-    kPullSegmentSharedBytes > kRowSharedBytes ? kPullSegmentSharedBytes : kRowSharedBytes;
-
-cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream) {
-  // The kernel's shared-memory limit is raised once per device, not on every
-  // call (combine is on the caller's hot path).
-  static std::atomic<uint64_t> raised_on_devices{0};
-  const cudaError_t e = raise_dynamic_shared_limit_once(combine_pull_kernel, kPullSharedBytes, &raised_on_devices);
-  if (e != cudaSuccess) return e;
-  return launch_kernel(combine_pull_kernel, p.args.num_blocks, kBlockThreads, kPullSharedBytes, stream, p.args.pdl, p);
-}
-
 }  // namespace kernels
 }  // namespace moe_ep
