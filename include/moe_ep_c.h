@@ -16,13 +16,18 @@
  *     message naming the argument, the expected and the actual value can be
  *     read with moe_ep_last_error().  No C++ exception ever crosses the ABI.
  *   - Every public struct starts with `uint32_t struct_size`.  Fill it with the
- *     matching exported *_init() function (FFI users cannot expand macros).
+ *     matching exported *_init() function (FFI users cannot expand macros),
+ *     passing the size of the struct as the caller's header declares it:
+ *     moe_ep_config_init(&config, sizeof config).  An *_init() writes exactly
+ *     that many bytes: the defaults of the fields this library knows, zero
+ *     beyond them, and struct_size = the size passed.
  *     A smaller struct written against an older header is accepted and its
  *     missing tail takes the defaults; a larger one from a newer header is
  *     accepted only if the bytes this library does not know are all zero.
  *     struct_size must end on a field boundary of a released layout of the
- *     struct (or be a newer, larger size: a multiple of the struct's alignment,
- *     at most 1024); any other value is INVALID_ARGUMENT naming the struct.
+ *     struct, at or past the end of its first released layout (or be a newer,
+ *     larger size: a multiple of the struct's alignment, at most 1024); any
+ *     other value is INVALID_ARGUMENT naming the struct.
  *     Output structs are written up to the caller's struct_size only.
  *   - Enumerations are stored in structs as int32_t.  There is no `bool`:
  *     flags are int32_t, 0 = off, anything else = on.
@@ -174,8 +179,9 @@ typedef struct moe_ep_bootstrap_t {
   moe_ep_barrier_fn barrier;
 } moe_ep_bootstrap_t;
 
-/* Zeroes the struct and sets struct_size; rank = 0, world_size = 0. */
-MOE_EP_API moe_ep_status_t moe_ep_bootstrap_init(moe_ep_bootstrap_t* bootstrap);
+/* Zeroes the struct and sets struct_size; rank = 0, world_size = 0.
+ * struct_size: sizeof(moe_ep_bootstrap_t) of the caller's header. */
+MOE_EP_API moe_ep_status_t moe_ep_bootstrap_init(moe_ep_bootstrap_t* bootstrap, size_t struct_size);
 
 /* ------------------------------------------------------------------------ */
 /* Parameters and configuration                                              */
@@ -200,7 +206,8 @@ typedef struct moe_ep_params_t {
                                   bf16 (default), fp16 or fp32                 */
 } moe_ep_params_t;
 
-MOE_EP_API moe_ep_status_t moe_ep_params_init(moe_ep_params_t* params);
+/* Fills the defaults; struct_size: sizeof(moe_ep_params_t) of the caller's header. */
+MOE_EP_API moe_ep_status_t moe_ep_params_init(moe_ep_params_t* params, size_t struct_size);
 
 enum {
   MOE_EP_BACKEND_AUTO = 0,             /* NVLINK_TWO_SIDED when every rank supports
@@ -244,7 +251,8 @@ typedef struct moe_ep_config_t {
                          first copied into this rank's view on the stream. */
 } moe_ep_config_t;
 
-MOE_EP_API moe_ep_status_t moe_ep_config_init(moe_ep_config_t* config);
+/* Fills the defaults; struct_size: sizeof(moe_ep_config_t) of the caller's header. */
+MOE_EP_API moe_ep_status_t moe_ep_config_init(moe_ep_config_t* config, size_t struct_size);
 
 /* ------------------------------------------------------------------------ */
 /* Dispatch and combine arguments and results                                */
@@ -268,7 +276,8 @@ typedef struct moe_ep_dispatch_args_t {
                                                  the valid picks of topk_ids         */
 } moe_ep_dispatch_args_t;
 
-MOE_EP_API moe_ep_status_t moe_ep_dispatch_args_init(moe_ep_dispatch_args_t* args);
+/* Zeroes the struct; struct_size: sizeof(moe_ep_dispatch_args_t) of the caller's header. */
+MOE_EP_API moe_ep_status_t moe_ep_dispatch_args_init(moe_ep_dispatch_args_t* args, size_t struct_size);
 
 /* P = world_size * tokens_per_rank receive rows, rank-major: rows
  * [s*tokens_per_rank, s*tokens_per_rank + recv_counts[s]) hold the tokens that
@@ -301,7 +310,9 @@ typedef struct moe_ep_dispatch_result_t {
                                            issued, like the other views         */
 } moe_ep_dispatch_result_t;
 
-MOE_EP_API moe_ep_status_t moe_ep_dispatch_result_init(moe_ep_dispatch_result_t* result);
+/* Zeroes the struct; struct_size: sizeof(moe_ep_dispatch_result_t) of the caller's header. */
+MOE_EP_API moe_ep_status_t moe_ep_dispatch_result_init(moe_ep_dispatch_result_t* result,
+                                                       size_t struct_size);
 
 typedef struct moe_ep_combine_result_t {
   uint32_t struct_size;
@@ -310,7 +321,9 @@ typedef struct moe_ep_combine_result_t {
                              valid until the next combine on this handle         */
 } moe_ep_combine_result_t;
 
-MOE_EP_API moe_ep_status_t moe_ep_combine_result_init(moe_ep_combine_result_t* result);
+/* Zeroes the struct; struct_size: sizeof(moe_ep_combine_result_t) of the caller's header. */
+MOE_EP_API moe_ep_status_t moe_ep_combine_result_init(moe_ep_combine_result_t* result,
+                                                      size_t struct_size);
 
 /* ------------------------------------------------------------------------ */
 /* Lifecycle                                                                 */

@@ -11,6 +11,7 @@
 #include "nccl/nccl_backend.hpp"
 #include "nvlink/nvlink_backend.hpp"
 #include "params.hpp"
+#include "versioned_struct.hpp"
 
 namespace {
 
@@ -75,50 +76,28 @@ moe_ep_status_t moe_ep_get_version(int32_t* major, int32_t* minor, int32_t* patc
   });
 }
 
-moe_ep_status_t moe_ep_bootstrap_init(moe_ep_bootstrap_t* b) {
-  return guarded([&] {
-    require_out(b, "bootstrap");
-    *b = moe_ep_bootstrap_t{};
-    b->struct_size = sizeof(*b);
-  });
+moe_ep_status_t moe_ep_bootstrap_init(moe_ep_bootstrap_t* b, size_t struct_size) {
+  return guarded([&] { moe_ep::init_versioned(b, struct_size, moe_ep_bootstrap_t{}, "bootstrap"); });
 }
 
-moe_ep_status_t moe_ep_params_init(moe_ep_params_t* p) {
-  return guarded([&] {
-    require_out(p, "params");
-    *p = moe_ep::default_params();
-  });
+moe_ep_status_t moe_ep_params_init(moe_ep_params_t* p, size_t struct_size) {
+  return guarded([&] { moe_ep::init_versioned(p, struct_size, moe_ep::default_params(), "params"); });
 }
 
-moe_ep_status_t moe_ep_config_init(moe_ep_config_t* c) {
-  return guarded([&] {
-    require_out(c, "config");
-    *c = moe_ep::default_config();
-  });
+moe_ep_status_t moe_ep_config_init(moe_ep_config_t* c, size_t struct_size) {
+  return guarded([&] { moe_ep::init_versioned(c, struct_size, moe_ep::default_config(), "config"); });
 }
 
-moe_ep_status_t moe_ep_dispatch_args_init(moe_ep_dispatch_args_t* a) {
-  return guarded([&] {
-    require_out(a, "args");
-    *a = moe_ep_dispatch_args_t{};
-    a->struct_size = sizeof(*a);
-  });
+moe_ep_status_t moe_ep_dispatch_args_init(moe_ep_dispatch_args_t* a, size_t struct_size) {
+  return guarded([&] { moe_ep::init_versioned(a, struct_size, moe_ep_dispatch_args_t{}, "args"); });
 }
 
-moe_ep_status_t moe_ep_dispatch_result_init(moe_ep_dispatch_result_t* r) {
-  return guarded([&] {
-    require_out(r, "result");
-    *r = moe_ep_dispatch_result_t{};
-    r->struct_size = sizeof(*r);
-  });
+moe_ep_status_t moe_ep_dispatch_result_init(moe_ep_dispatch_result_t* r, size_t struct_size) {
+  return guarded([&] { moe_ep::init_versioned(r, struct_size, moe_ep_dispatch_result_t{}, "result"); });
 }
 
-moe_ep_status_t moe_ep_combine_result_init(moe_ep_combine_result_t* r) {
-  return guarded([&] {
-    require_out(r, "result");
-    *r = moe_ep_combine_result_t{};
-    r->struct_size = sizeof(*r);
-  });
+moe_ep_status_t moe_ep_combine_result_init(moe_ep_combine_result_t* r, size_t struct_size) {
+  return guarded([&] { moe_ep::init_versioned(r, struct_size, moe_ep_combine_result_t{}, "result"); });
 }
 
 moe_ep_status_t moe_ep_is_platform_supported(int32_t device, int32_t* supported) {

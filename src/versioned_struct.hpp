@@ -1,9 +1,11 @@
 // Reading and writing the caller's versioned structs: every public struct
 // starts with uint32_t struct_size, which must be one of the sizes listed in
 // struct_layouts.hpp (a field boundary of a released layout, or a newer
-// header's larger size up to kMaxStructSize).  A smaller (older) input struct
-// gets this library's defaults for its missing tail; a larger (newer) one is
-// accepted only if the bytes this library does not know are all zero.
+// header's larger size up to kMaxStructSize; never smaller than the first
+// released layout).  A smaller (older) input struct gets this library's
+// defaults for its missing tail; a larger (newer) one is accepted only if the
+// bytes this library does not know are all zero.  Nothing the library writes
+// (an *_init(), a dispatch or combine result) goes past the caller's size.
 #pragma once
 
 #include <cstddef>
@@ -21,10 +23,20 @@ namespace moe_ep {
 // header), which the compiler cannot know.
 void zero_struct_tail(void* user, size_t from, size_t to) noexcept;
 
+// The smallest struct_size of T any released header declares: sizeof of the
+// first released layout.  No binary can have a smaller struct.
+template <typename T>
+constexpr size_t first_released_size() {
+  size_t first = sizeof(T);
+  for (size_t released : StructLayout<T>::released_sizes) first = released < first ? released : first;
+  return first;
+}
+
 // Whether `size` is a struct_size the library accepts for T (see struct_layouts.hpp).
 template <typename T>
-bool is_valid_struct_size(uint32_t size) {
+bool is_valid_struct_size(size_t size) {
   using L = StructLayout<T>;
+  if (size < first_released_size<T>()) return false;
   for (size_t end : L::field_ends) {
     if (size == end) return true;
   }
@@ -34,20 +46,21 @@ bool is_valid_struct_size(uint32_t size) {
   return size > sizeof(T) && size <= kMaxStructSize && size % alignof(T) == 0;
 }
 
-// The accepted sizes, for messages: "one of 8, 12, ... 48, or a multiple of 4 in (48, 1024]".
+// The accepted sizes, for messages: "one of 20, 24 (...), or a multiple of 4 in (24, 1024]".
 template <typename T>
 std::string valid_struct_sizes_text() {
   using L = StructLayout<T>;
   std::string s = "one of";
   const char* sep = " ";
   for (size_t end : L::field_ends) {
+    if (end < first_released_size<T>()) continue;
     s += sep + std::to_string(end);
     sep = ", ";
   }
   for (size_t released : L::released_sizes) {
-    if (released != L::field_ends[sizeof(L::field_ends) / sizeof(L::field_ends[0]) - 1]) {
-      s += sep + std::to_string(released);
-    }
+    bool listed = false;
+    for (size_t end : L::field_ends) listed = listed || (end == released);
+    if (!listed) s += sep + std::to_string(released);
   }
   return s + " (field boundaries of a released " + L::c_name + "), or a multiple of " +
          std::to_string(alignof(T)) + " in (" + std::to_string(sizeof(T)) + ", " +
@@ -106,6 +119,27 @@ void write_versioned(T* user, const T& value, const char* name) {
   std::memcpy(out + sizeof(uint32_t), reinterpret_cast<const unsigned char*>(&value) + sizeof(uint32_t),
               known - sizeof(uint32_t));
   if (user_size > sizeof(T)) zero_struct_tail(user, sizeof(T), user_size);
+}
+
+// The body of every exported *_init(): writes `defaults` into the caller's
+// struct up to the caller's size only, zeroes a newer caller's bytes beyond
+// what this library knows, and sets struct_size to the caller's size.  `name`
+// is the struct argument ("config").  Nothing is written on failure.
+template <typename T>
+void init_versioned(T* user, size_t struct_size, const T& defaults, const char* name) {
+  if (user == nullptr) fail_argument(name, "a non-NULL pointer", "NULL");
+  if (!is_valid_struct_size<T>(struct_size)) {
+    fail_argument(
+        std::string("struct_size of ") + StructLayout<T>::init_name,
+        std::string("sizeof(") + StructLayout<T>::c_name + ") of the caller's header: " + valid_struct_sizes_text<T>(),
+        std::to_string(struct_size));
+  }
+  const size_t known = struct_size < sizeof(T) ? struct_size : sizeof(T);
+  auto* out = reinterpret_cast<unsigned char*>(user);
+  std::memcpy(out, &defaults, known);
+  if (struct_size > sizeof(T)) zero_struct_tail(user, sizeof(T), struct_size);
+  const auto size32 = static_cast<uint32_t>(struct_size);
+  std::memcpy(out, &size32, sizeof(size32));
 }
 
 }  // namespace moe_ep

@@ -37,7 +37,7 @@ DispatchArgs::DispatchArgs(const WorkloadSpec& s, int num_tokens, const Dispatch
       runtime_max_(s.runtime_max_tokens_per_rank) {}
 
 const moe_ep_dispatch_args_t* DispatchArgs::get() {
-  moe_ep_dispatch_args_init(&args_);
+  moe_ep_dispatch_args_init(&args_, sizeof args_);
   args_.hidden_states = hidden_.get();
   args_.topk_ids = ids_.get();
   args_.topk_weights = weights_on_ ? weights_.get() : nullptr;

@@ -106,7 +106,7 @@ int WorkloadSpec::num_tokens(int rank) const {
 
 moe_ep_params_t required_params(int32_t num_experts, int32_t top_k, int32_t max_tokens_per_rank, int32_t hidden_size) {
   moe_ep_params_t p;
-  moe_ep_params_init(&p);
+  moe_ep_params_init(&p, sizeof p);
   p.num_experts = num_experts;
   p.top_k = top_k;
   p.max_tokens_per_rank = max_tokens_per_rank;

@@ -79,7 +79,7 @@ moe_ep_status_t init_from(MPI_Comm comm, moe_ep_bootstrap_t* b) {
     delete ctx;
     return failure(MOE_EP_ERROR_BOOTSTRAP, "MPI_Comm_dup failed: " + mpi_error_text(rc));
   }
-  moe_ep_bootstrap_init(b);
+  moe_ep_bootstrap_init(b, sizeof *b);
   b->rank = rank;
   b->world_size = size;
   b->ctx = ctx;

@@ -71,14 +71,14 @@ int main(int argc, char** argv) {
   }
 
   moe_ep_bootstrap_t bs;
-  CHECK(moe_ep_bootstrap_init(&bs));
+  CHECK(moe_ep_bootstrap_init(&bs, sizeof bs));
   bs.rank = 0;
   bs.world_size = 1;
   bs.allgather = one_rank_allgather;
   bs.barrier = one_rank_barrier;
 
   moe_ep_params_t params;
-  CHECK(moe_ep_params_init(&params));
+  CHECK(moe_ep_params_init(&params, sizeof params));
   params.num_experts = 2;
   params.top_k = 1;
   params.max_tokens_per_rank = 4;
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   params.hidden_dtype.bits = 32;
   params.combine_dtype = params.hidden_dtype;
   moe_ep_config_t config;
-  CHECK(moe_ep_config_init(&config));
+  CHECK(moe_ep_config_init(&config, sizeof config));
   config.backend = MOE_EP_BACKEND_HOST;
 
   moe_ep_handle_t h = NULL;
@@ -102,11 +102,11 @@ int main(int argc, char** argv) {
   moe_ep_tensor_t tx = host_tensor(x, params.hidden_dtype, 2, xs);
   moe_ep_tensor_t ti = host_tensor(ids, i32, 2, is);
   moe_ep_dispatch_args_t args;
-  CHECK(moe_ep_dispatch_args_init(&args));
+  CHECK(moe_ep_dispatch_args_init(&args, sizeof args));
   args.hidden_states = &tx;
   args.topk_ids = &ti;
   moe_ep_dispatch_result_t r;
-  CHECK(moe_ep_dispatch_result_init(&r));
+  CHECK(moe_ep_dispatch_result_init(&r, sizeof r));
   CHECK(moe_ep_dispatch(h, &args, &r, NULL));
   EXPECT(r.tokens_per_rank == 4 && r.hidden_states.shape[0] == 4);
   EXPECT(((const int32_t*)r.recv_counts.data)[0] == 2);
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   int64_t es[2] = {4, 2};
   moe_ep_tensor_t te = host_tensor(eo, params.combine_dtype, 2, es);
   moe_ep_combine_result_t c;
-  CHECK(moe_ep_combine_result_init(&c));
+  CHECK(moe_ep_combine_result_init(&c, sizeof c));
   CHECK(moe_ep_combine(h, &te, NULL, &c, NULL));
   const float* y = (const float*)c.output.data;
   EXPECT(c.output.shape[0] == 3 && c.output.shape[1] == 2);

@@ -128,7 +128,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   Boxed<moe_ep_params_t> boxed_params;
   moe_ep_params_t& p = *boxed_params.get();
-  moe_ep_params_init(&p);
+  moe_ep_params_init(&p, sizeof p);
   p.num_experts = pick_int(in, 1, 16);
   p.top_k = pick_int(in, 1, 4);
   p.max_tokens_per_rank = pick_int(in, 1, 8);
@@ -143,7 +143,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   Boxed<moe_ep_config_t> boxed_config;
   moe_ep_config_t& c = *boxed_config.get();
-  moe_ep_config_init(&c);
+  moe_ep_config_init(&c, sizeof c);
   c.backend = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<int32_t>() : MOE_EP_BACKEND_HOST;
   c.timeout_ms = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<int32_t>() : 1000;
   boxed_config.seal(in);
@@ -156,7 +156,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   Boxed<moe_ep_bootstrap_t> boxed_bootstrap;
   moe_ep_bootstrap_t& b = *boxed_bootstrap.get();
-  moe_ep_bootstrap_init(&b);
+  moe_ep_bootstrap_init(&b, sizeof b);
   b.world_size = 1;
   b.ctx = &state;
   b.allgather = fuzz_allgather;
@@ -168,7 +168,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The params the library used: an older (smaller) struct_size means defaults
   // for the fields it does not cover, whatever the fuzzer wrote there.
   moe_ep_params_t used;
-  moe_ep_params_init(&used);
+  moe_ep_params_init(&used, sizeof used);
   std::memcpy(&used, &p, p.struct_size < sizeof(used) ? p.struct_size : sizeof(used));
 
   // The group's true shapes, for buffers large enough for anything accepted.
@@ -198,7 +198,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FuzzTensor st(in, {E}, moe_ep_dtype_t{MOE_EP_DTYPE_INT, 32, 1}, static_cast<size_t>(E * 4));
         Boxed<moe_ep_dispatch_args_t> boxed_args;
         moe_ep_dispatch_args_t& a = *boxed_args.get();
-        moe_ep_dispatch_args_init(&a);
+        moe_ep_dispatch_args_init(&a, sizeof a);
         a.hidden_states = in.ConsumeIntegralInRange<int>(0, 15) ? x.get() : nullptr;
         a.topk_ids = in.ConsumeIntegralInRange<int>(0, 15) ? ids.get() : nullptr;
         a.topk_weights = in.ConsumeBool() ? w.get() : nullptr;
@@ -208,7 +208,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         boxed_args.seal(in);
         Boxed<moe_ep_dispatch_result_t> boxed_result;
         moe_ep_dispatch_result_t& r = *boxed_result.get();
-        moe_ep_dispatch_result_init(&r);
+        moe_ep_dispatch_result_init(&r, sizeof r);
         boxed_result.seal(in);
         if (moe_ep_dispatch(h, &a, &r, nullptr) == MOE_EP_SUCCESS && r.struct_size >= sizeof(uint32_t) * 2) {
           tpr = r.tokens_per_rank;
@@ -223,7 +223,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         FuzzTensor out(in, {M, used.hidden_size}, used.combine_dtype, cap_combine);
         Boxed<moe_ep_combine_result_t> boxed_result;
         moe_ep_combine_result_t& r = *boxed_result.get();
-        moe_ep_combine_result_init(&r);
+        moe_ep_combine_result_init(&r, sizeof r);
         boxed_result.seal(in);
         (void)moe_ep_combine(h, eo.get(), in.ConsumeBool() ? out.get() : nullptr, &r, nullptr);
         break;

@@ -92,7 +92,7 @@ class Handle {
   Handle(const moe_ep_bootstrap_t& b, const WorkloadSpec& spec, int32_t backend, const GpuCaseOptions& o, int device) {
     moe_ep_params_t params = spec.params();
     moe_ep_config_t config;
-    moe_ep_config_init(&config);
+    moe_ep_config_init(&config, sizeof config);
     config.backend = backend;
     config.timeout_ms = o.timeout_ms;
     config.num_sms = o.num_sms;
@@ -189,9 +189,9 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
 
   DeviceInputs gpu(spec);
   moe_ep_dispatch_result_t gpu_result;
-  moe_ep_dispatch_result_init(&gpu_result);
+  moe_ep_dispatch_result_init(&gpu_result, sizeof gpu_result);
   moe_ep_combine_result_t gpu_combined;
-  moe_ep_combine_result_init(&gpu_combined);
+  moe_ep_combine_result_init(&gpu_combined, sizeof gpu_combined);
   cudaGraphExec_t graph_exec = nullptr;
   bool have_results = false;
   std::ostringstream failures;
@@ -250,12 +250,12 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
     DispatchArgs host_args(w, T, host_memory(data));
     const TensorView host_eo = expert_output_view(w, eo.data(), host_device());
     moe_ep_dispatch_result_t host_result;
-    moe_ep_dispatch_result_init(&host_result);
+    moe_ep_dispatch_result_init(&host_result, sizeof host_result);
     expect_ok(moe_ep_dispatch(host.get(), host_args.get(), &host_result, nullptr), "HOST dispatch");
     Verdict v;
     const ReceivedDispatch host_copy = read_dispatch(w, host_result, host_device(), read_host_memory, v);
     moe_ep_combine_result_t host_combined;
-    moe_ep_combine_result_init(&host_combined);
+    moe_ep_combine_result_init(&host_combined, sizeof host_combined);
     expect_ok(moe_ep_combine(host.get(), host_eo.get(), nullptr, &host_combined, nullptr), "HOST combine");
     const std::vector<uint8_t> host_out = read_combine(w, host_combined, T, host_device(), read_host_memory, v);
 

@@ -85,7 +85,7 @@ struct Rank {
   moe_ep_status_t create(const moe_ep_bootstrap_t& b) {
     moe_ep_params_t p = moe_ep_verify::required_params(kExperts, kTopK, kTokens, kHidden);  // bf16 both ways
     moe_ep_config_t c;
-    moe_ep_config_init(&c);
+    moe_ep_config_init(&c, sizeof c);
     c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
     c.timeout_ms = kTimeoutMs;
     c.device = device;
@@ -116,17 +116,17 @@ struct Rank {
     moe_ep_tensor_t th = tensor(hidden, moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1}, hidden_shape);
     moe_ep_tensor_t ti = tensor(ids, moe_ep_dtype_t{MOE_EP_DTYPE_INT, 32, 1}, ids_shape);
     moe_ep_dispatch_args_t a;
-    moe_ep_dispatch_args_init(&a);
+    moe_ep_dispatch_args_init(&a, sizeof a);
     a.hidden_states = &th;
     a.topk_ids = &ti;
     moe_ep_dispatch_result_t r;
-    moe_ep_dispatch_result_init(&r);
+    moe_ep_dispatch_result_init(&r, sizeof r);
     return moe_ep_dispatch(h, &a, &r, stream);
   }
   moe_ep_status_t combine(cudaStream_t stream) {
     moe_ep_tensor_t te = tensor(expert_output, moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1}, expert_shape);
     moe_ep_combine_result_t r;
-    moe_ep_combine_result_init(&r);
+    moe_ep_combine_result_init(&r, sizeof r);
     return moe_ep_combine(h, &te, nullptr, &r, stream);
   }
   moe_ep_status_t poll(std::string* message) {
@@ -151,7 +151,7 @@ int usable_gpus() {
 // This rank's bootstrap over the shared group.
 moe_ep_bootstrap_t shared_bootstrap(RankBootstrap* ctx) {
   moe_ep_bootstrap_t b;
-  moe_ep_bootstrap_init(&b);
+  moe_ep_bootstrap_init(&b, sizeof b);
   b.rank = ctx->rank;
   b.world_size = kWorld;
   b.ctx = ctx;

@@ -36,7 +36,7 @@ class NcclHandle {
   NcclHandle(const WorkloadSpec& spec, int timeout_ms) : spec_(spec) {
     moe_ep_params_t p = spec_.params();
     moe_ep_config_t c;
-    moe_ep_config_init(&c);
+    moe_ep_config_init(&c, sizeof c);
     c.backend = MOE_EP_BACKEND_NCCL;
     c.timeout_ms = timeout_ms;
     c.device = gpu_device();
@@ -64,18 +64,18 @@ class NcclHandle {
     TensorView th(hidden_, spec_.hidden_dtype, {T_, spec_.row_elems()}, dev);
     TensorView ti(ids_, moe_ep_dtype_t{MOE_EP_DTYPE_INT, 32, 1}, {T_, spec_.top_k}, dev);
     moe_ep_dispatch_args_t a;
-    moe_ep_dispatch_args_init(&a);
+    moe_ep_dispatch_args_init(&a, sizeof a);
     a.hidden_states = th.get();
     a.topk_ids = ti.get();
     moe_ep_dispatch_result_t r;
-    moe_ep_dispatch_result_init(&r);
+    moe_ep_dispatch_result_init(&r, sizeof r);
     return moe_ep_dispatch(h_, &a, &r, nullptr);
   }
   moe_ep_status_t combine() {
     const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, gpu_device()};
     TensorView te = moe_ep_verify::expert_output_view(spec_, expert_output_, dev);
     moe_ep_combine_result_t r;
-    moe_ep_combine_result_init(&r);
+    moe_ep_combine_result_init(&r, sizeof r);
     return moe_ep_combine(h_, te.get(), nullptr, &r, nullptr);
   }
   moe_ep_status_t poll(std::string* message) {

@@ -52,12 +52,12 @@ struct Fixture {
     const moe_ep_params_t p = small_params();
     const moe_ep_config_t c = host_config();
     REQUIRE(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
-    moe_ep_dispatch_args_init(&args);
+    moe_ep_dispatch_args_init(&args, sizeof args);
     args.hidden_states = hidden_t.get();
     args.topk_ids = ids_t.get();
     args.topk_weights = weights_t.get();
     args.hidden_states_scale = scales_t.get();
-    moe_ep_dispatch_result_init(&result);
+    moe_ep_dispatch_result_init(&result, sizeof result);
   }
   ~Fixture() { moe_ep_destroy(&h); }
 
@@ -69,18 +69,18 @@ struct Fixture {
     TensorView ids2(ids.data(), int32_dtype(), {T, 2});
     TensorView scales2(scales.data(), fp32_dtype(), {T, 2});
     moe_ep_dispatch_args_t a;
-    moe_ep_dispatch_args_init(&a);
+    moe_ep_dispatch_args_init(&a, sizeof a);
     a.hidden_states = hidden2.get();
     a.topk_ids = ids2.get();
     a.hidden_states_scale = scales2.get();
     moe_ep_dispatch_result_t r;
-    moe_ep_dispatch_result_init(&r);
+    moe_ep_dispatch_result_init(&r, sizeof r);
     REQUIRE(moe_ep_dispatch(h, &a, &r, nullptr) == MOE_EP_SUCCESS);
     CHECK(r.topk_weights.data == nullptr);  // no weights given: none returned
     std::vector<uint16_t> eo(4 * 8, 0x3F80);
     TensorView eo_t(eo.data(), bf16_dtype(), {4, 8});
     moe_ep_combine_result_t cr;
-    moe_ep_combine_result_init(&cr);
+    moe_ep_combine_result_init(&cr, sizeof cr);
     REQUIRE(moe_ep_combine(h, eo_t.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
     REQUIRE(cr.output.ndim == 2);
     CHECK(cr.output.shape[0] == T);
@@ -191,7 +191,7 @@ TEST_CASE("dispatch and combine: call order and struct arguments", "[validation]
   std::vector<uint16_t> eo(4 * 8, 0);
   TensorView eo_t(eo.data(), bf16_dtype(), {4, 8});
   moe_ep_combine_result_t cr;
-  moe_ep_combine_result_init(&cr);
+  moe_ep_combine_result_init(&cr, sizeof cr);
 
   expect_error(moe_ep_combine(f.h, eo_t.get(), nullptr, &cr, nullptr), MOE_EP_ERROR_INVALID_STATE,
                {"moe_ep_combine", "expected a dispatch first"});

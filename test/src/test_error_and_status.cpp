@@ -22,7 +22,7 @@ TEST_CASE("every status has its own name", "[status]") {
 }
 
 TEST_CASE("the last error is per thread and cleared by a successful call", "[status]") {
-  REQUIRE(moe_ep_params_init(nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  REQUIRE(moe_ep_params_init(nullptr, sizeof(moe_ep_params_t)) == MOE_EP_ERROR_INVALID_ARGUMENT);
   const std::string mine = moe_ep_last_error();
   CHECK(mine.find("params") != std::string::npos);
   CHECK(mine.find("NULL") != std::string::npos);
@@ -33,7 +33,7 @@ TEST_CASE("the last error is per thread and cleared by a successful call", "[sta
   CHECK(std::string(moe_ep_last_error()) == mine);  // another thread did not clear ours
 
   moe_ep_params_t p;
-  REQUIRE(moe_ep_params_init(&p) == MOE_EP_SUCCESS);
+  REQUIRE(moe_ep_params_init(&p, sizeof p) == MOE_EP_SUCCESS);
   CHECK(std::string(moe_ep_last_error()).empty());
 }
 

@@ -87,13 +87,13 @@ struct Rank {
     TensorView i(ids.data(), int32_dtype(), {tokens, kTopK});
     TensorView w(weights.data(), fp32_dtype(), {tokens, kTopK});
     moe_ep_dispatch_args_t a;
-    moe_ep_dispatch_args_init(&a);
+    moe_ep_dispatch_args_init(&a, sizeof a);
     a.hidden_states = x.get();
     a.topk_ids = i.get();
     a.topk_weights = w.get();
     a.runtime_max_tokens_per_rank = runtime_max;
     moe_ep_dispatch_result_t r;
-    moe_ep_dispatch_result_init(&r);
+    moe_ep_dispatch_result_init(&r, sizeof r);
     Outcome o;
     o.status = moe_ep_dispatch(h, &a, &r, nullptr);
     o.message = moe_ep_last_error();
@@ -105,7 +105,7 @@ struct Rank {
     std::vector<float> eo(static_cast<size_t>(world) * last_tpr * kHidden, 1.0f);
     TensorView e(eo.data(), fp32_dtype(), {world * last_tpr, kHidden});
     moe_ep_combine_result_t r;
-    moe_ep_combine_result_init(&r);
+    moe_ep_combine_result_init(&r, sizeof r);
     Outcome o;
     o.status = moe_ep_combine(h, e.get(), nullptr, &r, nullptr);
     o.message = moe_ep_last_error();
@@ -386,11 +386,11 @@ TEST_CASE("tensors: data + byte_offset must not wrap and must be aligned", "[tru
   TensorView x(hidden.data(), fp32_dtype(), {2, Rank::kHidden});
   TensorView i(ids.data(), int32_dtype(), {2, Rank::kTopK});
   moe_ep_dispatch_args_t a;
-  moe_ep_dispatch_args_init(&a);
+  moe_ep_dispatch_args_init(&a, sizeof a);
   a.hidden_states = x.get();
   a.topk_ids = i.get();
   moe_ep_dispatch_result_t res;
-  moe_ep_dispatch_result_init(&res);
+  moe_ep_dispatch_result_init(&res, sizeof res);
   SECTION("wrap-around") {
     i.raw().byte_offset = ~uint64_t{0} - 3;
     CHECK(moe_ep_dispatch(r.h, &a, &res, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);

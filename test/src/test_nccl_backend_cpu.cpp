@@ -39,7 +39,7 @@ class NcclLibraryOverride {
 
 moe_ep_config_t nccl_config() {
   moe_ep_config_t c;
-  moe_ep_config_init(&c);
+  moe_ep_config_init(&c, sizeof c);
   c.backend = MOE_EP_BACKEND_NCCL;
   c.timeout_ms = 5000;
   return c;
@@ -94,7 +94,7 @@ TEST_CASE("config->backend accepts NCCL (3) and still refuses unknown values", "
 TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU tensors", "[nccl]") {
   const moe_ep_params_t p = moe_ep_test::make_params(4, 2, 8, 16);
   moe_ep_config_t c;
-  moe_ep_config_init(&c);
+  moe_ep_config_init(&c, sizeof c);
   const bool nvlink = moe_ep::nvlink_platform_supported(-1);
   const bool nccl = moe_ep::nccl_platform_supported(-1, nullptr);
   // Two threads of one process share a host: the NVLink backend wins where it runs.
@@ -111,18 +111,18 @@ TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU t
     moe_ep_tensor_t th{hidden, {MOE_EP_DEVICE_CPU, 0}, 2, {MOE_EP_DTYPE_BFLOAT, 16, 1}, hidden_shape, nullptr, 0};
     moe_ep_tensor_t ti{ids, {MOE_EP_DEVICE_CPU, 0}, 2, {MOE_EP_DTYPE_INT, 32, 1}, ids_shape, nullptr, 0};
     moe_ep_dispatch_args_t args;
-    moe_ep_dispatch_args_init(&args);
+    moe_ep_dispatch_args_init(&args, sizeof args);
     args.hidden_states = &th;
     args.topk_ids = &ti;
     moe_ep_dispatch_result_t r;
-    moe_ep_dispatch_result_init(&r);
+    moe_ep_dispatch_result_init(&r, sizeof r);
     REQUIRE(moe_ep_dispatch(h, &args, &r, nullptr) == MOE_EP_SUCCESS);
     const int32_t* counts = static_cast<const int32_t*>(r.recv_counts.data);
     CHECK(counts[0] == 1);
     CHECK(counts[1] == 1);
     (void)rank;
     moe_ep_combine_result_t cr;
-    moe_ep_combine_result_init(&cr);
+    moe_ep_combine_result_init(&cr, sizeof cr);
     std::vector<uint16_t> expert_output(2 * 8 * 16, 0);
     int64_t eo_shape[2] = {16, 16};
     moe_ep_tensor_t teo{expert_output.data(), {MOE_EP_DEVICE_CPU, 0}, 2, {MOE_EP_DTYPE_BFLOAT, 16, 1}, eo_shape,

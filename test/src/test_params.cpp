@@ -59,7 +59,7 @@ TEST_CASE("each bad config field is named", "[params]") {
   uint64_t bytes = 0;
   auto check = [&](const std::function<void(moe_ep_config_t&)>& edit, const std::string& field, const std::string& actual) {
     moe_ep_config_t c;
-    moe_ep_config_init(&c);
+    moe_ep_config_init(&c, sizeof c);
     edit(c);
     CHECK(moe_ep_workspace_size(&p, &c, 2, &bytes) == MOE_EP_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(moe_ep_last_error(), Contains(field) && Contains("got " + actual));

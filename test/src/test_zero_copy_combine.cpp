@@ -74,7 +74,7 @@ struct Inputs {
     }
     hidden_t = cpu_tensor(hidden.data(), moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1}, hidden_shape, 2);
     ids_t = cpu_tensor(ids.data(), moe_ep_dtype_t{MOE_EP_DTYPE_INT, 32, 1}, ids_shape, 2);
-    moe_ep_dispatch_args_init(&args);
+    moe_ep_dispatch_args_init(&args, sizeof args);
     args.hidden_states = &hidden_t;
     args.topk_ids = &ids_t;
     args.runtime_max_tokens_per_rank = runtime_max;
@@ -95,7 +95,7 @@ std::vector<uint16_t> pair(moe_ep_handle_t h, int rank, int world, int32_t runti
   const int32_t tokens = (rank + round) % (tpr + 1);
   Inputs in(rank, world, tokens, runtime_max, round);
   moe_ep_dispatch_result_t res;
-  moe_ep_dispatch_result_init(&res);
+  moe_ep_dispatch_result_init(&res, sizeof res);
   NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
   const int64_t P = static_cast<int64_t>(world) * tpr;
   NEED(res.combine_input.data != nullptr);
@@ -122,7 +122,7 @@ std::vector<uint16_t> pair(moe_ep_handle_t h, int rank, int world, int32_t runti
   int64_t out_shape[2] = {tokens, kHidden};
   moe_ep_tensor_t out_t = cpu_tensor(out.data(), bf16, out_shape, 2);
   moe_ep_combine_result_t cres;
-  moe_ep_combine_result_init(&cres);
+  moe_ep_combine_result_init(&cres, sizeof cres);
   NEED(moe_ep_combine(h, &expert, &out_t, &cres, nullptr) == MOE_EP_SUCCESS);
   return out;
 }
@@ -163,7 +163,7 @@ TEST_CASE("zero-copy combine: no view without the flag", "[host][zero_copy]") {
     moe_ep_handle_t h = create(b, zc_config(0));
     Inputs in(rank, 2, 4, 0, 0);
     moe_ep_dispatch_result_t res;
-    moe_ep_dispatch_result_init(&res);
+    moe_ep_dispatch_result_init(&res, sizeof res);
     NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
     NEED(res.combine_input.data == nullptr);
     NEED(res.combine_input.ndim == 0);
@@ -171,7 +171,7 @@ TEST_CASE("zero-copy combine: no view without the flag", "[host][zero_copy]") {
     int64_t shape[2] = {2 * kMaxTokens, kHidden};
     moe_ep_tensor_t e = cpu_tensor(expert.data(), moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1}, shape, 2);
     moe_ep_combine_result_t cres;
-    moe_ep_combine_result_init(&cres);
+    moe_ep_combine_result_init(&cres, sizeof cres);
     NEED(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
     NEED(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
   });
@@ -181,11 +181,11 @@ TEST_CASE("zero-copy combine: a stale, reshaped or overlapping view is refused",
   run_ranks(1, [&](int, const moe_ep_bootstrap_t& b) {
     moe_ep_handle_t h = create(b, zc_config(1));
     moe_ep_combine_result_t cres;
-    moe_ep_combine_result_init(&cres);
+    moe_ep_combine_result_init(&cres, sizeof cres);
     // A view from a dispatch of tokens_per_rank 5 ...
     Inputs small(0, 1, 3, 5, 0);
     moe_ep_dispatch_result_t res;
-    moe_ep_dispatch_result_init(&res);
+    moe_ep_dispatch_result_init(&res, sizeof res);
     NEED(moe_ep_dispatch(h, &small.args, &res, nullptr) == MOE_EP_SUCCESS);
     const moe_ep_tensor_t stale = res.combine_input;
     int64_t stale_shape[2] = {stale.shape[0], stale.shape[1]};
@@ -224,7 +224,7 @@ TEST_CASE("zero-copy combine: older struct sizes of the grown structs", "[host][
     Inputs in(0, 1, 2, 0, 0);
     // A 0.1 dispatch result (it ended at eplb_gathered_stats): nothing written beyond it.
     moe_ep_dispatch_result_t res;
-    moe_ep_dispatch_result_init(&res);
+    moe_ep_dispatch_result_init(&res, sizeof res);
     std::memset(&res.combine_input, 0xAB, sizeof(res.combine_input));
     res.struct_size = offsetof(moe_ep_dispatch_result_t, combine_input);
     NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
@@ -235,10 +235,10 @@ TEST_CASE("zero-copy combine: older struct sizes of the grown structs", "[host][
     int64_t shape[2] = {kMaxTokens, kHidden};
     moe_ep_tensor_t e = cpu_tensor(expert.data(), moe_ep_dtype_t{MOE_EP_DTYPE_BFLOAT, 16, 1}, shape, 2);
     moe_ep_combine_result_t cres;
-    moe_ep_combine_result_init(&cres);
+    moe_ep_combine_result_init(&cres, sizeof cres);
     NEED(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
     // The old-size config created a handle without the view.
-    moe_ep_dispatch_result_init(&res);
+    moe_ep_dispatch_result_init(&res, sizeof res);
     NEED(moe_ep_dispatch(h, &in.args, &res, nullptr) == MOE_EP_SUCCESS);
     NEED(res.combine_input.data == nullptr);
     NEED(moe_ep_combine(h, &e, nullptr, &cres, nullptr) == MOE_EP_SUCCESS);
@@ -246,11 +246,11 @@ TEST_CASE("zero-copy combine: older struct sizes of the grown structs", "[host][
   });
   // Sizes that cut the new fields are refused; the defaults leave the flag off.
   moe_ep_config_t c;
-  moe_ep_config_init(&c);
+  moe_ep_config_init(&c, sizeof c);
   CHECK(c.zero_copy_combine == 0);
   CHECK(c.struct_size == sizeof(moe_ep_config_t));
   moe_ep_dispatch_result_t r;
-  moe_ep_dispatch_result_init(&r);
+  moe_ep_dispatch_result_init(&r, sizeof r);
   CHECK(r.struct_size == sizeof(moe_ep_dispatch_result_t));
   CHECK(r.combine_input.data == nullptr);
   const moe_ep_params_t p = zc_params(1);

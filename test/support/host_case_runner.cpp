@@ -47,7 +47,7 @@ std::string run_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, bool c
   const int T = in.routing.num_tokens;
   DispatchArgs args(w, T, host_memory(in));
   moe_ep_dispatch_result_t dr;
-  moe_ep_dispatch_result_init(&dr);
+  moe_ep_dispatch_result_init(&dr, sizeof dr);
   if (!log.ok(moe_ep_dispatch(h, args.get(), &dr, nullptr), "moe_ep_dispatch")) return log.text();
 
   const std::vector<RankRouting> all = make_all_routing(w);
@@ -61,7 +61,7 @@ std::string run_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, bool c
   const TensorView eo = expert_output_view(w, expert_output.data(), host_device());
   const TensorView out = combine_output_view(w, output.data(), T, host_device());
   moe_ep_combine_result_t cr;
-  moe_ep_combine_result_init(&cr);
+  moe_ep_combine_result_init(&cr, sizeof cr);
   if (!log.ok(moe_ep_combine(h, eo.get(), caller_output ? out.get() : nullptr, &cr, nullptr), "moe_ep_combine")) {
     return log.text();
   }
@@ -78,7 +78,7 @@ CaseOutcome run_host_case(const WorkloadSpec& spec, const moe_ep_bootstrap_t& bo
   CallLog log;
   moe_ep_params_t params = spec.params();
   moe_ep_config_t config;
-  moe_ep_config_init(&config);
+  moe_ep_config_init(&config, sizeof config);
   config.backend = MOE_EP_BACKEND_HOST;
   moe_ep_handle_t h = nullptr;
   if (!log.ok(moe_ep_create(&bootstrap, &params, &config, &h), "moe_ep_create")) {

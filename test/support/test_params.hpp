@@ -15,7 +15,7 @@ inline moe_ep_params_t make_params(int32_t num_experts, int32_t top_k, int32_t m
 // Defaults from moe_ep_config_init with the HOST backend.
 inline moe_ep_config_t host_config() {
   moe_ep_config_t c;
-  moe_ep_config_init(&c);
+  moe_ep_config_init(&c, sizeof c);
   c.backend = MOE_EP_BACKEND_HOST;
   return c;
 }

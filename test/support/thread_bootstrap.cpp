@@ -113,7 +113,7 @@ void run_ranks(int world_size, const std::function<void(int, const moe_ep_bootst
     contexts[r] = RankContext{&group, r, &tamper, 0};
     threads.emplace_back([&, r] {
       moe_ep_bootstrap_t b;
-      moe_ep_bootstrap_init(&b);
+      moe_ep_bootstrap_init(&b, sizeof b);
       b.rank = r;
       b.world_size = world_size;
       b.ctx = &contexts[r];
@@ -135,7 +135,7 @@ void run_ranks(int world_size, const std::function<void(int, const moe_ep_bootst
 
 moe_ep_bootstrap_t single_rank_bootstrap() {
   moe_ep_bootstrap_t b;
-  moe_ep_bootstrap_init(&b);
+  moe_ep_bootstrap_init(&b, sizeof b);
   b.rank = 0;
   b.world_size = 1;
   b.allgather = [](void*, const void* send, void* recv, size_t bytes) -> int32_t {

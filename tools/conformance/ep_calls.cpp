@@ -36,7 +36,7 @@ moe_ep_status_t DispatchInputs::dispatch(moe_ep_handle_t handle, const WorkloadS
                                          moe_ep_dispatch_result_t* result, void* stream) {
   const DispatchMemory memory{hidden_.data(), ids_.data(), weights_.data(), scales_.data(), eplb_.data()};
   DispatchArgs args(s, num_tokens_, memory, place_.dlpack());
-  TOOL_CHECK_MOE(moe_ep_dispatch_result_init(result));
+  TOOL_CHECK_MOE(moe_ep_dispatch_result_init(result, sizeof *result));
   return moe_ep_dispatch(handle, args.get(), result, stream);
 }
 
@@ -45,7 +45,7 @@ moe_ep_status_t run_combine(moe_ep_handle_t handle, const WorkloadSpec& s, const
                             moe_ep_combine_result_t* result, void* stream) {
   const TensorView input = expert_output_view(s, expert_output, place.dlpack(), as_3d);
   const TensorView out = combine_output_view(s, output ? output->data() : nullptr, num_tokens, place.dlpack());
-  TOOL_CHECK_MOE(moe_ep_combine_result_init(result));
+  TOOL_CHECK_MOE(moe_ep_combine_result_init(result, sizeof *result));
   return moe_ep_combine(handle, input.get(), output ? out.get() : nullptr, result, stream);
 }
 

@@ -62,7 +62,7 @@ const BackendChoice kBackends[] = {
 // question (which backend AUTO takes; whether NCCL accepts this group).
 moe_ep_params_t probe_params(int world_size) {
   moe_ep_params_t p;
-  TOOL_CHECK_MOE(moe_ep_params_init(&p));
+  TOOL_CHECK_MOE(moe_ep_params_init(&p, sizeof p));
   p.num_experts = world_size;
   p.top_k = 1;
   p.max_tokens_per_rank = 1;
@@ -77,7 +77,7 @@ int32_t library_auto_choice(const moe_ep_bootstrap_t& bootstrap, const World& wo
                             int timeout_ms) {
   const moe_ep_params_t p = probe_params(world.size);
   moe_ep_config_t c;
-  TOOL_CHECK_MOE(moe_ep_config_init(&c));
+  TOOL_CHECK_MOE(moe_ep_config_init(&c, sizeof c));
   c.backend = MOE_EP_BACKEND_AUTO;
   c.timeout_ms = timeout_ms;
   c.device = gpu.present ? gpu.device : -1;
@@ -172,7 +172,7 @@ std::string Session::backend_label() const {
 
 moe_ep_config_t Session::config() const {
   moe_ep_config_t c;
-  TOOL_CHECK_MOE(moe_ep_config_init(&c));
+  TOOL_CHECK_MOE(moe_ep_config_init(&c, sizeof c));
   c.backend = backend_;
   c.num_sms = options_.num_sms;
   c.timeout_ms = options_.timeout_ms;

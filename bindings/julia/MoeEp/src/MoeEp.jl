@@ -151,7 +151,7 @@ end
 
 function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dtype=nothing, combine_dtype=nothing)
     p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0))
-    check(ccall((:moe_ep_params_init, libmoe_ep), Int32, (Ref{Params},), p))
+    check(ccall((:moe_ep_params_init, libmoe_ep), Int32, (Ref{Params}, Csize_t), p, sizeof(Params)))
     p.num_experts, p.top_k, p.max_tokens_per_rank, p.hidden_size = num_experts, top_k, max_tokens_per_rank, hidden_size
     hidden_dtype === nothing || (p.hidden_dtype = hidden_dtype)
     combine_dtype === nothing || (p.combine_dtype = combine_dtype)
@@ -160,7 +160,7 @@ end
 
 function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy_combine=nothing)
     c = Config(0, 0, 0, 0, 0, 0)
-    check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config},), c))
+    check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config}, Csize_t), c, sizeof(Config)))
     backend === nothing || (c.backend = backend)
     timeout_ms === nothing || (c.timeout_ms = timeout_ms)
     device === nothing || (c.device = device)
@@ -177,7 +177,7 @@ _no_barrier(ctx::Ptr{Cvoid})::Int32 = Int32(0)
 
 function SingleRankBootstrap()
     b = Bootstrap(0, 0, 0, C_NULL, C_NULL, C_NULL)
-    check(ccall((:moe_ep_bootstrap_init, libmoe_ep), Int32, (Ref{Bootstrap},), b))
+    check(ccall((:moe_ep_bootstrap_init, libmoe_ep), Int32, (Ref{Bootstrap}, Csize_t), b, sizeof(Bootstrap)))
     b.rank, b.world_size = 0, 1
     b.allgather = @cfunction(_copy_allgather, Int32, (Ptr{Cvoid}, Ptr{Cvoid}, Ptr{Cvoid}, Csize_t))
     b.barrier = @cfunction(_no_barrier, Int32, (Ptr{Cvoid},))
@@ -234,12 +234,12 @@ function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing,
     # The block's value is r: GC.@preserve may wrap its body in a new scope.
     r = GC.@preserve keep th ti tw begin
         args = DispatchArgs(0, C_NULL, C_NULL, C_NULL, C_NULL, 0, C_NULL)
-        check(ccall((:moe_ep_dispatch_args_init, libmoe_ep), Int32, (Ref{DispatchArgs},), args))
+        check(ccall((:moe_ep_dispatch_args_init, libmoe_ep), Int32, (Ref{DispatchArgs}, Csize_t), args, sizeof(DispatchArgs)))
         args.hidden_states = Base.unsafe_convert(Ptr{Tensor}, th)
         args.topk_ids = Base.unsafe_convert(Ptr{Tensor}, ti)
         tw === nothing || (args.topk_weights = Base.unsafe_convert(Ptr{Tensor}, tw))
         r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
-        check(ccall((:moe_ep_dispatch_result_init, libmoe_ep), Int32, (Ref{DispatchResult},), r))
+        check(ccall((:moe_ep_dispatch_result_init, libmoe_ep), Int32, (Ref{DispatchResult}, Csize_t), r, sizeof(DispatchResult)))
         check(ccall((:moe_ep_dispatch, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{DispatchArgs}, Ref{DispatchResult}, Ptr{Cvoid}),
                     h.ptr, args, r, C_NULL))
         r
@@ -261,7 +261,7 @@ function combine(h::Handle, expert_output::Array{T}) where {T}
     te = host_tensor(expert_output, keep)
     r = CombineResult(0, NO_TENSOR)
     GC.@preserve keep te begin
-        check(ccall((:moe_ep_combine_result_init, libmoe_ep), Int32, (Ref{CombineResult},), r))
+        check(ccall((:moe_ep_combine_result_init, libmoe_ep), Int32, (Ref{CombineResult}, Csize_t), r, sizeof(CombineResult)))
         check(ccall((:moe_ep_combine, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Tensor}, Ptr{Cvoid}, Ref{CombineResult}, Ptr{Cvoid}),
                     h.ptr, te, C_NULL, r, C_NULL))
     end

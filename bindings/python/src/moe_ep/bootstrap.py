@@ -22,7 +22,7 @@ class Bootstrap:
 
     def __init__(self):
         self.struct = _lib.BootstrapStruct()
-        check(_lib.lib().moe_ep_bootstrap_init(ctypes.byref(self.struct)))
+        check(_lib.lib().moe_ep_bootstrap_init(ctypes.byref(self.struct), ctypes.sizeof(self.struct)))
 
     @property
     def rank(self):

@@ -58,7 +58,7 @@ def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dty
                 enable_eplb_stats=None, combine_dtype=None):
     """A moe_ep_params_t; arguments left as None keep moe_ep_params_init's defaults."""
     p = _lib.Params()
-    check(_lib.lib().moe_ep_params_init(ctypes.byref(p)))
+    check(_lib.lib().moe_ep_params_init(ctypes.byref(p), ctypes.sizeof(p)))
     p.num_experts, p.top_k = num_experts, top_k
     p.max_tokens_per_rank, p.hidden_size = max_tokens_per_rank, hidden_size
     if hidden_dtype is not None:
@@ -82,7 +82,7 @@ def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_c
     """A moe_ep_config_t; None keeps moe_ep_config_init's defaults.  backend:
     "auto", "host", "nvlink", "nccl" or a MOE_EP_BACKEND_* int."""
     c = _lib.Config()
-    check(_lib.lib().moe_ep_config_init(ctypes.byref(c)))
+    check(_lib.lib().moe_ep_config_init(ctypes.byref(c), ctypes.sizeof(c)))
     if backend is not None:
         c.backend = _backend_value(backend)
     if num_sms is not None:
@@ -286,7 +286,7 @@ class MoeEp:
         handle = self._live()
         s = _stream_int(stream)
         args = _lib.DispatchArgs()
-        check(_lib.lib().moe_ep_dispatch_args_init(ctypes.byref(args)))
+        check(_lib.lib().moe_ep_dispatch_args_init(ctypes.byref(args), ctypes.sizeof(args)))
         keep = []
         p = self._params
         expected = {"hidden_states": _dtype_of(p.hidden_dtype),
@@ -300,7 +300,7 @@ class MoeEp:
                 keep.append(b)
         args.runtime_max_tokens_per_rank = int(runtime_max_tokens_per_rank)
         result = _lib.DispatchResult()
-        check(_lib.lib().moe_ep_dispatch_result_init(ctypes.byref(result)))
+        check(_lib.lib().moe_ep_dispatch_result_init(ctypes.byref(result), ctypes.sizeof(result)))
         self._check_with_bootstrap(
             _lib.lib().moe_ep_dispatch(handle, ctypes.byref(args), ctypes.byref(result), s))
         # The library may still read the inputs on `stream` (CUDA backend):
@@ -335,7 +335,7 @@ class MoeEp:
             keep.append(b)
             out_ptr = b.ptr
         result = _lib.CombineResult()
-        check(_lib.lib().moe_ep_combine_result_init(ctypes.byref(result)))
+        check(_lib.lib().moe_ep_combine_result_init(ctypes.byref(result), ctypes.sizeof(result)))
         self._check_with_bootstrap(
             _lib.lib().moe_ep_combine(handle, keep[0].ptr, out_ptr, ctypes.byref(result), s))
         # Issued: the dispatch views and any earlier library-owned output expire.

@@ -182,12 +182,12 @@ unsafe extern "C" {
     pub fn moe_ep_last_error() -> *const c_char;
     pub fn moe_ep_get_version(major: *mut i32, minor: *mut i32, patch: *mut i32) -> moe_ep_status_t;
 
-    pub fn moe_ep_bootstrap_init(bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
-    pub fn moe_ep_params_init(params: *mut moe_ep_params_t) -> moe_ep_status_t;
-    pub fn moe_ep_config_init(config: *mut moe_ep_config_t) -> moe_ep_status_t;
-    pub fn moe_ep_dispatch_args_init(args: *mut moe_ep_dispatch_args_t) -> moe_ep_status_t;
-    pub fn moe_ep_dispatch_result_init(result: *mut moe_ep_dispatch_result_t) -> moe_ep_status_t;
-    pub fn moe_ep_combine_result_init(result: *mut moe_ep_combine_result_t) -> moe_ep_status_t;
+    pub fn moe_ep_bootstrap_init(bootstrap: *mut moe_ep_bootstrap_t, struct_size: usize) -> moe_ep_status_t;
+    pub fn moe_ep_params_init(params: *mut moe_ep_params_t, struct_size: usize) -> moe_ep_status_t;
+    pub fn moe_ep_config_init(config: *mut moe_ep_config_t, struct_size: usize) -> moe_ep_status_t;
+    pub fn moe_ep_dispatch_args_init(args: *mut moe_ep_dispatch_args_t, struct_size: usize) -> moe_ep_status_t;
+    pub fn moe_ep_dispatch_result_init(result: *mut moe_ep_dispatch_result_t, struct_size: usize) -> moe_ep_status_t;
+    pub fn moe_ep_combine_result_init(result: *mut moe_ep_combine_result_t, struct_size: usize) -> moe_ep_status_t;
 
     pub fn moe_ep_is_platform_supported(device: i32, supported: *mut i32) -> moe_ep_status_t;
     pub fn moe_ep_workspace_size(params: *const moe_ep_params_t, config: *const moe_ep_config_t,

@@ -83,12 +83,12 @@ fn version_constants_match_the_header_and_the_library() {
 #[test]
 fn init_functions_fill_struct_size_and_defaults() {
     let mut p = moe_ep_params_t::default();
-    assert_eq!(unsafe { moe_ep_params_init(&mut p) }, MOE_EP_SUCCESS);
+    assert_eq!(unsafe { moe_ep_params_init(&mut p, std::mem::size_of_val(&p)) }, MOE_EP_SUCCESS);
     assert_eq!(p.struct_size as usize, size_of::<moe_ep_params_t>());
     assert_eq!(p.invalid_expert_id, -1);
     assert_eq!((p.hidden_dtype.code, p.hidden_dtype.bits), (MOE_EP_DTYPE_BFLOAT, 16));
     let mut c = moe_ep_config_t::default();
-    assert_eq!(unsafe { moe_ep_config_init(&mut c) }, MOE_EP_SUCCESS);
+    assert_eq!(unsafe { moe_ep_config_init(&mut c, std::mem::size_of_val(&c)) }, MOE_EP_SUCCESS);
     assert_eq!(c.struct_size as usize, size_of::<moe_ep_config_t>());
     assert_eq!((c.backend, c.device), (MOE_EP_BACKEND_AUTO, -1));
     assert!(c.timeout_ms > 0);

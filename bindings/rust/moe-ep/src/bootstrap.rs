@@ -35,7 +35,7 @@ impl Ctx {
 
     pub(crate) fn raw(&self) -> Result<sys::moe_ep_bootstrap_t, crate::Error> {
         let mut b = sys::moe_ep_bootstrap_t::default();
-        crate::error::check(unsafe { sys::moe_ep_bootstrap_init(&mut b) })?;
+        crate::error::check(unsafe { sys::moe_ep_bootstrap_init(&mut b, std::mem::size_of_val(&b)) })?;
         b.rank = self.inner.rank();
         b.world_size = self.inner.world_size();
         b.ctx = self as *const Ctx as *mut c_void;

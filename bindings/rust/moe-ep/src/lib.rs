@@ -61,7 +61,7 @@ pub struct Params(sys::moe_ep_params_t);
 impl Params {
     pub fn new(num_experts: i32, top_k: i32, max_tokens_per_rank: i32, hidden_size: i32) -> Result<Self> {
         let mut p = sys::moe_ep_params_t::default();
-        check(unsafe { sys::moe_ep_params_init(&mut p) })?;
+        check(unsafe { sys::moe_ep_params_init(&mut p, std::mem::size_of_val(&p)) })?;
         p.num_experts = num_experts;
         p.top_k = top_k;
         p.max_tokens_per_rank = max_tokens_per_rank;
@@ -115,7 +115,7 @@ pub struct Config(sys::moe_ep_config_t);
 impl Config {
     pub fn new() -> Result<Self> {
         let mut c = sys::moe_ep_config_t::default();
-        check(unsafe { sys::moe_ep_config_init(&mut c) })?;
+        check(unsafe { sys::moe_ep_config_init(&mut c, std::mem::size_of_val(&c)) })?;
         Ok(Config(c))
     }
     pub fn backend(mut self, b: Backend) -> Self {
@@ -295,7 +295,7 @@ impl MoeEp {
             runtime_max_tokens_per_rank: 0,
             eplb_local_stats: ptr::null(),
         };
-        check(unsafe { sys::moe_ep_dispatch_args_init(&mut a) })?;
+        check(unsafe { sys::moe_ep_dispatch_args_init(&mut a, std::mem::size_of_val(&a)) })?;
         a.hidden_states = &hidden;
         a.topk_ids = &ids;
         a.topk_weights = opt(&weights);
@@ -303,7 +303,7 @@ impl MoeEp {
         a.runtime_max_tokens_per_rank = args.runtime_max_tokens_per_rank;
         a.eplb_local_stats = opt(&eplb);
         let mut r = sys::moe_ep_dispatch_result_t::default();
-        check(unsafe { sys::moe_ep_dispatch_result_init(&mut r) })?;
+        check(unsafe { sys::moe_ep_dispatch_result_init(&mut r, std::mem::size_of_val(&r)) })?;
         let status = unsafe { sys::moe_ep_dispatch(self.raw, &a, &mut r, stream) };
         Self::with_bootstrap_error(&self.ctx, check(status))?;
         let combine_input = View::from_raw(&r.combine_input);
@@ -362,7 +362,7 @@ impl MoeEp {
         let eo = expert_output.raw();
         let out = output.as_ref().map(|t| t.raw());
         let mut r = sys::moe_ep_combine_result_t::default();
-        check(unsafe { sys::moe_ep_combine_result_init(&mut r) })?;
+        check(unsafe { sys::moe_ep_combine_result_init(&mut r, std::mem::size_of_val(&r)) })?;
         let status = unsafe {
             sys::moe_ep_combine(self.raw, &eo, out.as_ref().map_or(ptr::null(), |t| t as *const _), &mut r,
                                 stream)
