@@ -1,0 +1,80 @@
+#include "nvlink/path_selection.hpp"
+
+#include <cstdint>
+
+#include "common/tuning_registry.hpp"
+#include "moe_ep_c.h"
+#include "moe_ep_kernels.h"
+
+namespace moe_ep {
+
+static_assert(kernels::kPullMaxProducers == 4, "MOE_EP_PULL_PRODUCERS is declared as 1..4");
+static_assert(kernels::kSmallDispatchMaxTokens == 512 && kernels::kSmallCombineMaxTokens == 512,
+              "MOE_EP_SMALL_DISPATCH_TOKENS and MOE_EP_SMALL_COMBINE_TOKENS are declared as 1..512");
+
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+NvlinkPathSettings read_nvlink_path_settings(int32_t cc, int32_t sm_budget) {
+  NvlinkPathSettings s;
+  s.small_batch = knob_bool(Knob::kSmallBatch);
+  s.small_dispatch_tokens = knob_int(Knob::kSmallDispatchTokens);
+  s.small_combine_tokens = knob_int(Knob::kSmallCombineTokens);
+  // Bulk copies need compute capability 9.0 (the build has 9.0 code for any
+  // such device: CMAKE_CUDA_ARCHITECTURES is 90 and newer by default).
+  s.bulk_copies = cc >= 90;
+  s.dispatch_bulk = s.bulk_copies && knob_switch(Knob::kDispatchBulk).value_or(sm_budget <= kDispatchBulkAutoMaxSms);
+  s.dispatch_lookback = knob_switch(Knob::kDispatchLookback);
+  s.combine_schedule = knob_int(Knob::kCombineSchedule);
+  s.pull_rows = knob_bool(Knob::kPullRows);
+  s.pdl = cc >= 90 && knob_bool(Knob::kPdl);
+  return s;
+}
+
+int32_t select_dispatch_path(const NvlinkPathSettings& s, const DispatchPathCall& call) {
+  // Bulk copies need 16-byte aligned rows and sources; any other call keeps
+  // the register path (which also takes rows of any size).
+  const bool bulk = s.dispatch_bulk && call.hidden_row_bytes % 16 == 0 && aligned16(call.hidden);
+  if (s.small_batch && call.tokens_per_rank <= s.small_dispatch_tokens &&
+      call.tokens_per_rank <= kernels::kSmallDispatchMaxTokens) {
+    return bulk ? MOE_EP_PATH_DISPATCH_SMALL_BULK : MOE_EP_PATH_DISPATCH_SMALL;
+  }
+  const bool lookback =
+      s.dispatch_lookback.value_or(call.num_tokens > kLookbackMinTokens && call.num_blocks <= kLookbackMaxBlocks);
+  if (lookback) return bulk ? MOE_EP_PATH_DISPATCH_LOOKBACK_BULK : MOE_EP_PATH_DISPATCH_LOOKBACK;
+  return bulk ? MOE_EP_PATH_DISPATCH_SCAN_BULK : MOE_EP_PATH_DISPATCH_SCAN;
+}
+
+bool dispatch_path_is_small(int32_t path) {
+  return path == MOE_EP_PATH_DISPATCH_SMALL || path == MOE_EP_PATH_DISPATCH_SMALL_BULK;
+}
+
+bool dispatch_path_is_bulk(int32_t path) {
+  return path == MOE_EP_PATH_DISPATCH_SMALL_BULK || path == MOE_EP_PATH_DISPATCH_SCAN_BULK ||
+         path == MOE_EP_PATH_DISPATCH_LOOKBACK_BULK;
+}
+
+bool dispatch_path_looks_back(int32_t path) {
+  return path == MOE_EP_PATH_DISPATCH_LOOKBACK || path == MOE_EP_PATH_DISPATCH_LOOKBACK_BULK;
+}
+
+int32_t select_combine_path(const NvlinkPathSettings& s, const CombinePathCall& call) {
+  if (call.pull) {
+    const bool aligned = call.combine_row_bytes % 16 == 0 && aligned16(call.expert_output) && aligned16(call.output);
+    if (!aligned) return MOE_EP_PATH_COMBINE_PULL_UNALIGNED;
+    if (!s.bulk_copies) return MOE_EP_PATH_COMBINE_PULL_REGISTERS;
+    return s.pull_rows && call.combine_row_bytes <= kernels::kPullRowMaxBytes ? MOE_EP_PATH_COMBINE_PULL_ROWS
+                                                                           : MOE_EP_PATH_COMBINE_PULL_SEGMENTS;
+  }
+  if (call.schedule == kernels::kCombineOverlapped) return MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH;
+  if (s.small_batch && call.tokens_per_rank <= s.small_combine_tokens &&
+      call.tokens_per_rank <= kernels::kSmallCombineMaxTokens) {
+    return MOE_EP_PATH_COMBINE_SMALL_PUSH;
+  }
+  return MOE_EP_PATH_COMBINE_SERIAL_PUSH;
+}
+
+}  // namespace moe_ep

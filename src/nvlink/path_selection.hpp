@@ -1,0 +1,67 @@
+// The NVLink backend's path selectors: which kernels and schedule a dispatch
+// or a combine runs (MOE_EP_PATH_*), decided here and only here.  The launch
+// structs carry the choice to the device, which takes it as it is.  The
+// settings come from the tuning registry at create; the calls' sizes and
+// tensors decide the rest.  Results are the same on every path.
+#pragma once
+
+#include <stdint.h>
+
+#include <optional>
+
+namespace moe_ep {
+
+// What create decides once per handle.
+struct NvlinkPathSettings {
+  bool small_batch = true;                 // MOE_EP_SMALL_BATCH
+  int32_t small_dispatch_tokens = 0;       // MOE_EP_SMALL_DISPATCH_TOKENS
+  int32_t small_combine_tokens = 0;        // MOE_EP_SMALL_COMBINE_TOKENS
+  bool dispatch_bulk = false;              // bulk-copy dispatch rows wanted (MOE_EP_DISPATCH_BULK, by SM budget)
+  std::optional<bool> dispatch_lookback;   // MOE_EP_DISPATCH_LOOKBACK forced it, or none (by the call)
+  int32_t combine_schedule = 0;            // MOE_EP_COMBINE_SCHEDULE as requested (kernels::CombineSchedule)
+  bool pull_rows = true;                   // MOE_EP_PULL_ROWS
+  bool bulk_copies = false;                // the device runs the bulk-copy kernels (compute capability >= 9.0)
+  bool pdl = false;                        // Programmatic Dependent Launch (MOE_EP_PDL, compute capability >= 9.0)
+};
+
+// Dispatch's bulk-copy rows are taken by default on SM budgets of at most
+// this many SMs: there the copies save SM time that few SMs lack; on more SMs
+// their latency costs more than they save.
+constexpr int32_t kDispatchBulkAutoMaxSms = 8;
+
+// The general dispatch routes by look-back, by default, for calls of more
+// than kLookbackMinTokens tokens on grids of at most kLookbackMaxBlocks
+// blocks: a block's own routing round is then short against the many rounds
+// a late block scans.  Below that a scan is a few rounds, and on larger grids
+// the scan's early blocks start their rows sooner, which the shared bandwidth
+// rewards.
+constexpr int32_t kLookbackMinTokens = 2048;
+constexpr int32_t kLookbackMaxBlocks = 32;
+
+// Reads the knobs (common/tuning_registry.hpp) for a device of compute
+// capability `cc` (major * 10 + minor) with `sm_budget` SMs.
+NvlinkPathSettings read_nvlink_path_settings(int32_t cc, int32_t sm_budget);
+
+struct DispatchPathCall {
+  int32_t num_tokens = 0;
+  int32_t tokens_per_rank = 0;
+  int32_t num_blocks = 0;        // the grid (kernels::dispatch_blocks)
+  int64_t hidden_row_bytes = 0;
+  const void* hidden = nullptr;  // the caller's rows (their alignment matters)
+};
+int32_t select_dispatch_path(const NvlinkPathSettings& s, const DispatchPathCall& call);
+bool dispatch_path_is_small(int32_t path);
+bool dispatch_path_is_bulk(int32_t path);
+bool dispatch_path_looks_back(int32_t path);
+
+struct CombinePathCall {
+  bool pull = false;              // zero-copy combine: every rank pulls from the peers' views
+  int32_t schedule = 0;           // the push schedule, resolved for the group (never auto)
+  int32_t tokens_per_rank = 0;
+  int64_t combine_row_bytes = 0;
+  const void* expert_output = nullptr;
+  const void* output = nullptr;
+};
+int32_t select_combine_path(const NvlinkPathSettings& s, const CombinePathCall& call);
+
+}  // namespace moe_ep

@@ -1,0 +1,191 @@
+// The NVLink backend's path selectors (src/nvlink/path_selection.hpp): the
+// path each call takes from the settings create read and the call's size and
+// tensors, and the settings read from the knobs.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+
+#include "combine/pull_rows_schedule.h"
+#include "error.hpp"
+#include "moe_ep_c.h"
+#include "moe_ep_kernels.h"
+#include "nvlink/path_selection.hpp"
+#include "scoped_environment.hpp"
+
+using moe_ep::CombinePathCall;
+using moe_ep::DispatchPathCall;
+using moe_ep::NvlinkPathSettings;
+using moe_ep_test::ScopedEnvironment;
+
+static_assert(moe_ep::kernels::kPullRowMaxBytes == moe_ep::kernels::kRowMaxBytes,
+              "the host's pull-row bound is the kernel's");
+static_assert(moe_ep::kernels::kPullMaxProducers == moe_ep::kernels::kRowMaxProducers,
+              "MOE_EP_PULL_PRODUCERS' bound is the kernel's");
+
+namespace {
+
+alignas(16) char g_rows[64];
+const void* const kAligned = g_rows;
+const void* const kUnaligned = g_rows + 4;
+
+NvlinkPathSettings defaults() {
+  NvlinkPathSettings s;
+  s.small_batch = true;
+  s.small_dispatch_tokens = 512;
+  s.small_combine_tokens = 384;
+  s.dispatch_bulk = false;
+  s.combine_schedule = moe_ep::kernels::kCombineAuto;
+  s.pull_rows = true;
+  s.bulk_copies = true;
+  s.pdl = true;
+  return s;
+}
+
+DispatchPathCall dispatch_call(int32_t tokens, int32_t blocks, const void* hidden = kAligned,
+                               int64_t row_bytes = 14336) {
+  DispatchPathCall c;
+  c.num_tokens = tokens;
+  c.tokens_per_rank = tokens;
+  c.num_blocks = blocks;
+  c.hidden_row_bytes = row_bytes;
+  c.hidden = hidden;
+  return c;
+}
+
+CombinePathCall combine_call(bool pull, int32_t schedule, int32_t tokens, const void* expert_output = kAligned,
+                             int64_t row_bytes = 14336) {
+  CombinePathCall c;
+  c.pull = pull;
+  c.schedule = schedule;
+  c.tokens_per_rank = tokens;
+  c.combine_row_bytes = row_bytes;
+  c.expert_output = expert_output;
+  c.output = kAligned;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("dispatch path: small-batch kernel up to its bound, else look-back for large calls on small grids",
+          "[path]") {
+  const NvlinkPathSettings s = defaults();
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(1, 1)) == MOE_EP_PATH_DISPATCH_SMALL);
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(512, 16)) == MOE_EP_PATH_DISPATCH_SMALL);
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(513, 16)) == MOE_EP_PATH_DISPATCH_SCAN);
+  const int32_t min_tokens = moe_ep::kLookbackMinTokens, max_blocks = moe_ep::kLookbackMaxBlocks;
+  for (const int32_t tokens : {1024, min_tokens, min_tokens + 1, 4096}) {
+    for (const int32_t blocks : {1, 8, max_blocks, max_blocks + 1, 132}) {
+      INFO("tokens " << tokens << ", blocks " << blocks);
+      const bool lookback = tokens > min_tokens && blocks <= max_blocks;
+      CHECK(moe_ep::select_dispatch_path(s, dispatch_call(tokens, blocks)) ==
+            (lookback ? MOE_EP_PATH_DISPATCH_LOOKBACK : MOE_EP_PATH_DISPATCH_SCAN));
+    }
+  }
+  NvlinkPathSettings lower = s;
+  lower.small_dispatch_tokens = 200;
+  CHECK(moe_ep::select_dispatch_path(lower, dispatch_call(200, 4)) == MOE_EP_PATH_DISPATCH_SMALL);
+  CHECK(moe_ep::select_dispatch_path(lower, dispatch_call(201, 4)) == MOE_EP_PATH_DISPATCH_SCAN);
+  NvlinkPathSettings off = s;
+  off.small_batch = false;
+  CHECK(moe_ep::select_dispatch_path(off, dispatch_call(1, 1)) == MOE_EP_PATH_DISPATCH_SCAN);
+}
+
+TEST_CASE("dispatch path: a forced look-back or scan, and bulk rows only for aligned rows", "[path]") {
+  NvlinkPathSettings s = defaults();
+  s.dispatch_lookback = true;
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(1024, 132)) == MOE_EP_PATH_DISPATCH_LOOKBACK);
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(64, 4)) == MOE_EP_PATH_DISPATCH_SMALL);  // not affected
+  s.dispatch_lookback = false;
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(4096, 8)) == MOE_EP_PATH_DISPATCH_SCAN);
+  s.dispatch_lookback.reset();
+  s.dispatch_bulk = true;
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(64, 4)) == MOE_EP_PATH_DISPATCH_SMALL_BULK);
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(1024, 8)) == MOE_EP_PATH_DISPATCH_SCAN_BULK);
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(4096, 8)) == MOE_EP_PATH_DISPATCH_LOOKBACK_BULK);
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(64, 4, kUnaligned)) == MOE_EP_PATH_DISPATCH_SMALL);
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(4096, 8, kAligned, 14)) == MOE_EP_PATH_DISPATCH_LOOKBACK);
+  for (const int32_t path :
+       {MOE_EP_PATH_DISPATCH_SMALL_BULK, MOE_EP_PATH_DISPATCH_SCAN_BULK, MOE_EP_PATH_DISPATCH_LOOKBACK_BULK}) {
+    CHECK(moe_ep::dispatch_path_is_bulk(path));
+  }
+  CHECK_FALSE(moe_ep::dispatch_path_is_bulk(MOE_EP_PATH_DISPATCH_LOOKBACK));
+  CHECK(moe_ep::dispatch_path_is_small(MOE_EP_PATH_DISPATCH_SMALL_BULK));
+  CHECK_FALSE(moe_ep::dispatch_path_is_small(MOE_EP_PATH_DISPATCH_SCAN));
+  CHECK(moe_ep::dispatch_path_looks_back(MOE_EP_PATH_DISPATCH_LOOKBACK_BULK));
+  CHECK_FALSE(moe_ep::dispatch_path_looks_back(MOE_EP_PATH_DISPATCH_SMALL));
+}
+
+TEST_CASE("combine path: small push up to its bound on the serial schedule, the pull by row size and alignment",
+          "[path]") {
+  using moe_ep::kernels::kCombineOverlapped;
+  using moe_ep::kernels::kCombineSerial;
+  NvlinkPathSettings s = defaults();
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 384)) == MOE_EP_PATH_COMBINE_SMALL_PUSH);
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 385)) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineOverlapped, 8)) ==
+        MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8)) == MOE_EP_PATH_COMBINE_PULL_ROWS);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kAligned, 16384)) ==
+        MOE_EP_PATH_COMBINE_PULL_ROWS);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kAligned, 16400)) ==
+        MOE_EP_PATH_COMBINE_PULL_SEGMENTS);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kUnaligned)) ==
+        MOE_EP_PATH_COMBINE_PULL_UNALIGNED);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kAligned, 200)) ==
+        MOE_EP_PATH_COMBINE_PULL_UNALIGNED);
+  s.pull_rows = false;
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8)) == MOE_EP_PATH_COMBINE_PULL_SEGMENTS);
+  s.bulk_copies = false;
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8)) == MOE_EP_PATH_COMBINE_PULL_REGISTERS);
+  s = defaults();
+  s.small_combine_tokens = 512;
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 512)) == MOE_EP_PATH_COMBINE_SMALL_PUSH);
+  s.small_batch = false;
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 1)) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+}
+
+TEST_CASE("path settings from the knobs: defaults, the bulk rows by SM budget, PDL and bulk copies by device",
+          "[path]") {
+  const ScopedEnvironment bulk("MOE_EP_DISPATCH_BULK", nullptr);
+  const ScopedEnvironment lookback("MOE_EP_DISPATCH_LOOKBACK", nullptr);
+  const ScopedEnvironment pdl("MOE_EP_PDL", nullptr);
+  {
+    const NvlinkPathSettings s = moe_ep::read_nvlink_path_settings(90, 132);
+    CHECK(s.small_batch);
+    CHECK(s.small_dispatch_tokens == 512);
+    CHECK(s.small_combine_tokens == 384);
+    CHECK_FALSE(s.dispatch_bulk);
+    CHECK_FALSE(s.dispatch_lookback.has_value());
+    CHECK(s.combine_schedule == moe_ep::kernels::kCombineAuto);
+    CHECK(s.pull_rows);
+    CHECK(s.bulk_copies);
+    CHECK(s.pdl);
+  }
+  for (const int32_t budget : {1, moe_ep::kDispatchBulkAutoMaxSms, moe_ep::kDispatchBulkAutoMaxSms + 1, 132}) {
+    INFO("SM budget " << budget);
+    CHECK(moe_ep::read_nvlink_path_settings(90, budget).dispatch_bulk == (budget <= moe_ep::kDispatchBulkAutoMaxSms));
+    CHECK_FALSE(moe_ep::read_nvlink_path_settings(80, budget).dispatch_bulk);  // no bulk copies before 9.0
+  }
+  CHECK_FALSE(moe_ep::read_nvlink_path_settings(80, 132).pdl);
+  CHECK_FALSE(moe_ep::read_nvlink_path_settings(80, 132).bulk_copies);
+  {
+    const ScopedEnvironment forced("MOE_EP_DISPATCH_BULK", "1");
+    CHECK(moe_ep::read_nvlink_path_settings(90, 132).dispatch_bulk);
+  }
+  {
+    const ScopedEnvironment forced("MOE_EP_DISPATCH_BULK", "off");
+    CHECK_FALSE(moe_ep::read_nvlink_path_settings(90, 4).dispatch_bulk);
+  }
+  {
+    const ScopedEnvironment forced("MOE_EP_DISPATCH_LOOKBACK", "0");
+    CHECK(moe_ep::read_nvlink_path_settings(90, 132).dispatch_lookback == std::optional<bool>(false));
+  }
+  {
+    const ScopedEnvironment off("MOE_EP_PDL", "0");
+    CHECK_FALSE(moe_ep::read_nvlink_path_settings(90, 132).pdl);
+  }
+  {
+    const ScopedEnvironment bad("MOE_EP_DISPATCH_LOOKBACK", "junk");
+    CHECK_THROWS_AS(moe_ep::read_nvlink_path_settings(90, 132), moe_ep::Error);
+  }
+}
