@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/call_path.hpp"
 #include "moe_ep_c.h"
 
 namespace moe_ep {
@@ -62,6 +63,10 @@ class Backend {
   virtual moe_ep_status_t poll_async_error(std::string* message) = 0;
   // Release everything; collective when the group is healthy, never hangs.
   virtual void shutdown() noexcept = 0;
+
+  // The path of each phase's last call, noted by the backend's dispatch and
+  // combine (moe_ep_get_last_path).
+  CallPaths paths;
 };
 
 }  // namespace moe_ep

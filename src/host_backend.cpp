@@ -86,6 +86,7 @@ class HostBackend final : public Backend {
   moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CPU, 0}; }
 
   DispatchBuffers dispatch(const DispatchCall& call, void* /*stream*/) override {
+    paths.note(MOE_EP_PHASE_DISPATCH, MOE_EP_PATH_HOST, layout_.rank);
     const int32_t world = layout_.world_size;
     const RecordLayout rec(layout_, call.tokens_per_rank);
     const std::vector<DispatchHeader> headers = exchange_headers(call, rec);
@@ -138,6 +139,7 @@ class HostBackend final : public Backend {
   // call.expert_output_is_workspace needs nothing special here: the allgather
   // reads the rows in place from whichever host buffer holds them.
   void* combine(const CombineCall& call, void* /*stream*/) override {
+    paths.note(MOE_EP_PHASE_COMBINE, MOE_EP_PATH_HOST, layout_.rank);
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(call.tokens_per_rank));
     const uint64_t per_rank = checked_mul(rows, layout_.combine_row_bytes, "combine rows");
     std::vector<uint8_t> all(

@@ -1,8 +1,6 @@
 #include "nccl/nccl_chunk_plan.hpp"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdlib>
 
 namespace moe_ep {
 
@@ -30,15 +28,6 @@ NcclTokenRange nccl_tokens_complete_after(const NcclChunkPlan& plan, int32_t i, 
   const int64_t begin = std::min(r.first, tokens);
   const int64_t end = i + 1 == plan.count ? tokens : std::min(r.first + r.rows, tokens);
   return NcclTokenRange{static_cast<int32_t>(begin), static_cast<int32_t>(std::max(begin, end))};
-}
-
-int32_t parse_nccl_chunks(const char* value) {
-  if (value == nullptr || *value == '\0') return 1;
-  char* end = nullptr;
-  errno = 0;
-  const long n = std::strtol(value, &end, 10);
-  if (errno != 0 || *end != '\0' || n < 1 || n > kMaxNcclChunks) return 1;
-  return static_cast<int32_t>(n);
 }
 
 }  // namespace moe_ep

@@ -41,9 +41,4 @@ struct NcclTokenRange {
 };
 NcclTokenRange nccl_tokens_complete_after(const NcclChunkPlan& plan, int32_t i, int32_t num_tokens);
 
-// The value of a MOE_EP_NCCL_*_CHUNKS variable: an integer in [1, kMaxNcclChunks];
-// anything else (unset, empty, not a number, out of range) is 1, today's
-// single exchange.
-int32_t parse_nccl_chunks(const char* value);
-
 }  // namespace moe_ep

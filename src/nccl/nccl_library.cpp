@@ -8,12 +8,13 @@
 #include <memory>
 #include <mutex>
 
+#include "common/tuning_registry.hpp"
+
 namespace moe_ep {
 namespace nccl {
 
 namespace {
 
-constexpr const char* kDefaultLibrary = "libnccl.so.2";
 constexpr const char* kInstallHint =
     "; install NCCL (`pip install nvidia-nccl-cu13` or `nvidia-nccl-cu12`, the distro package libnccl2, or "
     "NVIDIA's CUDA repository) and put its lib/ directory on LD_LIBRARY_PATH, or set MOE_EP_NCCL_LIBRARY to "
@@ -105,10 +106,7 @@ std::string Api::describe(const char* call, Result result, CommHandle comm) cons
   return s;
 }
 
-std::string library_name() {
-  const char* v = std::getenv("MOE_EP_NCCL_LIBRARY");
-  return v != nullptr && *v != '\0' ? std::string(v) : std::string(kDefaultLibrary);
-}
+std::string library_name() { return knob_text(Knob::kNcclLibrary); }
 
 const Api* load(std::string* why) {
   std::lock_guard<std::mutex> lock(g_mutex);

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "gpu/environment.hpp"
+#include "common/tuning_registry.hpp"
 
 namespace moe_ep {
 
@@ -19,7 +19,7 @@ NcclStageProfile::~NcclStageProfile() {
   }
 }
 
-bool NcclStageProfile::enabled() { return environment_switch("MOE_EP_NCCL_PROFILE", "1"); }
+bool NcclStageProfile::enabled() { return knob_bool(Knob::kNcclProfile); }
 
 void NcclStageProfile::begin(cudaStream_t stream) {
   active_ = false;

@@ -4,13 +4,13 @@
 
 #include <string>
 
-#include "gpu/environment.hpp"
 #include "common/cuda_check.hpp"
+#include "common/tuning_registry.hpp"
 
 namespace moe_ep {
 
 bool nccl_registration_wanted(const nccl::Api& api, bool zero_copy_combine) {
-  return zero_copy_combine && api.can_register() && environment_switch("MOE_EP_NCCL_REGISTER");
+  return zero_copy_combine && api.can_register() && knob_bool(Knob::kNcclRegister);
 }
 
 std::unique_ptr<NcclWorkspaceMemory> NcclWorkspaceMemory::plain(uint64_t bytes) {

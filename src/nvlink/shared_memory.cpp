@@ -5,13 +5,13 @@
 #include <cstring>
 
 #include "collective_step.hpp"
-#include "error.hpp"
-#include "gpu/environment.hpp"
 #include "common/cuda_check.hpp"
-#include "nvlink/driver_api.hpp"
-#include "nvlink/fd_exchange.hpp"
 #include "common/host_identity.hpp"
 #include "common/log.hpp"
+#include "common/tuning_registry.hpp"
+#include "error.hpp"
+#include "nvlink/driver_api.hpp"
+#include "nvlink/fd_exchange.hpp"
 
 namespace moe_ep {
 
@@ -95,7 +95,7 @@ bool SharedMemory::export_fabric(CUmemFabricHandle* handle) {
   // MOE_EP_FABRIC=0 skips the attempt, where it is known to be refused (no IMEX
   // channel): the refusal is harmless, but tools such as compute-sanitizer
   // report the failed cuMemCreate.  One rank saying no is enough (try_fabric).
-  if (!environment_switch("MOE_EP_FABRIC")) {
+  if (!knob_bool(Knob::kFabric)) {
     fabric_note_ = "MOE_EP_FABRIC=0";
     return false;
   }

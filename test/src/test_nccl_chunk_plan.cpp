@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/tuning_registry.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
 
 using moe_ep::kMaxNcclChunks;
+using moe_ep::nccl_tokens_complete_after;
 using moe_ep::NcclChunkPlan;
 using moe_ep::NcclTokenRange;
-using moe_ep::nccl_tokens_complete_after;
-using moe_ep::parse_nccl_chunks;
 using moe_ep::plan_nccl_chunks;
 
 TEST_CASE("NCCL chunk plan: one chunk is the whole segment", "[nccl][chunks]") {
@@ -92,15 +92,12 @@ TEST_CASE("NCCL chunk plan: every segment row in exactly one range; tokens compl
   }
 }
 
-TEST_CASE("NCCL chunk counts from the environment: 1..16, anything else is 1", "[nccl][chunks]") {
-  CHECK(parse_nccl_chunks(nullptr) == 1);
-  CHECK(parse_nccl_chunks("") == 1);
-  CHECK(parse_nccl_chunks("1") == 1);
-  CHECK(parse_nccl_chunks("2") == 2);
-  CHECK(parse_nccl_chunks("16") == 16);
-  CHECK(parse_nccl_chunks("17") == 1);
-  CHECK(parse_nccl_chunks("0") == 1);
-  CHECK(parse_nccl_chunks("-4") == 1);
-  CHECK(parse_nccl_chunks("4x") == 1);
-  CHECK(parse_nccl_chunks("99999999999999999999") == 1);
+TEST_CASE("NCCL chunk counts from the environment: the registry's range is the plan's", "[nccl][chunks]") {
+  for (const moe_ep::Knob k : {moe_ep::Knob::kNcclDispatchChunks, moe_ep::Knob::kNcclCombineChunks}) {
+    const moe_ep::KnobSpec& s = moe_ep::knob_spec(k);
+    INFO(s.name);
+    CHECK(s.min == 1);
+    CHECK(s.max == moe_ep::kMaxNcclChunks);
+    CHECK(s.default_value == 1);  // one NCCL group, no overlap
+  }
 }
