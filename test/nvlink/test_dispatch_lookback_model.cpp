@@ -1,7 +1,6 @@
 // A model of the general dispatch kernel's look-back routing
 // (cuda/dispatch/, cuda/dispatch/lookback.h, docs/nvlink_backend.md
-// "Routing by look-back"), run on the kernel's own arithmetic, as
-// test_reuse_protocol_model.cpp checks the buffer reuse:
+// "Routing by look-back"), run on the kernel's own arithmetic:
 //
 // Look-back: a block draws its logical index L from a ticket when it starts
 // (the block that draws the last index resets the ticket for the next call),
