@@ -2,14 +2,20 @@
 
 #include <poll.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
-#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include "collective_step.hpp"
 #include "error.hpp"
@@ -18,31 +24,82 @@ namespace moe_ep {
 
 namespace fd_exchange_wire {
 
-// "\0moe_ep-<name hex>-<rank>": the name is random, but public once bound.
-sockaddr_un socket_address(const Random& name, int rank, socklen_t* length) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  char text[96];
-  int at = std::snprintf(text, sizeof(text), "moe_ep-");
-  for (unsigned char b : name.bytes) at += std::snprintf(text + at, sizeof(text) - at, "%02x", b);
-  std::snprintf(text + at, sizeof(text) - at, "-%d", rank);
-  const size_t n = std::strlen(text);
-  std::memcpy(addr.sun_path + 1, text, n);  // sun_path[0] = '\0': abstract namespace
-  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-  return addr;
+bool socket_address(const Invitation& invitation, sockaddr_un* addr, socklen_t* length) {
+  const size_t n = strnlen(invitation.path, sizeof(invitation.path));
+  if (n == 0 || n >= sizeof(invitation.path) || invitation.path[0] != '/') return false;
+  *addr = sockaddr_un{};
+  addr->sun_family = AF_UNIX;
+  std::memcpy(addr->sun_path, invitation.path, n);  // NUL-terminated: *addr was zeroed
+  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + n + 1);
+  return true;
 }
 
 }  // namespace fd_exchange_wire
 
 namespace {
 
+// One thread, started on first use and never joined, closes the descriptors
+// handed to it in order.  A close that blocks (SO_LINGER on a full TCP queue)
+// delays only the closes queued behind it, never a caller.  The object is
+// never destroyed, so the thread never touches freed memory at exit.
+class Reaper {
+ public:
+  static Reaper& instance() {
+    static Reaper* reaper = new Reaper;
+    return *reaper;
+  }
+
+  void add(int fd) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(fd);
+    if (!started_) {
+      try {
+        std::thread(&Reaper::run, this).detach();
+        started_ = true;
+      } catch (const std::system_error&) {
+        // No thread now: the descriptor stays queued (held, not closed) and
+        // the next add tries again.  Leaking it beats blocking the caller.
+      }
+    }
+    ready_.notify_one();
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ready_.wait(lock, [&] { return !queue_.empty(); });
+      const int fd = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      ::close(fd);
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<int> queue_;
+  bool started_ = false;
+};
+
+}  // namespace
+
+void close_in_background(UniqueFd fd) {
+  if (fd.valid()) Reaper::instance().add(fd.release());
+}
+
+namespace {
+
 using fd_exchange_wire::Invitation;
 using fd_exchange_wire::Message;
 using fd_exchange_wire::Random;
+using Clock = std::chrono::steady_clock;
 
-// Descriptors one datagram may bring that we still close: an intruder may
-// attach many; whatever does not fit is discarded by the kernel (MSG_CTRUNC).
-constexpr int kMaxDescriptorsPerDatagram = 16;
+// The most descriptors one datagram can carry (the kernel's SCM_MAX_FD).  The
+// control buffer holds them all: descriptors that do not fit would be closed
+// by the kernel inside recvmsg, on this thread, where a lingering close blocks.
+constexpr int kMaxDescriptorsPerDatagram = 253;
 
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
@@ -65,48 +122,104 @@ bool same_random(const Random& a, const Random& b) {
   return diff == 0;
 }
 
-// What one datagram held once its ancillary data were parsed.
+// A base directory where another user cannot rename or replace what we make:
+// a directory that others cannot write, or can only under the sticky bit.
+bool usable_base(const char* base) {
+  struct stat st {};
+  if (base == nullptr || base[0] != '/' || lstat(base, &st) != 0 || !S_ISDIR(st.st_mode)) return false;
+  return (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 || (st.st_mode & S_ISVTX) != 0;
+}
+
+// "<base>/moe_ep-XXXXXX", mode 0700, made by mkdtemp: a fresh name nobody
+// could have chosen first.  Leaves room for "/s" within sun_path.
+std::string make_private_directory() {
+  std::string tried;
+  const char* bases[] = {std::getenv("XDG_RUNTIME_DIR"), "/tmp"};
+  for (const char* base : bases) {
+    if (!usable_base(base)) continue;
+    std::string name = std::string(base) + "/moe_ep-XXXXXX";
+    if (name.size() + 3 > fd_exchange_wire::kPathBytes) continue;
+    if (mkdtemp(&name[0]) != nullptr) return name;
+    tried += std::string(tried.empty() ? "" : ", ") + base + " (" + std::strerror(errno) + ")";
+  }
+  fail(MOE_EP_ERROR_BOOTSTRAP, "fd exchange: could not make a private directory for its socket under ",
+       "$XDG_RUNTIME_DIR or /tmp", tried.empty() ? std::string() : ": " + tried);
+}
+
+// What one datagram held once its ancillary data were parsed.  Descriptors
+// still held when it goes are closed in the background (close_in_background).
 struct Datagram {
+  Datagram() = default;
+  Datagram(const Datagram&) = delete;
+  Datagram& operator=(const Datagram&) = delete;
+  ~Datagram() {
+    for (UniqueFd& fd : fds) close_in_background(std::move(fd));
+  }
+
   Message message{};
   size_t bytes = 0;
   bool truncated = false;
   bool has_credentials = false;
   ucred credentials{};
-  std::vector<UniqueFd> fds;  // every descriptor it brought, closed unless taken
+  std::vector<UniqueFd> fds;  // every descriptor it brought
 };
 
 class FdRound {
  public:
-  FdRound(const Bootstrap& bootstrap, const std::vector<Invitation>& invitations, int my_fd)
-      : me_(bootstrap.rank()),
-        world_(bootstrap.world_size()),
-        name_(invitations[0].name),
-        secret_(invitations[0].secret),
-        my_fd_(my_fd),
-        my_uid_(getuid()),
-        fds_(world_) {
-    for (const Invitation& i : invitations) pids_.push_back(i.pid);
-  }
+  FdRound(int me, int world, int my_fd) : me_(me), world_(world), my_fd_(my_fd), my_uid_(getuid()), fds_(world) {}
 
-  // The socket, with credentials on every datagram it receives.
-  void bind_socket() {
+  // Removes the socket's name and the directory; the socket itself is closed
+  // in the background, as strangers' datagrams may still be queued in it.
+  ~FdRound() {
+    if (!socket_path_.empty()) ::unlink(socket_path_.c_str());
+    if (!directory_.empty()) ::rmdir(directory_.c_str());
+    close_in_background(std::move(sock_));
+  }
+  FdRound(const FdRound&) = delete;
+  FdRound& operator=(const FdRound&) = delete;
+
+  // The private directory and the socket in it, with credentials on every
+  // datagram it receives.  Returns the socket's path.
+  const std::string& bind_socket() {
     sock_ = UniqueFd(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
     if (!sock_.valid()) fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("socket(AF_UNIX, SOCK_DGRAM)"));
     const int on = 1;
     if (setsockopt(sock_.get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) != 0) {
       fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("setsockopt(SO_PASSCRED)"));
     }
+    directory_ = make_private_directory();
+    const std::string path = directory_ + "/s";
+    Invitation me{};
+    std::memcpy(me.path, path.c_str(), path.size() + 1);  // fits: make_private_directory left room
+    sockaddr_un addr{};
     socklen_t length = 0;
-    const sockaddr_un addr = fd_exchange_wire::socket_address(name_, me_, &length);
+    fd_exchange_wire::socket_address(me, &addr, &length);
     if (bind(sock_.get(), reinterpret_cast<const sockaddr*>(&addr), length) != 0) {
-      fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("bind(abstract AF_UNIX socket)"));
+      fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("bind(AF_UNIX socket " + path + ")"));
+    }
+    socket_path_ = path;
+    return socket_path_;
+  }
+
+  // Every peer's record, from the bootstrap: the group's secret (rank 0's),
+  // pids and socket paths.  A record this rank cannot use fails.
+  void join(const std::vector<Invitation>& invitations) {
+    secret_ = invitations[0].secret;
+    addresses_.resize(world_);
+    lengths_.resize(world_);
+    for (int r = 0; r < world_; ++r) {
+      pids_.push_back(invitations[r].pid);
+      if (!fd_exchange_wire::socket_address(invitations[r], &addresses_[r], &lengths_[r])) {
+        fail(MOE_EP_ERROR_INVALID_INPUT, "fd exchange: rank ", r,
+             " published no usable socket path (expected a NUL-terminated absolute path of at most ",
+             fd_exchange_wire::kPathBytes - 1, " bytes)");
+      }
     }
   }
 
   // Sends to every peer and receives from every peer, interleaved, so that no
   // rank blocks on a full queue while its own queue waits to be read.
-  void send_and_receive(int timeout_ms) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  void send_and_receive(Clock::time_point deadline, int timeout_ms) {
     std::vector<bool> sent(world_, false);
     int to_send = world_ - 1;
     sent[me_] = true;
@@ -122,11 +235,11 @@ class FdRound {
       // A dropped datagram is progress too (the queue drains quickly), but
       // the deadline holds however many strangers keep sending.
       if (try_receive() != Received::kNothing) progress = true;
-      if (std::chrono::steady_clock::now() > deadline) {
+      if (Clock::now() > deadline) {
         fail(MOE_EP_ERROR_BOOTSTRAP, "exchanging memory handles over AF_UNIX sockets timed out after ", timeout_ms,
              " ms on rank ", me_, " (", to_send, " peers not reached, ", world_ - 1 - received_,
              " descriptors not received, ", dropped_,
-             " datagrams from outside the group dropped; are all ranks in one network and one PID namespace?)");
+             " datagrams from outside the group dropped; are all ranks in one PID namespace?)");
       }
       if (progress) continue;
       pollfd p{sock_.get(), POLLIN, 0};
@@ -135,9 +248,11 @@ class FdRound {
   }
 
   // After every rank has sent everything: whatever is still queued must be
-  // a stranger's (dropped); a further message from a member fails.
-  void check_nothing_more_from_the_group() {
-    while (try_receive() != Received::kNothing) {
+  // a stranger's (dropped); a further message from a member fails.  Stops at
+  // the deadline however many strangers keep sending; what is left unread
+  // goes with the socket.
+  void check_nothing_more_from_the_group(Clock::time_point deadline) {
+    while (Clock::now() < deadline && try_receive() != Received::kNothing) {
     }
   }
 
@@ -147,14 +262,12 @@ class FdRound {
   // Returns true when sent, false when the peer's queue is full (try again
   // later); throws on other errors.
   bool try_send(int peer) {
-    socklen_t length = 0;
-    sockaddr_un addr = fd_exchange_wire::socket_address(name_, peer, &length);
     Message m{secret_, me_};
     iovec iov{&m, sizeof(m)};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     msghdr msg{};
-    msg.msg_name = &addr;
-    msg.msg_namelen = length;
+    msg.msg_name = &addresses_[peer];
+    msg.msg_namelen = lengths_[peer];
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
@@ -169,7 +282,11 @@ class FdRound {
       if (sendmsg(sock_.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return true;
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      fail(MOE_EP_ERROR_BOOTSTRAP, errno_text("sendmsg(SCM_RIGHTS) to rank " + std::to_string(peer)));
+      const bool missing = errno == ENOENT;
+      fail(MOE_EP_ERROR_BOOTSTRAP,
+           errno_text("sendmsg(SCM_RIGHTS) to rank " + std::to_string(peer) + "'s socket " +
+                      std::string(addresses_[peer].sun_path)),
+           missing ? " (do all ranks see one filesystem, the same /tmp or $XDG_RUNTIME_DIR?)" : "");
     }
   }
 
@@ -228,7 +345,7 @@ class FdRound {
     Datagram d;
     if (!read_datagram(&d)) return Received::kNothing;
     if (!from_group_member(d)) {
-      ++dropped_;  // its descriptors close with d
+      ++dropped_;  // its descriptors are closed in the background
       return Received::kDropped;
     }
     const int claimed = d.message.rank;
@@ -252,12 +369,15 @@ class FdRound {
 
   const int me_;
   const int world_;
-  const Random name_;
-  const Random secret_;
   const int my_fd_;
   const uid_t my_uid_;
+  Random secret_{};
   std::vector<int32_t> pids_;
+  std::vector<sockaddr_un> addresses_;
+  std::vector<socklen_t> lengths_;
   std::vector<UniqueFd> fds_;
+  std::string directory_;
+  std::string socket_path_;
   UniqueFd sock_;
   int received_ = 0;
   int64_t dropped_ = 0;
@@ -269,26 +389,29 @@ std::vector<UniqueFd> exchange_fds(const Bootstrap& bootstrap, int my_fd, int ti
   const int world = bootstrap.world_size();
   if (world == 1) return std::vector<UniqueFd>(1);
 
+  FdRound exchange(bootstrap.rank(), world, my_fd);
   Invitation mine{};
-  run_then_agree(bootstrap, [&] {
-    mine.name = draw_random();
+  run_then_agree(bootstrap, [&] {  // every socket exists before anyone learns where
     mine.secret = draw_random();
     mine.pid = static_cast<int32_t>(getpid());
     mine.uid = static_cast<uint32_t>(getuid());
+    const std::string& path = exchange.bind_socket();
+    std::memcpy(mine.path, path.c_str(), path.size() + 1);
   });
   const std::vector<Invitation> invitations = bootstrap.allgather_value(mine);
-  FdRound exchange(bootstrap, invitations, my_fd);
-  run_then_agree(bootstrap, [&] {  // every socket exists before anyone sends
+  run_then_agree(bootstrap, [&] {
     for (int r = 0; r < world; ++r) {
       if (invitations[r].uid != mine.uid) {  // its messages would be dropped: say why now
         fail(MOE_EP_ERROR_UNSUPPORTED, "fd exchange: rank ", r, " runs as uid ", invitations[r].uid, ", rank ",
              bootstrap.rank(), " as uid ", mine.uid, "; descriptors are accepted only from the same user");
       }
     }
-    exchange.bind_socket();
+    exchange.join(invitations);
   });
-  run_then_agree(bootstrap, [&] { exchange.send_and_receive(timeout_ms); });
-  run_then_agree(bootstrap, [&] { exchange.check_nothing_more_from_the_group(); });
+  // One deadline for this rank's local work: sending, receiving and draining.
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  run_then_agree(bootstrap, [&] { exchange.send_and_receive(deadline, timeout_ms); });
+  run_then_agree(bootstrap, [&] { exchange.check_nothing_more_from_the_group(deadline); });
   return exchange.take_fds();
 }
 

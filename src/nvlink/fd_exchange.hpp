@@ -1,16 +1,28 @@
 // Passing file descriptors between the ranks of one host: each rank binds an
-// AF_UNIX datagram socket in the abstract namespace (no file, no cleanup, no
-// ptrace rights needed) and sends its descriptor to every peer with
-// SCM_RIGHTS.
+// AF_UNIX datagram socket in a private directory of its own and sends its
+// descriptor to every peer with SCM_RIGHTS (no ptrace rights needed).
 //
-// Who is trusted: only the bootstrap.  Socket names are visible to every
-// local user (/proc/net/unix), so anyone may send to them; a datagram is
-// accepted only when the kernel-checked credentials it carries
-// (SO_PASSCRED / SCM_CREDENTIALS) name our own uid and exactly the pid that
-// the claimed rank published through the bootstrap, and it carries the
-// group's secret (random, exchanged through the bootstrap, part of no socket
-// name).  A datagram from anyone else is dropped and its descriptors closed;
-// a duplicate or malformed message from a group member fails the exchange on
+// Who can reach the socket: the directory is made by mkdtemp (mode 0700,
+// owned by this user, a name nobody can choose first) under $XDG_RUNTIME_DIR
+// or /tmp, and its path travels only through the bootstrap.  Another user can
+// neither send to the socket nor bind a name in the directory, so no stranger
+// of another uid sends a single datagram and no name can be squatted; the
+// abstract namespace, by contrast, has no permissions and lists its names in
+// /proc/net/unix.  The directory and the socket file are removed when the
+// exchange ends, however it ends.
+//
+// Who is trusted: only the bootstrap.  A process of our own uid can still
+// reach the socket, so a datagram is accepted only when the kernel-checked
+// credentials it carries (SO_PASSCRED / SCM_CREDENTIALS) name our uid and
+// exactly the pid that the claimed rank published through the bootstrap, and
+// it carries the group's secret (random, exchanged through the bootstrap, part
+// of no path).  A datagram socket cannot check credentials before its
+// descriptors are installed (the kernel installs them with the data), so a
+// stranger's descriptors are received and then closed on a detached thread,
+// never on the caller's: closing a descriptor can block (a TCP socket with
+// SO_LINGER and a full send queue), and so can closing our socket with such
+// datagrams still queued.  Every loop runs against the exchange's deadline.
+// A duplicate or malformed message from a group member fails the exchange on
 // every rank.
 #pragma once
 
@@ -18,6 +30,7 @@
 #include <sys/un.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "bootstrap.hpp"
@@ -29,25 +42,33 @@ namespace moe_ep {
 // from r (this rank's entry is empty).  Fails on every rank (BOOTSTRAP error
 // with a message) if any rank cannot bind, send or receive within timeout_ms,
 // or receives a duplicate or malformed message from a member of the group.
+// The local work of the exchange (sending, receiving, draining, closing) ends
+// within timeout_ms whatever strangers send; the bootstrap steps around it are
+// bounded by the bootstrap.
 std::vector<UniqueFd> exchange_fds(const Bootstrap& bootstrap, int my_fd, int timeout_ms);
+
+// Closes `fd` on a detached thread: the caller never waits for it, however
+// long the close takes.  For descriptors that came from outside this process.
+void close_in_background(UniqueFd fd);
 
 // The wire format, exposed so that tests can play an intruder that knows
 // everything but cannot forge kernel credentials.
 namespace fd_exchange_wire {
 
 constexpr size_t kRandomBytes = 16;
+constexpr size_t kPathBytes = sizeof(sockaddr_un::sun_path);
 
 struct Random {
   unsigned char bytes[kRandomBytes];
 };
 
 // What every rank contributes to the exchange's one bootstrap allgather.  The
-// group uses rank 0's name and secret.
+// group uses rank 0's secret.
 struct Invitation {
-  Random name;    // makes the socket names of this exchange unique
-  Random secret;  // carried in every message, never in a name
-  int32_t pid;    // the pid this rank's messages must carry
-  uint32_t uid;   // every rank must run as the same user (checked before any socket is bound)
+  Random secret;          // carried in every message, never in a path
+  int32_t pid;            // the pid this rank's messages must carry
+  uint32_t uid;           // every rank must run as the same user (checked before anything is sent)
+  char path[kPathBytes];  // this rank's socket, NUL-terminated, inside its private directory
 };
 
 // One datagram: this, plus exactly one descriptor in SCM_RIGHTS.
@@ -56,8 +77,9 @@ struct Message {
   int32_t rank;  // the sender's rank
 };
 
-// Abstract socket address of `rank`'s socket in the exchange named `name`.
-sockaddr_un socket_address(const Random& name, int rank, socklen_t* length);
+// Filesystem socket address of the rank that published `invitation`; false
+// when its path is not a NUL-terminated absolute path that fits sun_path.
+bool socket_address(const Invitation& invitation, sockaddr_un* addr, socklen_t* length);
 
 }  // namespace fd_exchange_wire
 
