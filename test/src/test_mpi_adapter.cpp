@@ -9,6 +9,7 @@
 
 #include "host_case_runner.hpp"
 #include "mpi_test_bootstrap.hpp"
+#include "moe_ep_mpi.h"
 
 using namespace moe_ep_test;
 
