@@ -3,13 +3,9 @@
 // exception ever crosses the ABI.
 #include <string>
 
-#include "dtype.hpp"
 #include "error.hpp"
 #include "handle.hpp"
-#include "host_backend.hpp"
 #include "moe_ep_c.h"
-#include "nccl/nccl_backend.hpp"
-#include "nvlink/nvlink_backend.hpp"
 #include "params.hpp"
 #include "versioned_struct.hpp"
 
@@ -27,19 +23,6 @@ moe_ep_status_t guarded(Body&& body) noexcept {
     moe_ep::set_last_error(message);
     return status;
   }
-}
-
-// Like guarded(), for calls on a handle: a timeout or CUDA failure seen during
-// the call makes the handle unusable (later calls return the same status).
-template <typename Body>
-moe_ep_status_t guarded_on(moe_ep_handle_t h, Body&& body) noexcept {
-  const moe_ep_status_t s = guarded(body);
-  if (h != nullptr && (s == MOE_EP_ERROR_TIMEOUT || s == MOE_EP_ERROR_CUDA) &&
-      h->broken_status == MOE_EP_SUCCESS) {
-    h->broken_status = s;
-    h->broken_message = moe_ep::last_error();
-  }
-  return s;
 }
 
 template <typename T>
@@ -105,7 +88,7 @@ moe_ep_status_t moe_ep_is_platform_supported(int32_t device, int32_t* supported)
     require_out(supported, "supported");
     *supported = 0;
     if (device < -1) moe_ep::fail_argument("device", ">= -1 (-1 = current device)", device);
-    *supported = moe_ep::nvlink_platform_supported(device) ? 1 : 0;
+    *supported = moe_ep::is_platform_supported(device) ? 1 : 0;
   });
 }
 
@@ -114,15 +97,7 @@ moe_ep_status_t moe_ep_workspace_size(const moe_ep_params_t* params, const moe_e
   return guarded([&] {
     require_out(bytes, "bytes");
     *bytes = 0;
-    if (world_size <= 0) moe_ep::fail_argument("world_size", "> 0", world_size);
-    const moe_ep_params_t p = moe_ep::read_params(params);
-    const moe_ep_config_t c = moe_ep::read_config(config);
-    moe_ep::Layout layout = moe_ep::make_layout(p, world_size, 0);
-    layout.zero_copy_combine = c.zero_copy_combine != 0;
-    const int32_t backend = moe_ep::resolve_backend_locally(c);
-    *bytes = backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED ? moe_ep::nvlink_workspace_bytes(layout, c)
-             : backend == MOE_EP_BACKEND_NCCL           ? moe_ep::nccl_workspace_bytes(layout)
-                                                        : moe_ep::host_workspace_bytes(layout);
+    *bytes = moe_ep::workspace_size(params, config, world_size);
   });
 }
 
@@ -137,7 +112,7 @@ moe_ep_status_t moe_ep_create(const moe_ep_bootstrap_t* bootstrap, const moe_ep_
 
 moe_ep_status_t moe_ep_dispatch(moe_ep_handle_t handle, const moe_ep_dispatch_args_t* args,
                                 moe_ep_dispatch_result_t* result, void* stream) {
-  return guarded_on(handle, [&] {
+  return guarded([&] {
     require_handle(handle);
     moe_ep::dispatch(*handle, args, result, stream);
   });
@@ -146,7 +121,7 @@ moe_ep_status_t moe_ep_dispatch(moe_ep_handle_t handle, const moe_ep_dispatch_ar
 moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle, const moe_ep_tensor_t* expert_output,
                                const moe_ep_tensor_t* output, moe_ep_combine_result_t* result,
                                void* stream) {
-  return guarded_on(handle, [&] {
+  return guarded([&] {
     require_handle(handle);
     moe_ep::combine(*handle, expert_output, output, result, stream);
   });
@@ -156,7 +131,7 @@ moe_ep_status_t moe_ep_get_backend(moe_ep_handle_t handle, int32_t* backend) {
   return guarded([&] {
     require_handle(handle);
     require_out(backend, "backend");
-    *backend = handle->config.backend;
+    *backend = moe_ep::backend_of(*handle);
   });
 }
 

@@ -5,8 +5,10 @@
 // collective call.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "bootstrap.hpp"
 #include "error.hpp"
@@ -28,5 +30,19 @@ void run_then_agree(const Exchange& exchange, LocalWork&& local_work) {
   }
   exchange.agree(status, message);
 }
+
+// One value that every rank of the group must hold alike, and the name that
+// an error gives it ("params->top_k", "MOE_EP_NCCL_DISPATCH_CHUNKS").
+struct RankValue {
+  const char* name;
+  int32_t value;
+};
+
+// Collective: one exchange (named `step` in its errors) of every rank's
+// values.  INVALID_ARGUMENT on every rank alike when one differs: "<name>:
+// expected the same value on every rank, got <a> on rank 0 and <b> on rank
+// <r>", for the lowest such rank and the first such value of that rank.
+void check_same_on_every_rank(const Exchange& exchange, const std::vector<RankValue>& mine,
+                              const char* step = "exchange");
 
 }  // namespace moe_ep

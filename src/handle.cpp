@@ -5,167 +5,40 @@
 #include <stdexcept>
 #include <vector>
 
+#include "backend_table.hpp"
+#include "bounded_exchange.hpp"
 #include "collective_step.hpp"
 #include "dtype.hpp"
-#include "bounded_exchange.hpp"
 #include "error.hpp"
-#include "host_backend.hpp"
-#include "nccl/nccl_backend.hpp"
-#include "common/host_identity.hpp"
-#include "nvlink/nvlink_backend.hpp"
-#include "common/log.hpp"
 #include "tensor_check.hpp"
 #include "versioned_struct.hpp"
 
 namespace moe_ep {
 
-int32_t resolve_backend_locally(const moe_ep_config_t& config) {
-  if (config.backend == MOE_EP_BACKEND_HOST) return MOE_EP_BACKEND_HOST;
-  if (config.backend == MOE_EP_BACKEND_NCCL) {
-    std::string why;
-    if (!nccl_platform_supported(config.device, &why)) {
-      fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NCCL is not usable on device ", config.device,
-           " of this process: ", why);
-    }
-    return MOE_EP_BACKEND_NCCL;
-  }
-  const bool supported = nvlink_platform_supported(config.device);
-  if (config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED && !supported) {
-    fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NVLINK_TWO_SIDED is not supported on device ",
-         config.device, " of this process (no CUDA driver, no GPU, or no backend in this build)");
-  }
-  if (supported) return MOE_EP_BACKEND_NVLINK_TWO_SIDED;
-  return nccl_platform_supported(config.device, nullptr) ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
-}
-
 namespace {
-
-// The fields every rank must agree on, compared by name after one allgather.
-struct GroupFingerprint {
-  int32_t num_experts;
-  int32_t top_k;
-  int32_t max_tokens_per_rank;
-  int32_t hidden_size;
-  int32_t hidden_dtype;
-  int32_t hidden_row_elems;
-  int32_t scale_row_elems;
-  int32_t scale_dtype;
-  int32_t invalid_expert_id;
-  int32_t enable_eplb_stats;
-  int32_t combine_dtype;
-  int32_t backend;
-  int32_t world_size;
-  int32_t timeout_ms;
-  int32_t zero_copy_combine;
-};
-
-struct FingerprintField {
-  const char* name;
-  int32_t GroupFingerprint::*field;
-};
-constexpr FingerprintField kFingerprintFields[] = {
-    {"params->num_experts", &GroupFingerprint::num_experts},
-    {"params->top_k", &GroupFingerprint::top_k},
-    {"params->max_tokens_per_rank", &GroupFingerprint::max_tokens_per_rank},
-    {"params->hidden_size", &GroupFingerprint::hidden_size},
-    {"params->hidden_dtype", &GroupFingerprint::hidden_dtype},
-    {"params->hidden_row_elems", &GroupFingerprint::hidden_row_elems},
-    {"params->scale_row_elems", &GroupFingerprint::scale_row_elems},
-    {"params->scale_dtype", &GroupFingerprint::scale_dtype},
-    {"params->invalid_expert_id", &GroupFingerprint::invalid_expert_id},
-    {"params->enable_eplb_stats", &GroupFingerprint::enable_eplb_stats},
-    {"params->combine_dtype", &GroupFingerprint::combine_dtype},
-    {"config->backend", &GroupFingerprint::backend},
-    {"bootstrap->world_size", &GroupFingerprint::world_size},
-    {"config->timeout_ms", &GroupFingerprint::timeout_ms},
-    {"config->zero_copy_combine", &GroupFingerprint::zero_copy_combine},
-};
-static_assert(sizeof(kFingerprintFields) / sizeof(kFingerprintFields[0]) ==
-                  sizeof(GroupFingerprint) / sizeof(int32_t),
-              "every field of GroupFingerprint is compared");
 
 int32_t pack_dtype(const moe_ep_dtype_t& d) { return d.code | (d.bits << 8) | (d.lanes << 16); }
 
-GroupFingerprint fingerprint(const Layout& l, int32_t backend, int32_t timeout_ms) {
-  GroupFingerprint f{};
-  f.num_experts = l.num_experts;
-  f.top_k = l.top_k;
-  f.max_tokens_per_rank = l.max_tokens_per_rank;
-  f.hidden_size = l.hidden_size;
-  f.hidden_dtype = pack_dtype(l.hidden_dtype);
-  f.hidden_row_elems = l.hidden_row_elems;
-  f.scale_row_elems = l.scale_row_elems;
-  f.scale_dtype = pack_dtype(l.scale_dtype);
-  f.invalid_expert_id = l.invalid_expert_id;
-  f.enable_eplb_stats = l.eplb_stats ? 1 : 0;
-  f.combine_dtype = pack_dtype(l.combine_dtype);
-  f.backend = backend;
-  f.world_size = l.world_size;
-  f.timeout_ms = timeout_ms;
-  f.zero_copy_combine = l.zero_copy_combine ? 1 : 0;
-  return f;
+// The fields every rank must agree on, compared by name after one allgather.
+std::vector<RankValue> group_fingerprint(const Layout& l, int32_t backend, int32_t timeout_ms) {
+  return {
+      {"params->num_experts", l.num_experts},
+      {"params->top_k", l.top_k},
+      {"params->max_tokens_per_rank", l.max_tokens_per_rank},
+      {"params->hidden_size", l.hidden_size},
+      {"params->hidden_dtype", pack_dtype(l.hidden_dtype)},
+      {"params->hidden_row_elems", l.hidden_row_elems},
+      {"params->scale_row_elems", l.scale_row_elems},
+      {"params->scale_dtype", pack_dtype(l.scale_dtype)},
+      {"params->invalid_expert_id", l.invalid_expert_id},
+      {"params->enable_eplb_stats", l.eplb_stats ? 1 : 0},
+      {"params->combine_dtype", pack_dtype(l.combine_dtype)},
+      {"config->backend", backend},
+      {"bootstrap->world_size", l.world_size},
+      {"config->timeout_ms", timeout_ms},
+      {"config->zero_copy_combine", l.zero_copy_combine ? 1 : 0},
+  };
 }
-
-void check_same_on_every_rank(const Exchange& b, const GroupFingerprint& mine) {
-  const std::vector<GroupFingerprint> all = b.allgather_value(mine, "create: parameter check");
-  for (int32_t r = 0; r < b.world_size(); ++r) {
-    for (const FingerprintField& f : kFingerprintFields) {
-      if (all[r].*f.field != all[0].*f.field) {
-        fail(MOE_EP_ERROR_INVALID_ARGUMENT, f.name, ": expected the same value on every rank, got ", all[0].*f.field,
-             " on rank 0 and ", all[r].*f.field, " on rank ", r);
-      }
-    }
-  }
-}
-
-// What one rank can run, for AUTO: the NVLink backend, NCCL, and where it is.
-struct BackendView {
-  int32_t local_choice;  // resolve_backend_locally's answer
-  int32_t nccl_usable;
-  HostIdentity host;
-};
-
-const char* backend_name(int32_t backend) {
-  switch (backend) {
-    case MOE_EP_BACKEND_NVLINK_TWO_SIDED: return "NVLINK_TWO_SIDED";
-    case MOE_EP_BACKEND_NCCL: return "NCCL";
-    default: return "HOST";
-  }
-}
-
-// Collective.  AUTO: NVLINK_TWO_SIDED when every rank supports it and all run
-// on one host (one NVLink domain with peer access), else NCCL when it loads on
-// every rank with a GPU, else HOST.  Explicit choices were checked locally;
-// NVLINK_TWO_SIDED must also hold on every rank.
-int32_t agree_on_backend(const Exchange& exchange, int32_t asked, const moe_ep_config_t& config) {
-  BackendView mine{};
-  mine.local_choice = config.backend;
-  mine.nccl_usable = asked == MOE_EP_BACKEND_AUTO && config.backend != MOE_EP_BACKEND_HOST &&
-                     (config.backend == MOE_EP_BACKEND_NCCL || nccl_platform_supported(config.device, nullptr));
-  mine.host = local_host_identity();
-  const std::vector<BackendView> all = exchange.allgather_value(mine, "create: backend choice");
-  bool all_nvlink = true, all_nccl = true, one_host = true;
-  for (const BackendView& v : all) {
-    all_nvlink = all_nvlink && v.local_choice == MOE_EP_BACKEND_NVLINK_TWO_SIDED;
-    all_nccl = all_nccl && v.nccl_usable != 0;
-    one_host = one_host && same_host(v.host, all[0].host);
-  }
-  if (asked == MOE_EP_BACKEND_NVLINK_TWO_SIDED && !all_nvlink) {
-    fail(MOE_EP_ERROR_UNSUPPORTED, "config->backend: NVLINK_TWO_SIDED is not supported on every rank");
-  }
-  if (asked != MOE_EP_BACKEND_AUTO) return config.backend;
-  const int32_t chosen = all_nvlink && one_host ? MOE_EP_BACKEND_NVLINK_TWO_SIDED
-                         : all_nccl             ? MOE_EP_BACKEND_NCCL
-                                                : MOE_EP_BACKEND_HOST;
-  log_info("rank ", exchange.rank(), ": backend AUTO chose ", backend_name(chosen), " (every rank NVLink-capable: ",
-           all_nvlink ? "yes" : "no", ", one host: ", one_host ? "yes" : "no", ", NCCL usable on every rank: ",
-           all_nccl ? "yes" : "no", ")");
-  return chosen;
-}
-
-}  // namespace
-
-namespace {
 
 // The timeout this rank waits for its peers during create: its own
 // config->timeout_ms (agreed across ranks later), or the default when the
@@ -178,15 +51,20 @@ int32_t local_timeout_ms(const moe_ep_config_t* config_arg) {
   }
 }
 
-// Builds the HOST backend and agrees on the outcome: an allocation that fails
-// on one rank fails create on every rank instead of leaving the others to wait.
-std::unique_ptr<Backend> create_host_backend(const Layout& layout, const std::shared_ptr<BoundedExchange>& exchange) {
-  std::unique_ptr<Backend> backend;
-  run_then_agree(*exchange, [&] { backend = make_host_backend(layout, exchange); });
-  return backend;
+}  // namespace
+
+bool is_platform_supported(int32_t device) {
+  return backend_entry(MOE_EP_BACKEND_NVLINK_TWO_SIDED).platform_supported(device, nullptr);
 }
 
-}  // namespace
+uint64_t workspace_size(const moe_ep_params_t* params_arg, const moe_ep_config_t* config_arg, int32_t world_size) {
+  if (world_size <= 0) fail_argument("world_size", "> 0", world_size);
+  const moe_ep_params_t params = read_params(params_arg);
+  const moe_ep_config_t config = read_config(config_arg);
+  Layout layout = make_layout(params, world_size, 0);
+  layout.zero_copy_combine = config.zero_copy_combine != 0;
+  return backend_entry(resolve_backend_locally(config)).workspace_bytes(layout, config);
+}
 
 moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const moe_ep_params_t* params_arg,
                                const moe_ep_config_t* config_arg) {
@@ -197,40 +75,28 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
 
   // Local validation; its outcome is shared so that no rank waits for a rank that gave up.
   auto handle = std::make_unique<moe_ep_handle_s>();
-  GroupFingerprint mine{};
   run_then_agree(*exchange, [&] {
     const moe_ep_params_t params = read_params(params_arg);
     handle->config = read_config(config_arg);
     handle->layout = make_layout(params, bootstrap.world_size(), bootstrap.rank());
     handle->layout.zero_copy_combine = handle->config.zero_copy_combine != 0;
     handle->config.backend = resolve_backend_locally(handle->config);
-    mine = fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms);
   });
 
   // AUTO may resolve differently per rank (one rank without a GPU, ranks on
   // several hosts): the group agrees on one backend from every rank's view.
   const int32_t asked = config_arg ? read_config(config_arg).backend : MOE_EP_BACKEND_AUTO;
   handle->config.backend = agree_on_backend(*exchange, asked, handle->config);
-  mine.backend = handle->config.backend;
-  check_same_on_every_rank(*exchange, mine);
+  check_same_on_every_rank(*exchange,
+                           group_fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms),
+                           "create: parameter check");
 
-  if (handle->config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
-    exchange.reset();  // idle: its worker is joined; the NVLink backend bounds its own waits
-    handle->backend = make_nvlink_backend(handle->layout, handle->config, bootstrap);
-  } else if (handle->config.backend == MOE_EP_BACKEND_NCCL) {
-    exchange.reset();  // idle: its worker is joined; the NCCL backend bounds its own waits
-    handle->backend = make_nccl_backend(handle->layout, handle->config, bootstrap);
-  } else {
-    handle->backend = create_host_backend(handle->layout, exchange);
-  }
+  handle->backend =
+      backend_entry(handle->config.backend).create(handle->layout, handle->config, bootstrap, std::move(exchange));
   return handle.release();
 }
 
 namespace {
-
-void check_not_broken(const moe_ep_handle_s& h) {
-  if (h.broken_status != MOE_EP_SUCCESS) throw Error(h.broken_status, h.broken_message);
-}
 
 DispatchCall validate_dispatch(const moe_ep_handle_s& h, const moe_ep_dispatch_args_t& a) {
   const Layout& l = h.layout;
@@ -337,11 +203,8 @@ bool is_combine_input_view(const moe_ep_handle_s& h, const void* data, int64_t t
   return false;
 }
 
-}  // namespace
-
-void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg,
-              moe_ep_dispatch_result_t* result_arg, void* stream) {
-  check_not_broken(h);
+void run_dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg, moe_ep_dispatch_result_t* result_arg,
+                  void* stream) {
   moe_ep_dispatch_args_t defaults{};
   defaults.struct_size = sizeof(defaults);
   const moe_ep_dispatch_args_t args = read_versioned(args_arg, defaults, "args");
@@ -375,9 +238,8 @@ void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg,
   write_versioned(result_arg, result, "result");
 }
 
-void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
-             moe_ep_combine_result_t* result_arg, void* stream) {
-  check_not_broken(h);
+void run_combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
+                 moe_ep_combine_result_t* result_arg, void* stream) {
   moe_ep_combine_result_t result{};
   result.struct_size = sizeof(result);
   write_versioned(result_arg, result, "result");
@@ -403,20 +265,33 @@ void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe
   write_versioned(result_arg, result, "result");
 }
 
+}  // namespace
+
+void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args, moe_ep_dispatch_result_t* result, void* stream) {
+  h.health.guard([&] { run_dispatch(h, args, result, stream); });
+}
+
+void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
+             moe_ep_combine_result_t* result, void* stream) {
+  h.health.guard([&] { run_combine(h, expert_output, output, result, stream); });
+}
+
+// The error is the query's answer, not its failure: a broken handle answers
+// with the failure that broke it, and a sticky error found now breaks it.
 moe_ep_status_t poll_async_error(moe_ep_handle_s& h) {
-  if (h.broken_status != MOE_EP_SUCCESS) {
-    set_last_error(h.broken_message);
-    return h.broken_status;
+  if (h.health.broken()) {
+    set_last_error(h.health.message());
+    return h.health.status();
   }
   std::string message;
   const moe_ep_status_t s = h.backend->poll_async_error(&message);
-  if (s == MOE_EP_ERROR_TIMEOUT || s == MOE_EP_ERROR_CUDA || s == MOE_EP_ERROR_INTERNAL) {
-    h.broken_status = s;  // sticky: the group is no longer in step
-    h.broken_message = message;
-  }
+  h.health.record(s, message);
   if (s != MOE_EP_SUCCESS) set_last_error(message);
   return s;
 }
+
+int32_t backend_of(const moe_ep_handle_s& h) { return h.config.backend; }
+
 
 void destroy_handle(moe_ep_handle_s* h) noexcept {
   if (h == nullptr) return;

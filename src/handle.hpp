@@ -3,10 +3,10 @@
 #pragma once
 
 #include <memory>
-#include <string>
 
 #include "backend.hpp"
 #include "bootstrap.hpp"
+#include "handle_health.hpp"
 #include "moe_ep_c.h"
 #include "params.hpp"
 
@@ -19,9 +19,9 @@ struct moe_ep_handle_s {
   bool dispatched = false;
   moe_ep::DispatchCall last_dispatch;  // pointers into caller memory are not kept
 
-  // A timeout or a CUDA failure makes the handle unusable; calls return it.
-  moe_ep_status_t broken_status = MOE_EP_SUCCESS;
-  std::string broken_message;
+  // A timeout, a CUDA failure or an internal error makes the handle unusable;
+  // later calls return it (handle_health.hpp).
+  moe_ep::HandleHealth health;
 
   // Storage for the shapes of the result views (docs/semantics.md §3: owned by the handle).
   int64_t shape_hidden[2]{}, shape_ids[2]{}, shape_weights[2]{}, shape_scales[2]{};
@@ -35,10 +35,16 @@ struct moe_ep_handle_s {
 
 namespace moe_ep {
 
-// Which backend create would use; throws UNSUPPORTED for an explicit NVLINK
-// request on a platform without support.  Local (no collective).
-int32_t resolve_backend_locally(const moe_ep_config_t& config);
+// moe_ep_is_platform_supported: whether NVLINK_TWO_SIDED can run on `device`
+// (-1 = current).  Local.
+bool is_platform_supported(int32_t device);
 
+// moe_ep_workspace_size: the bytes create would allocate per rank, for the
+// backend create would choose on this rank.  Local, no allocation.
+uint64_t workspace_size(const moe_ep_params_t* params, const moe_ep_config_t* config, int32_t world_size);
+
+// The calls on a handle.  dispatch, combine and poll_async_error are refused
+// once the handle is broken, and a sticky failure breaks it (HandleHealth).
 moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap, const moe_ep_params_t* params,
                                const moe_ep_config_t* config);
 void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args,
@@ -46,6 +52,7 @@ void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args,
 void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
              moe_ep_combine_result_t* result, void* stream);
 moe_ep_status_t poll_async_error(moe_ep_handle_s& h);
+int32_t backend_of(const moe_ep_handle_s& h);
 void destroy_handle(moe_ep_handle_s* h) noexcept;
 
 }  // namespace moe_ep

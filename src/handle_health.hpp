@@ -1,0 +1,66 @@
+// Whether a handle can still be used: the one owner of the broken state.
+//
+// A status is sticky when, after it, the group may be out of step or the
+// device state is unknown: TIMEOUT (a peer did not arrive, or an exchange was
+// abandoned), CUDA_ERROR, and INTERNAL (the library lost track of its own
+// state).  The first sticky failure is recorded with its message, wherever it
+// was found (a dispatch, a combine, or moe_ep_get_async_error); from then on
+// every dispatch, combine and asynchronous-error query of the handle fails
+// with that status and message.  destroy still completes.  Any other status
+// (INVALID_ARGUMENT, INVALID_STATE, INVALID_INPUT, ...) leaves the handle usable.
+#pragma once
+
+#include <string>
+
+#include "error.hpp"
+#include "moe_ep_c.h"
+
+namespace moe_ep {
+
+class HandleHealth {
+ public:
+  static bool is_sticky(moe_ep_status_t status) noexcept {
+    return status == MOE_EP_ERROR_TIMEOUT || status == MOE_EP_ERROR_CUDA || status == MOE_EP_ERROR_INTERNAL;
+  }
+
+  bool broken() const noexcept { return status_ != MOE_EP_SUCCESS; }
+  moe_ep_status_t status() const noexcept { return status_; }
+  const std::string& message() const noexcept { return message_; }
+
+  // Throws the recorded failure, if any.
+  void check() const {
+    if (broken()) throw Error(status_, message_);
+  }
+
+  // Keeps the first sticky failure; any other status, or a later failure, is ignored.
+  void record(moe_ep_status_t status, const std::string& message) noexcept {
+    if (broken() || !is_sticky(status)) return;
+    status_ = status;
+    try {
+      message_ = message;
+    } catch (...) {  // out of memory copying the message: the status alone
+      message_.clear();
+    }
+  }
+
+  // Runs a call on the handle: refused if the handle is broken; a sticky
+  // failure of the call breaks it, and the exception goes on to the caller.
+  template <typename Call>
+  decltype(auto) guard(Call&& call) {
+    check();
+    try {
+      return call();
+    } catch (...) {
+      std::string message;
+      const moe_ep_status_t status = status_of_current_exception(&message);
+      record(status, message);
+      throw;
+    }
+  }
+
+ private:
+  moe_ep_status_t status_ = MOE_EP_SUCCESS;
+  std::string message_;
+};
+
+}  // namespace moe_ep
