@@ -36,6 +36,12 @@ void require_positive(const char* name, int64_t value) {
   if (value <= 0) fail_argument(std::string("params->") + name, "> 0", value);
 }
 
+void require_at_most(const char* name, int64_t value, int64_t limit, const char* why) {
+  if (value > limit) {
+    fail_argument(std::string("params->") + name, "<= " + std::to_string(limit) + " (" + why + ")", value);
+  }
+}
+
 void require_payload_dtype(const char* name, const moe_ep_dtype_t& d) {
   if (d.lanes != 1 || d.bits == 0 || (d.bits % 8 != 0 && d.bits != 4)) {
     fail_argument(std::string("params->") + name,
@@ -55,8 +61,8 @@ void require_row_under_2gib(const char* name, const moe_ep_dtype_t& dtype, int64
 // The largest per-rank footprint any backend derives from this layout: every
 // receive row with its payload, scales, ids, weights, a combine row and some
 // per-row bookkeeping, plus the per-expert tables.  Rejecting layouts above
-// kMaxLayoutBytes here lets every backend add up its buffers in uint64_t
-// without overflow.
+// kMaxWorkspaceBytes (below kMaxLayoutBytes) here lets every backend add up its
+// buffers in uint64_t without overflow.
 void require_footprint_fits(const Layout& l) {
   const auto why = [&] {
     return std::string("the buffers for world_size ") + std::to_string(l.world_size) +
@@ -70,9 +76,12 @@ void require_footprint_fits(const Layout& l) {
                   try_mul(rows, per_row, &rows_bytes) &&
                   try_mul(static_cast<uint64_t>(l.world_size) + 1, static_cast<uint64_t>(l.num_experts) * 8, &tables) &&
                   try_add(rows_bytes, tables, &total);
-  if (!ok || total > kMaxLayoutBytes) {
-    fail_argument("params", why() + " of up to " + std::to_string(kMaxLayoutBytes) + " bytes per rank",
-                  ok ? std::to_string(total) + " bytes" : std::string("more than 2^64 bytes"));
+  static_assert(kMaxWorkspaceBytes <= kMaxLayoutBytes, "backends add up buffers of kMaxLayoutBytes");
+  if (!ok || total > kMaxWorkspaceBytes) {
+    fail_argument(
+        "params",
+        why() + " of up to " + std::to_string(kMaxWorkspaceBytes) + " bytes per rank (1 TiB, the workspace limit)",
+        ok ? std::to_string(total) + " bytes" : std::string("more than 2^64 bytes"));
   }
 }
 
@@ -84,6 +93,10 @@ moe_ep_params_t read_params(const moe_ep_params_t* user) {
   require_positive("top_k", p.top_k);
   require_positive("max_tokens_per_rank", p.max_tokens_per_rank);
   require_positive("hidden_size", p.hidden_size);
+  require_at_most("num_experts", p.num_experts, kMaxNumExperts, "the expert limit");
+  require_at_most("top_k", p.top_k, kMaxTopK, "the top_k limit");
+  require_at_most("max_tokens_per_rank", p.max_tokens_per_rank, kMaxTokensPerRank, "the token limit");
+  require_at_most("hidden_size", p.hidden_size, kMaxHiddenSize, "the hidden size limit");
   if (p.top_k > p.num_experts) {
     fail_argument("params->top_k", "<= num_experts (" + std::to_string(p.num_experts) + ")",
                   p.top_k);
@@ -91,6 +104,8 @@ moe_ep_params_t read_params(const moe_ep_params_t* user) {
   require_payload_dtype("hidden_dtype", p.hidden_dtype);
   if (p.hidden_row_elems < 0) fail_argument("params->hidden_row_elems", ">= 0", p.hidden_row_elems);
   if (p.scale_row_elems < 0) fail_argument("params->scale_row_elems", ">= 0", p.scale_row_elems);
+  require_at_most("hidden_row_elems", p.hidden_row_elems, kMaxRowElems, "the row limit");
+  require_at_most("scale_row_elems", p.scale_row_elems, kMaxRowElems, "the row limit");
   if (p.scale_row_elems > 0) require_payload_dtype("scale_dtype", p.scale_dtype);
   if (p.invalid_expert_id >= 0 && p.invalid_expert_id < p.num_experts) {
     fail_argument("params->invalid_expert_id",

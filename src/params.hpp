@@ -10,6 +10,18 @@ namespace moe_ep {
 
 constexpr int32_t kDefaultTimeoutMs = 30000;
 
+// Upper limits of the params (docs/api.md, "Limits"): each well above what a
+// production MoE layer uses, low enough that a typo or a hostile value is
+// refused at once instead of allocating for minutes.
+constexpr int32_t kMaxNumExperts = 4096;                 // largest models: 256-384 routed experts
+constexpr int32_t kMaxTopK = 128;                        // largest models: 8-16 picks per token
+constexpr int32_t kMaxHiddenSize = 65536;                // largest models: 7168-16384
+constexpr int32_t kMaxRowElems = 65536;                  // hidden_row_elems and scale_row_elems
+constexpr int32_t kMaxTokensPerRank = int32_t{1} << 20;  // prefill chunks: 8K-128K tokens
+// Per-rank footprint bound (every backend's workspace is at most this
+// estimate); 1 TiB is several times any accelerator's memory.
+constexpr uint64_t kMaxWorkspaceBytes = uint64_t{1} << 40;
+
 moe_ep_params_t default_params();
 moe_ep_config_t default_config();
 

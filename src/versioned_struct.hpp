@@ -47,8 +47,9 @@ bool is_valid_struct_size(size_t size) {
 }
 
 // The accepted sizes, for messages: "one of 20, 24 (...), or a multiple of 4 in (24, 1024]".
+// `hint`: end with "call <init> first" (not for the init itself).
 template <typename T>
-std::string valid_struct_sizes_text() {
+std::string valid_struct_sizes_text(bool hint = true) {
   using L = StructLayout<T>;
   std::string s = "one of";
   const char* sep = " ";
@@ -62,9 +63,9 @@ std::string valid_struct_sizes_text() {
     for (size_t end : L::field_ends) listed = listed || (end == released);
     if (!listed) s += sep + std::to_string(released);
   }
-  return s + " (field boundaries of a released " + L::c_name + "), or a multiple of " +
-         std::to_string(alignof(T)) + " in (" + std::to_string(sizeof(T)) + ", " +
-         std::to_string(kMaxStructSize) + "] from a newer header; call " + L::init_name + " first";
+  return s + " (field boundaries of a released " + L::c_name + "), or a multiple of " + std::to_string(alignof(T)) +
+         " in (" + std::to_string(sizeof(T)) + ", " + std::to_string(kMaxStructSize) + "] from a newer header" +
+         (hint ? std::string("; call ") + L::init_name + " first" : std::string());
 }
 
 // Reads and checks the caller's struct_size; `name` is the argument ("params").
@@ -129,10 +130,10 @@ template <typename T>
 void init_versioned(T* user, size_t struct_size, const T& defaults, const char* name) {
   if (user == nullptr) fail_argument(name, "a non-NULL pointer", "NULL");
   if (!is_valid_struct_size<T>(struct_size)) {
-    fail_argument(
-        std::string("struct_size of ") + StructLayout<T>::init_name,
-        std::string("sizeof(") + StructLayout<T>::c_name + ") of the caller's header: " + valid_struct_sizes_text<T>(),
-        std::to_string(struct_size));
+    fail_argument(std::string("struct_size of ") + StructLayout<T>::init_name,
+                  std::string("sizeof(") + StructLayout<T>::c_name +
+                      ") of the caller's header: " + valid_struct_sizes_text<T>(false),
+                  std::to_string(struct_size));
   }
   const size_t known = struct_size < sizeof(T) ? struct_size : sizeof(T);
   auto* out = reinterpret_cast<unsigned char*>(user);

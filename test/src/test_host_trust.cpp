@@ -8,10 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "moe_ep_c.h"
 #include "dtypes.hpp"
@@ -344,14 +347,31 @@ TEST_CASE("timeout_ms: a rank that never combines, or never creates, costs its p
   }
 }
 
+namespace {
+// Bytes of address space this process maps now (VmSize).
+rlim_t address_space_in_use() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmSize:") {
+      rlim_t kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+    status.ignore(4096, '\n');
+  }
+  return rlim_t{1} << 36;
+}
+}  // namespace
+
 TEST_CASE("sizes: huge params are INVALID_ARGUMENT or OUT_OF_MEMORY, never a wrapped size", "[trust]") {
   moe_ep_config_t c = host_config();
   uint64_t bytes = 0;
-  SECTION("a workspace beyond 2^64 bytes") {
-    moe_ep_params_t p = make_params(1 << 30, 1 << 30, INT32_MAX, (1 << 28) - 1);
+  SECTION("a workspace beyond the limit") {
+    moe_ep_params_t p = make_params(4096, 128, 1 << 20, 65536);  // every limit at once
     p.hidden_dtype = fp32_dtype();
     p.combine_dtype = fp32_dtype();
-    CHECK(moe_ep_workspace_size(&p, &c, 1 << 30, &bytes) == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK(moe_ep_workspace_size(&p, &c, 4096, &bytes) == MOE_EP_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(std::string(moe_ep_last_error()), Contains("params") && Contains("bytes per rank"));
     CHECK(bytes == 0);
   }
@@ -368,8 +388,17 @@ TEST_CASE("sizes: huge params are INVALID_ARGUMENT or OUT_OF_MEMORY, never a wra
     CHECK(moe_ep_create(&b, &huge, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
     CHECK(h == nullptr);
 #if !MOE_EP_TEST_UNDER_ASAN  // ASan reports a failed operator new as fatal instead of throwing bad_alloc
-    moe_ep_params_t big = make_params(8, 1, 1 << 30, 1 << 20);  // ~2^51 bytes: representable, not allocatable
+    // Within the limits (8 GiB of rows) but above an address-space limit
+    // set for the call, so the allocation fails on any machine.
+    moe_ep_params_t big = make_params(8, 1, 1 << 20, 4096);
+    rlimit saved{};
+    REQUIRE(getrlimit(RLIMIT_AS, &saved) == 0);
+    rlimit tight = saved;
+    tight.rlim_cur = address_space_in_use() + (rlim_t{2} << 30);
+    if (saved.rlim_cur != RLIM_INFINITY && saved.rlim_cur < tight.rlim_cur) tight.rlim_cur = saved.rlim_cur;
+    REQUIRE(setrlimit(RLIMIT_AS, &tight) == 0);
     const moe_ep_status_t s = moe_ep_create(&b, &big, &c, &h);
+    REQUIRE(setrlimit(RLIMIT_AS, &saved) == 0);
     INFO(moe_ep_last_error());
     CHECK(s == MOE_EP_ERROR_OUT_OF_MEMORY);
     CHECK(h == nullptr);

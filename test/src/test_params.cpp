@@ -1,12 +1,15 @@
 // Parameter and configuration validation, layout maths and workspace size.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <climits>
 #include <functional>
 #include <string>
 
 #include "moe_ep_c.h"
 #include "params.hpp"
 #include "test_params.hpp"
+#include "thread_bootstrap.hpp"
 
 using Catch::Matchers::Contains;
 
@@ -118,4 +121,72 @@ TEST_CASE("host workspace size grows with every dimension it depends on", "[para
   CHECK(size([](auto& p) { p.scale_row_elems = 4; }, 2) > base);
   // Receive buffers alone: world * maxT * (row + ids + weights) bytes.
   CHECK(base >= 2u * 4u * (16u * 2u + 2u * 8u));
+}
+
+TEST_CASE("upper limits: each refused with the argument, the limit and the value", "[params][limits]") {
+  expect_rejected([](auto& p) { p.num_experts = INT32_MAX; }, "params->num_experts", "<= 4096", "2147483647");
+  expect_rejected([](auto& p) { p.num_experts = 4098; }, "params->num_experts", "<= 4096", "4098");
+  expect_rejected(
+      [](auto& p) {
+        p.num_experts = 256;
+        p.top_k = 129;
+      },
+      "params->top_k", "<= 128", "129");
+  expect_rejected([](auto& p) { p.max_tokens_per_rank = (1 << 20) + 1; }, "params->max_tokens_per_rank", "<= 1048576",
+                  "1048577");
+  expect_rejected([](auto& p) { p.hidden_size = 65537; }, "params->hidden_size", "<= 65536", "65537");
+  expect_rejected([](auto& p) { p.hidden_row_elems = 65537; }, "params->hidden_row_elems", "<= 65536", "65537");
+  expect_rejected([](auto& p) { p.scale_row_elems = 65537; }, "params->scale_row_elems", "<= 65536", "65537");
+  // The limits themselves are accepted.
+  CHECK(try_params([](auto& p) {
+          p.num_experts = 4096;
+          p.top_k = 128;
+        }).first == MOE_EP_SUCCESS);
+  CHECK(try_params([](auto& p) { p.max_tokens_per_rank = 1 << 20; }).first == MOE_EP_SUCCESS);
+  CHECK(try_params([](auto& p) {
+          p.hidden_size = 65536;
+          p.scale_row_elems = 65536;
+        }).first == MOE_EP_SUCCESS);
+}
+
+TEST_CASE("upper limits: the per-rank workspace is at most 1 TiB", "[params][limits]") {
+  auto bf16_rows = [](moe_ep_params_t& p) {
+    p.num_experts = 64;
+    p.max_tokens_per_rank = 1 << 20;
+    p.hidden_size = 16384;
+  };
+  // 8 ranks x 2^20 rows of 32 KiB payload + 64 KiB combine rows: about 0.8 TiB.
+  CHECK(try_params(bf16_rows, 8).first == MOE_EP_SUCCESS);
+  // 16 ranks: about 1.6 TiB.
+  expect_rejected(bf16_rows, "params", "up to 1099511627776 bytes per rank", "", 16);
+  const auto [status, message] = try_params(bf16_rows, 16);
+  CHECK(status == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(message, Contains("world_size 16") && Contains("max_tokens_per_rank 1048576") && Contains(" bytes"));
+}
+
+TEST_CASE("upper limits: create refuses them at once", "[params][limits]") {
+  const moe_ep_bootstrap_t b = moe_ep_test::single_rank_bootstrap();
+  const moe_ep_config_t c = moe_ep_test::host_config();
+  const auto start = std::chrono::steady_clock::now();
+  moe_ep_params_t p = valid_params();
+  p.num_experts = INT32_MAX;  // once: an 8.6 GB workspace and a minute-long create
+  moe_ep_handle_t h = nullptr;
+  CHECK(moe_ep_create(&b, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK(h == nullptr);
+  CHECK_THAT(moe_ep_last_error(), Contains("params->num_experts") && Contains("<= 4096") && Contains("got 2147483647"));
+  p = valid_params();
+  p.hidden_size = 1 << 30;
+  CHECK(moe_ep_create(&b, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(moe_ep_last_error(), Contains("params->hidden_size") && Contains("<= 65536"));
+  p = valid_params();
+  p.num_experts = 64;
+  p.max_tokens_per_rank = 1 << 20;
+  p.hidden_size = 65536;
+  p.hidden_dtype = moe_ep_dtype_t{MOE_EP_DTYPE_FLOAT, 64, 1};
+  p.scale_row_elems = 65536;
+  p.scale_dtype = moe_ep_dtype_t{MOE_EP_DTYPE_FLOAT, 64, 1};
+  p.combine_dtype = moe_ep_dtype_t{MOE_EP_DTYPE_FLOAT, 32, 1};
+  CHECK(moe_ep_create(&b, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);  // ~1.75 TiB on one rank
+  CHECK_THAT(moe_ep_last_error(), Contains("bytes per rank"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
 }
