@@ -5,6 +5,9 @@
 
 #if MOE_EP_TOOL_HAVE_CUBLAS
 #include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include <mutex>
 #endif
 
 namespace moe_ep_tool {
@@ -28,9 +31,77 @@ void check_shape(const GemmShape& s) {
 
 namespace {
 
+// cuBLAS is loaded at run time, on the first GEMM: only --overlap-gemm needs
+// it, so the other modes run where it is not installed.  The library of the
+// major version the tool was built with: libcublas.so.N on the loader's search
+// path, else in the toolkit's library directory of the build.
+struct Blas {
+  decltype(&::cublasCreate_v2) create;
+  decltype(&::cublasDestroy_v2) destroy;
+  decltype(&::cublasSetStream_v2) set_stream;
+  decltype(&::cublasSetSmCountTarget) set_sm_count_target;
+  // cublasGemmEx (C++ also declares an overload taking int64_t sizes).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  decltype(&::cublasGetStatusName) status_name;
+  decltype(&::cublasGetStatusString) status_string;
+};
+
+template <typename Fn>
+void resolve(void* library, const char* symbol, Fn* out, std::string* missing) {
+  *out = reinterpret_cast<Fn>(dlsym(library, symbol));
+  if (*out == nullptr) *missing += (missing->empty() ? "" : ", ") + std::string(symbol);
+}
+
+// NULL with *why where cuBLAS cannot be loaded.
+const Blas* load_blas(std::string* why) {
+  static std::once_flag once;
+  static Blas blas;
+  static const Blas* loaded = nullptr;
+  static std::string failure;
+  std::call_once(once, [] {
+    const std::string name = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+    void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+#ifdef MOE_EP_TOOL_CUBLAS_DIR
+    if (library == nullptr)
+      library = dlopen((std::string(MOE_EP_TOOL_CUBLAS_DIR "/") + name).c_str(), RTLD_NOW | RTLD_LOCAL);
+#endif
+    if (library == nullptr) {
+      const char* e = dlerror();
+      failure = "cuBLAS could not be loaded: dlopen(\"" + name + "\") failed: " + (e ? e : "unknown error") +
+                " (put the CUDA toolkit's lib64 on LD_LIBRARY_PATH)";
+      return;
+    }
+    std::string missing;
+    resolve(library, "cublasCreate_v2", &blas.create, &missing);
+    resolve(library, "cublasDestroy_v2", &blas.destroy, &missing);
+    resolve(library, "cublasSetStream_v2", &blas.set_stream, &missing);
+    resolve(library, "cublasSetSmCountTarget", &blas.set_sm_count_target, &missing);
+    resolve(library, "cublasGemmEx", &blas.gemm_ex, &missing);
+    resolve(library, "cublasGetStatusName", &blas.status_name, &missing);
+    resolve(library, "cublasGetStatusString", &blas.status_string, &missing);
+    if (!missing.empty()) {
+      failure = "cuBLAS at \"" + name + "\" lacks " + missing;
+      dlclose(library);
+      return;
+    }
+    loaded = &blas;  // stays loaded for the life of the process
+  });
+  if (loaded == nullptr && why != nullptr) *why = failure;
+  return loaded;
+}
+
+const Blas& blas() {
+  std::string why;
+  const Blas* b = load_blas(&why);
+  if (b == nullptr) fail("--overlap-gemm: " + why);
+  return *b;
+}
+
 void check_blas(cublasStatus_t status, const char* call) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
-  fail(std::string(call) + " failed: " + cublasGetStatusName(status) + " (" + cublasGetStatusString(status) + ")");
+  fail(std::string(call) + " failed: " + blas().status_name(status) + " (" + blas().status_string(status) + ")");
 }
 
 #define TOOL_CHECK_BLAS(call) check_blas((call), #call)
@@ -48,16 +119,19 @@ void* random_matrix(uint64_t elems, uint64_t seed) {
 
 }  // namespace
 
-bool BlasGemm::available() { return true; }
-std::string BlasGemm::unavailable_reason() { return ""; }
+bool BlasGemm::available() { return load_blas(nullptr) != nullptr; }
+std::string BlasGemm::unavailable_reason() {
+  std::string why;
+  return load_blas(&why) != nullptr ? "" : why;
+}
 
 BlasGemm::BlasGemm(const GemmShape& shape, int sm_target, uint64_t seed) : shape_(shape) {
   check_shape(shape);
   try {
     cublasHandle_t h = nullptr;
-    TOOL_CHECK_BLAS(cublasCreate(&h));
+    TOOL_CHECK_BLAS(blas().create(&h));
     handle_ = h;
-    if (sm_target > 0) TOOL_CHECK_BLAS(cublasSetSmCountTarget(h, sm_target));
+    if (sm_target > 0) TOOL_CHECK_BLAS(blas().set_sm_count_target(h, sm_target));
     a_ = random_matrix(uint64_t(shape.m) * shape.k, seed);
     b_ = random_matrix(uint64_t(shape.k) * shape.n, seed + 1);
     c_ = random_matrix(uint64_t(shape.m) * shape.n, seed + 2);
@@ -71,7 +145,7 @@ BlasGemm::BlasGemm(const GemmShape& shape, int sm_target, uint64_t seed) : shape
 BlasGemm::~BlasGemm() { release(); }
 
 void BlasGemm::release() {
-  if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (handle_) blas().destroy(static_cast<cublasHandle_t>(handle_));
   for (void* p : {a_, b_, c_}) {
     if (p) cudaFree(p);
   }
@@ -82,12 +156,12 @@ void BlasGemm::run(cudaStream_t stream) {
   const auto h = static_cast<cublasHandle_t>(handle_);
   const float alpha = 1.0f, beta = 0.0f;
   if (stream != stream_) {  // (re)binding a stream may reset cuBLAS's workspace: only when it changes
-    TOOL_CHECK_BLAS(cublasSetStream(h, stream));
+    TOOL_CHECK_BLAS(blas().set_stream(h, stream));
     stream_ = stream;
   }
-  TOOL_CHECK_BLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, shape_.m, shape_.n, shape_.k, &alpha, a_, CUDA_R_16BF,
-                               shape_.m, b_, CUDA_R_16BF, shape_.k, &beta, c_, CUDA_R_16BF, shape_.m,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  TOOL_CHECK_BLAS(blas().gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, shape_.m, shape_.n, shape_.k, &alpha, a_, CUDA_R_16BF,
+                                 shape_.m, b_, CUDA_R_16BF, shape_.k, &beta, c_, CUDA_R_16BF, shape_.m,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 #else  // built without cuBLAS

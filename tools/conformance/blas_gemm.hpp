@@ -1,7 +1,8 @@
 // One bf16 GEMM through the CUDA toolkit's cuBLAS, the compute that the
 // overlap measurement (gemm_overlap.hpp) runs beside dispatch and combine:
 // C[M, N] = A[M, K] * B[K, N], column-major, fp32 accumulation, on random
-// operands it owns.  cuBLAS is optional: a tool configured without it has
+// operands it owns.  cuBLAS is optional and loaded at run time (dlopen): a
+// tool configured without its header, or run where it does not load, has
 // this class, but constructing one fails with the reason (available() says
 // so beforehand).
 #pragma once

@@ -1,18 +1,101 @@
 #include "nccl_baseline.hpp"
 
 #include <cuda_runtime.h>  // the typed cudaMalloc overloads
+#include <dlfcn.h>
 
 #include <cstdlib>
 #include <functional>
+#include <mutex>
 
 #include "errors.hpp"
-#include "nccl/nccl_library.hpp"
 
 namespace moe_ep_tool {
 
 namespace {
 
-namespace nccl = moe_ep::nccl;
+// The tool's own NCCL, loaded at run time like the library's (the same
+// library: MOE_EP_NCCL_LIBRARY, else libnccl.so.2 on the loader's search
+// path), with only the entry points the baseline calls and NCCL's C types as
+// NCCL 2.x lays them out, so that the tool needs neither nccl.h nor libnccl to
+// build.
+namespace nccl {
+
+using Result = int;  // ncclResult_t
+constexpr Result kSuccess = 0;
+constexpr Result kInProgress = 7;
+using DataType = int;  // ncclDataType_t
+constexpr DataType kInt8 = 0;
+constexpr DataType kInt32 = 2;
+struct Comm;
+using CommHandle = Comm*;
+struct UniqueId {
+  char internal[128];
+};
+
+struct Api {
+  Result (*GetVersion)(int* version);
+  Result (*GetUniqueId)(UniqueId* id);
+  Result (*CommInitRank)(CommHandle* comm, int nranks, UniqueId id, int rank);
+  Result (*CommDestroy)(CommHandle comm);
+  Result (*Send)(const void* buffer, size_t count, DataType type, int peer, CommHandle comm, cudaStream_t stream);
+  Result (*Recv)(void* buffer, size_t count, DataType type, int peer, CommHandle comm, cudaStream_t stream);
+  Result (*GroupStart)();
+  Result (*GroupEnd)();
+  const char* (*GetErrorString)(Result result);
+  int version_code = 0;  // X*10000 + Y*100 + Z
+};
+
+std::string library_name() {
+  const char* v = std::getenv("MOE_EP_NCCL_LIBRARY");
+  return v != nullptr && *v != '\0' ? v : "libnccl.so.2";
+}
+
+template <typename Fn>
+void resolve(void* library, const char* symbol, Fn* out, std::string* missing) {
+  *out = reinterpret_cast<Fn>(dlsym(library, symbol));
+  if (*out == nullptr) *missing += (missing->empty() ? "" : ", ") + std::string(symbol);
+}
+
+// Loaded once per process; a failure is kept with its reason.
+const Api* load(std::string* why) {
+  static std::once_flag once;
+  static Api api;
+  static const Api* loaded = nullptr;
+  static std::string failure;
+  std::call_once(once, [] {
+    const std::string name = library_name();
+    void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* e = dlerror();
+      failure = "dlopen(\"" + name + "\") failed: " + (e ? e : "unknown error") +
+                " (install NCCL and put it on LD_LIBRARY_PATH, or set MOE_EP_NCCL_LIBRARY to libnccl.so.2's path)";
+      return;
+    }
+    std::string missing;
+    resolve(library, "ncclGetVersion", &api.GetVersion, &missing);
+    resolve(library, "ncclGetUniqueId", &api.GetUniqueId, &missing);
+    resolve(library, "ncclCommInitRank", &api.CommInitRank, &missing);
+    resolve(library, "ncclCommDestroy", &api.CommDestroy, &missing);
+    resolve(library, "ncclSend", &api.Send, &missing);
+    resolve(library, "ncclRecv", &api.Recv, &missing);
+    resolve(library, "ncclGroupStart", &api.GroupStart, &missing);
+    resolve(library, "ncclGroupEnd", &api.GroupEnd, &missing);
+    resolve(library, "ncclGetErrorString", &api.GetErrorString, &missing);
+    if (!missing.empty()) {
+      failure = "NCCL at \"" + name + "\" lacks " + missing;
+    } else if (api.GetVersion(&api.version_code) != kSuccess) {
+      failure = "ncclGetVersion failed for \"" + name + "\"";
+    } else {
+      loaded = &api;  // the library stays loaded for the life of the process
+      return;
+    }
+    dlclose(library);
+  });
+  if (loaded == nullptr && why != nullptr) *why = failure;
+  return loaded;
+}
+
+}  // namespace nccl
 
 const nccl::Api& api() {
   std::string why;
@@ -26,7 +109,6 @@ void check_nccl(nccl::Result rc, const char* call) {
   throw ToolError(std::string(call) + " failed: " + api().GetErrorString(rc));
 }
 #define TOOL_CHECK_NCCL(call) check_nccl((call), #call)
-
 
 }  // namespace
 
@@ -46,7 +128,9 @@ bool NcclBaseline::available(std::string* why) { return nccl::load(why) != nullp
 std::string NcclBaseline::version() {
   std::string why;
   const nccl::Api* a = nccl::load(&why);
-  return a ? a->version() : "not loaded: " + why;
+  if (a == nullptr) return "not loaded: " + why;
+  const int v = a->version_code;
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
 }
 
 std::string NcclBaseline::group_refusal(const Session& s) {

@@ -6,10 +6,10 @@
 //   combine  = grouped ncclSend/ncclRecv of the same rows back.
 // The rows are already packed per destination and nothing is reduced, so the
 // figures are NCCL's transport alone: a lower bound for an NCCL-based layer.
-// NCCL is loaded at run time through the library's own loader
-// (src/nccl/nccl_library.cpp, compiled into the tool too): the tool never
-// links libnccl, and a run without NCCL, or whose ranks share a GPU (NCCL
-// refuses that), skips the baseline and says why.
+// NCCL is loaded at run time (dlopen of the library the NCCL backend loads:
+// MOE_EP_NCCL_LIBRARY, else libnccl.so.2), with only the calls below: the
+// tool never links libnccl, and a run without NCCL, or whose ranks share a GPU
+// (NCCL refuses that), skips the baseline and says why.
 #pragma once
 
 #include <memory>
