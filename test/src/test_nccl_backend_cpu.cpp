@@ -22,6 +22,7 @@
 #include "nccl_kernels.h"
 #include "nvlink/nvlink_backend.hpp"
 #include "nvlink/workspace_plan.hpp"
+#include "rank_checks.hpp"
 #include "scoped_environment.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
@@ -68,15 +69,17 @@ TEST_CASE("NCCL requested where it cannot load: create is UNSUPPORTED on every r
   const NcclLibraryOverride bogus(path);
   const moe_ep_params_t p = moe_ep_test::make_params(4, 2, 8, 16);
   const moe_ep_config_t c = nccl_config();
-  moe_ep_test::run_ranks(2, [&](int, const moe_ep_bootstrap_t& b) {
+  moe_ep_test::RankChecks checks;
+  moe_ep_test::run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
     moe_ep_handle_t h = reinterpret_cast<moe_ep_handle_t>(0x1);
     const moe_ep_status_t s = moe_ep_create(&b, &p, &c, &h);
     const std::string message = moe_ep_last_error();
-    CHECK(s == MOE_EP_ERROR_UNSUPPORTED);
-    CHECK(h == nullptr);
-    CHECK(contains(message, path));
-    CHECK(contains(message, "MOE_EP_NCCL_LIBRARY"));
+    RANK_CHECK(checks, rank, s == MOE_EP_ERROR_UNSUPPORTED);
+    RANK_CHECK(checks, rank, h == nullptr);
+    RANK_CHECK(checks, rank, contains(message, path));
+    RANK_CHECK(checks, rank, contains(message, "MOE_EP_NCCL_LIBRARY"));
   });
+  checks.assert_all();
   uint64_t bytes = 1;
   CHECK(moe_ep_workspace_size(&p, &c, 2, &bytes) == MOE_EP_ERROR_UNSUPPORTED);
   CHECK(contains(moe_ep_last_error(), path));
@@ -100,10 +103,11 @@ TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU t
   // Two threads of one process share a host: the NVLink backend wins where it runs.
   const int32_t expected = nvlink ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : nccl ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
   if (expected != MOE_EP_BACKEND_HOST) return;  // a GPU machine: the GPU suites cover it
+  moe_ep_test::RankChecks checks;
   moe_ep_test::run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
     moe_ep_handle_t h = nullptr;
-    REQUIRE(moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
-    CHECK(h->config.backend == MOE_EP_BACKEND_HOST);
+    RANK_REQUIRE(checks, rank, moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
+    RANK_CHECK(checks, rank, h->config.backend == MOE_EP_BACKEND_HOST);
     // One token per rank, going to expert 0 (rank 0) and 3 (rank 1), on CPU tensors.
     uint16_t hidden[16] = {};
     int32_t ids[2] = {0, 3};
@@ -116,20 +120,20 @@ TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU t
     args.topk_ids = &ti;
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r, sizeof r);
-    REQUIRE(moe_ep_dispatch(h, &args, &r, nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, moe_ep_dispatch(h, &args, &r, nullptr) == MOE_EP_SUCCESS);
     const int32_t* counts = static_cast<const int32_t*>(r.recv_counts.data);
-    CHECK(counts[0] == 1);
-    CHECK(counts[1] == 1);
-    (void)rank;
+    RANK_CHECK(checks, rank, counts[0] == 1);
+    RANK_CHECK(checks, rank, counts[1] == 1);
     moe_ep_combine_result_t cr;
     moe_ep_combine_result_init(&cr, sizeof cr);
     std::vector<uint16_t> expert_output(2 * 8 * 16, 0);
     int64_t eo_shape[2] = {16, 16};
     moe_ep_tensor_t teo{expert_output.data(), {MOE_EP_DEVICE_CPU, 0}, 2, {MOE_EP_DTYPE_BFLOAT, 16, 1}, eo_shape,
                         nullptr, 0};
-    REQUIRE(moe_ep_combine(h, &teo, nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
-    REQUIRE(moe_ep_destroy(&h) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, moe_ep_combine(h, &teo, nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, moe_ep_destroy(&h) == MOE_EP_SUCCESS);
   });
+  checks.assert_all();
 }
 
 TEST_CASE("NCCL buffer plan: the shared send / combine-input region holds the larger of the two rows", "[nccl]") {
