@@ -14,7 +14,7 @@ namespace moe_ep {
 namespace kernels {
 namespace {
 
-// Measurement builds only (-DMOE_EP_DIAGNOSTICS, scripts/gpu): parts of
+// Measurement builds only (MOE_EP_DIAGNOSTICS): parts of
 // the whole-row pull switched off to time the rest; results are then wrong.
 enum PullDiagnostic : int32_t { kDiagNoAdds = 1, kDiagNoStores = 2, kDiagNoCopies = 4 };
 __device__ __forceinline__ int32_t pull_diagnostic(const CombineParams& p) {

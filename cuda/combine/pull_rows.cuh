@@ -31,16 +31,16 @@ namespace {
 // owns a few 16-byte vectors of the row, adds the buffer's vectors (the lower
 // rank's half first) into fp32 sums, releases the buffer and stores the output
 // row after the token's last partial.  Two partials per step halve the waits,
-// releases and step records per row: at 2 ranks, one step per token (v18).  Large copies and no
+// releases and step records per row: at 2 ranks, one step per token.  Large copies and no
 // bookkeeping between a copy and the next are what let a few SMs keep the link
 // busy (docs/latency_budget.md, "Per-SM bandwidth"); several producers issue
-// several streams of copies, as the probe's 170 GB/s per SM did.
+// several streams of copies per SM.
 // The schedule (which tokens, buffers, phases and slot buffers each producer
 // uses) is PullRowsSchedule (combine/pull_rows_schedule.h), model-checked on the host.
 // The producers read the token slots (which rank holds each partial) a batch
 // of tokens at a time, one batch ahead, into two shared buffers each (the
-// per-token load was measured not to be the limit, but it costs nothing off the
-// critical path).
+// per-token load is not the limit, but off the critical path it costs
+// nothing).
 constexpr int kRowVectorsPerThread = 3;  // 12 consumer warps x 32 x 3 x 16 B >= 16 KiB
 // Shared memory: the barriers, step records and slot buffers first (sized
 // for kRowMaxStages), then the row buffers (row_stages_that_fit of them).
@@ -105,7 +105,7 @@ __device__ bool produce_rows(const CombineParams& p, const RowStages& st, int j,
     if (lane == 0) {
       st.steps[stage] = make_int2(token, flags | (src1 != nullptr ? kRowPair : 0));
       if (src0 != nullptr && (pull_diagnostic(p) & kDiagNoCopies) == 0) {
-        fence_shared_before_bulk_copy();  // measured at about 2% on 8-24 SMs, kept: it is what the proxy rules ask
+        fence_shared_before_bulk_copy();  // the proxy rules ask for it
         barrier_expect_bytes(st.full + stage, src1 != nullptr ? 2 * bytes : bytes);
         bulk_copy_chunks_issue(st.buffer(stage), src0, bytes, chunk, st.full + stage);
         if (src1 != nullptr)
@@ -209,7 +209,7 @@ struct RingCursors {
 
 // A token whose one step holds all its partials (at most two: every token at
 // 2 ranks), 16-bit formats: the output row straight from the packed sums
-// (Element::sum_two, v22), the empty step as zeros; a vector with a NaN
+// (Element::sum_two), the empty step as zeros; a vector with a NaN
 // result is recomputed in fp32 as the multi-step path does.  Releases the
 // buffer before the stores, as that path does.  `diagnostic`
 // (PullDiagnostic, measurement builds only) kDiagNoAdds: no loads or sums.
@@ -322,10 +322,9 @@ __device__ bool consume_rows(const CombineParams& p, const RowStages& st, int32_
       // Every consumer thread arrives (the barrier counts st.consumers): each
       // releases its own reads of the buffer and of the step, which is what
       // the barrier's release semantics cover (and what compute-sanitizer's
-      // racecheck checks; one arrival per warp after a __syncwarp is flagged:
-      // scripts/gpu/mbarrier_release_probe.cu; v18: the consumers meeting at a
-      // named barrier and one of them arriving measured 17 % slower on 16 SMs,
-      // and racecheck flags it).
+      // racecheck checks: it flags one arrival per warp after a __syncwarp,
+      // and one arrival after the consumers meet at a named barrier, which is
+      // also slower).
       barrier_arrive(st.empty + stage);
       if (step.y & kRowLast) break;
     }

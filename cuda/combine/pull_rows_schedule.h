@@ -14,8 +14,8 @@ namespace moe_ep {
 namespace kernels {
 
 // The row buffers share one region of shared memory: as many buffers as rows
-// of the call's size fit, at most kRowMaxStages (v18: 14 buffers of 14 KiB
-// where 12 of 16 KiB were fixed before; the pull is bound by how many rows
+// of the call's size fit, at most kRowMaxStages (14 buffers of 14 KiB rows,
+// 12 of 16 KiB: the pull is bound by how many rows
 // each SM has in flight, docs/nvlink_backend.md).
 constexpr int kRowMaxStages = 16;            // row buffers per block at most (barriers are sized for it)
 constexpr int kRowMaxBytes = 16 * 1024;      // rows up to 16 KiB

@@ -45,7 +45,7 @@ struct Roles {
       push = 1;
       reduce = 1;
     } else {
-      reduce = reduce_blocks > 0 ? reduce_blocks : grid * 5 / 11;  // 60 of 132 (measured: 33, 44, 60)
+      reduce = reduce_blocks > 0 ? reduce_blocks : grid * 5 / 11;  // 60 of 132 SMs
       if (reduce > grid - 1) reduce = grid - 1;
       if (reduce < 1) reduce = 1;
       push = grid - reduce;
@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
 // ---- Small-batch kernel (serial schedule, tokens_per_rank <= kSmallCombineMaxTokens) ----
 // The serial schedule's protocol and results (same counters, same weights:
 // publish_serial_arrival), with two dependent loads taken off the path of a
-// small call (docs/nvlink_backend.md, v5): push items are mapped statically
+// small call (docs/nvlink_backend.md): push items are mapped statically
 // over (peer, slot < tpr, segment), so a warp's first row segment is loaded at
 // kernel start together with the row counts (and skipped when that slot is not
 // used); and a warp loads its first reduce token's slots row before waiting

@@ -6,7 +6,7 @@
 //
 // Why: a warp that copies through registers keeps one 4 KiB segment in
 // flight and waits for its load before its stores, so a few SMs leave NVLink
-// idle between loads (docs/nvlink_backend.md, v11).  Here a warp keeps
+// idle between loads (docs/nvlink_backend.md).  Here a warp keeps
 // kStages - 1 loads in flight ahead of its stores, and the stores leave shared
 // memory on their own.
 //

@@ -78,9 +78,9 @@ __device__ __forceinline__ uint32_t floats_to_x2_bits(float lo, float hi) {
 }
 
 // Eight values into four packed pairs, with one NaN test for the eight and
-// no branch per pair (v18: the pull's consumers are instruction-bound on few
-// SMs, and a test, branch and reconvergence per pair was a fifth of their
-// work per row); the same bits as four floats_to_x2_bits.
+// no branch per pair (the pull's consumers are instruction-bound on few SMs,
+// and a test, branch and reconvergence per pair is a large part of their work
+// per row); the same bits as four floats_to_x2_bits.
 template <typename Format>
 __device__ __forceinline__ uint4 floats_to_x8_bits(const float (&v)[8]) {
   const bool nan = either_nan(v[0], v[1]) | either_nan(v[2], v[3]) | either_nan(v[4], v[5]) | either_nan(v[6], v[7]);
@@ -99,7 +99,7 @@ __device__ __forceinline__ uint32_t floats_to_fp16x2_bits(float lo, float hi) {
   return floats_to_x2_bits<Fp16Bits>(lo, hi);
 }
 
-// A token's two partial rows summed with packed adds (v22): the result of
+// A token's two partial rows summed with packed adds: the result of
 // 0 + a + b in fp32 (combine's order, the lower rank's a first), rounded once
 // to the 16-bit format, is the exact sum a + b rounded once to that format:
 // fp32 keeps 24 significand bits, at least 2p + 2 for bf16 (p = 8) and fp16
@@ -155,7 +155,7 @@ struct Bf16Element {
   using Bits = uint16_t;
   static __device__ __forceinline__ float load(Bits b) { return bf16_bits_to_float(b); }
   // A 32-bit word's two values widened with one instruction each (a shift,
-  // a mask) where the 16-bit loads cost two for the high one (v19).
+  // a mask) where the 16-bit loads cost two for the high one.
   static __device__ __forceinline__ void add_vector(float (&acc)[8], const uint4& x) {
     const uint32_t w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll

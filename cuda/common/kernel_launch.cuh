@@ -2,7 +2,7 @@
 //
 // With PDL (compute capability 9.0 and newer) a kernel may be scheduled while
 // the kernel before it in the stream is still running: its launch latency
-// (about 3 us in a graph) then overlaps the previous kernel's tail instead of
+// (several microseconds, even in a graph) then overlaps the previous kernel's tail instead of
 // following it.  Every kernel launched this way calls wait_for_prior_grid()
 // before it touches memory that earlier work wrote (the caller's inputs, the
 // control block, the combine_input view), which waits for the previous grid's

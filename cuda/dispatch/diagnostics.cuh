@@ -18,14 +18,14 @@ namespace moe_ep {
 namespace kernels {
 namespace {
 
-// Measurement builds only (-DMOE_EP_DIAGNOSTICS, MOE_EP_DISPATCH_DIAGNOSTIC
+// Measurement builds only (MOE_EP_DIAGNOSTICS, MOE_EP_DISPATCH_DIAGNOSTIC
 // bit 4): per-block phase times, in both kernels.  Thread 0 of every block
 // stamps the global timer (ns) at the marks below and stores its stamps before
 // the block's publication; block 0, once every block of the rank has arrived,
 // prints a line per block: "dtrace RANK EPOCH BLOCK", the stamps, and block
-// 0's own publication, end of its waits and end (0 on other blocks), for
-// scripts/gpu/dispatch_trace.py.  (Printing from every block perturbed the
-// timing: the stamps are gathered instead.)  In other builds the class is
+// 0's own publication, end of its waits and end (0 on other blocks).
+// (Printing from every block would perturb the timing: the stamps are
+// gathered instead.)  In other builds the class is
 // empty and every call compiles to nothing.
 #ifdef MOE_EP_DIAGNOSTICS
 constexpr int kTraceRanks = 8, kTraceBlocks = 1024, kTraceMarks = 6;
@@ -87,7 +87,7 @@ class DispatchTrace {
 #endif
 };
 
-// Measurement builds only (-DMOE_EP_DIAGNOSTICS, scripts/gpu): the ranks whose
+// Measurement builds only (MOE_EP_DIAGNOSTICS): the ranks whose
 // hidden rows are left unwritten, to time the rest (results are then wrong).
 __device__ __forceinline__ uint64_t rows_left_out(const DispatchParams& p) {
 #ifdef MOE_EP_DIAGNOSTICS

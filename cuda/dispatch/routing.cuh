@@ -15,15 +15,15 @@ namespace kernels {
 namespace {
 
 // Adds the rank that owns pick `id` to `mask`; nothing for a masked or bad
-// id.  (A branch: as a select, the general kernel's register path spilled
-// 20 / 124 bytes against 4 / 4.)
+// id.  (A branch: as a select, the general kernel's register path spills
+// more.)
 __device__ __forceinline__ void add_owner(const GroupShape& s, int32_t id, uint64_t& mask) {
   if (is_valid_expert(s, id)) mask |= uint64_t{1} << owner_of(s, id);
 }
 
-// Ranks that own at least one valid pick of the token.  (Unrolled by 8, one
-// load round for top-8, the general kernel's register path spilled 52 / 132
-// bytes against 4 / 4.)
+// Ranks that own at least one valid pick of the token.  (Unrolled by 4:
+// unrolled by 8, one load round for top-8, the general kernel's register
+// path spills more.)
 __device__ inline uint64_t token_mask(const GroupShape& s, const int32_t* ids_row) {
   uint64_t mask = 0;
 #pragma unroll 4
@@ -47,7 +47,7 @@ __device__ __forceinline__ void count_pick(const DispatchParams& p, int32_t toke
 }
 
 // Counts every pick of a token, one load at a time (unrolled, the general
-// kernel's register path spilled 12 / 28 bytes against 4 / 4).
+// kernel's register path spills more).
 __device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
   const int top_k = p.ctx.shape.top_k;
   const int32_t* row = p.args.topk_ids + static_cast<int64_t>(token) * top_k;
@@ -94,7 +94,7 @@ __device__ inline void route_round(const DispatchParams& p, int base, uint64_t m
 // (each add by one thread, the whole block's picks in it).  Counting every
 // pick straight into the global histogram sent every block's thousands of
 // adds to the few lines that hold it, where they queued behind each other
-// (v29).  Ends with a barrier: the block's publication (a release after it)
+// Ends with a barrier: the block's publication (a release after it)
 // covers these adds.
 __device__ void add_block_histogram(const DispatchParams& p, const RoutingShared& sh) {
   int32_t* global = p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);

@@ -1,6 +1,6 @@
 // ---- Small-batch kernel (tokens_per_rank <= kSmallDispatchMaxTokens) -------
 // The same work, protocol, counters and results as dispatch_kernel, with fewer
-// dependent steps on the path of a small call (docs/nvlink_backend.md, v5):
+// dependent steps on the path of a small call (docs/nvlink_backend.md):
 // the routing is one round (T <= kBlockThreads); a token's slots are derived
 // from the shared ballots instead of being read back from token_slots (which
 // is still written: combine reads it); the timeout record waits in a register

@@ -57,8 +57,8 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   int32_t* hist = histogram_of(p, sh.r);
   // The token's first kHeldPicks ids are loaded once, in one round whose
   // latency the histogram's zeroing and its barrier hide, and give both the
-  // mask and block 0's counts (v31; they were two load rounds of 4 for the
-  // mask, then the counts' reloads after the barrier).
+  // mask and block 0's counts (rather than load rounds for the mask and
+  // reloads for the counts after the barrier).
   constexpr int kHeldPicks = 8;
   const int32_t* ids = p.args.topk_ids + static_cast<int64_t>(t) * s.top_k;
   const int held = t < T ? min(s.top_k, kHeldPicks) : 0;

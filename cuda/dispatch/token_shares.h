@@ -8,9 +8,8 @@
 //   block in the middle, the bytes a block sends in 1 us at the per-SM rate
 //   of 8 SMs (56 KB).  It takes 1 - g of a share, g = 56 KB over the bytes of
 //   one share, (T / G) x row x d; g >= 1 (small calls, large grids): none, so
-//   that its counts are never behind a row (v34: with none on 8 SMs at 512
-//   tokens, the other 7 blocks' rows took 2 us longer than the general
-//   kernel's);
+//   that its counts are never behind a row (a share of none at every size
+//   would leave the other blocks more rows to send);
 // - the general kernel's last block, when the call routes by scan
 //   (DispatchLaunch::lookback 0), scans every token (the others only up to
 //   their last, half of them on average) and counts every pick before its
@@ -25,9 +24,7 @@
 //     f = extra / sends ≈ G x (top_k x 11.8 + 49) / (row x d)
 //   with G blocks, row = the bytes sent per token and destination (hidden
 //   row, scale row, ids and weights), d = min(world, top_k).  f >= 1: it owns
-//   no token.  (v24-v25 gave the general kernel's block 0 less for the same
-//   reason while every block scanned every token and block 0 counted the
-//   picks; v27.)
+//   no token.
 #pragma once
 
 #include <stdint.h>
