@@ -1,6 +1,7 @@
 #!/bin/sh
 # Builds and runs an outside consumer against an install prefix.
 #   run_consumer.sh cmake  PREFIX WORK CMAKE_COMMAND GENERATOR
+#   run_consumer.sh cmake_mpi PREFIX WORK CMAKE_COMMAND GENERATOR MPIEXEC
 #   run_consumer.sh pkgconfig PREFIX WORK
 #   run_consumer.sh tool PREFIX WORK MPIEXEC
 #   run_consumer.sh rust PREFIX WORK CARGO BINDINGS
@@ -21,6 +22,17 @@ case "$mode" in
         -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF || exit 1
     "$cmake" --build "$work" || exit 1
     exec "$work/consumer" "$prefix"
+    ;;
+  cmake_mpi)
+    # The MPI adapter through the package alone: the consumer's CMake project
+    # has no find_package(MPI); moe_ep::moe_ep_mpi must bring MPI with it.
+    cmake=$4; gen=$5; mpiexec=$6
+    [ -f "$(find "$prefix" -name moe_epMpiTargets.cmake | head -n 1)" ] ||
+      { echo "SKIP: this install has no MPI adapter"; exit 77; }
+    "$cmake" -S "$here/cmake_mpi_project" -B "$work" -G "$gen" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF || exit 1
+    "$cmake" --build "$work" || exit 1
+    exec "$mpiexec" -n 1 "$work/mpi_consumer" "$prefix"
     ;;
   pkgconfig)
     command -v pkg-config >/dev/null 2>&1 || { echo "SKIP: pkg-config not installed"; exit 77; }
@@ -55,7 +67,7 @@ case "$mode" in
   tool)
     mpiexec=$4
     [ -x "$prefix/bin/moe_ep_conformance" ] ||
-      { echo "SKIP: moe_ep_conformance was not built (needs CLI11 and MPI C++)"; exit 77; }
+      { echo "SKIP: moe_ep_conformance was not built (needs CLI11 and MPI)"; exit 77; }
     # Relocatable: run a copy of the whole prefix, moved after installation.
     cp -a "$prefix" "$work/moved_prefix" || exit 1
     prefix="$work/moved_prefix"
