@@ -80,16 +80,6 @@ const char* const kCombineChunksVariable = "MOE_EP_NCCL_COMBINE_CHUNKS";
 // so it must be the same on every rank.
 const char* const kJoinMetadataVariable = "MOE_EP_NCCL_JOIN_METADATA";
 
-void check_same_everywhere(const Bootstrap& bootstrap, const char* variable, int32_t mine) {
-  const std::vector<int32_t> all = bootstrap.allgather_value(mine);
-  for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
-    if (all[r] != all[0]) {
-      fail(MOE_EP_ERROR_INVALID_ARGUMENT, variable, ": expected the same value on every rank, got ", all[0],
-           " on rank 0 and ", all[r], " on rank ", r);
-    }
-  }
-}
-
 class NcclBackend final : public Backend {
  public:
   NcclBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
@@ -99,9 +89,9 @@ class NcclBackend final : public Backend {
     // failure is released here (the destructor does not run).
     try {
       run_then_agree(bootstrap, [&] { prepare_locally(); });
-      check_same_everywhere(bootstrap, kDispatchChunksVariable, dispatch_chunks_);
-      check_same_everywhere(bootstrap, kCombineChunksVariable, combine_chunks_);
-      check_same_everywhere(bootstrap, kJoinMetadataVariable, join_metadata_);
+      check_same_on_every_rank(bootstrap, {{kDispatchChunksVariable, dispatch_chunks_},
+                                           {kCombineChunksVariable, combine_chunks_},
+                                           {kJoinMetadataVariable, join_metadata_}});
       {
         const DeviceGuard guard(device_);
         run_then_agree(bootstrap, [&] { check_one_rank_per_gpu(bootstrap, device_); });
@@ -130,7 +120,7 @@ class NcclBackend final : public Backend {
   moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CUDA, device_}; }
 
   DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
-    refuse_when_broken();
+    refuse_after_abort();
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int32_t tpr = call.tokens_per_rank;
@@ -181,7 +171,7 @@ class NcclBackend final : public Backend {
   }
 
   void* combine(const CombineCall& call, void* stream) override {
-    refuse_when_broken();
+    refuse_after_abort();
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int64_t tpr = call.tokens_per_rank;
@@ -243,7 +233,7 @@ class NcclBackend final : public Backend {
     int previous = -1;
     const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
     if (cudaSetDevice(device_) == cudaSuccess) {
-      bool healthy = broken_status_ == MOE_EP_SUCCESS;
+      bool healthy = !own_work_abandoned_;
       if (healthy && comm_) {
         try {
           wait_for_own_work();  // bounded: aborts the communicator when timeout_ms passes
@@ -552,8 +542,9 @@ class NcclBackend final : public Backend {
     comm_->complete("ncclRecv", api_->Recv(data, bytes, nccl::kInt8, peer, comm_->get(), s));
   }
 
-  void refuse_when_broken() {
-    if (broken_status_ != MOE_EP_SUCCESS) throw Error(broken_status_, broken_message_);
+  // The handle refuses calls once it is broken (handle_health.hpp); this is
+  // the communicator's own state, for a call that reaches it after an abort.
+  void refuse_after_abort() {
     if (comm_ == nullptr || comm_->aborted()) {
       fail(MOE_EP_ERROR_INVALID_STATE, "the NCCL communicator of this handle was aborted; destroy the handle");
     }
@@ -566,7 +557,7 @@ class NcclBackend final : public Backend {
   // Waits for this handle's work, bounded by timeout_ms: NCCL's kernels wait
   // for peers without a bound of their own, so when the deadline passes (or
   // NCCL reports an error) the communicator is aborted, which makes them exit,
-  // and the handle is broken: TIMEOUT from then on.
+  // and the call fails with TIMEOUT, which breaks the handle (sticky).
   void wait_for_own_work() {
     if (!own_work_) return;  // nothing was ever launched
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
@@ -581,7 +572,7 @@ class NcclBackend final : public Backend {
             expired ? "no completion within timeout_ms = " + std::to_string(config_.timeout_ms)
                     : "NCCL reported " + std::string(api_->GetErrorString(nccl_state));
         comm_->abort();  // NCCL's kernels exit
-        break_handle(MOE_EP_ERROR_TIMEOUT, "dispatch/combine on rank " + std::to_string(layout_.rank) + ": " + what +
+        abandon_work(MOE_EP_ERROR_TIMEOUT, "dispatch/combine on rank " + std::to_string(layout_.rank) + ": " + what +
                                                " (a peer died, stalled, or issued different calls); the NCCL "
                                                "communicator was aborted; destroy this handle");
       }
@@ -589,9 +580,9 @@ class NcclBackend final : public Backend {
     }
   }
 
-  [[noreturn]] void break_handle(moe_ep_status_t status, const std::string& message) {
-    broken_status_ = status;
-    broken_message_ = message;
+  // The wait for the handle's work gave up: shutdown does not wait again.
+  [[noreturn]] void abandon_work(moe_ep_status_t status, const std::string& message) {
+    own_work_abandoned_ = true;
     throw Error(status, message);
   }
 
@@ -643,8 +634,7 @@ class NcclBackend final : public Backend {
   int32_t join_metadata_ = 1;                   // MOE_EP_NCCL_JOIN_METADATA (0: always a separate operation)
   int32_t combine_chunks_ = 1;                  // MOE_EP_NCCL_COMBINE_CHUNKS
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
-  moe_ep_status_t broken_status_ = MOE_EP_SUCCESS;
-  std::string broken_message_;
+  bool own_work_abandoned_ = false;  // wait_for_own_work timed out and aborted the communicator
   bool released_ = false;
 };
 

@@ -100,14 +100,10 @@ class NvlinkBackend final : public Backend {
     run_then_agree(bootstrap, [&] { prepare_locally(); });
     // Every rank of a call runs the same combine schedule with the same
     // number of phases; auto decides from the group's smallest SM budget.
-    const std::vector<int32_t> knobs = bootstrap.allgather_value(combine_schedule_ + 4 * combine_phases_);
+    check_same_on_every_rank(
+        bootstrap, {{"MOE_EP_COMBINE_SCHEDULE / MOE_EP_COMBINE_PHASES", combine_schedule_ + 4 * combine_phases_}});
     const std::vector<int32_t> budgets = bootstrap.allgather_value(static_cast<int32_t>(sm_budget_));
     for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
-      if (knobs[r] != knobs[0]) {
-        fail(MOE_EP_ERROR_INVALID_ARGUMENT,
-             "MOE_EP_COMBINE_SCHEDULE / MOE_EP_COMBINE_PHASES: expected the same value on every rank, got ",
-             knobs[0], " on rank 0 and ", knobs[r], " on rank ", r);
-      }
       group_min_sm_budget_ = r == 0 || budgets[r] < group_min_sm_budget_ ? budgets[r] : group_min_sm_budget_;
     }
     {
