@@ -1,5 +1,6 @@
-// The interface every transport implements (HOST, NVLINK_TWO_SIDED).  The
-// handle validates arguments and keeps the call sequence; a backend only moves
+// The interface every transport implements (HOST, NVLINK_TWO_SIDED, NCCL).
+// The handle validates arguments, keeps the call sequence and the broken
+// state, and creates backends through backend_table.hpp; a backend only moves
 // bytes between validated raw pointers.
 #pragma once
 
