@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "collective_step.hpp"
+#include "common/cuda_driver_probe.hpp"
 #include "common/host_identity.hpp"
 #include "common/log.hpp"
 #include "error.hpp"
@@ -20,7 +21,8 @@ const BackendEntry kNvlink{
     "NVLINK_TWO_SIDED",
     [](int32_t device, std::string* why) {
       const bool supported = nvlink_platform_supported(device);
-      if (!supported && why != nullptr) *why = "no CUDA driver, no GPU, or no backend in this build";
+      if (!supported && why != nullptr) *why = cuda_driver_missing();
+      if (!supported && why != nullptr && why->empty()) *why = "no GPU, or no GPU backend in this build";
       return supported;
     },
     [](const Layout& layout, const moe_ep_config_t& config) { return nvlink_workspace_bytes(layout, config); },

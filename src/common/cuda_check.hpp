@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/cuda_driver_probe.hpp"
 #include "error.hpp"
 
 namespace moe_ep {
@@ -13,6 +14,13 @@ namespace moe_ep {
 inline void check_cuda(cudaError_t rc, const char* what) {
   if (rc == cudaSuccess) return;
   cudaGetLastError();  // clear it: a later call must not report this one
+  if (rc == cudaErrorInsufficientDriver) {  // also what the runtime says where there is no driver at all
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);
+    cudaRuntimeGetVersion(&runtime);
+    fail(MOE_EP_ERROR_CUDA, what, ": ", describe_insufficient_driver(driver, runtime),
+         " (cudaErrorInsufficientDriver)");
+  }
   fail(rc == cudaErrorMemoryAllocation ? MOE_EP_ERROR_OUT_OF_MEMORY : MOE_EP_ERROR_CUDA, what, ": ",
        cudaGetErrorName(rc), " (", cudaGetErrorString(rc), ")");
 }

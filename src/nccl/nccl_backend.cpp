@@ -647,7 +647,8 @@ bool nccl_platform_supported(int32_t device, std::string* why) {
   std::string gpu;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     cudaGetLastError();
-    gpu = "no CUDA device or driver in this process";
+    gpu = cuda_driver_missing();  // the runtime's "driver version is insufficient" also means no driver
+    if (gpu.empty()) gpu = "no CUDA device in this process";
   } else if (device < -1 || device >= count) {
     gpu = "device " + std::to_string(device) + " does not exist (" + std::to_string(count) + " devices)";
   }

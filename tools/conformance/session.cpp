@@ -23,7 +23,11 @@ GpuInfo select_gpu(const World& world) {
   const cudaError_t rc = cudaGetDeviceCount(&g.visible);
   if (rc != cudaSuccess || g.visible == 0) {
     // No driver or no device is a normal state for this tool: the HOST backend.
-    g.why_absent = rc != cudaSuccess ? cudaGetErrorString(rc) : "no CUDA device visible";
+    // cudaDriverGetVersion gives 0 where no driver is installed, where the runtime
+    // still says "CUDA driver version is insufficient".
+    g.why_absent = rc == cudaSuccess ? "no CUDA device visible"
+                   : g.driver_version == 0 ? "no CUDA driver found (libcuda.so.1 is not installed)"
+                                           : cudaGetErrorString(rc);
     g.visible = 0;
     cudaGetLastError();
     return g;
