@@ -245,7 +245,8 @@ void validate_tuning_environment(int32_t rank) {
     if (std::strncmp(entry, kTestPrefix, std::strlen(kTestPrefix)) == 0) continue;
     const char* equals = std::strchr(entry, '=');
     const std::string name = equals ? std::string(entry, equals) : std::string(entry);
-    if (find_knob(name) == nullptr) log_info("rank ", rank, ": ", name, " is not a knob of this library (ignored)");
+    if (find_knob(name) == nullptr)
+      log_info("rank ", rank, ": ", name, " is set but is no knob of the library (ignored)");
   }
 }
 

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -558,6 +559,47 @@ TEST_CASE("100 create/destroy cycles leave device memory where it was", "[gpu][l
   REQUIRE(mpi_all(after + (2u << 20) >= before));  // within one allocation granule
 }
 
+// The path each call reports (moe_ep_get_last_path) with the path knobs at
+// their defaults: a small call takes the small-batch kernels, a large one the
+// general dispatch (by scan up to 2048 tokens) and the serial push combine, or
+// the overlapped one on 2 or more ranks of at least 64 SMs.
+TEST_CASE("paths: a small call takes the small-batch kernels, a large one the general kernels", "[gpu][path]") {
+  std::vector<std::unique_ptr<ScopedEnvironment>> defaults;
+  for (const char* knob : {"MOE_EP_SMALL_BATCH", "MOE_EP_SMALL_DISPATCH_TOKENS", "MOE_EP_SMALL_COMBINE_TOKENS",
+                           "MOE_EP_DISPATCH_BULK", "MOE_EP_DISPATCH_LOOKBACK", "MOE_EP_COMBINE_SCHEDULE"}) {
+    defaults.push_back(std::make_unique<ScopedEnvironment>(knob, nullptr));
+  }
+  int sms = 0, major = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, gpu_device()), "cudaDeviceGetAttribute");
+  cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gpu_device()), "cudaDeviceGetAttribute");
+  const bool bulk = major >= 9 && sms <= 8;  // dispatch's bulk-copy rows by default
+  const bool overlapped = mpi_world_size() > 1 && sms >= 64;
+  const struct {
+    int tokens;
+    int32_t dispatch;
+    int32_t combine;
+  } cases[] = {
+      {8, bulk ? MOE_EP_PATH_DISPATCH_SMALL_BULK : MOE_EP_PATH_DISPATCH_SMALL, MOE_EP_PATH_COMBINE_SMALL_PUSH},
+      {1024, bulk ? MOE_EP_PATH_DISPATCH_SCAN_BULK : MOE_EP_PATH_DISPATCH_SCAN,
+       overlapped ? MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH : MOE_EP_PATH_COMBINE_SERIAL_PUSH},
+  };
+  for (const auto& c : cases) {
+    INFO("tokens per rank " << c.tokens);
+    WorkloadSpec s = spec_for_world(64, 8, 2048, c.tokens);
+    s.seed = 113;
+    SmallHandle h(s, 20000);
+    int32_t dispatch_path = -1, combine_path = -1;
+    bool ok = moe_ep_get_last_path(h.h, MOE_EP_PHASE_DISPATCH, &dispatch_path) == MOE_EP_SUCCESS &&
+              dispatch_path == MOE_EP_PATH_NONE;
+    ok = ok && h.dispatch() == MOE_EP_SUCCESS && h.combine() == MOE_EP_SUCCESS;
+    ok = ok && moe_ep_get_last_path(h.h, MOE_EP_PHASE_DISPATCH, &dispatch_path) == MOE_EP_SUCCESS;
+    ok = ok && moe_ep_get_last_path(h.h, MOE_EP_PHASE_COMBINE, &combine_path) == MOE_EP_SUCCESS;
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    INFO("dispatch " << moe_ep_path_name(dispatch_path) << ", combine " << moe_ep_path_name(combine_path));
+    REQUIRE(mpi_all(ok && dispatch_path == c.dispatch && combine_path == c.combine));
+  }
+}
+
 TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within docs/semantics.md §6",
           "[gpu][lifecycle]") {
   // With and without the zero-copy view: the view replaces the push combine's
@@ -592,8 +634,10 @@ TEST_CASE("workspace: moe_ep_workspace_size is what create allocates, within doc
   }
 }
 
-TEST_CASE("runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank, nothing read "
-          "out of bounds", "[gpu][peer_counts][multi_rank]") {
+TEST_CASE(
+    "runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank, nothing read "
+    "out of bounds",
+    "[gpu][peer_counts][multi_rank]") {
   const int world = mpi_world_size();
   if (world < 2) {
     skip_case("needs at least two ranks");

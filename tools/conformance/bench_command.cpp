@@ -111,6 +111,8 @@ class Sweep {
     r.dispatch = reduce_phase(s_.world(), t.phase_us[0]);
     r.combine = reduce_phase(s_.world(), t.phase_us[1]);
     r.gate_expired = t.gate_expired;
+    moe_ep_get_last_path(moe.handle(), MOE_EP_PHASE_DISPATCH, &r.dispatch_path);
+    moe_ep_get_last_path(moe.handle(), MOE_EP_PHASE_COMBINE, &r.combine_path);
     if (ceiling_) measure_ceiling(r);
     if (nccl_) measure_nccl(r);
     return r;

@@ -44,6 +44,7 @@ struct SizeResult {
   int64_t wrong_dispatch = -1, wrong_combine = -1;  // -1: not checked
   PhaseTiming dispatch, combine;
   bool gate_expired = false;
+  int32_t dispatch_path = MOE_EP_PATH_NONE, combine_path = MOE_EP_PATH_NONE;  // moe_ep_get_last_path on this rank
   bool has_ceiling = false;
   PhaseTiming ceiling_dispatch, ceiling_combine;
   bool has_nccl = false;

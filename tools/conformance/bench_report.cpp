@@ -95,9 +95,15 @@ void BenchReport::print_header() {
   const std::vector<std::string> lines = s_.rank_lines();
   if (!s_.world().is_root()) return;
   const WorkloadSpec& w = shape_;
-  std::printf("# moe_ep_conformance bench: %s, backend %s, %d ranks, NCCL %s\n", Session::version_line().c_str(),
+  // NCCL is named only where this run can use it (a GPU backend's baseline).
+  std::printf("# moe_ep_conformance bench: %s, backend %s, %d ranks%s\n", Session::version_line().c_str(),
               s_.backend_label().c_str(), s_.world().size,
-              NcclBaseline::version().c_str());
+              s_.on_gpu() ? (", NCCL " + NcclBaseline::version()).c_str() : "");
+  if (!s_.on_gpu()) {
+    std::printf(
+        "# HOST backend: a reference that copies through the bootstrap; its timings are not performance "
+        "figures\n");
+  }
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   std::printf("# shape: hidden %d, payload %s x%d + %s, combine %s; top-%d of %d experts; routing %s", w.hidden_size,
               dtype_name(w.hidden_dtype).c_str(), w.row_elems(),
@@ -138,12 +144,12 @@ void BenchReport::print_sweep_columns() const {
   std::printf("# %7s |%s |%s\n", "", "                                  dispatch                                      ",
               "                                  combine");
   const std::string bytes_column = std::string(s_.link().short_name) + "_bytes";
-  std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "tokens",
+  std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s | %s\n", "tokens",
               bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong",
-              bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong");
-  std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s\n", "/rank", "(B)",
-              "(us)", "(us)", "(us)", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(us)", "(us)", "(us)", "(us)",
-              "(us)", "(GB/s)", "(GB/s)", "");
+              bytes_column.c_str(), "avg", "p50", "p99", "rmin", "rmax", "algbw", "busbw", "#wrong", "path");
+  std::printf("# %7s |%12s %8s %8s %8s %8s %8s %7s %7s %6s |%12s %8s %8s %8s %8s %8s %7s %7s %6s | %s\n", "/rank",
+              "(B)", "(us)", "(us)", "(us)", "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(us)", "(us)", "(us)",
+              "(us)", "(us)", "(GB/s)", "(GB/s)", "", "(rank 0: dispatch, combine)");
   std::fflush(stdout);
 }
 
@@ -156,6 +162,7 @@ void BenchReport::print_row(const SizeResult& r) const {
   std::printf(" |");
   print_phase(t.mean_remote_bytes(t.combine_row_bytes), t.mean_alg_bytes(t.combine_row_bytes), r.combine,
               r.wrong_combine);
+  std::printf(" | %s, %s", moe_ep_path_name(r.dispatch_path), moe_ep_path_name(r.combine_path));
   std::printf("%s\n", r.gate_expired ? "  (launches could not be queued ahead: host-bound times)" : "");
   std::fflush(stdout);
 }
@@ -227,8 +234,10 @@ bool BenchReport::print_footer(const BenchResults& all) const {
     count(r.wrong_combine);
   }
   if (s_.world().is_root()) {
-    std::printf("#\n# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
-                !checked ? "(not checked: -c 0)" : wrong ? "FAILED" : "OK");
+    std::printf("#\n# Wrong elements : %lld %s\n", static_cast<long long>(wrong),
+                !checked ? "(not checked: -c 0)"
+                : wrong  ? "FAILED"
+                         : "OK");
     if (!all.sweep.empty()) {
       std::printf("# Avg bus bandwidth    : dispatch %.2f GB/s, combine %.2f GB/s\n", dispatch_bw / all.sweep.size(),
                   combine_bw / all.sweep.size());
@@ -293,6 +302,8 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
     write_phase_json(j, "combine", r.combine, cn, ca);
     j.field("wrong_dispatch", r.wrong_dispatch).field("wrong_combine", r.wrong_combine);
     j.field("launches_queued_ahead", !r.gate_expired);
+    j.field("dispatch_path", std::string(moe_ep_path_name(r.dispatch_path)));
+    j.field("combine_path", std::string(moe_ep_path_name(r.combine_path)));
     j.end_object();
     if (r.has_ceiling) {
       j.key("ceiling").begin_object();

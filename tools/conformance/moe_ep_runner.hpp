@@ -55,6 +55,7 @@ class MoeEpRunner {
   void* expert_target() const;
   const WorkloadSpec& spec() const { return spec_; }
   const Session& session() const { return s_; }
+  moe_ep_handle_t handle() const { return handle_.get(); }
 
  private:
   int me() const { return s_.world().rank; }
