@@ -78,3 +78,32 @@ TEST_CASE("run_then_agree: a failure of any exception type fails the step on eve
     for (const Outcome& x : o) CHECK(x.status == MOE_EP_SUCCESS);
   }
 }
+
+TEST_CASE("check_same_on_every_rank: one exchange, the first differing value named on every rank",
+          "[collective_step]") {
+  const auto run = [](int world, int odd_rank, int odd_field) {
+    std::vector<Outcome> outcomes(world);
+    moe_ep_test::run_ranks(world, [&](int rank, const moe_ep_bootstrap_t& b) {
+      const moe_ep::Bootstrap bootstrap(&b);
+      std::vector<moe_ep::RankValue> mine = {{"params->top_k", 2}, {"config->timeout_ms", 1000}};
+      if (rank == odd_rank) mine[odd_field].value += 5;
+      try {
+        moe_ep::check_same_on_every_rank(bootstrap, mine, "test check");
+      } catch (const moe_ep::Error& e) {
+        outcomes[rank] = Outcome{e.status(), e.what()};
+      }
+    });
+    return outcomes;
+  };
+  SECTION("the same values everywhere pass") {
+    for (const Outcome& o : run(3, -1, 0)) CHECK(o.status == MOE_EP_SUCCESS);
+  }
+  SECTION("a value that differs on one rank fails every rank alike") {
+    for (const Outcome& o : run(3, 2, 1)) {
+      CHECK(o.status == MOE_EP_ERROR_INVALID_ARGUMENT);
+      CHECK(o.message ==
+            "config->timeout_ms: expected the same value on every rank, got 1000 on rank 0 and 1005 on "
+            "rank 2");
+    }
+  }
+}

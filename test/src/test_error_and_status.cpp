@@ -1,9 +1,11 @@
-// Status strings, the thread-local last error, and the version query.
+// Status strings, the thread-local last error, the version query, and which
+// statuses leave a handle broken.
 #include <catch2/catch.hpp>
 
 #include <string>
 #include <thread>
 
+#include "handle_health.hpp"
 #include "moe_ep_c.h"
 
 TEST_CASE("every status has its own name", "[status]") {
@@ -54,4 +56,35 @@ TEST_CASE("set_last_error sets and clears this thread's message", "[status]") {
   CHECK(other.empty());
   CHECK(moe_ep_set_last_error(nullptr) == MOE_EP_SUCCESS);
   CHECK(std::string(moe_ep_last_error()).empty());
+}
+
+TEST_CASE("HandleHealth: TIMEOUT, CUDA_ERROR and INTERNAL are sticky; the first one is kept", "[error]") {
+  for (moe_ep_status_t s : {MOE_EP_ERROR_TIMEOUT, MOE_EP_ERROR_CUDA, MOE_EP_ERROR_INTERNAL}) {
+    CHECK(moe_ep::HandleHealth::is_sticky(s));
+  }
+  for (moe_ep_status_t s :
+       {MOE_EP_SUCCESS, MOE_EP_ERROR_INVALID_ARGUMENT, MOE_EP_ERROR_INVALID_STATE, MOE_EP_ERROR_INVALID_INPUT,
+        MOE_EP_ERROR_UNSUPPORTED, MOE_EP_ERROR_OUT_OF_MEMORY, MOE_EP_ERROR_BOOTSTRAP}) {
+    CHECK_FALSE(moe_ep::HandleHealth::is_sticky(s));
+  }
+  moe_ep::HandleHealth health;
+  // A non-sticky failure of a call goes to the caller and leaves the handle usable.
+  CHECK_THROWS_AS(health.guard([] { moe_ep::fail(MOE_EP_ERROR_INVALID_ARGUMENT, "bad"); }), moe_ep::Error);
+  CHECK_FALSE(health.broken());
+  CHECK(health.guard([] { return 7; }) == 7);
+  // A sticky one breaks it; later calls are refused with it, not run.
+  CHECK_THROWS_AS(health.guard([] { moe_ep::fail(MOE_EP_ERROR_TIMEOUT, "peer 1 stalled"); }), moe_ep::Error);
+  REQUIRE(health.broken());
+  health.record(MOE_EP_ERROR_CUDA, "later");  // the first failure stays
+  CHECK(health.status() == MOE_EP_ERROR_TIMEOUT);
+  CHECK(health.message() == "peer 1 stalled");
+  bool ran = false;
+  try {
+    health.guard([&] { ran = true; });
+    FAIL("a broken handle ran a call");
+  } catch (const moe_ep::Error& e) {
+    CHECK(e.status() == MOE_EP_ERROR_TIMEOUT);
+    CHECK(std::string(e.what()) == "peer 1 stalled");
+  }
+  CHECK_FALSE(ran);
 }
