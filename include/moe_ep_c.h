@@ -379,6 +379,46 @@ MOE_EP_API moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle,
  * device otherwise).  Local, no synchronisation. */
 MOE_EP_API moe_ep_status_t moe_ep_get_backend(moe_ep_handle_t handle, int32_t* backend);
 
+/* Phases of a call, for moe_ep_get_last_path. */
+enum {
+  MOE_EP_PHASE_DISPATCH = 0,
+  MOE_EP_PHASE_COMBINE = 1
+};
+
+/* The path a call took: the kernels and schedule the library chose for its
+ * size, its tensors and the settings (docs/api.md, "Environment variables").
+ * Results are the same on every path. */
+enum {
+  MOE_EP_PATH_NONE = 0,                    /* no call of that phase yet        */
+  MOE_EP_PATH_HOST = 1,                    /* HOST backend                     */
+  MOE_EP_PATH_NCCL = 2,                    /* NCCL backend                     */
+  MOE_EP_PATH_DISPATCH_SMALL = 16,         /* NVLink small-batch kernel, rows
+                                              through registers                */
+  MOE_EP_PATH_DISPATCH_SMALL_BULK = 17,    /* ... rows by bulk copies          */
+  MOE_EP_PATH_DISPATCH_SCAN = 18,          /* general kernel routing by scan   */
+  MOE_EP_PATH_DISPATCH_SCAN_BULK = 19,     /* ... rows by bulk copies          */
+  MOE_EP_PATH_DISPATCH_LOOKBACK = 20,      /* general kernel routing by
+                                              look-back                        */
+  MOE_EP_PATH_DISPATCH_LOOKBACK_BULK = 21, /* ... rows by bulk copies          */
+  MOE_EP_PATH_COMBINE_SMALL_PUSH = 32,     /* NVLink small-batch push kernel   */
+  MOE_EP_PATH_COMBINE_SERIAL_PUSH = 33,    /* push, then reduce                */
+  MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH = 34,/* reduce while the rows arrive     */
+  MOE_EP_PATH_COMBINE_PULL_ROWS = 35,      /* zero-copy pull, whole rows per
+                                              bulk copy                        */
+  MOE_EP_PATH_COMBINE_PULL_SEGMENTS = 36,  /* zero-copy pull, 2 KiB segments   */
+  MOE_EP_PATH_COMBINE_PULL_REGISTERS = 37, /* zero-copy pull through registers */
+  MOE_EP_PATH_COMBINE_PULL_UNALIGNED = 38  /* zero-copy pull of rows that are
+                                              not 16-byte aligned              */
+};
+
+/* The path (MOE_EP_PATH_*) of this handle's last call of `phase`
+ * (MOE_EP_PHASE_*) on this rank; MOE_EP_PATH_NONE before the first.  Also
+ * logged, once per path, with MOE_EP_LOG=info.  Local, no synchronisation. */
+MOE_EP_API moe_ep_status_t moe_ep_get_last_path(moe_ep_handle_t handle, int32_t phase, int32_t* path);
+
+/* A path's name ("dispatch_small", ...; "unknown" for other values). */
+MOE_EP_API const char* moe_ep_path_name(int32_t path);
+
 /* Errors found on the device after a call returned (bad expert ids, timeouts).
  * Synchronises with the handle's outstanding work.  *status = SUCCESS if none;
  * otherwise the first error, its message in moe_ep_last_error().  Sticky: a

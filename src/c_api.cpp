@@ -3,6 +3,7 @@
 // exception ever crosses the ABI.
 #include <string>
 
+#include "common/call_path.hpp"
 #include "error.hpp"
 #include "handle.hpp"
 #include "moe_ep_c.h"
@@ -134,6 +135,19 @@ moe_ep_status_t moe_ep_get_backend(moe_ep_handle_t handle, int32_t* backend) {
     *backend = moe_ep::backend_of(*handle);
   });
 }
+
+moe_ep_status_t moe_ep_get_last_path(moe_ep_handle_t handle, int32_t phase, int32_t* path) {
+  return guarded([&] {
+    require_handle(handle);
+    if (phase != MOE_EP_PHASE_DISPATCH && phase != MOE_EP_PHASE_COMBINE) {
+      moe_ep::fail_argument("phase", "MOE_EP_PHASE_DISPATCH (0) or MOE_EP_PHASE_COMBINE (1)", phase);
+    }
+    require_out(path, "path");
+    *path = moe_ep::last_path_of(*handle, phase);
+  });
+}
+
+const char* moe_ep_path_name(int32_t path) { return moe_ep::path_name(path); }
 
 moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle, moe_ep_status_t* status) {
   moe_ep_status_t found = MOE_EP_SUCCESS;

@@ -8,6 +8,7 @@
 #include "backend_table.hpp"
 #include "bounded_exchange.hpp"
 #include "collective_step.hpp"
+#include "common/tuning_registry.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
 #include "tensor_check.hpp"
@@ -76,6 +77,7 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   // Local validation; its outcome is shared so that no rank waits for a rank that gave up.
   auto handle = std::make_unique<moe_ep_handle_s>();
   run_then_agree(*exchange, [&] {
+    validate_tuning_environment(bootstrap.rank());  // every MOE_EP_* knob, before anything is allocated
     const moe_ep_params_t params = read_params(params_arg);
     handle->config = read_config(config_arg);
     handle->layout = make_layout(params, bootstrap.world_size(), bootstrap.rank());
@@ -292,6 +294,7 @@ moe_ep_status_t poll_async_error(moe_ep_handle_s& h) {
 
 int32_t backend_of(const moe_ep_handle_s& h) { return h.config.backend; }
 
+int32_t last_path_of(const moe_ep_handle_s& h, int32_t phase) { return h.backend->paths.last(phase); }
 
 void destroy_handle(moe_ep_handle_s* h) noexcept {
   if (h == nullptr) return;

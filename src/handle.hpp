@@ -53,6 +53,8 @@ void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe
              moe_ep_combine_result_t* result, void* stream);
 moe_ep_status_t poll_async_error(moe_ep_handle_s& h);
 int32_t backend_of(const moe_ep_handle_s& h);
+// The path of the last call of `phase` (MOE_EP_PHASE_*, checked by the caller).
+int32_t last_path_of(const moe_ep_handle_s& h, int32_t phase);
 void destroy_handle(moe_ep_handle_s* h) noexcept;
 
 }  // namespace moe_ep

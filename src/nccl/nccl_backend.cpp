@@ -22,7 +22,7 @@
 #include "collective_step.hpp"
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
-#include "gpu/environment.hpp"
+#include "common/tuning_registry.hpp"
 #include "gpu/own_work.hpp"
 #include "gpu/peer_segments_copy.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
@@ -74,11 +74,6 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
 // are the same everywhere.
 const char* const kDispatchChunksVariable = "MOE_EP_NCCL_DISPATCH_CHUNKS";
 const char* const kCombineChunksVariable = "MOE_EP_NCCL_COMBINE_CHUNKS";
-// MOE_EP_NCCL_JOIN_METADATA=0: every metadata block travels in an operation
-// of its own, also where it could ride with its rows (a measurement switch;
-// the blocks land in the same places either way).  It changes the NCCL calls,
-// so it must be the same on every rank.
-const char* const kJoinMetadataVariable = "MOE_EP_NCCL_JOIN_METADATA";
 
 class NcclBackend final : public Backend {
  public:
@@ -89,9 +84,8 @@ class NcclBackend final : public Backend {
     // failure is released here (the destructor does not run).
     try {
       run_then_agree(bootstrap, [&] { prepare_locally(); });
-      check_same_on_every_rank(bootstrap, {{kDispatchChunksVariable, dispatch_chunks_},
-                                           {kCombineChunksVariable, combine_chunks_},
-                                           {kJoinMetadataVariable, join_metadata_}});
+      check_same_on_every_rank(
+          bootstrap, {{kDispatchChunksVariable, dispatch_chunks_}, {kCombineChunksVariable, combine_chunks_}});
       {
         const DeviceGuard guard(device_);
         run_then_agree(bootstrap, [&] { check_one_rank_per_gpu(bootstrap, device_); });
@@ -111,7 +105,7 @@ class NcclBackend final : public Backend {
              sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ", config_.timeout_ms,
              " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s), ",
              memory_->is_registered() ? "buffers registered with NCCL" : "buffers not registered with NCCL",
-             registration_note_, join_metadata_ ? "" : ", metadata blocks never joined to their rows");
+             registration_note_);
   }
 
   ~NcclBackend() override { shutdown(); }
@@ -122,6 +116,7 @@ class NcclBackend final : public Backend {
   DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
     refuse_after_abort();
     const DeviceGuard guard(device_);
+    paths.note(MOE_EP_PHASE_DISPATCH, MOE_EP_PATH_NCCL, layout_.rank);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int32_t tpr = call.tokens_per_rank;
     kernels::NcclDispatchLaunch a{};
@@ -173,6 +168,7 @@ class NcclBackend final : public Backend {
   void* combine(const CombineCall& call, void* stream) override {
     refuse_after_abort();
     const DeviceGuard guard(device_);
+    paths.note(MOE_EP_PHASE_COMBINE, MOE_EP_PATH_NCCL, layout_.rank);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const int64_t tpr = call.tokens_per_rank;
     // What NCCL sends from: the caller's expert_output, or with registered
@@ -301,9 +297,8 @@ class NcclBackend final : public Backend {
         plan_.send_segment_stride != static_cast<uint64_t>(kernels::nccl_send_segment_stride(shape_))) {
       fail(MOE_EP_ERROR_INTERNAL, "NCCL backend: the workspace plan and the kernels disagree on the metadata layout");
     }
-    dispatch_chunks_ = parse_nccl_chunks(std::getenv(kDispatchChunksVariable));
-    join_metadata_ = environment_switch(kJoinMetadataVariable) ? 1 : 0;
-    combine_chunks_ = parse_nccl_chunks(std::getenv(kCombineChunksVariable));
+    dispatch_chunks_ = knob_int(Knob::kNcclDispatchChunks);
+    combine_chunks_ = knob_int(Knob::kNcclCombineChunks);
     if (NcclStageProfile::enabled()) {
       dispatch_profile_ = std::make_unique<NcclStageProfile>(
           "dispatch", std::vector<std::string>{"route", "pack", "nccl", "join+finish"});
@@ -478,7 +473,7 @@ class NcclBackend final : public Backend {
     const uint64_t first = static_cast<uint64_t>(r.first) * row_bytes,
                    bytes = static_cast<uint64_t>(r.rows) * row_bytes;
     const uint64_t meta_bytes = static_cast<uint64_t>(kernels::nccl_meta_bytes(shape_, tpr));
-    const bool joined = join_metadata_ && with_metadata && kernels::nccl_meta_joins_rows(shape_, src);
+    const bool joined = with_metadata && kernels::nccl_meta_joins_rows(shape_, src);
     const bool after = kernels::nccl_meta_after_rows(shape_, src);
     auto move = [&](const char* data, uint64_t n) {
       if (sending) {
@@ -631,7 +626,6 @@ class NcclBackend final : public Backend {
   cudaEvent_t fork_event_ = nullptr;
   cudaEvent_t join_event_ = nullptr;
   int32_t dispatch_chunks_ = 1;                 // MOE_EP_NCCL_DISPATCH_CHUNKS
-  int32_t join_metadata_ = 1;                   // MOE_EP_NCCL_JOIN_METADATA (0: always a separate operation)
   int32_t combine_chunks_ = 1;                  // MOE_EP_NCCL_COMBINE_CHUNKS
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
   bool own_work_abandoned_ = false;  // wait_for_own_work timed out and aborted the communicator

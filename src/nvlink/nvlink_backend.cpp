@@ -15,44 +15,31 @@
 #include <vector>
 
 #include "collective_step.hpp"
+#include "common/cuda_check.hpp"
+#include "common/log.hpp"
+#include "common/tuning_registry.hpp"
 #include "error.hpp"
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
 #include "gpu/peer_segments_copy.hpp"
 #include "input_errors.hpp"
 #include "moe_ep_kernels.h"
-#include "common/cuda_check.hpp"
 #include "nvlink/driver_api.hpp"
 #include "nvlink/mirror_pool.hpp"
-#include "common/log.hpp"
+#include "nvlink/path_selection.hpp"
 #include "nvlink/shared_memory.hpp"
-#include "nvlink/tuning_environment.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {
 
-static_assert(kMaxSmallDispatchTokens == kernels::kSmallDispatchMaxTokens,
-              "MOE_EP_SMALL_DISPATCH_TOKENS is bounded by the small dispatch kernel's one routing round");
-static_assert(kMaxSmallCombineTokens == kernels::kSmallCombineMaxTokens,
-              "MOE_EP_SMALL_COMBINE_TOKENS is bounded by the small combine kernel's launch check");
+static_assert(kernels::kCombineSerial == 0 && kernels::kCombineOverlapped == 1 && kernels::kCombineAuto == 2,
+              "MOE_EP_COMBINE_SCHEDULE's words are serial|overlapped|auto, in the order of CombineSchedule");
 
 namespace {
 
-// MOE_EP_COMBINE_SCHEDULE=serial|overlapped|auto (default auto: decided per
-// call from tokens_per_rank and the group's smallest SM budget) picks how
-// combine overlaps its reduction with the NVLink traffic.  A tuning knob: all
-// give identical results; every rank must choose the same (create checks).
-int32_t combine_schedule_from_environment() {
-  const char* v = std::getenv("MOE_EP_COMBINE_SCHEDULE");
-  if (v != nullptr && std::strcmp(v, "overlapped") == 0) return kernels::kCombineOverlapped;
-  if (v != nullptr && std::strcmp(v, "serial") == 0) return kernels::kCombineSerial;
-  return kernels::kCombineAuto;
-}
-
-// Tuning knobs of the overlapped combine (int_from_environment, 0 or unset =
-// the defaults): MOE_EP_COMBINE_PHASES (publication phases, every rank the
-// same; create checks) and MOE_EP_COMBINE_REDUCE_BLOCKS (blocks that reduce
-// while the others push).  The per-rank switches: nvlink/tuning_environment.hpp.
+// The whole-row pull brings each row in one bulk copy (smaller copies only
+// add copies per row).
+constexpr int32_t kPullCopyBytes = 16384;
 
 // Milliseconds per named step, for the destroy log line.
 class TeardownClock {
@@ -100,8 +87,8 @@ class NvlinkBackend final : public Backend {
     run_then_agree(bootstrap, [&] { prepare_locally(); });
     // Every rank of a call runs the same combine schedule with the same
     // number of phases; auto decides from the group's smallest SM budget.
-    check_same_on_every_rank(
-        bootstrap, {{"MOE_EP_COMBINE_SCHEDULE / MOE_EP_COMBINE_PHASES", combine_schedule_ + 4 * combine_phases_}});
+    check_same_on_every_rank(bootstrap, {{"MOE_EP_COMBINE_SCHEDULE / MOE_EP_COMBINE_PHASES",
+                                          paths_.combine_schedule + 4 * combine_phases_}});
     const std::vector<int32_t> budgets = bootstrap.allgather_value(static_cast<int32_t>(sm_budget_));
     for (int32_t r = 0; r < bootstrap.world_size(); ++r) {
       group_min_sm_budget_ = r == 0 || budgets[r] < group_min_sm_budget_ ? budgets[r] : group_min_sm_budget_;
@@ -115,15 +102,16 @@ class NvlinkBackend final : public Backend {
     log_info("rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
              " SMs, workspace ", memory_->size(), " bytes (", offsets_.total_bytes, " used), timeout ",
              config_.timeout_ms, " ms, combine schedule ",
-             combine_schedule_ == kernels::kCombineOverlapped ? "overlapped"
-             : combine_schedule_ == kernels::kCombineAuto     ? "auto"
-                                                              : "serial",
-             ", small-batch kernels ", small_batch_ ? "on" : "off", " (dispatch to ", small_dispatch_tokens_,
-             " tokens, combine to ", small_combine_tokens_, "), PDL ", pdl_ ? "on" : "off", ", dispatch rows ",
-             dispatch_bulk_ ? "bulk copies" : "registers", ", dispatch routing ",
-             !dispatch_lookback_.has_value() ? "auto"
-             : *dispatch_lookback_           ? "look-back"
-                                             : "scan");
+             paths_.combine_schedule == kernels::kCombineOverlapped ? "overlapped"
+             : paths_.combine_schedule == kernels::kCombineAuto     ? "auto"
+                                                                    : "serial",
+             ", small-batch kernels ", paths_.small_batch ? "on" : "off", " (dispatch to ",
+             paths_.small_dispatch_tokens, " tokens, combine to ", paths_.small_combine_tokens, "), PDL ",
+             paths_.pdl ? "on" : "off", ", dispatch rows ", paths_.dispatch_bulk ? "bulk copies" : "registers",
+             ", dispatch routing ",
+             !paths_.dispatch_lookback.has_value() ? "auto"
+             : *paths_.dispatch_lookback           ? "look-back"
+                                                   : "scan");
   }
 
   const char* name() const override { return "nvlink_two_sided"; }
@@ -142,23 +130,31 @@ class NvlinkBackend final : public Backend {
     a.eplb_local = call.eplb_local;
     a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
     a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
-    a.lookback = dispatch_looks_back(dispatch_lookback_, call.num_tokens, a.num_blocks) ? 1 : 0;
+    DispatchPathCall pc;
+    pc.num_tokens = call.num_tokens;
+    pc.tokens_per_rank = call.tokens_per_rank;
+    pc.num_blocks = a.num_blocks;
+    pc.hidden_row_bytes = shape_.hidden_row_bytes;
+    pc.hidden = call.hidden;
+    const int32_t path = select_dispatch_path(paths_, pc);
+    a.lookback = dispatch_path_looks_back(path) ? 1 : 0;
     // What a token sends to each destination: its row, scales, ids and weights.
     const int64_t token_bytes = shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k;
-    a.small_batch = small_batch_ && call.tokens_per_rank <= small_dispatch_tokens_ ? 1 : 0;
+    a.small_batch = dispatch_path_is_small(path) ? 1 : 0;
     a.first_block_share =
         kernels::small_first_block_share(a.num_blocks, call.num_tokens, shape_.top_k, token_bytes, shape_.world_size);
     a.last_block_share =
         a.lookback != 0 ? kernels::kTokenShareUnit
                         : kernels::scan_last_block_share(a.num_blocks, shape_.top_k, token_bytes, shape_.world_size);
-    a.pdl = pdl_;
-    a.bulk_rows = dispatch_bulk_;
+    a.pdl = paths_.pdl ? 1 : 0;
+    a.bulk_rows = dispatch_path_is_bulk(path) ? 1 : 0;
 #ifdef MOE_EP_DIAGNOSTICS
     a.diagnostic = dispatch_diagnostic_;
 #endif
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
     note_launch(s);
+    paths.note(MOE_EP_PHASE_DISPATCH, path, layout_.rank);
 
     char* base = memory_->local();
     DispatchBuffers b;
@@ -188,9 +184,19 @@ class NvlinkBackend final : public Backend {
     // elsewhere is first copied into this rank's view (the peers' rows only;
     // the own rows are read where they are).
     a.pull = layout_.zero_copy_combine && layout_.world_size > 1 ? 1 : 0;
-    a.pull_registers = pull_registers_;
-    a.pull_rows = pull_rows_;
-    a.pull_copy_bytes = pull_copy_bytes_;
+    a.schedule = kernels::resolve_combine_schedule(paths_.combine_schedule, layout_.world_size, call.tokens_per_rank,
+                                                   group_min_sm_budget_);
+    CombinePathCall pc;
+    pc.pull = a.pull != 0;
+    pc.schedule = a.schedule;
+    pc.tokens_per_rank = call.tokens_per_rank;
+    pc.combine_row_bytes = shape_.combine_row_bytes;
+    pc.expert_output = a.expert_output;
+    pc.output = a.output;
+    const int32_t path = select_combine_path(paths_, pc);
+    a.pull_registers = path == MOE_EP_PATH_COMBINE_PULL_REGISTERS ? 1 : 0;
+    a.pull_rows = path == MOE_EP_PATH_COMBINE_PULL_ROWS ? 1 : 0;
+    a.pull_copy_bytes = kPullCopyBytes;
     a.pull_producers = pull_producers_;
 #ifdef MOE_EP_DIAGNOSTICS
     a.pull_diagnostic = pull_diagnostic_;
@@ -199,15 +205,13 @@ class NvlinkBackend final : public Backend {
       a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
       if (!call.expert_output_is_workspace) copy_into_view(call, s);
     }
-    a.schedule = kernels::resolve_combine_schedule(combine_schedule_, layout_.world_size, call.tokens_per_rank,
-                                                   group_min_sm_budget_);
     a.phases = combine_phases_;
-    a.reduce_blocks = combine_reduce_blocks_;
-    a.pdl = pdl_;
-    a.small_batch =
-        small_batch_ && a.schedule == kernels::kCombineSerial && call.tokens_per_rank <= small_combine_tokens_ ? 1 : 0;
+    a.reduce_blocks = 0;  // the kernel's own split of the grid
+    a.pdl = paths_.pdl ? 1 : 0;
+    a.small_batch = path == MOE_EP_PATH_COMBINE_SMALL_PUSH ? 1 : 0;
     check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
     note_launch(s);
+    paths.note(MOE_EP_PHASE_COMBINE, path, layout_.rank);
     return a.output;
   }
 
@@ -298,23 +302,13 @@ class NvlinkBackend final : public Backend {
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sm_count_ ? config_.num_sms : sm_count_;
     shape_ = group_shape(layout_);
     offsets_ = plan_workspace(layout_);
-    combine_schedule_ = combine_schedule_from_environment();
-    combine_phases_ = int_from_environment("MOE_EP_COMBINE_PHASES");
-    combine_reduce_blocks_ = int_from_environment("MOE_EP_COMBINE_REDUCE_BLOCKS");
-    small_batch_ = environment_switch("MOE_EP_SMALL_BATCH");
-    small_dispatch_tokens_ = small_dispatch_tokens_from_environment();
-    small_combine_tokens_ = small_combine_tokens_from_environment();
-    pdl_ = cc >= 90 && environment_switch("MOE_EP_PDL") ? 1 : 0;
-    pull_registers_ = environment_switch("MOE_EP_PULL_LOADS", "registers") ? 1 : 0;
-    pull_rows_ = environment_switch("MOE_EP_PULL_ROWS") ? 1 : 0;
-    pull_copy_bytes_ = pull_copy_bytes_from_environment();
-    pull_producers_ = pull_producers_from_environment();
+    paths_ = read_nvlink_path_settings(cc, sm_budget_);
+    combine_phases_ = knob_int(Knob::kCombinePhases);
+    pull_producers_ = knob_int(Knob::kPullProducers);
 #ifdef MOE_EP_DIAGNOSTICS
-    pull_diagnostic_ = int_from_environment("MOE_EP_PULL_DIAGNOSTIC");
-    dispatch_diagnostic_ = int_from_environment("MOE_EP_DISPATCH_DIAGNOSTIC");
+    pull_diagnostic_ = knob_int(Knob::kPullDiagnostic);
+    dispatch_diagnostic_ = knob_int(Knob::kDispatchDiagnostic);
 #endif
-    dispatch_bulk_ = cc >= 90 && dispatch_bulk_from_environment(sm_budget_) ? 1 : 0;
-    dispatch_lookback_ = dispatch_lookback_from_environment();
   }
 
   // Zeroes the workspace (flags at epoch 0), writes the peer table and the
@@ -322,7 +316,8 @@ class NvlinkBackend final : public Backend {
   void initialise_workspace() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    check_cuda(kernels::prepare_dispatch(dispatch_bulk_), "raising the bulk dispatch kernels' shared-memory limit");
+    check_cuda(kernels::prepare_dispatch(paths_.dispatch_bulk ? 1 : 0),
+               "raising the bulk dispatch kernels' shared-memory limit");
     own_work_ = std::make_unique<OwnWork>();
     const MirrorSlot mirror = acquire_mirror_slot();
     mirror_ = mirror.host;
@@ -411,7 +406,6 @@ class NvlinkBackend final : public Backend {
   int device_ = 0;
   int sm_count_ = 0;
   int sm_budget_ = 0;
-  std::optional<bool> dispatch_lookback_;  // MOE_EP_DISPATCH_LOOKBACK forced it, or none
   kernels::GroupShape shape_{};
   kernels::WorkspaceOffsets offsets_{};
   kernels::HandleState state_{};
@@ -419,19 +413,10 @@ class NvlinkBackend final : public Backend {
   kernels::HostTimeoutMirror* mirror_ = nullptr;
   cudaStream_t private_stream_ = nullptr;
   std::unique_ptr<OwnWork> own_work_;  // the handle's last eager call and graph replay
-  int32_t combine_schedule_ = kernels::kCombineAuto;
-  int32_t combine_phases_ = 0;
-  int32_t combine_reduce_blocks_ = 0;
+  NvlinkPathSettings paths_;           // what the path selectors read (nvlink/path_selection.hpp)
+  int32_t combine_phases_ = 0;         // MOE_EP_COMBINE_PHASES
   int32_t group_min_sm_budget_ = 0;
-  bool small_batch_ = true;
-  int32_t small_dispatch_tokens_ = kDefaultSmallDispatchTokens;  // MOE_EP_SMALL_DISPATCH_TOKENS
-  int32_t small_combine_tokens_ = kDefaultSmallCombineTokens;    // MOE_EP_SMALL_COMBINE_TOKENS
-  int32_t dispatch_bulk_ = 0;                // bulk-copy dispatch rows (cuda/bulk_store_ring.cuh)
-  int32_t pdl_ = 0;                          // Programmatic Dependent Launch (cuda/kernel_launch.cuh)
-  int32_t pull_registers_ = 0;               // MOE_EP_PULL_LOADS=registers
-  int32_t pull_rows_ = 1;                    // MOE_EP_PULL_ROWS=0 turns the whole-row pull off
-  int32_t pull_copy_bytes_ = kDefaultPullCopyBytes;  // MOE_EP_PULL_COPY_BYTES
-  int32_t pull_producers_ = kDefaultPullProducers;   // MOE_EP_PULL_PRODUCERS
+  int32_t pull_producers_ = 0;  // MOE_EP_PULL_PRODUCERS
 #ifdef MOE_EP_DIAGNOSTICS
   int32_t pull_diagnostic_ = 0;                      // MOE_EP_PULL_DIAGNOSTIC (diagnostic builds only)
   int32_t dispatch_diagnostic_ = 0;                  // MOE_EP_DISPATCH_DIAGNOSTIC (diagnostic builds only)
