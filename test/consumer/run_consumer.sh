@@ -81,6 +81,13 @@ case "$mode" in
         *) echo "FAIL: $f has no \$ORIGIN run path"; exit 1 ;;
       esac
     done
+    # What only some modes use is loaded at run time: NCCL (the baseline) and
+    # cuBLAS (--overlap-gemm); MPI through its C API only (no libmpi_cxx).
+    needed=$(readelf -d "$tool" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p' | tr '\n' ' ')
+    echo "$tool: NEEDED $needed"
+    case "$needed" in
+      *libcublas*|*libnccl*|*libmpi_cxx*) echo "FAIL: $tool links cuBLAS, NCCL or MPI's C++ library"; exit 1 ;;
+    esac
     set --
     for var in $(env | sed -n 's/^\(OMPI_[A-Za-z0-9_]*\)=.*/\1/p'); do
       set -- "$@" "$var=$(printenv "$var")"
