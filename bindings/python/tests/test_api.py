@@ -259,6 +259,87 @@ def test_unconsumed_capsules_are_freed():
         ep.combine(np.zeros((8, 3), np.float32))
 
 
+def bf16_ep():
+    return small_ep(hidden_dtype="bfloat16", combine_dtype="bfloat16")
+
+
+def bf16_bits(values):
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def test_numpy_refusing_a_bfloat16_view_keeps_its_error_and_leaks_nothing():
+    """numpy has no bfloat16: np.from_dlpack must raise numpy's own error (not a
+    SystemError), and the refused export must not stay registered as live."""
+    x = bf16_bits(np.arange(15).reshape(5, 3) * 0.5)
+    _, ids, _ = inputs()
+    base = _dlpack.live_exports()
+    ep = bf16_ep()
+    r = ep.dispatch(x, ids)
+    for _ in range(50):
+        with pytest.raises(Exception) as caught:
+            np.from_dlpack(r.hidden_states)
+        assert not isinstance(caught.value, SystemError), repr(caught.value)
+        assert "NULL" not in str(caught.value)
+    assert _dlpack.live_exports() == base
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ep.combine(np.zeros((8, 3), np.uint16))
+        ep.destroy()
+    assert not [w for w in seen if issubclass(w.category, ResourceWarning)], [str(w.message) for w in seen]
+    assert _dlpack.live_exports() == base
+
+
+def test_bfloat16_rows_read_in_numpy_as_raw_bits_or_ml_dtypes():
+    x = bf16_bits(np.arange(15).reshape(5, 3) * 0.5)
+    _, ids, _ = inputs()
+    base = _dlpack.live_exports()
+    with bf16_ep() as ep:
+        r = ep.dispatch(x, ids)
+        bits = np.from_dlpack(r.hidden_states.view_as("uint16"))
+        assert bits.dtype == np.uint16 and bits.shape == (8, 3)
+        np.testing.assert_array_equal(bits[:4], x[[0, 1, 2, 4]])
+        assert bits.__array_interface__["data"][0] == r.hidden_states.data_ptr  # no copy
+        assert r.hidden_states.view_as("int16").dtype == "int16"
+        with pytest.raises(moe_ep.MoeEpError, match="16 bits"):
+            r.hidden_states.view_as("uint32")
+        with pytest.raises(moe_ep.MoeEpError, match="not one of"):
+            r.hidden_states.view_as("bf16")
+        np.testing.assert_array_equal(r.topk_ids.numpy(), np.from_dlpack(r.topk_ids))  # numpy's own dtypes
+        try:
+            import ml_dtypes
+        except ImportError:
+            with pytest.raises(moe_ep.MoeEpError, match=r"numpy has no bfloat16.*view_as\('uint16'\)"):
+                r.hidden_states.numpy()
+        else:
+            values = r.hidden_states.numpy()
+            assert values.dtype == ml_dtypes.bfloat16
+            np.testing.assert_array_equal(values[:4].astype(np.float32), (np.arange(15).reshape(5, 3) * 0.5)[[0, 1, 2, 4]])
+        del bits
+        ep.combine(np.zeros((8, 3), np.uint16))
+        # view_as follows the validity of the view it came from.
+        with pytest.raises(moe_ep.MoeEpError, match="no longer valid"):
+            r.hidden_states.view_as("uint16")
+    gc.collect()
+    assert _dlpack.live_exports() == base
+
+
+def test_a_capsule_held_but_not_consumed_stays_live_until_dropped():
+    x, ids, w = inputs()
+    with small_ep() as ep:
+        r = ep.dispatch(x, ids, w)
+        base = _dlpack.live_exports()
+        held = [r.recv_counts.__dlpack__() for _ in range(3)]
+        assert _dlpack.live_exports() == base + 3
+        consumed = np.from_dlpack(r.recv_counts)  # a consumed one lives while its array does
+        assert _dlpack.live_exports() == base + 4
+        del held[:2]
+        assert _dlpack.live_exports() == base + 2
+        del held, consumed
+        gc.collect()
+        assert _dlpack.live_exports() == base
+        ep.combine(np.zeros((8, 3), np.float32))
+
+
 def test_versioned_capsules_in_and_out():
     """A versioned export round-trips through the library's borrow path, and a
     read-only versioned tensor is refused as combine output."""

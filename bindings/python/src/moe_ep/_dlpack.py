@@ -9,12 +9,13 @@ In:  any object with __dlpack__ (torch, cupy, jax, numpy, our own views) is
 Out: a view of library-owned memory becomes a capsule that numpy.from_dlpack
      or torch.from_dlpack consume.  The managed-tensor struct, its shape array
      and a reference to the view (hence to the handle) live in a registry
-     until the consumer calls the deleter, or until the capsule dies
-     unconsumed.
+     until the consumer calls the deleter, or until the capsule is found
+     unconsumed and unreferenced (see "export" below).
 """
 
 import ctypes
 import itertools
+import sys
 import threading
 from ctypes import c_char_p, c_int, c_int64, c_void_p, py_object
 
@@ -29,22 +30,12 @@ _NAME_LEGACY_BUF = ctypes.create_string_buffer(_NAME_LEGACY)
 _NAME_VERSIONED_BUF = ctypes.create_string_buffer(_NAME_VERSIONED)
 
 _api = ctypes.pythonapi
-# Separate function objects (indexing makes a new one) so that the argtypes
-# of the py_object flavour and of the raw-pointer flavour used inside the
-# capsule destructor (where the capsule's refcount is already 0 and must not
-# be touched through a py_object) do not clash.
 _IsValid = _api["PyCapsule_IsValid"]
 _IsValid.restype = c_int
 _IsValid.argtypes = [py_object, c_char_p]
 _GetPointer = _api["PyCapsule_GetPointer"]
 _GetPointer.restype = c_void_p
 _GetPointer.argtypes = [py_object, c_char_p]
-_IsValidRaw = _api["PyCapsule_IsValid"]
-_IsValidRaw.restype = c_int
-_IsValidRaw.argtypes = [c_void_p, c_char_p]
-_GetPointerRaw = _api["PyCapsule_GetPointer"]
-_GetPointerRaw.restype = c_void_p
-_GetPointerRaw.argtypes = [c_void_p, c_char_p]
 _New = _api["PyCapsule_New"]
 _New.restype = py_object
 _New.argtypes = [c_void_p, c_void_p, c_void_p]
@@ -208,13 +199,23 @@ def borrow(obj, stream=0, name="tensor", expect=None):
 
 
 # --- export --------------------------------------------------------------------
+#
+# Why the capsules have no destructor: a consumer that refuses a capsule (numpy
+# has no bfloat16 or float8) drops it while its own exception is set.  A
+# capsule destructor written in Python runs at that moment, and a ctypes
+# callback cannot leave an exception pending: numpy's BufferError was lost and
+# np.from_dlpack raised "SystemError: returned NULL without setting an
+# exception", and the unconsumed tensor stayed registered as live.  Instead the
+# registry keeps a reference to each capsule until a consumer takes it
+# (renames it to "used_..."), and a capsule that only the registry still
+# references was never consumed and is released by _sweep(), outside any
+# consumer's error path.
 
-_registry = {}
-_registry_lock = threading.Lock()
+_registry = {}  # key -> [managed, shape_arr, owner, capsule or None, capsule name]
+_registry_lock = threading.RLock()
 _keys = itertools.count(1)
 
 _DELETER_T = ctypes.CFUNCTYPE(None, c_void_p)
-_DESTRUCTOR_T = ctypes.CFUNCTYPE(None, c_void_p)
 
 
 def _release(key):
@@ -224,7 +225,7 @@ def _release(key):
 
 @_DELETER_T
 def _delete_legacy(managed_ptr):
-    # Called by the consumer (or by our capsule destructor) exactly once.
+    # Called by the consumer exactly once, when it is done with the tensor.
     try:
         _release(_lib.DLManagedTensor.from_address(managed_ptr).manager_ctx)
     except Exception:  # never let an exception escape into C
@@ -239,23 +240,29 @@ def _delete_versioned(managed_ptr):
         pass
 
 
-@_DESTRUCTOR_T
-def _capsule_destructor(capsule_ptr):
-    # A capsule that still has its original name was never consumed: free the
-    # tensor ourselves.  A consumed one was renamed to "used_..." and its
-    # consumer owns the deleter call.
-    try:
-        if _IsValidRaw(capsule_ptr, _NAME_VERSIONED):
-            _delete_versioned(_GetPointerRaw(capsule_ptr, _NAME_VERSIONED))
-        elif _IsValidRaw(capsule_ptr, _NAME_LEGACY):
-            _delete_legacy(_GetPointerRaw(capsule_ptr, _NAME_LEGACY))
-    except Exception:
-        pass
-
-
 _DELETER_LEGACY_ADDR = ctypes.cast(_delete_legacy, c_void_p).value
 _DELETER_VERSIONED_ADDR = ctypes.cast(_delete_versioned, c_void_p).value
-_DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, c_void_p).value
+
+# sys.getrefcount of a capsule that only the registry references (the
+# registry's reference, the local name and the call's argument).
+_ONLY_REGISTRY = 3
+
+
+def _sweep():
+    """Forgets capsules a consumer took (it now owns the deleter call) and
+    releases the ones that nobody took and nobody references any more."""
+    with _registry_lock:
+        for key in list(_registry):
+            entry = _registry[key]
+            capsule = entry[3]
+            if capsule is None:
+                continue
+            if not _IsValid(capsule, entry[4]):
+                entry[3] = None  # consumed: renamed by its consumer
+            elif sys.getrefcount(capsule) <= _ONLY_REGISTRY:
+                del _registry[key]  # never consumed, and unreachable
+            del capsule
+
 
 # Zero-element views may have data == NULL; some consumers refuse a NULL data
 # pointer even for an empty array, so they get this never-dereferenced byte.
@@ -265,6 +272,7 @@ _EMPTY = ctypes.create_string_buffer(1)
 def export(owner, data, device, dtype, shape, versioned):
     """A new DLPack capsule for `shape` elements of `dtype` at `data` (int).
     `owner` is kept alive until the consumer is done with the tensor."""
+    _sweep()
     shape_arr = (c_int64 * max(len(shape), 1))(*shape)
     if data is None or data == 0:
         data = ctypes.addressof(_EMPTY)
@@ -276,13 +284,13 @@ def export(owner, data, device, dtype, shape, versioned):
         managed.deleter = _DELETER_VERSIONED_ADDR
         managed.flags = 0  # writable: the caller may e.g. compute in place
         tensor = managed.dl_tensor
-        name = _NAME_VERSIONED_BUF
+        name, name_buf = _NAME_VERSIONED, _NAME_VERSIONED_BUF
     else:
         managed = _lib.DLManagedTensor()
         managed.manager_ctx = key
         managed.deleter = _DELETER_LEGACY_ADDR
         tensor = managed.dl_tensor
-        name = _NAME_LEGACY_BUF
+        name, name_buf = _NAME_LEGACY, _NAME_LEGACY_BUF
     tensor.data = data
     tensor.device.device_type, tensor.device.device_id = device
     tensor.ndim = len(shape)
@@ -290,17 +298,21 @@ def export(owner, data, device, dtype, shape, versioned):
     tensor.shape = ctypes.cast(shape_arr, ctypes.POINTER(c_int64))
     tensor.strides = None  # compact row-major
     tensor.byte_offset = 0
+    capsule = _New(ctypes.addressof(managed), ctypes.addressof(name_buf), None)
     with _registry_lock:
-        _registry[key] = (managed, shape_arr, owner)
-    return _New(ctypes.addressof(managed), ctypes.addressof(name), _DESTRUCTOR_ADDR)
+        _registry[key] = [managed, shape_arr, owner, capsule, name]
+    return capsule
 
 
 def live_exports():
-    """Number of exported tensors whose consumer has not released them yet."""
+    """Number of exported tensors that a consumer still holds, or that are
+    still referenced without having been consumed."""
+    _sweep()
     with _registry_lock:
         return len(_registry)
 
 
 def live_exports_of(owner_handle):
+    _sweep()
     with _registry_lock:
-        return sum(1 for (_, _, v) in _registry.values() if getattr(v, "_handle", None) is owner_handle)
+        return sum(1 for entry in _registry.values() if getattr(entry[2], "_handle", None) is owner_handle)

@@ -17,6 +17,13 @@ _DTYPE_NAMES = {
 }
 
 
+# Names view_as accepts: the named dtypes and every integer width.
+_DTYPE_BY_NAME = {name: key for key, name in _DTYPE_NAMES.items() if key[1] >= 8}
+for _bits in (8, 16, 32, 64):
+    _DTYPE_BY_NAME[f"int{_bits}"] = (_lib.DTYPE_INT, _bits)
+    _DTYPE_BY_NAME[f"uint{_bits}"] = (_lib.DTYPE_UINT, _bits)
+
+
 def dtype_name(code, bits):
     if (code, bits) in _DTYPE_NAMES:
         return _DTYPE_NAMES[(code, bits)]
@@ -93,6 +100,53 @@ class View:
             raise BufferError(f"moe_ep: view lives on device {self.device}, asked for {tuple(dl_device)}")
         versioned = max_version is not None and max_version[0] >= 1
         return _dlpack.export(self, self.data_ptr, self.device, self.dtype_tuple, self.shape, versioned)
+
+    def view_as(self, dtype):
+        """The same memory as another dtype of the same element width (a new
+        View, valid as long as this one): e.g. view_as("uint16") on a bfloat16
+        view.  numpy has no bfloat16 or float8 and refuses such views in
+        np.from_dlpack (numpy's BufferError); it reads their raw bits this
+        way, and ml_dtypes gives the values:
+        np.from_dlpack(v.view_as("uint16")).view(ml_dtypes.bfloat16)."""
+        target = _DTYPE_BY_NAME.get(str(dtype))
+        if target is None:
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"View.view_as: dtype {dtype!r} is not one of "
+                             f"{sorted(_DTYPE_BY_NAME)}")
+        if target[1] != self.dtype_tuple[1] or self.dtype_tuple[2] != 1:
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"View.view_as: expected a dtype of "
+                             f"{self.dtype_tuple[1]} bits like this {self.dtype} view, got {dtype} "
+                             f"({target[1]} bits)")
+        self._check_valid()
+        v = View.__new__(View)
+        v._handle, v._epoch_name, v._epoch = self._handle, self._epoch_name, self._epoch
+        v.data_ptr, v.device, v.shape = self.data_ptr, self.device, self.shape
+        v.dtype_tuple = (target[0], target[1], 1)
+        v._tensor = v._shape_arr = None
+        return v
+
+    def numpy(self):
+        """This host view as a numpy array aliasing it (np.from_dlpack), with
+        the dtypes numpy lacks as ml_dtypes' types (bfloat16, float8_e4m3fn,
+        float8_e5m2).  Without ml_dtypes those are refused with a message
+        naming view_as, which gives their raw bits."""
+        import numpy as np
+        self._check_valid()
+        if self.device[0] not in (_lib.DEVICE_CPU, _lib.DEVICE_CUDA_HOST):
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"View.numpy: the view lives on device {self.device}; "
+                             "read it through torch.from_dlpack(view) or cupy.from_dlpack(view)")
+        code, bits, _ = self.dtype_tuple
+        if code in (_lib.DTYPE_INT, _lib.DTYPE_UINT) or (code == _lib.DTYPE_FLOAT and bits in (16, 32, 64)):
+            return np.from_dlpack(self)
+        if self.dtype not in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"View.numpy: numpy cannot hold {self.dtype}; "
+                             f"read its bytes with view_as('uint8') where the width allows")
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"View.numpy: numpy has no {self.dtype}; install "
+                             f"ml_dtypes for its values, or read the raw bits with "
+                             f"np.from_dlpack(view.view_as('uint{bits}'))") from None
+        return np.from_dlpack(self.view_as(f"uint{bits}")).view(getattr(ml_dtypes, self.dtype))
 
     def write(self, array):
         """Copies `array` (any object numpy can read, with this view's shape
