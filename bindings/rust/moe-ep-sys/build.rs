@@ -1,8 +1,14 @@
 //! Finds libmoe_ep and records the C compiler's view of the header's structs.
 //!
 //! Library: $MOE_EP_LIB_DIR (a directory holding libmoe_ep.so), else
-//! `pkg-config --variable=libdir moe_ep`, else the linker's default path
-//! (with a warning naming both).  With the `mpi` feature, libmoe_ep_mpi too.
+//! `pkg-config --variable=libdir moe_ep`, else the directory an earlier run of
+//! this script found (kept in $OUT_DIR, used while it still holds the library),
+//! else the linker's default path (with a warning naming both variables).  So a
+//! later `cargo build` or `cargo test` without the variable keeps linking, as
+//! it would without this script rerunning: the script reruns when
+//! PKG_CONFIG_PATH changes, to find a library it now points at.  For a
+//! setting every cargo command sees, put MOE_EP_LIB_DIR in the [env] table of
+//! .cargo/config.toml.  With the `mpi` feature, libmoe_ep_mpi too.
 //! The directory is published to dependents as DEP_MOE_EP_LIB_DIR.
 //! Header: $MOE_EP_INCLUDE_DIR, else the repository's include/ (this crate
 //! lives at bindings/rust/moe-ep-sys).
@@ -14,6 +20,16 @@ use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+fn holds_library(dir: &str) -> bool {
+    Path::new(dir).join("libmoe_ep.so").exists() || Path::new(dir).join("libmoe_ep.so.0").exists()
+}
+
+/// The directory an earlier run found, if it still holds the library.
+fn remembered_libdir(memo: &Path) -> Option<String> {
+    let dir = fs::read_to_string(memo).ok()?.trim().to_string();
+    (!dir.is_empty() && holds_library(&dir)).then_some(dir)
+}
 
 fn pkg_config_libdir() -> Option<String> {
     let out = Command::new("pkg-config").args(["--variable=libdir", "moe_ep"]).output().ok()?;
@@ -60,13 +76,21 @@ fn main() {
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
 
     println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_LIBDIR");
+    let memo = out_dir.join("moe_ep_lib_dir");
     let from_env = env::var("MOE_EP_LIB_DIR").ok().filter(|s| !s.is_empty());
-    let lib_dir = from_env.clone().or_else(pkg_config_libdir);
+    let from_pkg_config = if from_env.is_none() { pkg_config_libdir() } else { None };
+    let located = from_env.is_some() || from_pkg_config.is_some();
+    let lib_dir = from_env.clone().or(from_pkg_config).or_else(|| remembered_libdir(&memo));
     match &lib_dir {
         Some(dir) => {
-            if !Path::new(dir).join("libmoe_ep.so").exists() && !Path::new(dir).join("libmoe_ep.so.0").exists() {
+            if located && !holds_library(dir) {
                 let source = if from_env.is_some() { "MOE_EP_LIB_DIR" } else { "pkg-config moe_ep" };
                 println!("cargo:warning=moe-ep-sys: {source} names {dir}, which holds no libmoe_ep.so");
+            }
+            if located && holds_library(dir) {
+                // Remembered for later runs of this script without the variables.
+                let _ = fs::write(&memo, dir);
             }
             println!("cargo:rustc-link-search=native={dir}");
             // Seen by the build scripts of crates that depend on this one as
