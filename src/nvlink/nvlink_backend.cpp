@@ -183,17 +183,17 @@ class NvlinkBackend final : public Backend {
     // group pulls from the peers' combine_input views, so an expert_output
     // elsewhere is first copied into this rank's view (the peers' rows only;
     // the own rows are read where they are).
-    a.pull = layout_.zero_copy_combine && layout_.world_size > 1 ? 1 : 0;
-    a.schedule = kernels::resolve_combine_schedule(paths_.combine_schedule, layout_.world_size, call.tokens_per_rank,
-                                                   group_min_sm_budget_);
     CombinePathCall pc;
-    pc.pull = a.pull != 0;
-    pc.schedule = a.schedule;
+    pc.zero_copy_combine = layout_.zero_copy_combine;
+    pc.world_size = layout_.world_size;
+    pc.group_min_sm_budget = group_min_sm_budget_;
     pc.tokens_per_rank = call.tokens_per_rank;
     pc.combine_row_bytes = shape_.combine_row_bytes;
     pc.expert_output = a.expert_output;
     pc.output = a.output;
     const int32_t path = select_combine_path(paths_, pc);
+    a.pull = combine_path_pulls(path) ? 1 : 0;
+    a.schedule = combine_path_schedule(path);
     a.pull_registers = path == MOE_EP_PATH_COMBINE_PULL_REGISTERS ? 1 : 0;
     a.pull_rows = path == MOE_EP_PATH_COMBINE_PULL_ROWS ? 1 : 0;
     a.pull_copy_bytes = kPullCopyBytes;

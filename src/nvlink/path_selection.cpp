@@ -62,19 +62,32 @@ bool dispatch_path_looks_back(int32_t path) {
 }
 
 int32_t select_combine_path(const NvlinkPathSettings& s, const CombinePathCall& call) {
-  if (call.pull) {
+  // With the zero-copy view every rank pulls its rows from the peers' views
+  // (one rank has no peers: it pushes to itself).
+  if (call.zero_copy_combine && call.world_size > 1) {
     const bool aligned = call.combine_row_bytes % 16 == 0 && aligned16(call.expert_output) && aligned16(call.output);
     if (!aligned) return MOE_EP_PATH_COMBINE_PULL_UNALIGNED;
     if (!s.bulk_copies) return MOE_EP_PATH_COMBINE_PULL_REGISTERS;
     return s.pull_rows && call.combine_row_bytes <= kernels::kPullRowMaxBytes ? MOE_EP_PATH_COMBINE_PULL_ROWS
                                                                            : MOE_EP_PATH_COMBINE_PULL_SEGMENTS;
   }
-  if (call.schedule == kernels::kCombineOverlapped) return MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH;
+  const int32_t schedule = kernels::resolve_combine_schedule(s.combine_schedule, call.world_size, call.tokens_per_rank,
+                                                             call.group_min_sm_budget);
+  if (schedule == kernels::kCombineOverlapped) return MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH;
   if (s.small_batch && call.tokens_per_rank <= s.small_combine_tokens &&
       call.tokens_per_rank <= kernels::kSmallCombineMaxTokens) {
     return MOE_EP_PATH_COMBINE_SMALL_PUSH;
   }
   return MOE_EP_PATH_COMBINE_SERIAL_PUSH;
+}
+
+bool combine_path_pulls(int32_t path) {
+  return path == MOE_EP_PATH_COMBINE_PULL_ROWS || path == MOE_EP_PATH_COMBINE_PULL_SEGMENTS ||
+         path == MOE_EP_PATH_COMBINE_PULL_REGISTERS || path == MOE_EP_PATH_COMBINE_PULL_UNALIGNED;
+}
+
+int32_t combine_path_schedule(int32_t path) {
+  return path == MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH ? kernels::kCombineOverlapped : kernels::kCombineSerial;
 }
 
 }  // namespace moe_ep

@@ -55,13 +55,19 @@ bool dispatch_path_is_bulk(int32_t path);
 bool dispatch_path_looks_back(int32_t path);
 
 struct CombinePathCall {
-  bool pull = false;              // zero-copy combine: every rank pulls from the peers' views
-  int32_t schedule = 0;           // the push schedule, resolved for the group (never auto)
+  bool zero_copy_combine = false;  // config.zero_copy_combine (the same on every rank)
+  int32_t world_size = 1;
+  int32_t group_min_sm_budget = 0;  // the smallest SM budget of the group (agreed at create)
   int32_t tokens_per_rank = 0;
   int64_t combine_row_bytes = 0;
   const void* expert_output = nullptr;
   const void* output = nullptr;
 };
+// Every rank of a group takes a pull path, or every rank a push path of the
+// same schedule (the schedule depends on group-wide values only).
 int32_t select_combine_path(const NvlinkPathSettings& s, const CombinePathCall& call);
+bool combine_path_pulls(int32_t path);
+// The schedule of a push path (kernels::CombineSchedule; pull paths have none: serial).
+int32_t combine_path_schedule(int32_t path);
 
 }  // namespace moe_ep

@@ -52,11 +52,13 @@ DispatchPathCall dispatch_call(int32_t tokens, int32_t blocks, const void* hidde
   return c;
 }
 
-CombinePathCall combine_call(bool pull, int32_t schedule, int32_t tokens, const void* expert_output = kAligned,
+// A combine of 2 ranks of 132 SMs each.
+CombinePathCall combine_call(bool zero_copy, int32_t tokens, const void* expert_output = kAligned,
                              int64_t row_bytes = 14336) {
   CombinePathCall c;
-  c.pull = pull;
-  c.schedule = schedule;
+  c.zero_copy_combine = zero_copy;
+  c.world_size = 2;
+  c.group_min_sm_budget = 132;
   c.tokens_per_rank = tokens;
   c.combine_row_bytes = row_bytes;
   c.expert_output = expert_output;
@@ -115,33 +117,57 @@ TEST_CASE("dispatch path: a forced look-back or scan, and bulk rows only for ali
   CHECK_FALSE(moe_ep::dispatch_path_looks_back(MOE_EP_PATH_DISPATCH_SMALL));
 }
 
-TEST_CASE("combine path: small push up to its bound on the serial schedule, the pull by row size and alignment",
-          "[path]") {
+TEST_CASE(
+    "combine path: the pull with the zero-copy view, by row size and alignment; else the push schedule, "
+    "small push up to its bound",
+    "[path]") {
   using moe_ep::kernels::kCombineOverlapped;
   using moe_ep::kernels::kCombineSerial;
   NvlinkPathSettings s = defaults();
-  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 384)) == MOE_EP_PATH_COMBINE_SMALL_PUSH);
-  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 385)) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
-  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineOverlapped, 8)) ==
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, 384)) == MOE_EP_PATH_COMBINE_SMALL_PUSH);
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, 385)) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+  // auto: overlapped for calls of at least kOverlapMinTokens on groups of at least kOverlapMinBlocks SMs.
+  CHECK(moe_ep::select_combine_path(s, combine_call(false, moe_ep::kernels::kOverlapMinTokens)) ==
         MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH);
-  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8)) == MOE_EP_PATH_COMBINE_PULL_ROWS);
-  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kAligned, 16384)) ==
-        MOE_EP_PATH_COMBINE_PULL_ROWS);
-  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kAligned, 16400)) ==
-        MOE_EP_PATH_COMBINE_PULL_SEGMENTS);
-  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kUnaligned)) ==
-        MOE_EP_PATH_COMBINE_PULL_UNALIGNED);
-  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8, kAligned, 200)) ==
-        MOE_EP_PATH_COMBINE_PULL_UNALIGNED);
-  s.pull_rows = false;
-  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8)) == MOE_EP_PATH_COMBINE_PULL_SEGMENTS);
-  s.bulk_copies = false;
-  CHECK(moe_ep::select_combine_path(s, combine_call(true, kCombineSerial, 8)) == MOE_EP_PATH_COMBINE_PULL_REGISTERS);
-  s = defaults();
-  s.small_combine_tokens = 512;
-  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 512)) == MOE_EP_PATH_COMBINE_SMALL_PUSH);
-  s.small_batch = false;
-  CHECK(moe_ep::select_combine_path(s, combine_call(false, kCombineSerial, 1)) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+  CombinePathCall few_sms = combine_call(false, 4096);
+  few_sms.group_min_sm_budget = moe_ep::kernels::kOverlapMinBlocks - 1;
+  CHECK(moe_ep::select_combine_path(s, few_sms) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+  CombinePathCall one_rank = combine_call(true, 4096);  // the view, but no peer to pull from
+  one_rank.world_size = 1;
+  CHECK(moe_ep::select_combine_path(s, one_rank) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+  NvlinkPathSettings overlapped = s;
+  overlapped.combine_schedule = kCombineOverlapped;
+  CHECK(moe_ep::select_combine_path(overlapped, combine_call(false, 8)) == MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH);
+  NvlinkPathSettings serial = s;
+  serial.combine_schedule = kCombineSerial;
+  CHECK(moe_ep::select_combine_path(serial, combine_call(false, 4096)) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, 8)) == MOE_EP_PATH_COMBINE_PULL_ROWS);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, 4096)) == MOE_EP_PATH_COMBINE_PULL_ROWS);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, 8, kAligned, 16384)) == MOE_EP_PATH_COMBINE_PULL_ROWS);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, 8, kAligned, 16400)) == MOE_EP_PATH_COMBINE_PULL_SEGMENTS);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, 8, kUnaligned)) == MOE_EP_PATH_COMBINE_PULL_UNALIGNED);
+  CHECK(moe_ep::select_combine_path(s, combine_call(true, 8, kAligned, 200)) == MOE_EP_PATH_COMBINE_PULL_UNALIGNED);
+  NvlinkPathSettings segments = s;
+  segments.pull_rows = false;
+  CHECK(moe_ep::select_combine_path(segments, combine_call(true, 8)) == MOE_EP_PATH_COMBINE_PULL_SEGMENTS);
+  segments.bulk_copies = false;
+  CHECK(moe_ep::select_combine_path(segments, combine_call(true, 8)) == MOE_EP_PATH_COMBINE_PULL_REGISTERS);
+
+  NvlinkPathSettings bound = s;
+  bound.small_combine_tokens = 512;
+  CHECK(moe_ep::select_combine_path(bound, combine_call(false, 512)) == MOE_EP_PATH_COMBINE_SMALL_PUSH);
+  bound.small_batch = false;
+  CHECK(moe_ep::select_combine_path(bound, combine_call(false, 1)) == MOE_EP_PATH_COMBINE_SERIAL_PUSH);
+
+  for (const int32_t path : {MOE_EP_PATH_COMBINE_PULL_ROWS, MOE_EP_PATH_COMBINE_PULL_SEGMENTS,
+                             MOE_EP_PATH_COMBINE_PULL_REGISTERS, MOE_EP_PATH_COMBINE_PULL_UNALIGNED}) {
+    CHECK(moe_ep::combine_path_pulls(path));
+  }
+  CHECK_FALSE(moe_ep::combine_path_pulls(MOE_EP_PATH_COMBINE_SMALL_PUSH));
+  CHECK(moe_ep::combine_path_schedule(MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH) == kCombineOverlapped);
+  CHECK(moe_ep::combine_path_schedule(MOE_EP_PATH_COMBINE_SMALL_PUSH) == kCombineSerial);
+  CHECK(moe_ep::combine_path_schedule(MOE_EP_PATH_COMBINE_SERIAL_PUSH) == kCombineSerial);
 }
 
 TEST_CASE("path settings from the knobs: defaults, the bulk rows by SM budget, PDL and bulk copies by device",
