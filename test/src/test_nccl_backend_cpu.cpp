@@ -12,6 +12,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "case_skip.hpp"
 #include "error.hpp"
 #include "handle.hpp"
 #include "moe_ep_c.h"
@@ -94,7 +95,7 @@ TEST_CASE("config->backend accepts NCCL (3) and still refuses unknown values", "
   CHECK_THROWS_AS(moe_ep::read_config(&c), moe_ep::Error);
 }
 
-TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU tensors", "[nccl]") {
+TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU tensors", "[nccl][no_gpu]") {
   const moe_ep_params_t p = moe_ep_test::make_params(4, 2, 8, 16);
   moe_ep_config_t c;
   moe_ep_config_init(&c, sizeof c);
@@ -102,7 +103,10 @@ TEST_CASE("AUTO agrees on one backend; without GPUs it is HOST and runs on CPU t
   const bool nccl = moe_ep::nccl_platform_supported(-1, nullptr);
   // Two threads of one process share a host: the NVLink backend wins where it runs.
   const int32_t expected = nvlink ? MOE_EP_BACKEND_NVLINK_TWO_SIDED : nccl ? MOE_EP_BACKEND_NCCL : MOE_EP_BACKEND_HOST;
-  if (expected != MOE_EP_BACKEND_HOST) return;  // a GPU machine: the GPU suites cover it
+  if (expected != MOE_EP_BACKEND_HOST) {
+    moe_ep_test::skip_case("a GPU machine: the GPU suites cover it");
+    return;
+  }
   moe_ep_test::RankChecks checks;
   moe_ep_test::run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
     moe_ep_handle_t h = nullptr;

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "case_skip.hpp"
 #include "common/cuda_driver_probe.hpp"
 #include "moe_ep_c.h"
 #include "test_params.hpp"
@@ -30,10 +31,13 @@ TEST_CASE("is_platform_supported answers SUCCESS, and 0 without a driver", "[pla
   CHECK(supported == 0);
 }
 
-TEST_CASE("AUTO falls back to HOST where the NVLink backend is unsupported", "[platform]") {
+TEST_CASE("AUTO falls back to HOST where the NVLink backend is unsupported", "[platform][no_gpu]") {
   int32_t supported = 0;
   REQUIRE(moe_ep_is_platform_supported(-1, &supported) == MOE_EP_SUCCESS);
-  if (supported) return;  // AUTO picks NVLink there; covered by the GPU tests
+  if (supported) {
+    moe_ep_test::skip_case("AUTO picks NVLink here; covered by the GPU tests");
+    return;
+  }
   const moe_ep_params_t p = moe_ep_test::make_params(2, 1, 2, 4);
   uint64_t auto_bytes = 0, host_bytes = 0;
   REQUIRE(moe_ep_workspace_size(&p, nullptr, 1, &auto_bytes) == MOE_EP_SUCCESS);
