@@ -4,14 +4,17 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <string>
 
 #include "combine/pull_rows_schedule.h"
+#include "common/tuning_registry.hpp"
 #include "error.hpp"
 #include "moe_ep_c.h"
 #include "moe_ep_kernels.h"
 #include "nvlink/path_selection.hpp"
 #include "scoped_environment.hpp"
 
+using Catch::Matchers::Contains;
 using moe_ep::CombinePathCall;
 using moe_ep::DispatchPathCall;
 using moe_ep::NvlinkPathSettings;
@@ -214,4 +217,17 @@ TEST_CASE("path settings from the knobs: defaults, the bulk rows by SM budget, P
     const ScopedEnvironment bad("MOE_EP_DISPATCH_LOOKBACK", "junk");
     CHECK_THROWS_AS(moe_ep::read_nvlink_path_settings(90, 132), moe_ep::Error);
   }
+}
+
+TEST_CASE("path knobs: their documentation states the automatic choices' bounds", "[path]") {
+  using moe_ep::Knob;
+  using moe_ep::knob_spec;
+  CHECK_THAT(knob_spec(Knob::kDispatchBulk).doc,
+             Contains("at most " + std::to_string(moe_ep::kDispatchBulkAutoMaxSms)));
+  CHECK_THAT(knob_spec(Knob::kDispatchLookback).doc,
+             Contains("more than " + std::to_string(moe_ep::kLookbackMinTokens) + " tokens on at most " +
+                      std::to_string(moe_ep::kLookbackMaxBlocks) + " blocks"));
+  CHECK(knob_spec(Knob::kSmallDispatchTokens).max == moe_ep::kernels::kSmallDispatchMaxTokens);
+  CHECK(knob_spec(Knob::kSmallCombineTokens).max == moe_ep::kernels::kSmallCombineMaxTokens);
+  CHECK(knob_spec(Knob::kPullProducers).max == moe_ep::kernels::kPullMaxProducers);
 }
