@@ -1,5 +1,5 @@
 // libFuzzer target: drives the public C API on the HOST backend with
-// arbitrary struct sizes, parameters, shapes, dtypes, strides, byte offsets
+// arbitrary struct sizes (the init functions' too), parameters, shapes, dtypes, strides, byte offsets
 // and call orders, on a 1-rank group whose bootstrap may also hand back
 // arbitrary bytes (a hostile peer).  Built by -DMOE_EP_BUILD_FUZZER=ON with
 // clang and the sanitizers; any crash or sanitizer report is a bug.
@@ -20,6 +20,32 @@ namespace {
 
 constexpr size_t kSlack = 64;
 constexpr uint64_t kMaxWorkspace = 8u << 20;  // create only what is quick to allocate
+
+// An init with any size writes nothing past it, and nothing at all when it
+// refuses the size; a size above the 1024-byte cap is always refused.
+template <typename T>
+void check_init_within(moe_ep_status_t (*init)(T*, size_t), size_t size) {
+  alignas(16) unsigned char buf[1024 + kSlack];
+  std::memset(buf, 0xA5, sizeof(buf));
+  const moe_ep_status_t s = init(reinterpret_cast<T*>(buf), size);
+  if (s == MOE_EP_SUCCESS && size > 1024) __builtin_trap();
+  for (size_t i = s == MOE_EP_SUCCESS ? size : 0; i < sizeof(buf); ++i) {
+    if (buf[i] != 0xA5) __builtin_trap();
+  }
+}
+
+void check_inits(FuzzedDataProvider& in) {
+  const size_t size =
+      in.ConsumeBool() ? in.ConsumeIntegralInRange<size_t>(0, 1024 + kSlack) : in.ConsumeIntegral<size_t>();
+  switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+    case 0: check_init_within(moe_ep_bootstrap_init, size); break;
+    case 1: check_init_within(moe_ep_params_init, size); break;
+    case 2: check_init_within(moe_ep_config_init, size); break;
+    case 3: check_init_within(moe_ep_dispatch_args_init, size); break;
+    case 4: check_init_within(moe_ep_dispatch_result_init, size); break;
+    default: check_init_within(moe_ep_combine_result_init, size); break;
+  }
+}
 
 // A struct_size: mostly valid, sometimes any value (cuts, huge, newer).
 uint32_t pick_struct_size(FuzzedDataProvider& in, uint32_t real) {
@@ -125,6 +151,7 @@ struct FuzzTensor {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   BootstrapState state{&in, in.ConsumeBool()};
+  check_inits(in);
 
   Boxed<moe_ep_params_t> boxed_params;
   moe_ep_params_t& p = *boxed_params.get();
