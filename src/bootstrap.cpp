@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/host_identity.hpp"
 #include "error.hpp"
 #include "versioned_struct.hpp"
 
@@ -83,8 +84,8 @@ void Exchange::agree(moe_ep_status_t local_status, const std::string& local_mess
   if (local_status != MOE_EP_SUCCESS) throw Error(local_status, local_message);
   for (int32_t r = 0; r < world_size(); ++r) {
     if (all[r].status == MOE_EP_SUCCESS) continue;
-    // A peer's bytes: never read past the field, whatever it holds.
-    const std::string message(all[r].message, strnlen(all[r].message, sizeof(all[r].message)));
+    // A peer's bytes: never read past the field, no control characters.
+    const std::string message = peer_text(all[r].message, sizeof(all[r].message));
     if (!is_error_status(all[r].status)) {
       fail(MOE_EP_ERROR_INVALID_INPUT, "rank ", r, " reported an outcome with unknown status ", all[r].status,
            " (expected 0..", MOE_EP_ERROR_INTERNAL, "): ", message);

@@ -24,8 +24,18 @@ bool same_host(const HostIdentity& a, const HostIdentity& b) {
          std::strncmp(a.boot_id, b.boot_id, sizeof(a.boot_id)) == 0;
 }
 
+std::string peer_text(const char* field, size_t capacity) {
+  std::string text(field, strnlen(field, capacity));
+  for (char& c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) c = '?';  // no terminal escapes, newlines or half-characters from a peer
+  }
+  return text;
+}
+
 std::string describe_host(const HostIdentity& id) {
-  return std::string(id.hostname) + " (boot " + (id.boot_id[0] ? id.boot_id : "unknown") + ")";
+  const std::string boot = peer_text(id.boot_id, sizeof(id.boot_id));
+  return peer_text(id.hostname, sizeof(id.hostname)) + " (boot " + (boot.empty() ? "unknown" : boot) + ")";
 }
 
 }  // namespace moe_ep

@@ -2,6 +2,7 @@
 // all ranks can share memory through POSIX file descriptors.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace moe_ep {
@@ -13,6 +14,13 @@ struct HostIdentity {
 
 HostIdentity local_host_identity();
 bool same_host(const HostIdentity& a, const HostIdentity& b);
+// Bounded and printable: reads at most the fields' sizes (a peer's record
+// need not hold a NUL), with control characters replaced by '?'.
 std::string describe_host(const HostIdentity& id);
+
+// Text that came from a peer (a fixed field of a bootstrap record): at most
+// `capacity` bytes, up to the first NUL, every byte outside printable ASCII
+// replaced by '?', so that it can go into this rank's messages as it is.
+std::string peer_text(const char* field, size_t capacity);
 
 }  // namespace moe_ep

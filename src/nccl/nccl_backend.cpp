@@ -57,7 +57,8 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
     for (int32_t b = a + 1; b < bootstrap.world_size(); ++b) {
       if (same_host(all[a].host, all[b].host) &&
           std::strncmp(all[a].pci_bus_id, all[b].pci_bus_id, sizeof(mine.pci_bus_id)) == 0) {
-        fail(MOE_EP_ERROR_UNSUPPORTED, "NCCL backend: ranks ", a, " and ", b, " both use GPU ", all[a].pci_bus_id,
+        fail(MOE_EP_ERROR_UNSUPPORTED, "NCCL backend: ranks ", a, " and ", b, " both use GPU ",
+             peer_text(all[a].pci_bus_id, sizeof(all[a].pci_bus_id)),
              " on ", describe_host(all[a].host),
              "; NCCL allows one rank per GPU (use NVLINK_TWO_SIDED or HOST to run several ranks on one GPU)");
       }

@@ -7,17 +7,22 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <sys/resource.h>
 
-#include "moe_ep_c.h"
+#include "common/host_identity.hpp"
 #include "dtypes.hpp"
+#include "moe_ep_c.h"
 #include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
@@ -249,6 +254,32 @@ TEST_CASE("peer data: a peer's failure message is read within its field", "[trus
     CHECK(got[0].message.size() < 300);
     CHECK(got[1].status == MOE_EP_ERROR_INVALID_ARGUMENT);
   }
+  SECTION("control characters and bytes outside ASCII are replaced") {
+    std::vector<Outcome> got(2);
+    run_ranks(
+        2,
+        [&](int rank, const moe_ep_bootstrap_t& b) {
+          moe_ep_params_t p = make_params(4, rank == 1 ? 0 : 2, 4, 8);  // rank 1 fails: top_k 0
+          moe_ep_config_t c = host_config();
+          moe_ep_handle_t h = nullptr;
+          got[rank].status = moe_ep_create(&b, &p, &c, &h);
+          got[rank].message = moe_ep_last_error();
+        },
+        [](int rank, int64_t, void* recv, size_t bytes) {
+          if (rank != 0 || bytes != kOutcomeBytes) return;
+          char* text = static_cast<char*>(recv) + kOutcomeBytes + 4;
+          const char hostile[] = {'\n', '\x1b', '[', '2', 'J', '\r', '\x7f', '\xff', 'o', 'k'};
+          for (size_t i = 0; i < kOutcomeBytes - 4; ++i) text[i] = hostile[i % sizeof(hostile)];  // and no NUL
+        });
+    INFO(got[0].message);
+    CHECK(got[0].status == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(got[0].message, Contains("rank 1 failed: ??[2J???ok"));
+    for (char ch : got[0].message) {
+      const auto u = static_cast<unsigned char>(ch);
+      CHECK((u >= 0x20 && u < 0x7f));
+    }
+    CHECK(got[0].message.size() < 300);
+  }
   SECTION("a status that is not a moe_ep status") {
     std::vector<Outcome> got(2);
     run_ranks(
@@ -442,3 +473,208 @@ TEST_CASE("tensors: data + byte_offset must not wrap and must be aligned", "[tru
   CHECK(moe_ep_dispatch(r.h, &a, &res, nullptr) == MOE_EP_SUCCESS);
   moe_ep_destroy(&r.h);
 }
+
+TEST_CASE("peer data: a peer's host record is read within its fields and printed without control characters",
+          "[trust]") {
+  // On the heap, exactly sized: a read past a field is a heap-buffer-overflow
+  // under ASan (the sanitizer suite), not a silent read of the next field.
+  auto peer = std::make_unique<moe_ep::HostIdentity>();
+  std::memset(peer->hostname, 'h', sizeof(peer->hostname));  // no NUL anywhere
+  std::memset(peer->boot_id, '\n', sizeof(peer->boot_id));
+  peer->boot_id[0] = '\x1b';
+  const std::string text = moe_ep::describe_host(*peer);
+  CHECK(text == std::string(sizeof(peer->hostname), 'h') + " (boot " + std::string(sizeof(peer->boot_id), '?') + ")");
+  std::memset(peer->boot_id, 0, sizeof(peer->boot_id));
+  CHECK(moe_ep::describe_host(*peer) == std::string(sizeof(peer->hostname), 'h') + " (boot unknown)");
+  const char bus_id[4] = {'0', '\a', 'x', 'y'};  // a PCI bus id field of 4 bytes, unterminated
+  CHECK(moe_ep::peer_text(bus_id, sizeof(bus_id)) == "0?xy");
+}
+
+namespace {
+
+// Wraps one rank's bootstrap: once armed, `script` runs before each of this
+// rank's allgathers (on whatever thread calls it) and says whether to forward
+// it and what to return afterwards; a non-zero return leaves a message.
+struct Scripted {
+  moe_ep_bootstrap_t inner{};
+  std::function<int32_t(int64_t call, size_t bytes, bool* forward)> script;
+  std::atomic<bool> armed{false};
+  std::atomic<int64_t> calls{0};
+
+  static int32_t allgather(void* ctx, const void* send, void* recv, size_t bytes) {
+    auto* self = static_cast<Scripted*>(ctx);
+    bool forward = true;
+    const int32_t rc = self->armed ? self->script(self->calls++, bytes, &forward) : 0;
+    if (forward) {
+      const int32_t inner_rc = self->inner.allgather(self->inner.ctx, send, recv, bytes);
+      if (inner_rc != 0) return inner_rc;
+    }
+    if (rc != 0) moe_ep_set_last_error("test bootstrap: the transport went away");
+    return rc;
+  }
+  static int32_t barrier(void* ctx) {
+    auto* self = static_cast<Scripted*>(ctx);
+    return self->inner.barrier(self->inner.ctx);
+  }
+  moe_ep_bootstrap_t view() {
+    moe_ep_bootstrap_t b = inner;
+    b.ctx = this;
+    b.allgather = &Scripted::allgather;
+    b.barrier = &Scripted::barrier;
+    return b;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("timeout_ms: a peer that sent its dispatch header, then stops, costs timeout_ms in the record exchange",
+          "[trust][timeout]") {
+  constexpr int32_t kTimeoutMs = 300;
+  Outcome got;
+  int64_t waited = 0;
+  std::atomic<bool> rank0_done{false};
+  Scripted scripts[2];
+  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+    Scripted& s = scripts[rank];  // outlives the rank: an abandoned callback may still run in it
+    s.inner = b;
+    s.script = [&](int64_t call, size_t, bool* forward) -> int32_t {
+      if (call == 0) return 0;  // the header goes through
+      while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      *forward = false;  // the records never do
+      return -1;
+    };
+    const moe_ep_bootstrap_t viewed = s.view();
+    Rank r;
+    if (r.create(viewed, kTimeoutMs) != MOE_EP_SUCCESS) {
+      got.message = "create failed on rank " + std::to_string(rank);
+      rank0_done = true;
+      return;
+    }
+    if (rank == 1) s.armed = true;
+    const auto t0 = Clock::now();
+    const Outcome o = r.dispatch(2);
+    if (rank == 0) {
+      waited = ms_since(t0);
+      got = o;
+      rank0_done = true;
+    }
+    moe_ep_destroy(&r.h);
+  });
+  INFO(got.message);
+  CHECK(got.status == MOE_EP_ERROR_TIMEOUT);
+  CHECK_THAT(got.message, Contains("HOST dispatch: token records") && Contains("timeout_ms = 300"));
+  CHECK(waited >= kTimeoutMs - 5);
+  CHECK(waited <= kTimeoutMs + 1500);
+}
+
+TEST_CASE(
+    "timeout_ms: a peer late in both exchanges of a dispatch, each within the bound, costs up to twice timeout_ms",
+    "[trust][timeout]") {
+  constexpr int32_t kTimeoutMs = 500;
+  constexpr int kLateMs = 350;  // per exchange: within the bound, but twice that is beyond it
+  std::vector<Outcome> got(2);
+  int64_t waited = 0;
+  Scripted scripts[2];
+  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+    Scripted& s = scripts[rank];  // outlives the rank: an abandoned callback may still run in it
+    s.inner = b;
+    s.script = [&](int64_t, size_t, bool*) -> int32_t {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kLateMs));
+      return 0;
+    };
+    const moe_ep_bootstrap_t viewed = s.view();
+    Rank r;
+    if (r.create(viewed, kTimeoutMs) != MOE_EP_SUCCESS) return;
+    if (rank == 1) s.armed = true;
+    const auto t0 = Clock::now();
+    got[rank] = r.dispatch(2);
+    if (rank == 0) waited = ms_since(t0);
+    moe_ep_destroy(&r.h);
+  });
+  INFO(got[0].message << " / " << got[1].message);
+  CHECK(got[0].status == MOE_EP_SUCCESS);  // each exchange met the bound
+  CHECK(got[1].status == MOE_EP_SUCCESS);
+  CHECK(waited >= 2 * kLateMs - 20);  // more than one timeout_ms in all
+  CHECK(waited > kTimeoutMs);
+  CHECK(waited <= 2 * kTimeoutMs + 1500);
+}
+
+TEST_CASE("bootstrap: a callback that fails during a HOST dispatch or combine is BOOTSTRAP, and every rank returns",
+          "[trust][timeout]") {
+  constexpr int32_t kTimeoutMs = 300;
+  for (const bool in_combine : {false, true}) {
+    std::vector<Outcome> got(2);
+    std::vector<int64_t> waited(2, 0), destroy_ms(2, 0);
+    std::vector<bool> created(2, false);
+    Scripted scripts[2];
+    run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
+      Scripted& s = scripts[rank];
+      s.inner = b;
+      s.script = [](int64_t call, size_t, bool*) -> int32_t { return call == 0 ? -1 : 0; };  // delivers, then fails
+      const moe_ep_bootstrap_t viewed = s.view();
+      Rank r;
+      created[rank] = r.create(viewed, kTimeoutMs) == MOE_EP_SUCCESS;
+      if (!created[rank]) return;
+      if (in_combine && r.dispatch(1).status != MOE_EP_SUCCESS) return;
+      if (rank == 1) s.armed = true;
+      const auto t0 = Clock::now();
+      got[rank] = in_combine ? r.combine(2) : r.dispatch(2);
+      waited[rank] = ms_since(t0);
+      const auto t1 = Clock::now();
+      moe_ep_destroy(&r.h);
+      destroy_ms[rank] = ms_since(t1);
+    });
+    INFO((in_combine ? "combine" : "dispatch") << ": rank 0: " << got[0].message << " / rank 1: " << got[1].message);
+    REQUIRE(created[0]);
+    REQUIRE(created[1]);
+    CHECK(got[1].status == MOE_EP_ERROR_BOOTSTRAP);
+    CHECK_THAT(got[1].message, Contains("returned -1 on rank 1: test bootstrap: the transport went away") &&
+                                   Contains(in_combine ? "HOST combine" : "HOST dispatch: headers"));
+    for (int r = 0; r < 2; ++r) {
+      CHECK(waited[r] <= kTimeoutMs + 1500);  // rank 0 may succeed or time out, but returns
+      CHECK(destroy_ms[r] < 500);
+    }
+  }
+}
+
+#if !MOE_EP_TEST_UNDER_ASAN  // ASan owns operator new
+namespace {
+// Allocations above this many bytes fail on the thread that set it (0: none).
+thread_local size_t t_refuse_above = 0;
+}  // namespace
+
+void* operator new(size_t n) {
+  if (t_refuse_above != 0 && n > t_refuse_above) throw std::bad_alloc();
+  if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+
+TEST_CASE("create: OUT_OF_MEMORY on one rank is agreed on every rank", "[trust]") {
+  constexpr int kWorld = 3;
+  std::vector<Outcome> got(kWorld);
+  std::vector<bool> no_handle(kWorld, false);
+  run_ranks(kWorld, [&](int rank, const moe_ep_bootstrap_t& b) {
+    // 192 receive rows of 4 KiB: the receive buffer (768 KiB) fails on rank 1.
+    moe_ep_params_t p = make_params(2 * kWorld, 2, 64, 1024);
+    p.hidden_dtype = fp32_dtype();
+    p.combine_dtype = fp32_dtype();
+    moe_ep_config_t c = host_config();
+    c.timeout_ms = 5000;
+    moe_ep_handle_t h = nullptr;
+    if (rank == 1) t_refuse_above = 256 << 10;
+    got[rank].status = moe_ep_create(&b, &p, &c, &h);
+    t_refuse_above = 0;
+    got[rank].message = moe_ep_last_error();
+    no_handle[rank] = h == nullptr;
+    if (h != nullptr) moe_ep_destroy(&h);
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << got[r].message);
+    CHECK(got[r].status == MOE_EP_ERROR_OUT_OF_MEMORY);
+    CHECK(no_handle[r]);
+    if (r != 1) CHECK_THAT(got[r].message, Contains("rank 1 failed"));
+  }
+}
+#endif
