@@ -33,7 +33,13 @@ MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm,
 MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint,
                                                           moe_ep_bootstrap_t* bootstrap);
 
-/* Frees the duplicated communicator; zeroes the callbacks.  NULL is a no-op. */
+/* Frees the duplicated communicator; zeroes the callbacks.  NULL is a no-op.
+ * After a TIMEOUT, a callback may still be running on the destroyed handle's
+ * abandoned thread (inside an MPI collective that waits for a late or dead
+ * peer): release then frees nothing and returns MOE_EP_ERROR_INVALID_STATE
+ * with a message, and may be called again later.  While it refuses, do not
+ * call MPI_Finalize (it would wait for that collective): end the job with
+ * MPI_Abort, or wait until release succeeds. */
 MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_release(moe_ep_bootstrap_t* bootstrap);
 
 #ifdef __cplusplus

@@ -4,6 +4,7 @@
 // can never match the application's own messages.
 #include <mpi.h>
 
+#include <atomic>
 #include <new>
 #include <string>
 
@@ -25,12 +26,31 @@ std::string mpi_error_text(int code) {
   return std::string(text, static_cast<size_t>(length));
 }
 
+// `in_flight` counts the callbacks running now.  A handle whose exchange
+// timed out leaves its callback running on an abandoned thread (inside
+// MPI_Allgather, say, waiting for a dead peer) after destroy returns; release
+// refuses while any runs, so that the communicator is never freed under it.
 struct MpiContext {
   MPI_Comm comm = MPI_COMM_NULL;
+  std::atomic<int> in_flight{0};
+};
+
+// Counts one running callback for as long as it lives.
+class InFlight {
+ public:
+  explicit InFlight(void* ctx) : c_(static_cast<MpiContext*>(ctx)) { c_->in_flight.fetch_add(1); }
+  ~InFlight() { c_->in_flight.fetch_sub(1); }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+  MpiContext* context() const { return c_; }
+
+ private:
+  MpiContext* c_;
 };
 
 int32_t allgather(void* ctx, const void* send, void* recv, size_t bytes_per_rank) {
-  auto* c = static_cast<MpiContext*>(ctx);
+  const InFlight running(ctx);
+  MpiContext* c = running.context();
   if (bytes_per_rank > static_cast<size_t>(INT32_MAX)) {  // MPI counts are int
     failure(MOE_EP_ERROR_BOOTSTRAP, "MPI adapter: bytes_per_rank above INT32_MAX (" +
                                         std::to_string(bytes_per_rank) + ") does not fit an MPI count");
@@ -46,7 +66,8 @@ int32_t allgather(void* ctx, const void* send, void* recv, size_t bytes_per_rank
 }
 
 int32_t barrier(void* ctx) {
-  const int rc = MPI_Barrier(static_cast<MpiContext*>(ctx)->comm);
+  const InFlight running(ctx);
+  const int rc = MPI_Barrier(running.context()->comm);
   if (rc != MPI_SUCCESS) {
     failure(MOE_EP_ERROR_BOOTSTRAP, "MPI_Barrier failed: " + mpi_error_text(rc));
     return -1;
@@ -110,10 +131,20 @@ moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint, moe_ep_bootstra
 }
 
 moe_ep_status_t moe_ep_mpi_bootstrap_release(moe_ep_bootstrap_t* bootstrap) {
+  moe_ep_set_last_error(nullptr);
   if (bootstrap == nullptr || bootstrap->ctx == nullptr || bootstrap->allgather != allgather) {
     return MOE_EP_SUCCESS;
   }
   auto* ctx = static_cast<MpiContext*>(bootstrap->ctx);
+  const int running = ctx->in_flight.load();
+  if (running > 0) {  // freeing the communicator now would pull it from under that callback
+    return failure(MOE_EP_ERROR_INVALID_STATE,
+                   "moe_ep_mpi_bootstrap_release: expected no callback running on this bootstrap, got " +
+                       std::to_string(running) +
+                       " (an exchange that timed out is still inside an MPI collective on its abandoned thread); "
+                       "nothing was released: call release again once the peers have caught up, or end the job "
+                       "with MPI_Abort (MPI_Finalize would wait for that collective)");
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && ctx->comm != MPI_COMM_NULL) MPI_Comm_free(&ctx->comm);
