@@ -1,8 +1,10 @@
 #include "check.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "counter_rng.hpp"
 #include "dtypes.hpp"
@@ -207,6 +209,14 @@ int run_check(const World& world, const CheckOptions& o) {
     cases.push_back(c);
     if (o.zero_copy_combine) cases.back().zero_copy = true;
   }
+  if (cases.empty()) {  // the same on every rank: every rank refuses alone, before any collective
+    if (world.is_root()) {
+      std::fprintf(stderr,
+                   "moe_ep_conformance: --filter: expected a part of some case's name (see check --list), got '%s'\n",
+                   o.filter.c_str());
+    }
+    return 2;
+  }
   if (o.list) {
     if (world.is_root()) {
       for (const CheckCase& c : cases) std::printf("%s\n", c.name.c_str());
@@ -241,6 +251,15 @@ int run_check(const World& world, const CheckOptions& o) {
       } catch (const ToolError& e) {
         error = e.what();
       }
+      world.set_phase(std::string("check, case ") + c.name + " (" + mode + "): agreeing on its outcome");
+      if (o.inject_fault == "stalled_rank" && world.rank == world.size - 1 && world.size > 1) {
+        // Self-test of the tool's bounded collectives: this rank stops
+        // answering, and rank 0 must abort the job within its bound.
+        std::fprintf(stderr, "moe_ep_conformance: rank %d: --inject-fault stalled_rank: this rank stops here\n",
+                     world.rank);
+        std::fflush(stderr);
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
       const int64_t wrong = world.sum(v.wrong);
       const bool any_error = world.any(!error.empty());
       total_wrong += wrong;
@@ -264,7 +283,7 @@ int run_check(const World& world, const CheckOptions& o) {
     }
   }
   if (world.is_root()) {
-    std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(total_wrong), total_wrong ? "FAILED" : "OK");
+    std::printf("# Wrong elements : %lld %s\n", static_cast<long long>(total_wrong), total_wrong ? "FAILED" : "OK");
     std::printf("# moe_ep_conformance check: %d passed, %d failed\n", passed, failed);
   }
   return failed == 0 ? 0 : 1;

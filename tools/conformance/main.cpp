@@ -5,7 +5,12 @@
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <climits>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "bench_command.hpp"
 #include "check.hpp"
@@ -19,13 +24,62 @@ using moe_ep_tool::BenchOptions;
 using moe_ep_tool::CheckOptions;
 using moe_ep_tool::CommonOptions;
 
+// Exit code of every bad argument, on every rank: argv is the same on every
+// rank, so each decides alone, before any collective.
+constexpr int kBadArgument = 2;
+
+std::string range_text(long long lo, long long hi) {
+  if (hi == LLONG_MAX || hi == INT_MAX) return ">= " + std::to_string(lo);
+  return "from " + std::to_string(lo) + " to " + std::to_string(hi);
+}
+
+// Validators whose failure reads "--flag: expected ..., got '...'" (CLI11
+// prefixes the flag), one line, instead of CLI11's ranges over the whole type.
+CLI::Validator integer_in(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (!text.empty() && *end == '\0' && errno == 0 && v >= lo && v <= hi) return std::string();
+        return "expected an integer " + range_text(lo, hi) + ", got '" + text + "'";
+      },
+      // What --help shows after the type, in CLI11's own words.
+      lo == 1 && hi == INT_MAX   ? "POSITIVE"
+      : lo == 0 && hi == INT_MAX ? "NONNEGATIVE"
+                                 : "[" + std::to_string(lo) + " - " + std::to_string(hi) + "]");
+}
+CLI::Validator integer_at_least(long long lo) { return integer_in(lo, INT_MAX); }
+
+CLI::Validator real_in(double lo, double hi, bool lo_open) {
+  const std::string expected = std::string("a number ") + (lo_open ? "> " : ">= ") + std::to_string(lo).substr(0, 3) +
+                               (std::isinf(hi) ? std::string() : " and <= " + std::to_string(hi).substr(0, 3));
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool ok =
+            !text.empty() && *end == '\0' && errno == 0 && std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+        return ok ? std::string() : "expected " + expected + ", got '" + text + "'";
+      },
+      expected);
+}
+
 void add_common(CLI::App* app, CommonOptions& o) {
   std::string names;
   for (const std::string& n : moe_ep_tool::backend_names()) names += (names.empty() ? "" : " | ") + n;
-  app->add_option("--backend", o.backend, names + " (auto: nvlink where every rank supports it, else host)")
+  app->add_option("--backend", o.backend,
+                  names +
+                      " (auto: NVLINK_TWO_SIDED when every rank is in one NVLink domain, else NCCL when it loads and "
+                      "tensors are on GPUs, else HOST)")
       ->check(CLI::IsMember(moe_ep_tool::backend_names()));
-  app->add_option("--num-sms", o.num_sms, "SMs the kernels may use (0 = the library chooses)");
-  app->add_option("--timeout-ms", o.timeout_ms, "bound on every wait for a peer (config.timeout_ms)");
+  app->add_option("--num-sms", o.num_sms, "SMs the kernels may use (0 = the library chooses)")
+      ->check(integer_in(0, 4096));
+  app->add_option("--timeout-ms", o.timeout_ms,
+                  "bound on every wait for a peer (config.timeout_ms); the tool's own collectives give up "
+                  "5000 ms after it and abort the job with a message")
+      ->check(integer_in(1, 86400000));
   app->add_option("--seed", o.seed, "seed of every random input");
 }
 
@@ -33,8 +87,8 @@ void add_check(CLI::App& app, CheckOptions& o) {
   CLI::App* check = app.add_subcommand("check", "compare every case of the matrix with the oracle (moe_ep_verify)");
   add_common(check, o.common);
   check->add_option("--rounds", o.rounds, "eager dispatch/combine pairs per case, fresh inputs each")
-      ->check(CLI::Range(1, 1000));
-  check->add_option("--filter", o.filter, "run only the cases whose name contains this");
+      ->check(integer_in(1, 1000));
+  check->add_option("--filter", o.filter, "run only the cases whose name contains this (at least one must)");
   check->add_option("--modes", o.modes, "eager | graph | both | auto (both on GPU, eager on host)")
       ->check(CLI::IsMember({"eager", "graph", "both", "auto"}));
   check->add_flag("!--no-poison-results", o.poison_results,
@@ -43,34 +97,41 @@ void add_check(CLI::App& app, CheckOptions& o) {
   check->add_flag("--zero-copy-combine", o.zero_copy_combine,
                   "run every case with config.zero_copy_combine, the expert output written into the combine_input "
                   "view (on NCCL: the path with buffers registered with NCCL)");
-  check->add_option("--inject-fault", o.inject_fault,
-                    "self-test: corrupt rank 0's copy of a result before the comparison, which must then fail")
-      ->check(CLI::IsMember({"none", "dispatch_payload", "dispatch_order", "recv_counts", "combine_output"}));
+  check
+      ->add_option("--inject-fault", o.inject_fault,
+                   "self-test: corrupt rank 0's copy of a result before the comparison, which must then fail")
+      ->check(CLI::IsMember(
+          {"none", "dispatch_payload", "dispatch_order", "recv_counts", "combine_output", "stalled_rank"}));
 }
 
 CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
   CLI::App* bench = app.add_subcommand("bench", "time dispatch and combine over a sweep of tokens per rank");
   add_common(bench, o.common);
-  bench->add_option("-b,--min-tokens", o.min_tokens, "smallest tokens per rank")->check(CLI::PositiveNumber);
-  bench->add_option("-e,--max-tokens", o.max_tokens, "largest tokens per rank")->check(CLI::PositiveNumber);
+  bench->add_option("-b,--min-tokens", o.min_tokens, "smallest tokens per rank")->check(integer_at_least(1));
+  bench->add_option("-e,--max-tokens", o.max_tokens, "largest tokens per rank")->check(integer_at_least(1));
   bench->add_option("-f,--step-factor", o.step_factor, "multiply tokens per rank by this between sizes")
-      ->check(CLI::Range(2, 1 << 20));
-  bench->add_option("-t,--tokens", o.token_list, "explicit comma-separated list of tokens per rank (overrides -b/-e/-f)")
-      ->delimiter(',');
-  bench->add_option("--hidden", o.hidden, "hidden size (elements per row)")->check(CLI::PositiveNumber);
-  bench->add_option("--topk", o.top_k, "experts per token")->check(CLI::PositiveNumber);
-  bench->add_option("--experts", o.experts, "number of experts (a multiple of the ranks)")->check(CLI::PositiveNumber);
+      ->check(integer_in(2, 1 << 20));
+  bench
+      ->add_option("-t,--tokens", o.token_list, "explicit comma-separated list of tokens per rank (overrides -b/-e/-f)")
+      ->delimiter(',')
+      ->check(integer_at_least(1));
+  bench->add_option("--hidden", o.hidden, "hidden size (elements per row)")->check(integer_at_least(1));
+  bench->add_option("--topk", o.top_k, "experts per token")->check(integer_at_least(1));
+  bench->add_option("--experts", o.experts, "number of experts (a multiple of the ranks)")->check(integer_at_least(1));
   bench->add_option("--dtype", o.dtype, "dispatch payload: bf16 | fp16 | fp32 | fp8 (fp8 adds fp32 scales, 1 per 128)")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32", "fp8"}));
   bench->add_option("--combine-dtype", o.combine_dtype, "bf16 | fp16 | fp32 (default: --dtype, bf16 for fp8)")
       ->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
   bench->add_option("--routing", o.routing, "uniform | balanced | zipf")
       ->check(CLI::IsMember({"uniform", "balanced", "zipf"}));
-  bench->add_option("--zipf-s", o.zipf_s, "zipf exponent: expert e drawn with weight 1/(e+1)^s");
-  bench->add_option("--mask", o.mask_fraction, "fraction of picks set to invalid_expert_id")->check(CLI::Range(0.0, 1.0));
-  bench->add_option("-w,--warmup-iters", o.warmup, "untimed iterations per size")->check(CLI::NonNegativeNumber);
-  bench->add_option("-n,--iters", o.iters, "timed iterations per size")->check(CLI::PositiveNumber);
-  bench->add_option("-c,--check", o.check, "1 = count #wrong once per size before timing, 0 = skip");
+  bench->add_option("--zipf-s", o.zipf_s, "zipf exponent: expert e drawn with weight 1/(e+1)^s")
+      ->check(real_in(0.0, HUGE_VAL, true));
+  bench->add_option("--mask", o.mask_fraction, "fraction of picks set to invalid_expert_id")
+      ->check(real_in(0.0, 1.0, false));
+  bench->add_option("-w,--warmup-iters", o.warmup, "untimed iterations per size")->check(integer_at_least(0));
+  bench->add_option("-n,--iters", o.iters, "timed iterations per size")->check(integer_at_least(1));
+  bench->add_option("-c,--check", o.check, "1 = count #wrong once per size before timing, 0 = skip")
+      ->check(integer_in(0, 1));
   bench->add_flag("-G,--graph", o.graph, "time CUDA-graph replays of dispatch and of combine (GPU)");
   bench->add_flag("!--no-baselines", o.baselines, "skip the ceiling and NCCL baselines");
   bench->add_flag("--zero-copy-combine", o.zero_copy_combine,
@@ -90,16 +151,25 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
                    "take about as long as dispatch + combine)")
       ->delimiter(',')
       ->expected(3)
-      ->check(CLI::Range(1, 1 << 17));
+      ->check(integer_in(1, 1 << 17));
   bench->add_option("-J,--json", o.json_path, "write every figure, the byte formulas and the machine to this file");
   return bench;
 }
 
 }  // namespace
 
+// Relations between flags that CLI11's per-flag checks cannot see; "" if none.
+std::string bad_combination(const CLI::App* bench_app, const BenchOptions& o) {
+  if (bench_app->parsed() && o.token_list.empty() && o.min_tokens > o.max_tokens) {
+    return "-b/--min-tokens: expected at most -e/--max-tokens (" + std::to_string(o.max_tokens) + "), got " +
+           std::to_string(o.min_tokens);
+  }
+  return std::string();
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  const moe_ep_tool::World world = moe_ep_tool::World::from_comm(MPI_COMM_WORLD);
+  moe_ep_tool::World world = moe_ep_tool::World::from_comm(MPI_COMM_WORLD);
   CLI::App app{"moe_ep_conformance: conformance check and benchmark of moe_ep, launched with mpirun"};
   app.option_defaults()->always_capture_default();  // --help shows every default (subcommands inherit this)
   app.require_subcommand(1);
@@ -112,10 +182,27 @@ int main(int argc, char** argv) {
     bench.sizes_given =
         bench_app->count("-t") + bench_app->count("-b") + bench_app->count("-e") + bench_app->count("-f") > 0;
   } catch (const CLI::ParseError& e) {
-    const int rc = world.is_root() ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    // --help (exit code 0) prints the help; any other error one line, and
+    // the same exit code on every rank.
+    const bool help = e.get_exit_code() == 0;
+    if (world.is_root()) {
+      if (help) {
+        app.exit(e);
+      } else {
+        std::fprintf(stderr, "moe_ep_conformance: %s (see --help)\n", e.what());
+      }
+    }
     MPI_Finalize();
-    return rc;
+    return help ? 0 : kBadArgument;
   }
+  const std::string bad = bad_combination(bench_app, bench);
+  if (!bad.empty()) {
+    if (world.is_root()) std::fprintf(stderr, "moe_ep_conformance: %s (see --help)\n", bad.c_str());
+    MPI_Finalize();
+    return kBadArgument;
+  }
+  world.timeout_ms = app.got_subcommand("check") ? check.common.timeout_ms : bench.common.timeout_ms;
+  world.set_phase(app.got_subcommand("check") ? "check" : "bench");
   int rc = 0;
   try {
     rc = app.got_subcommand("check") ? moe_ep_tool::run_check(world, check) : moe_ep_tool::run_bench(world, bench);

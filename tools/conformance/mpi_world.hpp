@@ -17,8 +17,17 @@ struct World {
   int local_rank = 0;  // rank among the processes of this host
   int local_size = 1;
   std::string host;
+  // The tool's own collectives give up timeout_ms + kGraceMs after they start
+  // (a rank that died or stopped would leave the others waiting for ever):
+  // the job is aborted with a message naming the phase.
+  int timeout_ms = 30000;
+  static constexpr int kGraceMs = 5000;
+  static constexpr int kStalledExitCode = 4;
 
   bool is_root() const { return rank == 0; }
+  // What the tool is doing, for that message.
+  void set_phase(const std::string& phase) const { phase_ = phase; }
+  const std::string& phase() const { return phase_; }
   bool single_host() const { return local_size == size; }
 
   static World from_comm(MPI_Comm comm);
@@ -36,6 +45,11 @@ struct World {
   // Rank 0 gets every rank's text (others get an empty vector).
   std::vector<std::string> gather_text(const std::string& text) const;
   void broadcast(void* data, int bytes, int root) const;
+
+ private:
+  // Waits for a non-blocking collective, at most timeout_ms + kGraceMs.
+  void wait(MPI_Request* request, const char* call) const;
+  mutable std::string phase_ = "start-up";
 };
 
 }  // namespace moe_ep_tool
