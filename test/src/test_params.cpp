@@ -124,8 +124,8 @@ TEST_CASE("host workspace size grows with every dimension it depends on", "[para
 }
 
 TEST_CASE("upper limits: each refused with the argument, the limit and the value", "[params][limits]") {
-  expect_rejected([](auto& p) { p.num_experts = INT32_MAX; }, "params->num_experts", "<= 4096", "2147483647");
-  expect_rejected([](auto& p) { p.num_experts = 4098; }, "params->num_experts", "<= 4096", "4098");
+  expect_rejected([](auto& p) { p.num_experts = INT32_MAX; }, "params->num_experts", "<= 65536", "2147483647");
+  expect_rejected([](auto& p) { p.num_experts = 65538; }, "params->num_experts", "<= 65536", "65538");
   expect_rejected(
       [](auto& p) {
         p.num_experts = 256;
@@ -139,7 +139,7 @@ TEST_CASE("upper limits: each refused with the argument, the limit and the value
   expect_rejected([](auto& p) { p.scale_row_elems = 65537; }, "params->scale_row_elems", "<= 65536", "65537");
   // The limits themselves are accepted.
   CHECK(try_params([](auto& p) {
-          p.num_experts = 4096;
+          p.num_experts = 65536;
           p.top_k = 128;
         }).first == MOE_EP_SUCCESS);
   CHECK(try_params([](auto& p) { p.max_tokens_per_rank = 1 << 20; }).first == MOE_EP_SUCCESS);
@@ -173,7 +173,8 @@ TEST_CASE("upper limits: create refuses them at once", "[params][limits]") {
   moe_ep_handle_t h = nullptr;
   CHECK(moe_ep_create(&b, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
   CHECK(h == nullptr);
-  CHECK_THAT(moe_ep_last_error(), Contains("params->num_experts") && Contains("<= 4096") && Contains("got 2147483647"));
+  CHECK_THAT(moe_ep_last_error(),
+             Contains("params->num_experts") && Contains("<= 65536") && Contains("got 2147483647"));
   p = valid_params();
   p.hidden_size = 1 << 30;
   CHECK(moe_ep_create(&b, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
