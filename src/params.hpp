@@ -13,8 +13,7 @@ constexpr int32_t kDefaultTimeoutMs = 30000;
 // Upper limits of the params (docs/api.md, "Limits"): each well above what a
 // production MoE layer uses, low enough that a typo or a hostile value is
 // refused at once instead of allocating for minutes.
-constexpr int32_t kMaxNumExperts =
-    65536;  // largest models: 256-384 routed experts; fine-grained research MoEs: thousands
+constexpr int32_t kMaxNumExperts = 65536;                // largest models: 256-384; research MoEs: 1000s
 constexpr int32_t kMaxTopK = 128;                        // largest models: 8-16 picks per token
 constexpr int32_t kMaxHiddenSize = 65536;                // largest models: 7168-16384
 constexpr int32_t kMaxRowElems = 65536;                  // hidden_row_elems and scale_row_elems
