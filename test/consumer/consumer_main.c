@@ -2,7 +2,8 @@
  * only <moe_ep_c.h> and -lmoe_ep.  It checks the runtime version against the
  * header it was compiled with, that the library it loaded lives under the
  * install prefix given as argv[1] (not the build tree), and runs one
- * single-rank HOST create/dispatch/combine/destroy with known results. */
+ * single-rank HOST create/dispatch/combine/destroy with known results, then
+ * the same with the two grown structs as the first release declared them. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -49,6 +50,73 @@ static moe_ep_tensor_t host_tensor(void* data, moe_ep_dtype_t dtype, int32_t ndi
   t.dtype = dtype;
   t.shape = shape;
   return t;
+}
+
+/* The first release's layouts of the structs that grew since, as a program
+ * compiled against that header declares them. */
+typedef struct {
+  uint32_t struct_size;
+  int32_t backend, num_sms, timeout_ms, device;
+} config_first_release;
+typedef struct {
+  uint32_t struct_size;
+  int32_t tokens_per_rank;
+  moe_ep_tensor_t hidden_states, topk_ids, topk_weights, hidden_states_scale, recv_counts, local_expert_counts,
+      eplb_gathered_stats;
+} dispatch_result_first_release;
+
+static int canary_intact(const unsigned char* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] != 0xA5) return 0;
+  }
+  return 1;
+}
+
+/* An older program on this library: the library writes nothing past its structs. */
+static int run_first_release_structs(const moe_ep_bootstrap_t* bs, const moe_ep_params_t* params) {
+  struct {
+    config_first_release c;
+    unsigned char canary[64];
+  } config;
+  struct {
+    dispatch_result_first_release r;
+    unsigned char canary[64];
+  } result;
+  memset(&config, 0xA5, sizeof config);
+  memset(&result, 0xA5, sizeof result);
+  CHECK(moe_ep_config_init((moe_ep_config_t*)&config.c, sizeof config.c));
+  EXPECT(canary_intact(config.canary, sizeof config.canary));
+  EXPECT(config.c.struct_size == 20 && config.c.timeout_ms == 30000 && config.c.device == -1);
+  config.c.backend = MOE_EP_BACKEND_HOST;
+  moe_ep_handle_t h = NULL;
+  CHECK(moe_ep_create(bs, params, (const moe_ep_config_t*)&config.c, &h));
+
+  float x[2] = {7, 8};
+  int32_t ids[1] = {0};
+  moe_ep_dtype_t i32 = {MOE_EP_DTYPE_INT, 32, 1};
+  int64_t xs[2] = {1, 2}, is[2] = {1, 1};
+  moe_ep_tensor_t tx = host_tensor(x, params->hidden_dtype, 2, xs);
+  moe_ep_tensor_t ti = host_tensor(ids, i32, 2, is);
+  moe_ep_dispatch_args_t args;
+  CHECK(moe_ep_dispatch_args_init(&args, sizeof args));
+  args.hidden_states = &tx;
+  args.topk_ids = &ti;
+  CHECK(moe_ep_dispatch_result_init((moe_ep_dispatch_result_t*)&result.r, sizeof result.r));
+  EXPECT(canary_intact(result.canary, sizeof result.canary));
+  CHECK(moe_ep_dispatch(h, &args, (moe_ep_dispatch_result_t*)&result.r, NULL));
+  EXPECT(canary_intact(result.canary, sizeof result.canary));
+  EXPECT(result.r.struct_size == sizeof result.r && result.r.tokens_per_rank == 4);
+  EXPECT(((const float*)result.r.hidden_states.data)[1] == 8);
+
+  float eo[8] = {1, 2, 0, 0, 0, 0, 0, 0};
+  int64_t es[2] = {4, 2};
+  moe_ep_tensor_t te = host_tensor(eo, params->combine_dtype, 2, es);
+  moe_ep_combine_result_t c;
+  CHECK(moe_ep_combine_result_init(&c, sizeof c));
+  CHECK(moe_ep_combine(h, &te, NULL, &c, NULL));
+  EXPECT(((const float*)c.output.data)[0] == 1 && ((const float*)c.output.data)[1] == 2);
+  CHECK(moe_ep_destroy(&h));
+  return 0;
 }
 
 int main(int argc, char** argv) {
@@ -128,6 +196,7 @@ int main(int argc, char** argv) {
   CHECK(moe_ep_destroy(&h));
   EXPECT(h == NULL);
   CHECK(moe_ep_destroy(&h)); /* idempotent */
+  if (run_first_release_structs(&bs, &params) != 0) return 1;
   printf("consumer OK\n");
   return 0;
 }
