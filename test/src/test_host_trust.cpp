@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -678,3 +679,74 @@ TEST_CASE("create: OUT_OF_MEMORY on one rank is agreed on every rank", "[trust]"
   }
 }
 #endif
+
+TEST_CASE("peer data: random and hostile records from a peer are refused or used within bounds, never a crash",
+          "[trust][peer_fuzz]") {
+  // A multi-rank fuzzer with a fixed seed: two ranks as threads, and every
+  // rank receives the same corrupted copy of rank 1's contribution to one
+  // exchange of a dispatch + combine (the headers, the token records or the
+  // expert outputs): random bytes at random places, a field set to an extreme,
+  // or the whole slot random.  Every call must return a moe_ep status (run
+  // under ASan and UBSan in the sanitizer suite: no access out of bounds).
+  constexpr int kIterations = 400;
+  constexpr int32_t kTimeoutMs = 150;  // a rank that accepted what its peer refused waits this long
+  std::mt19937_64 seeds(20240601);
+  int refused = 0, ok = 0;
+  std::string unexpected;
+  for (int iter = 0; iter < kIterations; ++iter) {
+    const uint64_t seed = seeds();
+    const int target = static_cast<int>(seed % 3);  // 0 headers, 1 records, 2 expert outputs
+    std::vector<Outcome> got(2);
+    std::vector<int> stage(2, -1);  // per rank: -1 before the first header, then 0, 1, 2 ...
+    Tamper tamper = [&, seed, target](int rank, int64_t, void* recv, size_t bytes) {
+      if (bytes == kHeaderBytes && stage[rank] < 0)
+        stage[rank] = 0;
+      else if (stage[rank] >= 0)
+        ++stage[rank];
+      if (stage[rank] != target) return;
+      unsigned char* slot = static_cast<unsigned char*>(recv) + bytes;  // rank 1's part
+      std::mt19937_64 g(seed);                                          // the same corruption on every rank
+      switch (g() % 3) {
+        case 0:
+          for (int i = 0, n = 1 + static_cast<int>(g() % 8); i < n && bytes > 0; ++i) slot[g() % bytes] = g();
+          break;
+        case 1:
+          if (bytes >= 4) {
+            const int32_t extremes[] = {INT32_MIN, -1, 0, 1, 4, 5, INT32_MAX};
+            write_i32(slot, (g() % (bytes / 4)) * 4, extremes[g() % 7]);
+          }
+          break;
+        default:
+          for (size_t i = 0; i < bytes; ++i) slot[i] = g();
+      }
+    };
+    run_ranks(
+        2,
+        [&](int rank, const moe_ep_bootstrap_t& b) {
+          Rank r;
+          if (r.create(b, kTimeoutMs) != MOE_EP_SUCCESS) {
+            got[rank].status = MOE_EP_ERROR_INTERNAL;
+            got[rank].message = "create failed";
+            return;
+          }
+          got[rank] = r.dispatch(3);
+          if (got[rank].status == MOE_EP_SUCCESS) got[rank] = r.combine(2);
+          moe_ep_destroy(&r.h);
+        },
+        tamper);
+    for (int r = 0; r < 2; ++r) {
+      const moe_ep_status_t s = got[r].status;
+      if (s == MOE_EP_SUCCESS) {
+        ++ok;
+      } else if (s == MOE_EP_ERROR_INVALID_INPUT || s == MOE_EP_ERROR_BOOTSTRAP || s == MOE_EP_ERROR_TIMEOUT) {
+        ++refused;
+      } else {
+        unexpected += "seed " + std::to_string(seed) + " rank " + std::to_string(r) + ": status " + std::to_string(s) +
+                      " (" + got[r].message + "); ";
+      }
+    }
+  }
+  INFO("refused " << refused << ", succeeded " << ok);
+  CHECK(unexpected == "");
+  CHECK(refused > 0);  // the corruption reached the checks: the test means something
+}
