@@ -24,6 +24,7 @@
 #include "common/host_identity.hpp"
 #include "dtypes.hpp"
 #include "moe_ep_c.h"
+#include "rank_checks.hpp"
 #include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
@@ -141,15 +142,17 @@ Tamper on_first_header(std::function<void(void* headers)> rewrite) {
 TEST_CASE("peer data: runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank",
           "[trust]") {
   std::vector<Outcome> first(2), second(2);
+  RankChecks checks;
   run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
     Rank r;
-    REQUIRE(r.create(b, 5000) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, r.create(b, 5000) == MOE_EP_SUCCESS);
     first[rank] = r.dispatch(2, rank == 0 ? 4 : 3);
     // Nothing moved and the group is still in step: a consistent round works.
     second[rank] = r.dispatch(2, 3);
     if (second[rank].status == MOE_EP_SUCCESS) second[rank] = r.combine(2);
     moe_ep_destroy(&r.h);
   });
+  checks.assert_all();
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank << ": " << first[rank].message);
     CHECK(first[rank].status == MOE_EP_ERROR_INVALID_INPUT);
@@ -187,15 +190,17 @@ TEST_CASE("peer data: a hostile bootstrap's counts and records are checked befor
   };
   for (const Corruption& c : cases) {
     std::vector<Outcome> got(2);
+    RankChecks checks;
     run_ranks(
         2,
         [&](int rank, const moe_ep_bootstrap_t& b) {
           Rank r;
-          REQUIRE(r.create(b, 5000) == MOE_EP_SUCCESS);
+          RANK_REQUIRE(checks, rank, r.create(b, 5000) == MOE_EP_SUCCESS);
           got[rank] = r.dispatch(3);
           moe_ep_destroy(&r.h);
         },
         c.tamper);
+    checks.assert_all();
     for (int rank = 0; rank < 2; ++rank) {
       INFO(c.what << ", rank " << rank << ": " << got[rank].message);
       CHECK(got[rank].status == MOE_EP_ERROR_INVALID_INPUT);
@@ -208,11 +213,12 @@ TEST_CASE("peer data: a record that does not match its header is rejected", "[tr
   std::vector<Outcome> got(2);
   auto seen_header = std::make_shared<std::vector<int>>(2, 0);
   auto m = std::make_shared<std::mutex>();
+  RankChecks checks;
   run_ranks(
       2,
       [&](int rank, const moe_ep_bootstrap_t& b) {
         Rank r;
-        REQUIRE(r.create(b, 5000) == MOE_EP_SUCCESS);
+        RANK_REQUIRE(checks, rank, r.create(b, 5000) == MOE_EP_SUCCESS);
         got[rank] = r.dispatch(3);
         moe_ep_destroy(&r.h);
       },
@@ -225,6 +231,7 @@ TEST_CASE("peer data: a record that does not match its header is rejected", "[tr
           write_i32(recv, bytes + 8, 1);  // rank 1's stamp: num_tokens 1 instead of 3
         }
       });
+  checks.assert_all();
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank << ": " << got[rank].message);
     CHECK(got[rank].status == MOE_EP_ERROR_INVALID_INPUT);
@@ -235,6 +242,7 @@ TEST_CASE("peer data: a record that does not match its header is rejected", "[tr
 TEST_CASE("peer data: a peer's failure message is read within its field", "[trust]") {
   SECTION("no terminating NUL") {
     std::vector<Outcome> got(2);
+    RankChecks checks;
     run_ranks(
         2,
         [&](int rank, const moe_ep_bootstrap_t& b) {
@@ -243,12 +251,13 @@ TEST_CASE("peer data: a peer's failure message is read within its field", "[trus
           moe_ep_handle_t h = nullptr;
           got[rank].status = moe_ep_create(&b, &p, &c, &h);
           got[rank].message = moe_ep_last_error();
-          CHECK(h == nullptr);
+          RANK_CHECK(checks, rank, h == nullptr);
         },
         [](int rank, int64_t, void* recv, size_t bytes) {
           if (rank != 0 || bytes != kOutcomeBytes) return;
           std::memset(static_cast<char*>(recv) + kOutcomeBytes + 4, 'A', kOutcomeBytes - 4);
         });
+    checks.assert_all();
     INFO(got[0].message);
     CHECK(got[0].status == MOE_EP_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(got[0].message, Contains("rank 1 failed: AAAA"));
@@ -307,27 +316,29 @@ TEST_CASE("timeout_ms: a rank that never dispatches costs its peer timeout_ms, t
   Outcome first, later, async;
   int64_t waited = 0, destroy_ms = 0;
   std::atomic<bool> rank0_done{false};
+  RankChecks checks;
   run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
     Rank r;
-    REQUIRE(r.create(b, kTimeoutMs) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, r.create(b, kTimeoutMs) == MOE_EP_SUCCESS);
     if (rank == 0) {
       const auto t0 = Clock::now();
       first = r.dispatch(2);
       waited = ms_since(t0);
       later = r.dispatch(2);
       moe_ep_status_t s = MOE_EP_SUCCESS;
-      REQUIRE(moe_ep_get_async_error(r.h, &s) == MOE_EP_SUCCESS);
+      RANK_REQUIRE(checks, rank, moe_ep_get_async_error(r.h, &s) == MOE_EP_SUCCESS);
       async.status = s;
       const auto t1 = Clock::now();
-      CHECK(moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
+      RANK_CHECK(checks, rank, moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
       destroy_ms = ms_since(t1);
-      CHECK(r.h == nullptr);
+      RANK_CHECK(checks, rank, r.h == nullptr);
       rank0_done = true;
     } else {
       while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // never dispatches
-      CHECK(moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
+      RANK_CHECK(checks, rank, moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
     }
   });
+  checks.assert_all();
   INFO(first.message);
   CHECK(first.status == MOE_EP_ERROR_TIMEOUT);
   CHECK_THAT(first.message, Contains("HOST dispatch: headers") && Contains("rank 0") && Contains("timeout_ms = 300"));
@@ -344,10 +355,11 @@ TEST_CASE("timeout_ms: a rank that never combines, or never creates, costs its p
     Outcome got;
     int64_t waited = 0;
     std::atomic<bool> rank0_done{false};
+    RankChecks checks;
     run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
       Rank r;
-      REQUIRE(r.create(b, kTimeoutMs) == MOE_EP_SUCCESS);
-      REQUIRE(r.dispatch(1).status == MOE_EP_SUCCESS);
+      RANK_REQUIRE(checks, rank, r.create(b, kTimeoutMs) == MOE_EP_SUCCESS);
+      RANK_REQUIRE(checks, rank, r.dispatch(1).status == MOE_EP_SUCCESS);
       if (rank == 0) {
         const auto t0 = Clock::now();
         got = r.combine(2);
@@ -356,8 +368,9 @@ TEST_CASE("timeout_ms: a rank that never combines, or never creates, costs its p
       } else {
         while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
-      CHECK(moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
+      RANK_CHECK(checks, rank, moe_ep_destroy(&r.h) == MOE_EP_SUCCESS);
     });
+    checks.assert_all();
     CHECK(got.status == MOE_EP_ERROR_TIMEOUT);
     CHECK_THAT(got.message, Contains("HOST combine"));
     CHECK(waited <= kTimeoutMs + 1500);
@@ -365,15 +378,17 @@ TEST_CASE("timeout_ms: a rank that never combines, or never creates, costs its p
   SECTION("create") {
     Outcome got;
     moe_ep_handle_t h = reinterpret_cast<moe_ep_handle_t>(1);
+    RankChecks checks;
     run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
       if (rank == 1) return;  // never calls create
       Rank r;
       const auto t0 = Clock::now();
       got.status = r.create(b, kTimeoutMs);
       got.message = moe_ep_last_error();
-      CHECK(ms_since(t0) <= kTimeoutMs + 1500);
+      RANK_CHECK(checks, rank, ms_since(t0) <= kTimeoutMs + 1500);
       h = r.h;
     });
+    checks.assert_all();
     CHECK(got.status == MOE_EP_ERROR_TIMEOUT);
     CHECK(h == nullptr);
   }
