@@ -41,7 +41,8 @@ namespace {
 // One thread, started on first use and never joined, closes the descriptors
 // handed to it in order.  A close that blocks (SO_LINGER on a full TCP queue)
 // delays only the closes queued behind it, never a caller.  The object is
-// never destroyed, so the thread never touches freed memory at exit.
+// never destroyed, so the thread never touches freed memory at exit.  A
+// forked child has no such thread: it starts its own.
 class Reaper {
  public:
   static Reaper& instance() {
@@ -52,10 +53,10 @@ class Reaper {
   void add(int fd) {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(fd);
-    if (!started_) {
+    if (started_by_ != getpid()) {
       try {
         std::thread(&Reaper::run, this).detach();
-        started_ = true;
+        started_by_ = getpid();
       } catch (const std::system_error&) {
         // No thread now: the descriptor stays queued (held, not closed) and
         // the next add tries again.  Leaking it beats blocking the caller.
@@ -80,7 +81,7 @@ class Reaper {
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<int> queue_;
-  bool started_ = false;
+  pid_t started_by_ = -1;  // the process whose thread runs (none yet: -1)
 };
 
 }  // namespace
