@@ -11,7 +11,7 @@
 // releases the peers' receive rows to this rank's next dispatch; a peer
 // rewrites its view only after its next dispatch has completed, which needs
 // this rank's next dispatch, issued after this kernel ended
-// (docs/nvlink_backend.md, "Combine").
+// (docs/nvlink_backend.md, "Combine"; model-checked in test_reuse_protocol_model).
 //
 // Loads, one of four ways (the partials are always added in ascending rank
 // order in fp32 from 0.0f, as every schedule does, so all four give the same
