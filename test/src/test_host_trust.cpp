@@ -516,9 +516,26 @@ struct Scripted {
   std::function<int32_t(int64_t call, size_t bytes, bool* forward)> script;
   std::atomic<bool> armed{false};
   std::atomic<int64_t> calls{0};
+  std::atomic<int> inside{0};  // callbacks running in this object now
+
+  // A handle's abandoned thread may still be in a callback after the rank
+  // returned: the test waits for it before its locals go.
+  static void wait_until_left(const Scripted* all, int n) {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    for (int r = 0; r < n; ++r) {
+      while (all[r].inside.load() != 0 && Clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  }
 
   static int32_t allgather(void* ctx, const void* send, void* recv, size_t bytes) {
     auto* self = static_cast<Scripted*>(ctx);
+    struct Inside {
+      std::atomic<int>& n;
+      explicit Inside(std::atomic<int>& c) : n(c) { ++n; }
+      ~Inside() { --n; }
+    } inside(self->inside);
     bool forward = true;
     const int32_t rc = self->armed ? self->script(self->calls++, bytes, &forward) : 0;
     if (forward) {
@@ -576,6 +593,7 @@ TEST_CASE("timeout_ms: a peer that sent its dispatch header, then stops, costs t
     }
     moe_ep_destroy(&r.h);
   });
+  Scripted::wait_until_left(scripts, 2);
   INFO(got.message);
   CHECK(got.status == MOE_EP_ERROR_TIMEOUT);
   CHECK_THAT(got.message, Contains("HOST dispatch: token records") && Contains("timeout_ms = 300"));
@@ -607,6 +625,7 @@ TEST_CASE(
     if (rank == 0) waited = ms_since(t0);
     moe_ep_destroy(&r.h);
   });
+  Scripted::wait_until_left(scripts, 2);
   INFO(got[0].message << " / " << got[1].message);
   CHECK(got[0].status == MOE_EP_SUCCESS);  // each exchange met the bound
   CHECK(got[1].status == MOE_EP_SUCCESS);
@@ -640,6 +659,7 @@ TEST_CASE("bootstrap: a callback that fails during a HOST dispatch or combine is
       moe_ep_destroy(&r.h);
       destroy_ms[rank] = ms_since(t1);
     });
+    Scripted::wait_until_left(scripts, 2);
     INFO((in_combine ? "combine" : "dispatch") << ": rank 0: " << got[0].message << " / rank 1: " << got[1].message);
     REQUIRE(created[0]);
     REQUIRE(created[1]);
