@@ -1,4 +1,4 @@
-// ---- Small-batch kernel (tokens_per_rank <= kSmallDispatchMaxTokens) -------
+// The small-batch dispatch kernel (tokens_per_rank <= kSmallDispatchMaxTokens).
 // The same work, protocol, counters and results as dispatch_kernel, with fewer
 // dependent steps on the path of a small call (docs/nvlink_backend.md):
 // the routing is one round (T <= kBlockThreads); a token's slots are derived
