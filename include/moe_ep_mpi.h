@@ -22,16 +22,21 @@ extern "C" {
 
 /* Collective over the communicator: duplicates *(const MPI_Comm*)mpi_comm and
  * fills *bootstrap (rank, world_size, callbacks, ctx) from the duplicate.
- * Release it with moe_ep_mpi_bootstrap_release once every handle created from
- * it is destroyed.  MPI must be initialised.  On failure, moe_ep_last_error()
- * says why (for example "MPI: expected an initialised MPI, got MPI_Init not
- * called yet"). */
-MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm,
-                                                     moe_ep_bootstrap_t* bootstrap);
+ * struct_size: sizeof(moe_ep_bootstrap_t) of the caller's header, with the
+ * rule of moe_ep_bootstrap_init (which this calls first): exactly that many
+ * bytes are written, and a size it refuses fails with
+ * MOE_EP_ERROR_INVALID_ARGUMENT before any MPI collective, leaving *bootstrap
+ * untouched and duplicating nothing.  Release it with
+ * moe_ep_mpi_bootstrap_release once every handle created from it is
+ * destroyed.  MPI must be initialised.  On failure, moe_ep_last_error() says
+ * why (for example "MPI: expected an initialised MPI, got MPI_Init not called
+ * yet"). */
+MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm, moe_ep_bootstrap_t* bootstrap,
+                                                     size_t struct_size);
 
 /* The same from a Fortran handle (MPI_Comm_c2f; mpi4py: comm.py2f()). */
-MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint,
-                                                          moe_ep_bootstrap_t* bootstrap);
+MOE_EP_API moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint, moe_ep_bootstrap_t* bootstrap,
+                                                          size_t struct_size);
 
 /* Frees the duplicated communicator; zeroes the callbacks.  NULL is a no-op.
  * After a TIMEOUT, a callback may still be running on the destroyed handle's

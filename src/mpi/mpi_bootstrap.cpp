@@ -86,10 +86,23 @@ moe_ep_status_t require_initialized() {
   return MOE_EP_SUCCESS;
 }
 
-moe_ep_status_t init_from(MPI_Comm comm, moe_ep_bootstrap_t* b) {
+// `function` names the entry point in messages.  The struct size is checked
+// (by the core's moe_ep_bootstrap_init, which also writes the caller's size
+// only) before MPI_Comm_dup: a refused size leaves *b untouched and
+// duplicates nothing.  Every accepted size is at least the first released
+// moe_ep_bootstrap_t, which holds each field written here.
+moe_ep_status_t init_from(MPI_Comm comm, moe_ep_bootstrap_t* b, size_t struct_size, const char* function) {
   if (b == nullptr) return failure(MOE_EP_ERROR_INVALID_ARGUMENT, "bootstrap: expected a non-NULL pointer, got NULL");
   if (comm == MPI_COMM_NULL) {
     return failure(MOE_EP_ERROR_INVALID_ARGUMENT, "mpi_comm: expected a valid communicator, got MPI_COMM_NULL");
+  }
+  const moe_ep_status_t sized = moe_ep_bootstrap_init(b, struct_size);
+  if (sized != MOE_EP_SUCCESS) {
+    // The core names its own init ("struct_size of moe_ep_bootstrap_init: expected ...").
+    const std::string core = moe_ep_last_error();
+    const size_t colon = core.find(": ");
+    return failure(sized, std::string("struct_size of ") + function +
+                              (colon == std::string::npos ? ": " + core : core.substr(colon)));
   }
   auto* ctx = new (std::nothrow) MpiContext;
   if (ctx == nullptr) return failure(MOE_EP_ERROR_OUT_OF_MEMORY, "MPI adapter: out of host memory");
@@ -97,10 +110,10 @@ moe_ep_status_t init_from(MPI_Comm comm, moe_ep_bootstrap_t* b) {
   const int rc = MPI_Comm_dup(comm, &ctx->comm);
   if (rc != MPI_SUCCESS || MPI_Comm_rank(ctx->comm, &rank) != MPI_SUCCESS ||
       MPI_Comm_size(ctx->comm, &size) != MPI_SUCCESS) {
+    if (rc == MPI_SUCCESS) MPI_Comm_free(&ctx->comm);
     delete ctx;
     return failure(MOE_EP_ERROR_BOOTSTRAP, "MPI_Comm_dup failed: " + mpi_error_text(rc));
   }
-  moe_ep_bootstrap_init(b, sizeof *b);
   b->rank = rank;
   b->world_size = size;
   b->ctx = ctx;
@@ -113,21 +126,22 @@ moe_ep_status_t init_from(MPI_Comm comm, moe_ep_bootstrap_t* b) {
 
 extern "C" {
 
-moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm, moe_ep_bootstrap_t* bootstrap) {
+moe_ep_status_t moe_ep_mpi_bootstrap_init(const void* mpi_comm, moe_ep_bootstrap_t* bootstrap, size_t struct_size) {
   moe_ep_set_last_error(nullptr);
   if (mpi_comm == nullptr) {
     return failure(MOE_EP_ERROR_INVALID_ARGUMENT, "mpi_comm: expected a pointer to an MPI_Comm, got NULL");
   }
   const moe_ep_status_t s = require_initialized();
   if (s != MOE_EP_SUCCESS) return s;
-  return init_from(*static_cast<const MPI_Comm*>(mpi_comm), bootstrap);
+  return init_from(*static_cast<const MPI_Comm*>(mpi_comm), bootstrap, struct_size, "moe_ep_mpi_bootstrap_init");
 }
 
-moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint, moe_ep_bootstrap_t* bootstrap) {
+moe_ep_status_t moe_ep_mpi_bootstrap_init_fint(int32_t mpi_fint, moe_ep_bootstrap_t* bootstrap, size_t struct_size) {
   moe_ep_set_last_error(nullptr);
   const moe_ep_status_t s = require_initialized();
   if (s != MOE_EP_SUCCESS) return s;
-  return init_from(MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_fint)), bootstrap);
+  return init_from(MPI_Comm_f2c(static_cast<MPI_Fint>(mpi_fint)), bootstrap, struct_size,
+                   "moe_ep_mpi_bootstrap_init_fint");
 }
 
 moe_ep_status_t moe_ep_mpi_bootstrap_release(moe_ep_bootstrap_t* bootstrap) {

@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   MPI_Comm world = MPI_COMM_WORLD;
   moe_ep_bootstrap_t boot;
   memset(&boot, 0, sizeof boot);
-  const moe_ep_status_t s = moe_ep_mpi_bootstrap_init(&world, &boot);
+  const moe_ep_status_t s = moe_ep_mpi_bootstrap_init(&world, &boot, sizeof boot);
   if (s != MOE_EP_SUCCESS) {
     fprintf(stderr, "FAIL moe_ep_mpi_bootstrap_init: %s: %s\n", moe_ep_status_string(s), moe_ep_last_error());
     return 1;

@@ -20,6 +20,6 @@ int MOE_EP_TEST_FN(void) {
   config.struct_size = (uint32_t)sizeof(config);
   (void)handle;
   /* Unevaluated: the adapter's prototypes are visible, nothing is linked. */
-  (void)sizeof(moe_ep_mpi_bootstrap_init((const void*)0, (moe_ep_bootstrap_t*)0));
+  (void)sizeof(moe_ep_mpi_bootstrap_init((const void*)0, (moe_ep_bootstrap_t*)0, sizeof(moe_ep_bootstrap_t)));
   return (int)(params.struct_size + config.struct_size) + tensor.ndim + MOE_EP_SUCCESS;
 }

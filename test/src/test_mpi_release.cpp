@@ -73,7 +73,7 @@ void check(bool ok, const std::string& what) {
 void survivor(int round) {
   moe_ep_bootstrap_t b;
   MPI_Comm world = MPI_COMM_WORLD;
-  check(moe_ep_mpi_bootstrap_init(&world, &b) == MOE_EP_SUCCESS, "init");
+  check(moe_ep_mpi_bootstrap_init(&world, &b, sizeof b) == MOE_EP_SUCCESS, "init");
   Spy spy;
   spy.inner = b;
   const moe_ep_bootstrap_t viewed = spy.view();
@@ -123,7 +123,7 @@ void survivor(int round) {
 void late_peer() {
   moe_ep_bootstrap_t b;
   MPI_Comm world = MPI_COMM_WORLD;
-  check(moe_ep_mpi_bootstrap_init(&world, &b) == MOE_EP_SUCCESS, "init");
+  check(moe_ep_mpi_bootstrap_init(&world, &b, sizeof b) == MOE_EP_SUCCESS, "init");
   uint64_t in_flight = 0;
   MPI_Bcast(&in_flight, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
   if (in_flight == kBarrier) {

@@ -26,7 +26,7 @@ const moe_ep_bootstrap_t& world_bootstrap() {
   static moe_ep_bootstrap_t b = [] {
     moe_ep_bootstrap_t x;
     MPI_Comm comm = MPI_COMM_WORLD;
-    if (moe_ep_mpi_bootstrap_init(&comm, &x) != MOE_EP_SUCCESS) {
+    if (moe_ep_mpi_bootstrap_init(&comm, &x, sizeof x) != MOE_EP_SUCCESS) {
       throw std::runtime_error("moe_ep_mpi_bootstrap_init failed");
     }
     return x;

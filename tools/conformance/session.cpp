@@ -128,7 +128,7 @@ std::vector<std::string> backend_names() {
 Session::Session(const World& world, const CommonOptions& options)
     : world_(world), options_(options), gpu_(select_gpu(world)) {
   MPI_Comm comm = world_.comm;
-  TOOL_CHECK_MOE(moe_ep_mpi_bootstrap_init(&comm, &bootstrap_));
+  TOOL_CHECK_MOE(moe_ep_mpi_bootstrap_init(&comm, &bootstrap_, sizeof bootstrap_));
   const BackendChoice& chosen =
       resolve_backend(options.backend, world_, gpu_, bootstrap_, options.timeout_ms, &auto_resolved_);
   backend_ = chosen.id;

@@ -184,8 +184,8 @@ _FUNCTIONS = [
 ]
 
 _MPI_FUNCTIONS = [
-    ("moe_ep_mpi_bootstrap_init", c_int32, [c_void_p, POINTER(BootstrapStruct)]),
-    ("moe_ep_mpi_bootstrap_init_fint", c_int32, [c_int32, POINTER(BootstrapStruct)]),
+    ("moe_ep_mpi_bootstrap_init", c_int32, [c_void_p, POINTER(BootstrapStruct), c_size_t]),
+    ("moe_ep_mpi_bootstrap_init_fint", c_int32, [c_int32, POINTER(BootstrapStruct), c_size_t]),
     ("moe_ep_mpi_bootstrap_release", c_int32, [POINTER(BootstrapStruct)]),
 ]
 

@@ -105,7 +105,8 @@ class MpiBootstrap(Bootstrap):
         super().__init__()
         mpi = _lib.mpi_lib()
         fint = int(comm.py2f())
-        status = mpi.moe_ep_mpi_bootstrap_init_fint(fint, ctypes.byref(self.struct))
+        status = mpi.moe_ep_mpi_bootstrap_init_fint(fint, ctypes.byref(self.struct),
+                                                    ctypes.sizeof(self.struct))
         if status != _lib.SUCCESS:
             # The adapter explains itself through the core's moe_ep_last_error().
             said = _lib.lib().moe_ep_last_error().decode(errors="replace")

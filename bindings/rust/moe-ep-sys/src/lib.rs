@@ -208,10 +208,13 @@ unsafe extern "C" {
 // libmoe_ep_mpi.so; declared and linked only with the `mpi` feature.
 #[cfg(feature = "mpi")]
 unsafe extern "C" {
-    /// `mpi_comm` points at an `MPI_Comm` of the MPI libmoe_ep_mpi was built with.
-    pub fn moe_ep_mpi_bootstrap_init(mpi_comm: *const c_void, bootstrap: *mut moe_ep_bootstrap_t)
-        -> moe_ep_status_t;
+    /// `mpi_comm` points at an `MPI_Comm` of the MPI libmoe_ep_mpi was built with;
+    /// `struct_size`: `size_of::<moe_ep_bootstrap_t>()`, checked before the
+    /// communicator is duplicated (the rule of `moe_ep_bootstrap_init`).
+    pub fn moe_ep_mpi_bootstrap_init(mpi_comm: *const c_void, bootstrap: *mut moe_ep_bootstrap_t,
+                                     struct_size: usize) -> moe_ep_status_t;
     /// The communicator's Fortran handle (`MPI_Comm_c2f`).
-    pub fn moe_ep_mpi_bootstrap_init_fint(mpi_fint: i32, bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
+    pub fn moe_ep_mpi_bootstrap_init_fint(mpi_fint: i32, bootstrap: *mut moe_ep_bootstrap_t,
+                                          struct_size: usize) -> moe_ep_status_t;
     pub fn moe_ep_mpi_bootstrap_release(bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
 }

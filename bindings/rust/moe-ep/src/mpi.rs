@@ -37,7 +37,7 @@ impl MpiBootstrap {
     /// built with, for the duration of the call.
     pub unsafe fn from_raw_comm(comm: *const c_void) -> Result<Self> {
         let mut raw = sys::moe_ep_bootstrap_t::default();
-        check(unsafe { sys::moe_ep_mpi_bootstrap_init(comm, &mut raw) })?;
+        check(unsafe { sys::moe_ep_mpi_bootstrap_init(comm, &mut raw, std::mem::size_of_val(&raw)) })?;
         Ok(Self::wrap(raw))
     }
 
@@ -46,7 +46,7 @@ impl MpiBootstrap {
     /// the adapter with its reason.
     pub fn from_fortran_handle(fint: i32) -> Result<Self> {
         let mut raw = sys::moe_ep_bootstrap_t::default();
-        check(unsafe { sys::moe_ep_mpi_bootstrap_init_fint(fint, &mut raw) })?;
+        check(unsafe { sys::moe_ep_mpi_bootstrap_init_fint(fint, &mut raw, std::mem::size_of_val(&raw)) })?;
         Ok(Self::wrap(raw))
     }
 
