@@ -31,11 +31,11 @@
 
 #include <atomic>
 
-#include "common/bulk_copy.cuh"
 #include "combine/common.cuh"
 #include "combine/pull_rows.cuh"
 #include "combine/pull_segments.cuh"
 #include "combine/reduce.cuh"
+#include "common/bulk_copy.cuh"
 #include "common/device_sync.cuh"
 #include "common/kernel_launch.cuh"
 

@@ -77,7 +77,6 @@ struct RowStages {
   __device__ char* buffer(int stage) const { return buffers + static_cast<size_t>(stage) * 2 * stage_bytes; }
 };
 
-
 bool __device__ __forceinline__ pull_rows_applies(const CombineParams& p) {
   return p.args.pull_rows != 0 && combine_rows_aligned(p) && p.ctx.shape.combine_row_bytes <= kRowMaxBytes;
 }

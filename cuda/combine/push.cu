@@ -21,8 +21,8 @@
 #include "common/float_convert.cuh"
 #include "common/kernel_common.cuh"
 #include "common/kernel_launch.cuh"
-#include "moe_ep_kernels.h"
 #include "common/row_copy.cuh"
+#include "moe_ep_kernels.h"
 
 namespace moe_ep {
 namespace kernels {

@@ -40,8 +40,8 @@ __device__ __forceinline__ int32_t accepted_rows(const KernelContext& c, int32_t
   if (source_tokens_per_rank == tokens_per_rank && rows <= static_cast<uint32_t>(tokens_per_rank)) {
     return static_cast<int32_t>(rows);
   }
-  record_peer_count_error(c.control(), PeerCountError{source, source_tokens_per_rank, static_cast<int32_t>(rows),
-                                                       tokens_per_rank});
+  record_peer_count_error(c.control(),
+                          PeerCountError{source, source_tokens_per_rank, static_cast<int32_t>(rows), tokens_per_rank});
   return 0;
 }
 

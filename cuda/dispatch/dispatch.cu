@@ -104,4 +104,3 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
 
 }  // namespace kernels
 }  // namespace moe_ep
-

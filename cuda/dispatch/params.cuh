@@ -48,8 +48,7 @@ __device__ __forceinline__ int owner_of(const GroupShape& s, int32_t id) {
 }
 
 __device__ __forceinline__ int32_t* histogram_of(const DispatchParams& p, RoutingShared& sh) {
-  return p.ctx.shape.num_experts <= kSharedHistogram ? sh.histogram
-                                                     : p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
+  return p.ctx.shape.num_experts <= kSharedHistogram ? sh.histogram : p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
 }
 
 }  // namespace

@@ -45,8 +45,8 @@ __device__ __forceinline__ void store_segment(const DispatchParams& p, int segme
   for (uint64_t rest = dests.mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
     const int d = lowest_rank(rest);
     const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests.slot(d);
-    uint4* dst = reinterpret_cast<uint4*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden +
-                                          row * s.hidden_row_bytes + offset);
+    uint4* dst =
+        reinterpret_cast<uint4*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden + row * s.hidden_row_bytes + offset);
 #pragma unroll
     for (int u = 0; u < kVectorsPerLane; ++u) {
       if (u * 32 + lane < vectors) dst[u * 32 + lane] = v[u];
@@ -62,8 +62,8 @@ __device__ inline void send_hidden_row_any(const DispatchParams& p, int32_t toke
   for (uint64_t rest = dests.mask; rest != 0; rest &= rest - 1) {
     const int d = lowest_rank(rest);
     const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests.slot(d);
-    warp_copy_bytes(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden + row * s.hidden_row_bytes, src,
-                    s.hidden_row_bytes, lane);
+    warp_copy_bytes(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden + row * s.hidden_row_bytes, src, s.hidden_row_bytes,
+                    lane);
   }
 }
 

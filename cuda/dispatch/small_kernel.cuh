@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   trace.mark(DispatchTrace::kSetUp);
   route_small(p, t0, t1, timed_out, sh);  // ends with a barrier
   trace.mark(DispatchTrace::kFirstRound);
-  if (sh.r.timed_out != kPhaseNone) {     // block-uniform
+  if (sh.r.timed_out != kPhaseNone) {  // block-uniform
     segments.abandon();
     return;
   }

@@ -17,8 +17,8 @@ namespace {
 static_assert(kSmallDispatchMaxTokens <= kBlockThreads, "the small-batch routing is one round");
 
 struct SmallShared {
-  RoutingShared r;                 // r.warp_counts holds each warp's ballots (bit per token)
-  uint64_t masks[kBlockThreads];   // destinations of every local token
+  RoutingShared r;                // r.warp_counts holds each warp's ballots (bit per token)
+  uint64_t masks[kBlockThreads];  // destinations of every local token
   uint32_t wait_ok[kMaxWorldSize];
 };
 
@@ -38,8 +38,7 @@ __device__ __forceinline__ int32_t small_bound_before(const SmallShared& sh, int
   return static_cast<int32_t>(sh.r.warp_offsets[w][d] + __popc(sh.r.warp_counts[w][d] & ((1u << (x % 32)) - 1u)));
 }
 
-__device__ __forceinline__ TokenDestinations small_destinations(const SmallShared& sh, int token, int world,
-                                                                int lane) {
+__device__ __forceinline__ TokenDestinations small_destinations(const SmallShared& sh, int token, int world, int lane) {
   TokenDestinations d;
   d.slot_low = lane < world ? small_slot(sh, token, lane) : -1;
   d.slot_high = lane + 32 < world ? small_slot(sh, token, lane + 32) : -1;

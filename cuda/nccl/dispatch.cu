@@ -25,8 +25,8 @@
 
 #include "common/fast_division.h"
 #include "common/kernel_common.cuh"
-#include "nccl_kernels.h"
 #include "common/row_copy.cuh"
+#include "nccl_kernels.h"
 
 namespace moe_ep {
 namespace kernels {
