@@ -249,6 +249,12 @@ typedef struct moe_ep_config_t {
                          NVLINK_TWO_SIDED combine then pulls each peer's rows
                          from the peer's view; an expert_output elsewhere is
                          first copied into this rank's view on the stream. */
+  int32_t micro_batches;     /* 1 (default; 0 is read as 1) or 2: buffer slots, one
+                             dispatch/combine pair in flight per slot, for the
+                             split calls below (docs/overlap.md).  Each slot has
+                             its own result buffers; moe_ep_workspace_size counts
+                             them.  Must be the same on every rank.  2 is HOST
+                             only for now (UNSUPPORTED elsewhere).              */
 } moe_ep_config_t;
 
 /* Fills the defaults; struct_size: sizeof(moe_ep_config_t) of the caller's header. */
@@ -372,6 +378,31 @@ MOE_EP_API moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle,
                                           const moe_ep_tensor_t* output,
                                           moe_ep_combine_result_t* result,
                                           void* stream);
+
+/* Split phases (docs/overlap.md).  Each of dispatch and combine in two halves:
+ * a send half that returns once the rows are on their way, and a receive half
+ * that waits (bounded by timeout_ms) and produces the results, the same bits as
+ * the fused call.  moe_ep_dispatch is exactly dispatch_send + dispatch_recv on
+ * slot 0, moe_ep_combine combine_send + combine_recv on slot 0.  `slot` is the
+ * micro-batch, 0 .. config->micro_batches - 1; each slot follows
+ *   IDLE -dispatch_send-> DISPATCH_SENT -dispatch_recv-> DISPATCHED
+ *        -combine_send-> COMBINE_SENT -combine_recv-> IDLE
+ * and any other call on it is INVALID_STATE (nothing launched, the handle
+ * stays usable).  Collective, stream-ordered, graph-capturable.  Dispatch
+ * results of a slot stay valid until its combine_send is issued; a
+ * library-owned combine output until the slot's next combine_recv.  Only the
+ * HOST backend implements them yet: elsewhere they return UNSUPPORTED. */
+MOE_EP_API moe_ep_status_t moe_ep_dispatch_send(moe_ep_handle_t handle, int32_t slot,
+                                                const moe_ep_dispatch_args_t* args, void* stream);
+MOE_EP_API moe_ep_status_t moe_ep_dispatch_recv(moe_ep_handle_t handle, int32_t slot, moe_ep_dispatch_result_t* result,
+                                                void* stream);
+/* expert_output as for moe_ep_combine; may be reused once the call's stream
+ * work is done (the slot's combine_input view: until its next dispatch_send). */
+MOE_EP_API moe_ep_status_t moe_ep_combine_send(moe_ep_handle_t handle, int32_t slot,
+                                               const moe_ep_tensor_t* expert_output, void* stream);
+/* output: [T, hidden_size] combine_dtype, or NULL for library-owned memory. */
+MOE_EP_API moe_ep_status_t moe_ep_combine_recv(moe_ep_handle_t handle, int32_t slot, const moe_ep_tensor_t* output,
+                                               moe_ep_combine_result_t* result, void* stream);
 
 /* The backend this handle runs on (MOE_EP_BACKEND_NVLINK_TWO_SIDED, _HOST or
  * _NCCL): what AUTO chose, agreed on every rank.  Tells an application created

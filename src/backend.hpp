@@ -60,6 +60,18 @@ class Backend {
   virtual DispatchBuffers dispatch(const DispatchCall& call, void* stream) = 0;
   // Returns the output pointer (call.output or backend-owned memory).
   virtual void* combine(const CombineCall& call, void* stream) = 0;
+  // The split phases (docs/overlap.md), on buffer slot `slot` (validated by
+  // the handle, which also owns the per-slot state machine).  A backend that
+  // has them returns true from split_phases() and implements all four, and
+  // its dispatch and combine are exactly send + receive on slot 0.  The
+  // others keep the defaults, which the handle never reaches (it refuses the
+  // split calls with UNSUPPORTED first).
+  virtual bool split_phases() const { return false; }
+  virtual void dispatch_send(int32_t slot, const DispatchCall& call, void* stream);
+  virtual DispatchBuffers dispatch_recv(int32_t slot, void* stream);
+  virtual void combine_send(int32_t slot, const CombineCall& call, void* stream);
+  // Returns the output pointer (`output` or backend-owned memory of the slot).
+  virtual void* combine_recv(int32_t slot, void* output, void* stream);
   // First error found on the device since the last poll (SUCCESS if none).
   virtual moe_ep_status_t poll_async_error(std::string* message) = 0;
   // Release everything; collective when the group is healthy, never hangs.

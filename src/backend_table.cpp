@@ -14,6 +14,20 @@
 
 namespace moe_ep {
 
+// Unreachable: the handle refuses the split calls on a backend without them.
+void Backend::dispatch_send(int32_t /*slot*/, const DispatchCall& /*call*/, void* /*stream*/) {
+  fail(MOE_EP_ERROR_INTERNAL, "the ", name(), " backend has no split phases (dispatch_send)");
+}
+DispatchBuffers Backend::dispatch_recv(int32_t /*slot*/, void* /*stream*/) {
+  fail(MOE_EP_ERROR_INTERNAL, "the ", name(), " backend has no split phases (dispatch_recv)");
+}
+void Backend::combine_send(int32_t /*slot*/, const CombineCall& /*call*/, void* /*stream*/) {
+  fail(MOE_EP_ERROR_INTERNAL, "the ", name(), " backend has no split phases (combine_send)");
+}
+void* Backend::combine_recv(int32_t /*slot*/, void* /*output*/, void* /*stream*/) {
+  fail(MOE_EP_ERROR_INTERNAL, "the ", name(), " backend has no split phases (combine_recv)");
+}
+
 namespace {
 
 const BackendEntry kNvlink{
@@ -31,6 +45,7 @@ const BackendEntry kNvlink{
       exchange.reset();  // idle: its worker is joined; the NVLink backend bounds its own waits
       return make_nvlink_backend(layout, config, bootstrap);
     },
+    1,
 };
 
 const BackendEntry kNccl{
@@ -43,21 +58,25 @@ const BackendEntry kNccl{
       exchange.reset();  // idle: its worker is joined; the NCCL backend bounds its own waits
       return make_nccl_backend(layout, config, bootstrap);
     },
+    1,
 };
 
 const BackendEntry kHost{
     MOE_EP_BACKEND_HOST,
     "HOST",
     [](int32_t /*device*/, std::string* /*why*/) { return true; },
-    [](const Layout& layout, const moe_ep_config_t& /*config*/) { return host_workspace_bytes(layout); },
+    [](const Layout& layout, const moe_ep_config_t& config) {
+      return host_workspace_bytes(layout, config.micro_batches);
+    },
     // Builds the HOST backend and agrees on the outcome: an allocation that fails
     // on one rank fails create on every rank instead of leaving the others to wait.
-    [](const Layout& layout, const moe_ep_config_t& /*config*/, const Bootstrap& /*bootstrap*/,
+    [](const Layout& layout, const moe_ep_config_t& config, const Bootstrap& /*bootstrap*/,
        std::shared_ptr<BoundedExchange> exchange) {
       std::unique_ptr<Backend> backend;
-      run_then_agree(*exchange, [&] { backend = make_host_backend(layout, exchange); });
+      run_then_agree(*exchange, [&] { backend = make_host_backend(layout, config.micro_batches, exchange); });
       return backend;
     },
+    kMaxMicroBatches,
 };
 
 // What one rank can run, for AUTO: the NVLink backend, NCCL, and where it is.

@@ -29,6 +29,8 @@ struct BackendEntry {
   // their own waits and release it first (its worker is joined).
   std::unique_ptr<Backend> (*create)(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap,
                                      std::shared_ptr<BoundedExchange> exchange);
+  // The most buffer slots (config->micro_batches) it implements.
+  int32_t max_micro_batches;
 };
 
 // The entry of MOE_EP_BACKEND_NVLINK_TWO_SIDED, _NCCL or _HOST (not AUTO).

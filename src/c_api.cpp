@@ -128,6 +128,38 @@ moe_ep_status_t moe_ep_combine(moe_ep_handle_t handle, const moe_ep_tensor_t* ex
   });
 }
 
+moe_ep_status_t moe_ep_dispatch_send(moe_ep_handle_t handle, int32_t slot, const moe_ep_dispatch_args_t* args,
+                                     void* stream) {
+  return guarded([&] {
+    require_handle(handle);
+    moe_ep::dispatch_send(*handle, slot, args, stream);
+  });
+}
+
+moe_ep_status_t moe_ep_dispatch_recv(moe_ep_handle_t handle, int32_t slot, moe_ep_dispatch_result_t* result,
+                                     void* stream) {
+  return guarded([&] {
+    require_handle(handle);
+    moe_ep::dispatch_recv(*handle, slot, result, stream);
+  });
+}
+
+moe_ep_status_t moe_ep_combine_send(moe_ep_handle_t handle, int32_t slot, const moe_ep_tensor_t* expert_output,
+                                    void* stream) {
+  return guarded([&] {
+    require_handle(handle);
+    moe_ep::combine_send(*handle, slot, expert_output, stream);
+  });
+}
+
+moe_ep_status_t moe_ep_combine_recv(moe_ep_handle_t handle, int32_t slot, const moe_ep_tensor_t* output,
+                                    moe_ep_combine_result_t* result, void* stream) {
+  return guarded([&] {
+    require_handle(handle);
+    moe_ep::combine_recv(*handle, slot, output, result, stream);
+  });
+}
+
 moe_ep_status_t moe_ep_get_backend(moe_ep_handle_t handle, int32_t* backend) {
   return guarded([&] {
     require_handle(handle);

@@ -21,7 +21,7 @@ namespace {
 int32_t pack_dtype(const moe_ep_dtype_t& d) { return d.code | (d.bits << 8) | (d.lanes << 16); }
 
 // The fields every rank must agree on, compared by name after one allgather.
-std::vector<RankValue> group_fingerprint(const Layout& l, int32_t backend, int32_t timeout_ms) {
+std::vector<RankValue> group_fingerprint(const Layout& l, int32_t backend, int32_t timeout_ms, int32_t micro_batches) {
   return {
       {"params->num_experts", l.num_experts},
       {"params->top_k", l.top_k},
@@ -38,7 +38,18 @@ std::vector<RankValue> group_fingerprint(const Layout& l, int32_t backend, int32
       {"bootstrap->world_size", l.world_size},
       {"config->timeout_ms", timeout_ms},
       {"config->zero_copy_combine", l.zero_copy_combine ? 1 : 0},
+      {"config->micro_batches", micro_batches},
   };
+}
+
+// config->micro_batches beyond what the backend implements: UNSUPPORTED (the
+// same answer on every rank once the backend and the config are agreed).
+void check_micro_batches(int32_t backend, int32_t micro_batches) {
+  const BackendEntry& entry = backend_entry(backend);
+  if (micro_batches > entry.max_micro_batches) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "config->micro_batches: expected at most ", entry.max_micro_batches, " on the ",
+         entry.name, " backend (its split phases are not implemented yet), got ", micro_batches);
+  }
 }
 
 // The timeout this rank waits for its peers during create: its own
@@ -64,7 +75,9 @@ uint64_t workspace_size(const moe_ep_params_t* params_arg, const moe_ep_config_t
   const moe_ep_config_t config = read_config(config_arg);
   Layout layout = make_layout(params, world_size, 0);
   layout.zero_copy_combine = config.zero_copy_combine != 0;
-  return backend_entry(resolve_backend_locally(config)).workspace_bytes(layout, config);
+  const int32_t backend = resolve_backend_locally(config);
+  check_micro_batches(backend, config.micro_batches);
+  return backend_entry(backend).workspace_bytes(layout, config);
 }
 
 moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const moe_ep_params_t* params_arg,
@@ -90,8 +103,11 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   const int32_t asked = config_arg ? read_config(config_arg).backend : MOE_EP_BACKEND_AUTO;
   handle->config.backend = agree_on_backend(*exchange, asked, handle->config);
   check_same_on_every_rank(*exchange,
-                           group_fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms),
+                           group_fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms,
+                                             handle->config.micro_batches),
                            "create: parameter check");
+  check_micro_batches(handle->config.backend, handle->config.micro_batches);
+  handle->slots.resize(static_cast<size_t>(handle->config.micro_batches));
 
   handle->backend =
       backend_entry(handle->config.backend).create(handle->layout, handle->config, bootstrap, std::move(exchange));
@@ -164,15 +180,16 @@ uintptr_t tensor_address(const moe_ep_tensor_t* t) {
   return reinterpret_cast<uintptr_t>(t->data) + static_cast<uintptr_t>(t->byte_offset);
 }
 
-// An expert_output that starts at the combine_input view must have the shape of
-// the matching dispatch; the usual shape message would not say why (typically a
-// view kept from an earlier dispatch with another tokens_per_rank).
-void check_zero_copy_shape(const moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output) {
-  if (h.combine_input == nullptr || tensor_address(expert_output) != reinterpret_cast<uintptr_t>(h.combine_input)) {
+// An expert_output that starts at the slot's combine_input view must have the
+// shape of the matching dispatch; the usual shape message would not say why
+// (typically a view kept from an earlier dispatch with another tokens_per_rank).
+void check_zero_copy_shape(const moe_ep_handle_s& h, const PairSlot& slot, const moe_ep_tensor_t* expert_output) {
+  if (slot.combine_input == nullptr ||
+      tensor_address(expert_output) != reinterpret_cast<uintptr_t>(slot.combine_input)) {
     return;
   }
   const Layout& l = h.layout;
-  const int64_t tpr = h.last_dispatch.tokens_per_rank;
+  const int64_t tpr = slot.dispatch.tokens_per_rank;
   const std::vector<int64_t> shape = tensor_shape(*expert_output, "expert_output");
   const bool flat = shape == std::vector<int64_t>{l.world_size * tpr, l.hidden_size};
   const bool split = shape == std::vector<int64_t>{l.world_size, tpr, l.hidden_size};
@@ -185,86 +202,268 @@ void check_zero_copy_shape(const moe_ep_handle_s& h, const moe_ep_tensor_t* expe
 }
 
 // Whether the validated expert_output (`data`, receive_rows(tpr) rows) is the
-// combine_input view of the matching dispatch.  A tensor that overlaps the
-// region without starting at it is refused: a backend reading the region in
-// place could not tell which rows the caller meant.
-bool is_combine_input_view(const moe_ep_handle_s& h, const void* data, int64_t tpr) {
-  if (h.combine_input == nullptr || data == nullptr) return false;
+// slot's combine_input view of the matching dispatch.  A tensor that overlaps
+// the region without starting at it is refused: a backend reading the region
+// in place could not tell which rows the caller meant.
+bool is_combine_input_view(const moe_ep_handle_s& h, const PairSlot& slot, const void* data, int64_t tpr) {
+  if (slot.combine_input == nullptr || data == nullptr) return false;
   const Layout& l = h.layout;
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
-  const uintptr_t region = reinterpret_cast<uintptr_t>(h.combine_input);
+  const uintptr_t region = reinterpret_cast<uintptr_t>(slot.combine_input);
   if (begin == region) return true;
   const uint64_t bytes = static_cast<uint64_t>(l.receive_rows(static_cast<int32_t>(tpr))) * l.combine_row_bytes;
   const uint64_t region_bytes = combine_input_region_bytes(l);  // sizes were checked at create
   const bool overlaps = begin < region ? region - begin < bytes : begin - region < region_bytes;
   if (overlaps) {
     fail(MOE_EP_ERROR_INVALID_ARGUMENT, "expert_output: overlaps the combine_input view (", region_bytes, " bytes at ",
-         h.combine_input, ") without starting at it (starts ", begin < region ? "before" : "inside", " it, at ", data,
-         "); pass the combine_input view itself or a tensor outside it");
+         slot.combine_input, ") without starting at it (starts ", begin < region ? "before" : "inside", " it, at ",
+         data, "); pass the combine_input view itself or a tensor outside it");
   }
   return false;
 }
 
-void run_dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg, moe_ep_dispatch_result_t* result_arg,
-                  void* stream) {
-  moe_ep_dispatch_args_t defaults{};
-  defaults.struct_size = sizeof(defaults);
-  const moe_ep_dispatch_args_t args = read_versioned(args_arg, defaults, "args");
-  moe_ep_dispatch_result_t result{};
-  result.struct_size = sizeof(result);
-  write_versioned(result_arg, result, "result");  // checks the output struct before any work
-  if (h.dispatched) {
-    fail(MOE_EP_ERROR_INVALID_STATE,
-         "moe_ep_dispatch: expected a combine for the previous dispatch first (one dispatch/combine pair in flight per handle)");
+// ---- The in-flight rules (docs/overlap.md): one state machine per slot ----
+
+const char* state_name(SlotState s) {
+  switch (s) {
+    case SlotState::idle: return "IDLE";
+    case SlotState::dispatch_sent: return "DISPATCH_SENT";
+    case SlotState::dispatched: return "DISPATCHED";
+    case SlotState::combine_sent: return "COMBINE_SENT";
   }
-  const DispatchCall call = validate_dispatch(h, args);
+  return "?";
+}
 
-  const DispatchBuffers out = h.backend->dispatch(call, stream);
-  h.dispatched = true;
-  h.last_dispatch = call;
+// What a slot in state `s` waits for: the call that would be valid on it.
+const char* state_advice(SlotState s) {
+  switch (s) {
+    case SlotState::idle:
+      return "no pair in flight on it: expected a dispatch first (moe_ep_dispatch_send or moe_ep_dispatch)";
+    case SlotState::dispatch_sent: return "its dispatch is in flight: expected moe_ep_dispatch_recv on it first";
+    case SlotState::dispatched:
+      return "its dispatch results are live: expected a combine for the previous dispatch first "
+             "(moe_ep_combine_send or moe_ep_combine)";
+    case SlotState::combine_sent: return "its combine is in flight: expected moe_ep_combine_recv on it first";
+  }
+  return "?";
+}
 
+// The slot a call names; the range is an argument rule, whatever the states.
+PairSlot& slot_of(moe_ep_handle_s& h, const char* call, int32_t slot) {
+  const int32_t n = static_cast<int32_t>(h.slots.size());
+  if (slot < 0 || slot >= n) {
+    fail_argument(std::string(call) + ": slot",
+                  "in [0, " + std::to_string(n) + ") (config->micro_batches = " + std::to_string(n) + ")", slot);
+  }
+  return h.slots[static_cast<size_t>(slot)];
+}
+
+// INVALID_STATE unless the slot is in `expected`; nothing has been done yet.
+void expect_state(const moe_ep_handle_s& h, const char* call, int32_t slot, SlotState expected) {
+  const SlotState got = h.slots[static_cast<size_t>(slot)].state;
+  if (got == expected) return;
+  size_t busy = 0;
+  for (const PairSlot& s : h.slots) busy += s.state != SlotState::idle ? 1 : 0;
+  const bool all_busy = h.slots.size() > 1 && busy == h.slots.size();
+  fail(MOE_EP_ERROR_INVALID_STATE, call, "(slot ", slot, "): expected slot ", slot, " in state ", state_name(expected),
+       ", got ", state_name(got), " (", state_advice(got), ")",
+       all_busy ? "; config->micro_batches = " + std::to_string(h.slots.size()) + " pairs in flight, no slot is free"
+                : std::string(),
+       "; nothing was done, the handle stays usable");
+}
+
+// The split calls exist only where the backend implements them: never a fused
+// call in the send half.
+void require_split(const moe_ep_handle_s& h, const char* call, const char* fused) {
+  if (!h.backend->split_phases()) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, call, ": not yet supported on the ", backend_entry(h.config.backend).name,
+         " backend; use ", fused);
+  }
+}
+
+// ---- The halves, once the state and the arguments are checked ----
+
+// The slot holds the dispatch's sizes, not the caller's memory.
+void keep_dispatch(PairSlot& s, const DispatchCall& call) {
+  s.dispatch = call;
+  s.dispatch.hidden = nullptr;
+  s.dispatch.topk_ids = nullptr;
+  s.dispatch.topk_weights = nullptr;
+  s.dispatch.scales = nullptr;
+  s.dispatch.eplb_local = nullptr;
+}
+
+void send_dispatch(moe_ep_handle_s& h, int32_t slot, const DispatchCall& call, void* stream) {
+  h.backend->dispatch_send(slot, call, stream);
+  PairSlot& s = h.slots[static_cast<size_t>(slot)];
+  s.state = SlotState::dispatch_sent;
+  keep_dispatch(s, call);
+}
+
+// The slot's results as views, written to the caller's struct.
+void write_dispatch_result(moe_ep_handle_s& h, PairSlot& s, const DispatchBuffers& out,
+                           moe_ep_dispatch_result_t* result_arg) {
   const Layout& l = h.layout;
   const moe_ep_device_t dev = h.backend->device();
-  const int64_t P = l.receive_rows(call.tokens_per_rank);
-  result.tokens_per_rank = call.tokens_per_rank;
-  result.hidden_states = view(out.hidden, dev, l.hidden_dtype, h.shape_hidden, {P, l.hidden_row_elems});
-  result.topk_ids = view(out.topk_ids, dev, dtype_int32(), h.shape_ids, {P, l.top_k});
-  result.topk_weights = view(out.topk_weights, dev, dtype_fp32(), h.shape_weights, {P, l.top_k});
-  result.hidden_states_scale = view(out.scales, dev, l.scale_dtype, h.shape_scales, {P, l.scale_row_elems});
-  result.recv_counts = view(out.recv_counts, dev, dtype_int32(), h.shape_recv_counts, {l.world_size});
+  const int64_t P = l.receive_rows(s.dispatch.tokens_per_rank);
+  moe_ep_dispatch_result_t result{};
+  result.struct_size = sizeof(result);
+  result.tokens_per_rank = s.dispatch.tokens_per_rank;
+  result.hidden_states = view(out.hidden, dev, l.hidden_dtype, s.shape_hidden, {P, l.hidden_row_elems});
+  result.topk_ids = view(out.topk_ids, dev, dtype_int32(), s.shape_ids, {P, l.top_k});
+  result.topk_weights = view(out.topk_weights, dev, dtype_fp32(), s.shape_weights, {P, l.top_k});
+  result.hidden_states_scale = view(out.scales, dev, l.scale_dtype, s.shape_scales, {P, l.scale_row_elems});
+  result.recv_counts = view(out.recv_counts, dev, dtype_int32(), s.shape_recv_counts, {l.world_size});
   result.local_expert_counts =
-      view(out.local_expert_counts, dev, dtype_int32(), h.shape_local_expert_counts, {l.experts_per_rank()});
-  result.eplb_gathered_stats = view(out.eplb_gathered, dev, dtype_int32(), h.shape_eplb, {l.world_size, l.num_experts});
-  result.combine_input = view(out.combine_input, dev, l.combine_dtype, h.shape_combine_input, {P, l.hidden_size});
-  h.combine_input = out.combine_input;
+      view(out.local_expert_counts, dev, dtype_int32(), s.shape_local_expert_counts, {l.experts_per_rank()});
+  result.eplb_gathered_stats = view(out.eplb_gathered, dev, dtype_int32(), s.shape_eplb, {l.world_size, l.num_experts});
+  result.combine_input = view(out.combine_input, dev, l.combine_dtype, s.shape_combine_input, {P, l.hidden_size});
+  s.combine_input = out.combine_input;
   write_versioned(result_arg, result, "result");
+}
+
+// A receive half that fails ends its pair: the slot is free again (every rank
+// checked the same data, so every rank's slot is).
+template <typename Recv>
+auto receive_or_end_pair(PairSlot& s, Recv&& recv) -> decltype(recv()) {
+  try {
+    return recv();
+  } catch (...) {
+    s.state = SlotState::idle;
+    throw;
+  }
+}
+
+void recv_dispatch(moe_ep_handle_s& h, int32_t slot, moe_ep_dispatch_result_t* result_arg, void* stream) {
+  PairSlot& s = h.slots[static_cast<size_t>(slot)];
+  const DispatchBuffers out = receive_or_end_pair(s, [&] { return h.backend->dispatch_recv(slot, stream); });
+  s.state = SlotState::dispatched;
+  write_dispatch_result(h, s, out, result_arg);
+}
+
+// expert_output checked against the slot's dispatch.
+CombineCall validate_combine(const moe_ep_handle_s& h, const PairSlot& s, const moe_ep_tensor_t* expert_output) {
+  const Layout& l = h.layout;
+  const int64_t tpr = s.dispatch.tokens_per_rank;
+  CombineCall c;
+  c.num_tokens = s.dispatch.num_tokens;
+  c.tokens_per_rank = s.dispatch.tokens_per_rank;
+  check_zero_copy_shape(h, s, expert_output);
+  c.expert_output =
+      check_tensor(expert_output, "expert_output", l.combine_dtype,
+                   {{l.world_size * tpr, l.hidden_size}, {l.world_size, tpr, l.hidden_size}}, h.backend->device());
+  c.expert_output_is_workspace = is_combine_input_view(h, s, c.expert_output, tpr);
+  return c;
+}
+
+void* validate_output(const moe_ep_handle_s& h, const PairSlot& s, const moe_ep_tensor_t* output) {
+  if (output == nullptr) return nullptr;
+  const Layout& l = h.layout;
+  return check_tensor(output, "output", l.combine_dtype, {{int64_t{s.dispatch.num_tokens}, l.hidden_size}},
+                      h.backend->device());
+}
+
+void write_combine_result(moe_ep_handle_s& h, PairSlot& s, void* out, moe_ep_combine_result_t* result_arg) {
+  const Layout& l = h.layout;
+  moe_ep_combine_result_t result{};
+  result.struct_size = sizeof(result);
+  result.output = view(out, h.backend->device(), l.combine_dtype, s.shape_output,
+                       {int64_t{s.dispatch.num_tokens}, l.hidden_size}, /*even_empty=*/true);
+  write_versioned(result_arg, result, "result");
+}
+
+void* recv_combine(moe_ep_handle_s& h, int32_t slot, void* output, void* stream) {
+  PairSlot& s = h.slots[static_cast<size_t>(slot)];
+  void* out = receive_or_end_pair(s, [&] { return h.backend->combine_recv(slot, output, stream); });
+  s.state = SlotState::idle;
+  return out;
+}
+
+moe_ep_dispatch_args_t read_args(const moe_ep_dispatch_args_t* args_arg) {
+  moe_ep_dispatch_args_t defaults{};
+  defaults.struct_size = sizeof(defaults);
+  return read_versioned(args_arg, defaults, "args");
+}
+
+// Checks the caller's output struct before any work.
+template <typename Result>
+void check_result_struct(Result* result_arg) {
+  Result result{};
+  result.struct_size = sizeof(result);
+  write_versioned(result_arg, result, "result");
+}
+
+// ---- The calls: the fused ones are the two halves on slot 0 ----
+
+void run_dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg, moe_ep_dispatch_result_t* result_arg,
+                  void* stream) {
+  const moe_ep_dispatch_args_t args = read_args(args_arg);
+  check_result_struct(result_arg);
+  expect_state(h, "moe_ep_dispatch", 0, SlotState::idle);
+  const DispatchCall call = validate_dispatch(h, args);
+  if (h.backend->split_phases()) {
+    send_dispatch(h, 0, call, stream);
+    recv_dispatch(h, 0, result_arg, stream);
+    return;
+  }
+  const DispatchBuffers out = h.backend->dispatch(call, stream);  // a backend with the fused call only
+  PairSlot& s = h.slots[0];
+  keep_dispatch(s, call);
+  s.state = SlotState::dispatched;
+  write_dispatch_result(h, s, out, result_arg);
 }
 
 void run_combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
                  moe_ep_combine_result_t* result_arg, void* stream) {
-  moe_ep_combine_result_t result{};
-  result.struct_size = sizeof(result);
-  write_versioned(result_arg, result, "result");
-  if (!h.dispatched) {
-    fail(MOE_EP_ERROR_INVALID_STATE, "moe_ep_combine: expected a dispatch first (combine returns its tokens)");
+  check_result_struct(result_arg);
+  expect_state(h, "moe_ep_combine", 0, SlotState::dispatched);
+  PairSlot& s = h.slots[0];
+  CombineCall call = validate_combine(h, s, expert_output);
+  call.output = validate_output(h, s, output);
+  void* out = nullptr;
+  if (h.backend->split_phases()) {
+    h.backend->combine_send(0, call, stream);
+    s.state = SlotState::combine_sent;
+    out = recv_combine(h, 0, call.output, stream);
+  } else {
+    out = h.backend->combine(call, stream);  // a backend with the fused call only
+    s.state = SlotState::idle;
   }
-  const Layout& l = h.layout;
-  const moe_ep_device_t dev = h.backend->device();
-  const int64_t tpr = h.last_dispatch.tokens_per_rank;
-  const int64_t T = h.last_dispatch.num_tokens;
-  CombineCall c;
-  c.num_tokens = h.last_dispatch.num_tokens;
-  c.tokens_per_rank = h.last_dispatch.tokens_per_rank;
-  check_zero_copy_shape(h, expert_output);
-  c.expert_output = check_tensor(expert_output, "expert_output", l.combine_dtype,
-                                 {{l.world_size * tpr, l.hidden_size}, {l.world_size, tpr, l.hidden_size}}, dev);
-  c.expert_output_is_workspace = is_combine_input_view(h, c.expert_output, tpr);
-  if (output) c.output = check_tensor(output, "output", l.combine_dtype, {{T, l.hidden_size}}, dev);
+  write_combine_result(h, s, out, result_arg);
+}
 
-  void* out = h.backend->combine(c, stream);
-  h.dispatched = false;
-  result.output = view(out, dev, l.combine_dtype, h.shape_output, {T, l.hidden_size}, /*even_empty=*/true);
-  write_versioned(result_arg, result, "result");
+void run_dispatch_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_dispatch_args_t* args_arg, void* stream) {
+  require_split(h, "moe_ep_dispatch_send", "moe_ep_dispatch");
+  slot_of(h, "moe_ep_dispatch_send", slot);
+  const moe_ep_dispatch_args_t args = read_args(args_arg);
+  expect_state(h, "moe_ep_dispatch_send", slot, SlotState::idle);
+  send_dispatch(h, slot, validate_dispatch(h, args), stream);
+}
+
+void run_dispatch_recv(moe_ep_handle_s& h, int32_t slot, moe_ep_dispatch_result_t* result_arg, void* stream) {
+  require_split(h, "moe_ep_dispatch_recv", "moe_ep_dispatch");
+  slot_of(h, "moe_ep_dispatch_recv", slot);
+  check_result_struct(result_arg);
+  expect_state(h, "moe_ep_dispatch_recv", slot, SlotState::dispatch_sent);
+  recv_dispatch(h, slot, result_arg, stream);
+}
+
+void run_combine_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* expert_output, void* stream) {
+  require_split(h, "moe_ep_combine_send", "moe_ep_combine");
+  PairSlot& s = slot_of(h, "moe_ep_combine_send", slot);
+  expect_state(h, "moe_ep_combine_send", slot, SlotState::dispatched);
+  h.backend->combine_send(slot, validate_combine(h, s, expert_output), stream);
+  s.state = SlotState::combine_sent;
+}
+
+void run_combine_recv(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* output,
+                      moe_ep_combine_result_t* result_arg, void* stream) {
+  require_split(h, "moe_ep_combine_recv", "moe_ep_combine");
+  PairSlot& s = slot_of(h, "moe_ep_combine_recv", slot);
+  check_result_struct(result_arg);
+  expect_state(h, "moe_ep_combine_recv", slot, SlotState::combine_sent);
+  void* out = recv_combine(h, slot, validate_output(h, s, output), stream);
+  write_combine_result(h, s, out, result_arg);
 }
 
 }  // namespace
@@ -276,6 +475,23 @@ void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args, moe_ep_dis
 void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
              moe_ep_combine_result_t* result, void* stream) {
   h.health.guard([&] { run_combine(h, expert_output, output, result, stream); });
+}
+
+void dispatch_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_dispatch_args_t* args, void* stream) {
+  h.health.guard([&] { run_dispatch_send(h, slot, args, stream); });
+}
+
+void dispatch_recv(moe_ep_handle_s& h, int32_t slot, moe_ep_dispatch_result_t* result, void* stream) {
+  h.health.guard([&] { run_dispatch_recv(h, slot, result, stream); });
+}
+
+void combine_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* expert_output, void* stream) {
+  h.health.guard([&] { run_combine_send(h, slot, expert_output, stream); });
+}
+
+void combine_recv(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* output, moe_ep_combine_result_t* result,
+                  void* stream) {
+  h.health.guard([&] { run_combine_recv(h, slot, output, result, stream); });
 }
 
 // The error is the query's answer, not its failure: a broken handle answers

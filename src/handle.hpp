@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backend.hpp"
 #include "bootstrap.hpp"
@@ -10,27 +11,40 @@
 #include "moe_ep_c.h"
 #include "params.hpp"
 
-struct moe_ep_handle_s {
-  moe_ep::Layout layout;
-  moe_ep_config_t config{};
-  std::unique_ptr<moe_ep::Backend> backend;
+namespace moe_ep {
 
-  // One dispatch/combine pair in flight: combine must follow dispatch.
-  bool dispatched = false;
-  moe_ep::DispatchCall last_dispatch;  // pointers into caller memory are not kept
+// The state of one buffer slot (docs/overlap.md, "The in-flight rules").
+enum class SlotState { idle, dispatch_sent, dispatched, combine_sent };
 
-  // A timeout, a CUDA failure or an internal error makes the handle unusable;
-  // later calls return it (handle_health.hpp).
-  moe_ep::HandleHealth health;
-
+// One dispatch/combine pair's place in the handle: its state, the dispatch it
+// belongs to, and the shapes of its result views.
+struct PairSlot {
+  SlotState state = SlotState::idle;
+  DispatchCall dispatch;  // pointers into caller memory are not kept
   // Storage for the shapes of the result views (docs/semantics.md §3: owned by the handle).
   int64_t shape_hidden[2]{}, shape_ids[2]{}, shape_weights[2]{}, shape_scales[2]{};
   int64_t shape_recv_counts[1]{}, shape_local_expert_counts[1]{}, shape_eplb[2]{};
   int64_t shape_output[2]{};
   int64_t shape_combine_input[2]{};
-  // The last dispatch's combine_input region (the same every dispatch), NULL
-  // unless config.zero_copy_combine.
+  // The slot's combine_input region (the same every dispatch), NULL unless
+  // config.zero_copy_combine or before the slot's first dispatch.
   void* combine_input = nullptr;
+};
+
+}  // namespace moe_ep
+
+struct moe_ep_handle_s {
+  moe_ep::Layout layout;
+  moe_ep_config_t config{};
+  std::unique_ptr<moe_ep::Backend> backend;
+
+  // config.micro_batches slots, each one dispatch/combine pair in flight; the
+  // one owner of the in-flight rules (handle.cpp).
+  std::vector<moe_ep::PairSlot> slots;
+
+  // A timeout, a CUDA failure or an internal error makes the handle unusable;
+  // later calls return it (handle_health.hpp).
+  moe_ep::HandleHealth health;
 };
 
 namespace moe_ep {
@@ -51,6 +65,12 @@ void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args,
               moe_ep_dispatch_result_t* result, void* stream);
 void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
              moe_ep_combine_result_t* result, void* stream);
+// The split phases on buffer slot `slot` (docs/overlap.md).
+void dispatch_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_dispatch_args_t* args, void* stream);
+void dispatch_recv(moe_ep_handle_s& h, int32_t slot, moe_ep_dispatch_result_t* result, void* stream);
+void combine_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* expert_output, void* stream);
+void combine_recv(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* output, moe_ep_combine_result_t* result,
+                  void* stream);
 moe_ep_status_t poll_async_error(moe_ep_handle_s& h);
 int32_t backend_of(const moe_ep_handle_s& h);
 // The path of the last call of `phase` (MOE_EP_PHASE_*, checked by the caller).

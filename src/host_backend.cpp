@@ -25,7 +25,7 @@ struct DispatchHeader {
   int32_t tokens_per_rank; // the sender's runtime_max_tokens_per_rank (or max_tokens_per_rank)
   int32_t num_tokens;      // the sender's local_num_tokens
   int32_t has_weights;     // 0 or 1
-  int32_t reserved;
+  int32_t slot;            // the buffer slot (micro-batch) the sender dispatches into
 };
 
 // The start of each record: repeats the header so that a record that does not
@@ -61,39 +61,100 @@ struct RecordLayout {
 
 std::string peer(int32_t rank) { return "rank " + std::to_string(rank); }
 
+// One buffer slot (config->micro_batches): the results of one dispatch/combine
+// pair, and what its halves hand each other.
+struct HostSlot {
+  std::vector<uint8_t> recv_hidden;
+  std::vector<int32_t> recv_ids;
+  std::vector<float> recv_weights;
+  std::vector<uint8_t> recv_scales;
+  std::vector<int32_t> recv_counts;
+  std::vector<int32_t> local_expert_counts;
+  std::vector<int32_t> eplb_gathered;
+  std::vector<uint8_t> combine_output;
+  std::vector<uint8_t> combine_input;  // the zero-copy combine input region (config->zero_copy_combine)
+  std::vector<int32_t> my_ids;         // this rank's routing of the slot's dispatch, for its combine
+
+  // Between dispatch_send and dispatch_recv: the checked headers and this rank's packed record.
+  std::vector<DispatchHeader> headers;
+  std::vector<uint8_t> record;
+  int32_t tokens_per_rank = 0;
+  int32_t num_tokens = 0;
+  bool has_weights = false;
+
+  // Between combine_send and combine_recv: the expert output rows (staged, or the combine_input view).
+  std::vector<uint8_t> staged_rows;
+  const void* combine_rows = nullptr;
+};
+
 class HostBackend final : public Backend {
  public:
-  HostBackend(const Layout& layout, std::shared_ptr<BoundedExchange> exchange)
-      : layout_(layout), exchange_(std::move(exchange)) {
+  HostBackend(const Layout& layout, int32_t slots, std::shared_ptr<BoundedExchange> exchange)
+      : layout_(layout), exchange_(std::move(exchange)), slots_(static_cast<size_t>(slots)) {
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(layout_.max_tokens_per_rank));
     const uint64_t picks = checked_mul(rows, static_cast<uint64_t>(layout_.top_k), "receive picks");
-    recv_hidden_.resize(bytes(checked_mul(rows, layout_.hidden_row_bytes, "receive hidden rows")));
-    recv_ids_.resize(bytes(picks));
-    recv_weights_.resize(bytes(picks));
-    recv_scales_.resize(bytes(checked_mul(rows, layout_.scale_row_bytes, "receive scale rows")));
-    recv_counts_.resize(layout_.world_size);
-    local_expert_counts_.resize(layout_.experts_per_rank());
-    if (layout_.eplb_stats) {
-      eplb_gathered_.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.world_size),
-                                              static_cast<uint64_t>(layout_.num_experts), "eplb stats")));
+    for (HostSlot& slot : slots_) {
+      slot.recv_hidden.resize(bytes(checked_mul(rows, layout_.hidden_row_bytes, "receive hidden rows")));
+      slot.recv_ids.resize(bytes(picks));
+      slot.recv_weights.resize(bytes(picks));
+      slot.recv_scales.resize(bytes(checked_mul(rows, layout_.scale_row_bytes, "receive scale rows")));
+      slot.recv_counts.resize(layout_.world_size);
+      slot.local_expert_counts.resize(layout_.experts_per_rank());
+      if (layout_.eplb_stats) {
+        slot.eplb_gathered.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.world_size),
+                                                    static_cast<uint64_t>(layout_.num_experts), "eplb stats")));
+      }
+      slot.combine_output.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.max_tokens_per_rank),
+                                                   layout_.combine_row_bytes, "combine output")));
+      slot.combine_input.resize(bytes(combine_input_region_bytes(layout_)));  // empty unless zero_copy_combine
     }
-    combine_output_.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.max_tokens_per_rank),
-                                             layout_.combine_row_bytes, "combine output")));
-    combine_input_.resize(bytes(combine_input_region_bytes(layout_)));  // empty unless zero_copy_combine
   }
 
   const char* name() const override { return "host"; }
   moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CPU, 0}; }
+  bool split_phases() const override { return true; }
 
-  DispatchBuffers dispatch(const DispatchCall& call, void* /*stream*/) override {
+  // The fused calls are exactly the two halves on slot 0.
+  DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
+    dispatch_send(0, call, stream);
+    return dispatch_recv(0, stream);
+  }
+
+  void* combine(const CombineCall& call, void* stream) override {
+    combine_send(0, call, stream);
+    return combine_recv(0, call.output, stream);
+  }
+
+  // Announces the call to every peer (the header exchange: every rank checks
+  // every header, so a mismatch fails here on every rank before any record
+  // moves) and packs this rank's record: the caller's inputs are free when it returns.
+  void dispatch_send(int32_t slot_index, const DispatchCall& call, void* /*stream*/) override {
     paths.note(MOE_EP_PHASE_DISPATCH, MOE_EP_PATH_HOST, layout_.rank);
-    const int32_t world = layout_.world_size;
+    HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
     const RecordLayout rec(layout_, call.tokens_per_rank);
-    const std::vector<DispatchHeader> headers = exchange_headers(call, rec);
+    std::vector<DispatchHeader> headers = exchange_headers(slot_index, call, rec);
     record_bad_ids(call);
+    std::vector<uint8_t> record = pack_record(call, rec);
+    std::vector<int32_t> my_ids(call.topk_ids, call.topk_ids + static_cast<size_t>(call.num_tokens) * layout_.top_k);
+    slot.headers = std::move(headers);
+    slot.record = std::move(record);
+    slot.my_ids = std::move(my_ids);  // combine needs this rank's routing after the caller reused its input
+    slot.tokens_per_rank = call.tokens_per_rank;
+    slot.num_tokens = call.num_tokens;
+    slot.has_weights = call.has_weights;
+  }
 
-    const std::vector<uint8_t> mine = pack_record(call, rec);
+  // Exchanges the records announced by dispatch_send, checks each against its
+  // header, and lays out the slot's receive rows.
+  DispatchBuffers dispatch_recv(int32_t slot_index, void* /*stream*/) override {
+    HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
+    const int32_t world = layout_.world_size;
+    const RecordLayout rec(layout_, slot.tokens_per_rank);
     std::vector<uint8_t> all(bytes(checked_mul(rec.size, static_cast<uint64_t>(world), "dispatch records")));
+    const std::vector<DispatchHeader> headers = std::move(slot.headers);
+    const std::vector<uint8_t> mine = std::move(slot.record);
+    slot.headers.clear();
+    slot.record.clear();
     exchange_->allgather(mine.data(), all.data(), rec.size, "HOST dispatch: token records");
 
     std::vector<SourceTokens> sources(world);
@@ -107,22 +168,19 @@ class HostBackend final : public Backend {
       sources[s].hidden = r + rec.hidden_offset;
       sources[s].scales = layout_.scale_row_bytes ? r + rec.scales_offset : nullptr;
       if (layout_.eplb_stats) {
-        std::memcpy(eplb_gathered_.data() + static_cast<size_t>(s) * layout_.num_experts, r + rec.eplb_offset,
+        std::memcpy(slot.eplb_gathered.data() + static_cast<size_t>(s) * layout_.num_experts, r + rec.eplb_offset,
                     layout_.num_experts * sizeof(int32_t));
       }
     }
 
     ReceiveBuffers out;
-    out.hidden = recv_hidden_.data();
-    out.topk_ids = recv_ids_.data();
-    out.topk_weights = call.has_weights ? recv_weights_.data() : nullptr;
-    out.scales = layout_.scale_row_bytes ? recv_scales_.data() : nullptr;
-    out.recv_counts = recv_counts_.data();
-    out.local_expert_counts = local_expert_counts_.data();
-    reference_receive(layout_, call.tokens_per_rank, sources, out);
-
-    // Combine needs this rank's routing after the caller may have reused its input.
-    my_ids_.assign(call.topk_ids, call.topk_ids + static_cast<size_t>(call.num_tokens) * layout_.top_k);
+    out.hidden = slot.recv_hidden.data();
+    out.topk_ids = slot.recv_ids.data();
+    out.topk_weights = slot.has_weights ? slot.recv_weights.data() : nullptr;
+    out.scales = layout_.scale_row_bytes ? slot.recv_scales.data() : nullptr;
+    out.recv_counts = slot.recv_counts.data();
+    out.local_expert_counts = slot.local_expert_counts.data();
+    reference_receive(layout_, slot.tokens_per_rank, sources, out);
 
     DispatchBuffers result;
     result.hidden = out.hidden;
@@ -131,24 +189,47 @@ class HostBackend final : public Backend {
     result.scales = out.scales;
     result.recv_counts = out.recv_counts;
     result.local_expert_counts = out.local_expert_counts;
-    result.eplb_gathered = layout_.eplb_stats ? eplb_gathered_.data() : nullptr;
-    result.combine_input = layout_.zero_copy_combine ? combine_input_.data() : nullptr;
+    result.eplb_gathered = layout_.eplb_stats ? slot.eplb_gathered.data() : nullptr;
+    result.combine_input = layout_.zero_copy_combine ? slot.combine_input.data() : nullptr;
     return result;
   }
 
-  // call.expert_output_is_workspace needs nothing special here: the allgather
-  // reads the rows in place from whichever host buffer holds them.
-  void* combine(const CombineCall& call, void* /*stream*/) override {
+  // Stages the expert output, so that the caller may reuse its tensor at once;
+  // the slot's combine_input view is read in place by combine_recv.  No
+  // exchange: it never waits for a peer.
+  void combine_send(int32_t slot_index, const CombineCall& call, void* /*stream*/) override {
     paths.note(MOE_EP_PHASE_COMBINE, MOE_EP_PATH_HOST, layout_.rank);
+    HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(call.tokens_per_rank));
+    const size_t per_rank = bytes(checked_mul(rows, layout_.combine_row_bytes, "combine rows"));
+    if (call.expert_output == slot.combine_input.data() && per_rank != 0) {
+      slot.staged_rows.clear();
+      slot.combine_rows = slot.combine_input.data();
+    } else {
+      const auto* src = static_cast<const uint8_t*>(call.expert_output);
+      slot.staged_rows.assign(src, src + per_rank);
+      slot.combine_rows = slot.staged_rows.data();
+    }
+    slot.tokens_per_rank = call.tokens_per_rank;
+    slot.num_tokens = call.num_tokens;
+  }
+
+  // Exchanges every rank's expert output and reduces this rank's tokens.
+  void* combine_recv(int32_t slot_index, void* output, void* /*stream*/) override {
+    HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
+    const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(slot.tokens_per_rank));
     const uint64_t per_rank = checked_mul(rows, layout_.combine_row_bytes, "combine rows");
     std::vector<uint8_t> all(
         bytes(checked_mul(per_rank, static_cast<uint64_t>(layout_.world_size), "combine rows of every rank")));
-    exchange_->allgather(call.expert_output, all.data(), per_rank, "HOST combine: expert outputs");
+    const std::vector<uint8_t> staged = std::move(slot.staged_rows);
+    const void* rows_of_mine = slot.combine_rows == slot.combine_input.data() ? slot.combine_rows : staged.data();
+    slot.staged_rows.clear();
+    slot.combine_rows = nullptr;
+    exchange_->allgather(rows_of_mine, all.data(), per_rank, "HOST combine: expert outputs");
     std::vector<const uint8_t*> outputs(layout_.world_size);
     for (int32_t r = 0; r < layout_.world_size; ++r) outputs[r] = all.data() + per_rank * r;
-    uint8_t* out = call.output ? static_cast<uint8_t*>(call.output) : combine_output_.data();
-    reference_combine(layout_, call.tokens_per_rank, call.num_tokens, my_ids_.data(), outputs, out);
+    uint8_t* out = output ? static_cast<uint8_t*>(output) : slot.combine_output.data();
+    reference_combine(layout_, slot.tokens_per_rank, slot.num_tokens, slot.my_ids.data(), outputs, out);
     return out;
   }
 
@@ -169,13 +250,14 @@ class HostBackend final : public Backend {
 
   // First exchange of a dispatch; every rank checks every rank's header the
   // same way, so a mismatch fails dispatch on every rank before any record moves.
-  std::vector<DispatchHeader> exchange_headers(const DispatchCall& call, const RecordLayout& rec) {
+  std::vector<DispatchHeader> exchange_headers(int32_t slot, const DispatchCall& call, const RecordLayout& rec) {
     DispatchHeader mine{};
     mine.sequence = dispatch_sequence_;
     mine.record_bytes = rec.size;
     mine.tokens_per_rank = call.tokens_per_rank;
     mine.num_tokens = call.num_tokens;
     mine.has_weights = call.has_weights ? 1 : 0;
+    mine.slot = slot;
     const std::vector<DispatchHeader> all = exchange_->allgather_value(mine, "HOST dispatch: headers");
     ++dispatch_sequence_;  // every rank counts every header exchange, failed or not
     for (int32_t s = 0; s < layout_.world_size; ++s) check_header(s, all[s], mine);
@@ -187,6 +269,10 @@ class HostBackend final : public Backend {
     if (h.sequence != mine.sequence) {
       fail(MOE_EP_ERROR_INVALID_INPUT, who, " is at dispatch #", h.sequence, ", this rank at #", mine.sequence,
            " (the ranks did not make the same calls)");
+    }
+    if (h.slot != mine.slot) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, who, " dispatches into slot ", h.slot, ", this rank into slot ", mine.slot,
+           " (every rank must issue the same calls on the same slots, in the same order)");
     }
     if (h.tokens_per_rank != mine.tokens_per_rank) {
       fail(MOE_EP_ERROR_INVALID_INPUT, who, " uses tokens_per_rank ", h.tokens_per_rank, ", this rank ",
@@ -250,23 +336,17 @@ class HostBackend final : public Backend {
   Layout layout_;
   std::shared_ptr<BoundedExchange> exchange_;
   uint64_t dispatch_sequence_ = 0;
-  std::vector<uint8_t> recv_hidden_;
-  std::vector<int32_t> recv_ids_;
-  std::vector<float> recv_weights_;
-  std::vector<uint8_t> recv_scales_;
-  std::vector<int32_t> recv_counts_;
-  std::vector<int32_t> local_expert_counts_;
-  std::vector<int32_t> eplb_gathered_;
-  std::vector<uint8_t> combine_output_;
-  std::vector<uint8_t> combine_input_;  // the zero-copy combine input region (config->zero_copy_combine)
-  std::vector<int32_t> my_ids_;
+  std::vector<HostSlot> slots_;
   moe_ep_status_t async_status_ = MOE_EP_SUCCESS;
   std::string async_message_;
 };
 
 }  // namespace
 
-uint64_t host_workspace_bytes(const Layout& l) {
+namespace {
+
+// One slot's buffers.
+uint64_t host_slot_bytes(const Layout& l) {
   const std::string what = "HOST workspace size";
   const uint64_t rows = static_cast<uint64_t>(l.receive_rows(l.max_tokens_per_rank));
   const uint64_t pick_bytes = checked_mul(static_cast<uint64_t>(l.top_k), sizeof(int32_t) + sizeof(float), what);
@@ -285,8 +365,15 @@ uint64_t host_workspace_bytes(const Layout& l) {
   return checked_add(total, combine_input_region_bytes(l), what);
 }
 
-std::unique_ptr<Backend> make_host_backend(const Layout& layout, std::shared_ptr<BoundedExchange> exchange) {
-  return std::make_unique<HostBackend>(layout, std::move(exchange));
+}  // namespace
+
+uint64_t host_workspace_bytes(const Layout& l, int32_t slots) {
+  return checked_mul(host_slot_bytes(l), static_cast<uint64_t>(slots), "HOST workspace size");
+}
+
+std::unique_ptr<Backend> make_host_backend(const Layout& layout, int32_t slots,
+                                           std::shared_ptr<BoundedExchange> exchange) {
+  return std::make_unique<HostBackend>(layout, slots, std::move(exchange));
 }
 
 }  // namespace moe_ep

@@ -18,9 +18,14 @@
 
 namespace moe_ep {
 
-// Host memory create allocates for this layout (what moe_ep_workspace_size reports).
-uint64_t host_workspace_bytes(const Layout& layout);
+// Host memory create allocates for this layout and `slots` buffer slots
+// (config->micro_batches; what moe_ep_workspace_size reports).
+uint64_t host_workspace_bytes(const Layout& layout, int32_t slots);
 
-std::unique_ptr<Backend> make_host_backend(const Layout& layout, std::shared_ptr<BoundedExchange> exchange);
+// Implements the split phases (docs/overlap.md): dispatch_send exchanges the
+// headers, dispatch_recv the records, combine_send stages the expert output
+// and combine_recv exchanges it; each exchange bounded by timeout_ms.
+std::unique_ptr<Backend> make_host_backend(const Layout& layout, int32_t slots,
+                                           std::shared_ptr<BoundedExchange> exchange);
 
 }  // namespace moe_ep

@@ -27,6 +27,7 @@ moe_ep_config_t default_config() {
   c.timeout_ms = kDefaultTimeoutMs;
   c.device = -1;
   c.zero_copy_combine = 0;
+  c.micro_batches = 1;
   return c;
 }
 
@@ -139,6 +140,10 @@ moe_ep_config_t read_config(const moe_ep_config_t* user) {
   if (c.timeout_ms <= 0) fail_argument("config->timeout_ms", "> 0", c.timeout_ms);
   if (c.device < -1) fail_argument("config->device", ">= -1 (-1 = current device)", c.device);
   c.zero_copy_combine = c.zero_copy_combine != 0 ? 1 : 0;  // a flag: anything but 0 is on
+  if (c.micro_batches == 0) c.micro_batches = 1;           // a config zeroed by hand
+  if (c.micro_batches < 1 || c.micro_batches > kMaxMicroBatches) {
+    fail_argument("config->micro_batches", "1 or " + std::to_string(kMaxMicroBatches) + " (0 = 1)", c.micro_batches);
+  }
   return c;
 }
 

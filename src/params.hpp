@@ -9,6 +9,8 @@
 namespace moe_ep {
 
 constexpr int32_t kDefaultTimeoutMs = 30000;
+// config->micro_batches: dispatch/combine pairs a handle can hold in flight (docs/overlap.md).
+constexpr int32_t kMaxMicroBatches = 2;
 
 // Upper limits of the params (docs/api.md, "Limits"): each well above what a
 // production MoE layer uses, low enough that a typo or a hostile value is

@@ -61,11 +61,12 @@ struct StructLayout<moe_ep_config_t> {
   using T = moe_ep_config_t;
   static constexpr const char* c_name = "moe_ep_config_t";
   static constexpr const char* init_name = "moe_ep_config_init";
-  static constexpr size_t field_ends[] = {MOE_EP_FIELD_END(T, backend), MOE_EP_FIELD_END(T, num_sms),
-                                          MOE_EP_FIELD_END(T, timeout_ms), MOE_EP_FIELD_END(T, device),
-                                          MOE_EP_FIELD_END(T, zero_copy_combine)};
-  // 0.1 ended at device; zero_copy_combine was appended after 0.1.
-  static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, device), sizeof(T)};
+  static constexpr size_t field_ends[] = {MOE_EP_FIELD_END(T, backend),           MOE_EP_FIELD_END(T, num_sms),
+                                          MOE_EP_FIELD_END(T, timeout_ms),        MOE_EP_FIELD_END(T, device),
+                                          MOE_EP_FIELD_END(T, zero_copy_combine), MOE_EP_FIELD_END(T, micro_batches)};
+  // 0.1 ended at device; zero_copy_combine, then micro_batches were appended after 0.1.
+  static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, device), MOE_EP_FIELD_END(T, zero_copy_combine),
+                                              sizeof(T)};
 };
 
 template <>

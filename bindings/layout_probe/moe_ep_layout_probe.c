@@ -63,6 +63,7 @@ int main(void) {
   FIELD(moe_ep_config_t, timeout_ms);
   FIELD(moe_ep_config_t, device);
   FIELD(moe_ep_config_t, zero_copy_combine);
+  FIELD(moe_ep_config_t, micro_batches);
 
   STRUCT(moe_ep_dispatch_args_t);
   FIELD(moe_ep_dispatch_args_t, struct_size);

@@ -138,12 +138,13 @@ TEST_CASE("the released layouts are the ones the rule and the docs name", "[vers
   CHECK(first_released_size<moe_ep_bootstrap_t>() == 40);
   CHECK(first_released_size<moe_ep_params_t>() == 48);
   CHECK(first_released_size<moe_ep_config_t>() == 20);
-  CHECK(sizeof(moe_ep_config_t) == 24);
+  CHECK(sizeof(moe_ep_config_t) == 28);
   CHECK(first_released_size<moe_ep_dispatch_args_t>() == 56);
   CHECK(first_released_size<moe_ep_dispatch_result_t>() == 344);
   CHECK(sizeof(moe_ep_dispatch_result_t) == 392);
   CHECK(first_released_size<moe_ep_combine_result_t>() == 56);
   CHECK(offsetof(moe_ep_config_t, zero_copy_combine) == 20);
+  CHECK(offsetof(moe_ep_config_t, micro_batches) == 24);
   CHECK(offsetof(moe_ep_dispatch_result_t, combine_input) == 344);
 }
 
@@ -177,6 +178,7 @@ TEST_CASE("init functions fill the documented defaults", "[versioning]") {
   CHECK(c.timeout_ms == 30000);
   CHECK(c.device == -1);
   CHECK(c.zero_copy_combine == 0);
+  CHECK(c.micro_batches == 1);
 
   // A 0.1 config (it ended at device): the defaults of the four fields it has.
   Buffer old(offsetof(moe_ep_config_t, zero_copy_combine));

@@ -114,6 +114,7 @@ mutable struct Config
     zero_copy_combine::Int32
 end
 
+    micro_batches::Int32
 mutable struct DispatchArgs
     struct_size::UInt32
     hidden_states::Ptr{Tensor}
@@ -159,7 +160,7 @@ function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dty
 end
 
 function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy_combine=nothing)
-    c = Config(0, 0, 0, 0, 0, 0)
+    c = Config(0, 0, 0, 0, 0, 0, 0)
     check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config}, Csize_t), c, sizeof(Config)))
     backend === nothing || (c.backend = backend)
     timeout_ms === nothing || (c.timeout_ms = timeout_ms)

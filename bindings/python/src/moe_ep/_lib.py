@@ -132,6 +132,7 @@ class Config(Structure):
 
 
 class DispatchArgs(Structure):
+        ("micro_batches", c_int32),
     _fields_ = [
         ("struct_size", c_uint32),
         ("hidden_states", POINTER(Tensor)),

@@ -156,6 +156,7 @@ pub struct moe_ep_dispatch_result_t {
     pub hidden_states: moe_ep_tensor_t,
     pub topk_ids: moe_ep_tensor_t,
     pub topk_weights: moe_ep_tensor_t,
+    pub micro_batches: i32,
     pub hidden_states_scale: moe_ep_tensor_t,
     pub recv_counts: moe_ep_tensor_t,
     pub local_expert_counts: moe_ep_tensor_t,
