@@ -452,8 +452,11 @@ MOE_EP_API const char* moe_ep_path_name(int32_t path);
 
 /* Errors found on the device after a call returned (bad expert ids, timeouts).
  * Synchronises with the handle's outstanding work.  *status = SUCCESS if none;
- * otherwise the first error, its message in moe_ep_last_error().  Sticky: a
- * TIMEOUT makes every later dispatch/combine return TIMEOUT; INVALID_INPUT is
+ * otherwise the first error, its message in moe_ep_last_error().  Sticky:
+ * after a TIMEOUT, CUDA_ERROR or INTERNAL (from this query, a dispatch or a
+ * combine) the group may be out of step or the device state unknown, so every
+ * later dispatch, combine and moe_ep_get_async_error of the handle returns
+ * that first status and message (destroy still completes); INVALID_INPUT is
  * cleared once read. */
 MOE_EP_API moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle,
                                                   moe_ep_status_t* status);

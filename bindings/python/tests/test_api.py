@@ -420,6 +420,43 @@ def test_backend_constants_and_names_match_the_header():
         assert moe_ep.core.make_config(backend=name).backend == header[value]
 
 
+def test_last_path_names_the_path_of_each_phase():
+    x, ids, w = inputs()
+    with small_ep() as ep:
+        assert ep.last_path("dispatch") == "none" and ep.last_path("combine") == "none"
+        r = ep.dispatch(x, ids, w)
+        assert ep.last_path("dispatch") == "host"
+        assert ep.last_path("combine") == "none"
+        ep.combine(r.hidden_states)
+        assert ep.last_path("combine") == "host"
+        for bad in ("send", 0, None):
+            with pytest.raises(ValueError, match="phase must be 'dispatch' or 'combine'"):
+                ep.last_path(bad)
+    with pytest.raises(moe_ep.MoeEpError):
+        ep.last_path("dispatch")  # destroyed
+
+
+def test_path_names_match_the_header():
+    with open(os.path.join(REPO, "include", "moe_ep_c.h")) as f:
+        header = {m.group(1): int(m.group(2)) for m in re.finditer(r"MOE_EP_PATH_(\w+)\s*=\s*(\d+)", f.read())}
+    assert header["NONE"] == 0 and header["HOST"] == 1
+    for name, value in header.items():
+        assert _lib.lib().moe_ep_path_name(value).decode() == name.lower()
+    assert _lib.lib().moe_ep_path_name(-1).decode() == "unknown"
+    with open(os.path.join(REPO, "include", "moe_ep_c.h")) as f:
+        phases = {m.group(1): int(m.group(2)) for m in re.finditer(r"MOE_EP_PHASE_(\w+)\s*=\s*(\d+)", f.read())}
+    assert phases == {"DISPATCH": _lib.PHASE_DISPATCH, "COMBINE": _lib.PHASE_COMBINE}
+    with open(os.path.join(REPO, "bindings", "rust", "moe-ep-sys", "src", "lib.rs")) as f:
+        rust = f.read()
+    assert {m.group(1): int(m.group(2))
+            for m in re.finditer(r"pub const MOE_EP_PATH_(\w+): i32 = (\d+);", rust)} == header
+    assert {m.group(1): int(m.group(2))
+            for m in re.finditer(r"pub const MOE_EP_PHASE_(\w+): i32 = (\d+);", rust)} == phases
+    with open(os.path.join(REPO, "bindings", "julia", "MoeEp", "src", "MoeEp.jl")) as f:
+        julia = {m.group(1): int(m.group(2)) for m in re.finditer(r"const PHASE_(\w+) = Int32\((\d+)\)", f.read())}
+    assert julia == phases
+
+
 def test_julia_and_rust_backend_constants_match_the_header():
     header = _header_backends()
     with open(os.path.join(REPO, "bindings", "julia", "MoeEp", "src", "MoeEp.jl")) as f:

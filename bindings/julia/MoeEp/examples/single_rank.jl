@@ -12,9 +12,11 @@ try
     ids = Int32[1 -1 0]              # (top_k=1, T=3): the middle token picks nothing
     r = dispatch(h, x, ids)
     @assert r.recv_counts == Int32[2]
+    @assert last_path(h, MoeEp.PHASE_DISPATCH) == "host"
     rows = copy(r.hidden_states)     # (2, 4): copy before combine reuses the memory
     y = combine(h, 2 .* rows)        # (2, 3)
     @assert y == Float32[2 0 10; 4 0 12]
+    @assert last_path(h, MoeEp.PHASE_COMBINE) == "host"
     println("combined: ", y)
     @assert async_error(h) === nothing
 finally

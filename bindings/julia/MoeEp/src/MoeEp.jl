@@ -11,7 +11,7 @@
 module MoeEp
 
 export MoeEpError, get_version, Params, Config, SingleRankBootstrap, Handle, create, dispatch, combine,
-       backend, async_error, destroy!
+       backend, last_path, path_name, async_error, destroy!
 
 const libmoe_ep = get(ENV, "MOE_EP_LIBRARY", "libmoe_ep.so.0")
 
@@ -33,6 +33,8 @@ const BACKEND_AUTO = Int32(0)
 const BACKEND_NVLINK_TWO_SIDED = Int32(1)
 const BACKEND_HOST = Int32(2)
 const BACKEND_NCCL = Int32(3)
+const PHASE_DISPATCH = Int32(0)
+const PHASE_COMBINE = Int32(1)
 
 struct MoeEpError <: Exception
     status::Int32
@@ -112,9 +114,9 @@ mutable struct Config
     timeout_ms::Int32
     device::Int32
     zero_copy_combine::Int32
+    micro_batches::Int32
 end
 
-    micro_batches::Int32
 mutable struct DispatchArgs
     struct_size::UInt32
     hidden_states::Ptr{Tensor}
@@ -277,6 +279,18 @@ function backend(h::Handle)
     b = Ref{Int32}(-1)
     check(ccall((:moe_ep_get_backend, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int32}), h.ptr, b))
     return b[]
+end
+
+"""A path's name (MOE_EP_PATH_*: "host", "dispatch_small", ...; "unknown" for other values)."""
+path_name(p::Integer) = unsafe_string(ccall((:moe_ep_path_name, libmoe_ep), Cstring, (Int32,), p))
+
+"""The path the handle's last call of `phase` (PHASE_DISPATCH or PHASE_COMBINE)
+took on this rank, by name ("host", "nccl", "dispatch_small", ...; "none"
+before the first such call).  Local, no synchronisation."""
+function last_path(h::Handle, phase::Integer)
+    p = Ref{Int32}(-1)
+    check(ccall((:moe_ep_get_last_path, libmoe_ep), Int32, (Ptr{Cvoid}, Int32, Ref{Int32}), h.ptr, phase, p))
+    return path_name(p[])
 end
 
 """The first device-side error since the last check, or nothing."""

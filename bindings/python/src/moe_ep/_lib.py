@@ -43,6 +43,10 @@ BACKEND_NVLINK_TWO_SIDED = 1
 BACKEND_HOST = 2
 BACKEND_NCCL = 3
 
+# Phases of a call (MOE_EP_PHASE_*), for moe_ep_get_last_path.
+PHASE_DISPATCH = 0
+PHASE_COMBINE = 1
+
 
 class Device(Structure):
     _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
@@ -128,11 +132,11 @@ class Config(Structure):
         ("timeout_ms", c_int32),
         ("device", c_int32),
         ("zero_copy_combine", c_int32),
+        ("micro_batches", c_int32),
     ]
 
 
 class DispatchArgs(Structure):
-        ("micro_batches", c_int32),
     _fields_ = [
         ("struct_size", c_uint32),
         ("hidden_states", POINTER(Tensor)),
@@ -161,7 +165,7 @@ class CombineResult(Structure):
 HandlePtr = c_void_p  # moe_ep_handle_t: opaque
 
 # (name, restype, argtypes).  Every function returns moe_ep_status_t except the
-# two string getters.
+# three string getters.
 _FUNCTIONS = [
     ("moe_ep_status_string", c_char_p, [c_int32]),
     ("moe_ep_last_error", c_char_p, []),
@@ -180,6 +184,8 @@ _FUNCTIONS = [
     ("moe_ep_combine", c_int32, [HandlePtr, POINTER(Tensor), POINTER(Tensor), POINTER(CombineResult),
                                  c_void_p]),
     ("moe_ep_get_backend", c_int32, [HandlePtr, POINTER(c_int32)]),
+    ("moe_ep_get_last_path", c_int32, [HandlePtr, c_int32, POINTER(c_int32)]),
+    ("moe_ep_path_name", c_char_p, [c_int32]),
     ("moe_ep_get_async_error", c_int32, [HandlePtr, POINTER(c_int32)]),
     ("moe_ep_destroy", c_int32, [POINTER(HandlePtr)]),
 ]

@@ -356,6 +356,19 @@ class MoeEp:
         return {_lib.BACKEND_NVLINK_TWO_SIDED: "nvlink", _lib.BACKEND_HOST: "host",
                 _lib.BACKEND_NCCL: "nccl"}[value.value]
 
+    def last_path(self, phase):
+        """The path this handle's last call of `phase` ("dispatch" or
+        "combine") took on this rank, by name: "host", "nccl",
+        "dispatch_small", "combine_overlapped_push", ... ("none" before the
+        first such call).  Which kernels and schedule the library chose;
+        results are the same on every path.  Local, no synchronisation."""
+        phases = {"dispatch": _lib.PHASE_DISPATCH, "combine": _lib.PHASE_COMBINE}
+        if not isinstance(phase, str) or phase not in phases:
+            raise ValueError(f"moe_ep: phase must be 'dispatch' or 'combine', got {phase!r}")
+        value = ctypes.c_int32(-1)
+        check(_lib.lib().moe_ep_get_last_path(self._live(), phases[phase], ctypes.byref(value)))
+        return _lib.lib().moe_ep_path_name(value.value).decode()
+
     def async_error(self):
         """The first device-side error since the last check (synchronises with
         the handle's work) as a MoeEpError, or None."""

@@ -43,6 +43,28 @@ pub const MOE_EP_BACKEND_NVLINK_TWO_SIDED: i32 = 1;
 pub const MOE_EP_BACKEND_HOST: i32 = 2;
 pub const MOE_EP_BACKEND_NCCL: i32 = 3;
 
+/// Phases of a call, for `moe_ep_get_last_path`.
+pub const MOE_EP_PHASE_DISPATCH: i32 = 0;
+pub const MOE_EP_PHASE_COMBINE: i32 = 1;
+
+/// The path a call took (`moe_ep_get_last_path`); names from `moe_ep_path_name`.
+pub const MOE_EP_PATH_NONE: i32 = 0;
+pub const MOE_EP_PATH_HOST: i32 = 1;
+pub const MOE_EP_PATH_NCCL: i32 = 2;
+pub const MOE_EP_PATH_DISPATCH_SMALL: i32 = 16;
+pub const MOE_EP_PATH_DISPATCH_SMALL_BULK: i32 = 17;
+pub const MOE_EP_PATH_DISPATCH_SCAN: i32 = 18;
+pub const MOE_EP_PATH_DISPATCH_SCAN_BULK: i32 = 19;
+pub const MOE_EP_PATH_DISPATCH_LOOKBACK: i32 = 20;
+pub const MOE_EP_PATH_DISPATCH_LOOKBACK_BULK: i32 = 21;
+pub const MOE_EP_PATH_COMBINE_SMALL_PUSH: i32 = 32;
+pub const MOE_EP_PATH_COMBINE_SERIAL_PUSH: i32 = 33;
+pub const MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH: i32 = 34;
+pub const MOE_EP_PATH_COMBINE_PULL_ROWS: i32 = 35;
+pub const MOE_EP_PATH_COMBINE_PULL_SEGMENTS: i32 = 36;
+pub const MOE_EP_PATH_COMBINE_PULL_REGISTERS: i32 = 37;
+pub const MOE_EP_PATH_COMBINE_PULL_UNALIGNED: i32 = 38;
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct moe_ep_device_t {
@@ -134,6 +156,7 @@ pub struct moe_ep_config_t {
     pub timeout_ms: i32,
     pub device: i32,
     pub zero_copy_combine: i32,
+    pub micro_batches: i32,
 }
 
 #[repr(C)]
@@ -156,7 +179,6 @@ pub struct moe_ep_dispatch_result_t {
     pub hidden_states: moe_ep_tensor_t,
     pub topk_ids: moe_ep_tensor_t,
     pub topk_weights: moe_ep_tensor_t,
-    pub micro_batches: i32,
     pub hidden_states_scale: moe_ep_tensor_t,
     pub recv_counts: moe_ep_tensor_t,
     pub local_expert_counts: moe_ep_tensor_t,
@@ -201,6 +223,9 @@ unsafe extern "C" {
                           output: *const moe_ep_tensor_t, result: *mut moe_ep_combine_result_t,
                           stream: *mut c_void) -> moe_ep_status_t;
     pub fn moe_ep_get_backend(handle: moe_ep_handle_t, backend: *mut i32) -> moe_ep_status_t;
+    pub fn moe_ep_get_last_path(handle: moe_ep_handle_t, phase: i32, path: *mut i32) -> moe_ep_status_t;
+    /// A static string: "dispatch_small", ...; "unknown" for other values.
+    pub fn moe_ep_path_name(path: i32) -> *const c_char;
     pub fn moe_ep_get_async_error(handle: moe_ep_handle_t, status: *mut moe_ep_status_t) -> moe_ep_status_t;
     pub fn moe_ep_destroy(handle: *mut moe_ep_handle_t) -> moe_ep_status_t;
 }

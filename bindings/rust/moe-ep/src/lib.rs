@@ -108,6 +108,13 @@ pub enum Backend {
     Nccl,
 }
 
+/// `MOE_EP_PHASE_*`: which call `MoeEp::last_path` asks about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Dispatch,
+    Combine,
+}
+
 /// `moe_ep_config_t`, starting from the library's defaults.
 #[derive(Clone, Copy, Debug)]
 pub struct Config(sys::moe_ep_config_t);
@@ -388,6 +395,25 @@ impl MoeEp {
             sys::MOE_EP_BACKEND_NCCL => Ok(Backend::Nccl),
             other => Err(Error::new(Status::INTERNAL, format!("moe_ep_get_backend returned {other}"))),
         }
+    }
+
+    /// The path this handle's last call of `phase` took on this rank, by
+    /// name (`moe_ep_path_name`): "host", "nccl", "dispatch_small",
+    /// "combine_overlapped_push", ...; "none" before the first such call.
+    /// Which kernels and schedule the library chose; results are the same on
+    /// every path.  Local, no synchronisation.
+    pub fn last_path(&self, phase: Phase) -> Result<&'static str> {
+        let phase = match phase {
+            Phase::Dispatch => sys::MOE_EP_PHASE_DISPATCH,
+            Phase::Combine => sys::MOE_EP_PHASE_COMBINE,
+        };
+        let mut path = -1;
+        check(unsafe { sys::moe_ep_get_last_path(self.raw, phase, &mut path) })?;
+        // SAFETY: moe_ep_path_name returns a NUL-terminated string literal of
+        // the library, never NULL, valid while the library is loaded (always:
+        // it is linked).
+        let name = unsafe { std::ffi::CStr::from_ptr(sys::moe_ep_path_name(path)) };
+        name.to_str().map_err(|_| Error::new(Status::INTERNAL, format!("moe_ep_path_name({path}) is not UTF-8")))
     }
 
     /// The first device-side error since the last check (synchronises with

@@ -246,6 +246,29 @@ fn single_rank_by_hand() {
 }
 
 #[test]
+fn last_path_names_the_path_of_each_phase() {
+    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
+    assert_eq!(ep.last_path(Phase::Dispatch).unwrap(), "none");
+    assert_eq!(ep.last_path(Phase::Combine).unwrap(), "none");
+    let x = vec![1.0f32; 6];
+    let ids = vec![0, 1, 2, 3];
+    let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 3]).unwrap(),
+                                           TensorRef::from_slice(&ids, &[2, 2]).unwrap())).unwrap();
+    let rows = r.hidden_states.as_slice::<f32>().unwrap().to_vec();
+    drop(r);
+    assert_eq!(ep.last_path(Phase::Dispatch).unwrap(), "host");
+    assert_eq!(ep.last_path(Phase::Combine).unwrap(), "none");
+    ep.combine(&TensorRef::from_slice(&rows, &[8, 3]).unwrap()).unwrap();
+    assert_eq!(ep.last_path(Phase::Combine).unwrap(), "host");
+    // The sys constants and the library's names agree.
+    let name = |p| unsafe { std::ffi::CStr::from_ptr(moe_ep_sys::moe_ep_path_name(p)) }.to_str().unwrap();
+    assert_eq!(name(moe_ep_sys::MOE_EP_PATH_HOST), "host");
+    assert_eq!(name(moe_ep_sys::MOE_EP_PATH_COMBINE_PULL_UNALIGNED), "combine_pull_unaligned");
+    assert_eq!(name(-1), "unknown");
+}
+
+#[test]
 fn errors_carry_status_and_message_and_the_handle_survives() {
     let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
