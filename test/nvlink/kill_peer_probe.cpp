@@ -2,9 +2,10 @@
 // get TIMEOUT within timeout_ms + 1 s, with a message naming the phase and the
 // dead rank, its destroy must complete, and a fresh group must then create a
 // handle and run a round.  Two processes (forked before any CUDA call, one
-// GPU each) share a bootstrap in shared memory: unlike mpiexec, nothing here
-// tears the survivor down when its peer dies.  Exits 77 (skipped) without two
-// usable GPUs; prints one line per finding.
+// GPU each, or both on one GPU where there is only one: the NVLink backend
+// serves ranks that share a GPU) share a bootstrap in shared memory: unlike
+// mpiexec, nothing here tears the survivor down when its peer dies.  Exits 77
+// (skipped) without a usable GPU; prints one line per finding.
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <signal.h>
@@ -148,6 +149,9 @@ int usable_gpus() {
   return usable;
 }
 
+// The GPU of `rank`: its own where there are enough, else shared.
+int rank_device(int rank) { return rank % usable_gpus(); }
+
 // This rank's bootstrap over the shared group.
 moe_ep_bootstrap_t shared_bootstrap(RankBootstrap* ctx) {
   moe_ep_bootstrap_t b;
@@ -163,12 +167,12 @@ moe_ep_bootstrap_t shared_bootstrap(RankBootstrap* ctx) {
 // Rank body of the kill round.  Rank 1 queues its dispatch behind a held
 // stream and SIGKILLs itself: its dispatch was issued and never ran.
 int kill_round_rank(SharedGroup* group, int rank) {
-  if (usable_gpus() < kWorld) return kSkipped;
+  if (usable_gpus() < 1) return kSkipped;
   RankBootstrap ctx{group, rank};
   const moe_ep_bootstrap_t b = shared_bootstrap(&ctx);
   Rank me;
-  me.device = rank;
-  cudaSetDevice(rank);
+  me.device = rank_device(rank);
+  cudaSetDevice(me.device);
   if (me.create(b) != MOE_EP_SUCCESS) {
     std::printf("rank %d: create failed: %s\n", rank, moe_ep_last_error());
     return 1;
@@ -213,8 +217,8 @@ int fresh_group_rank(SharedGroup* group, int rank) {
   RankBootstrap ctx{group, rank};
   const moe_ep_bootstrap_t b = shared_bootstrap(&ctx);
   Rank me;
-  me.device = rank;
-  cudaSetDevice(rank);
+  me.device = rank_device(rank);
+  cudaSetDevice(me.device);
   std::string m;
   const moe_ep_status_t created = me.create(b);
   const bool ok = created == MOE_EP_SUCCESS && me.dispatch(nullptr) == MOE_EP_SUCCESS &&
@@ -253,7 +257,7 @@ int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::vector<int> kill = run_group(kill_round_rank);
   if (WIFEXITED(kill[0]) && WEXITSTATUS(kill[0]) == kSkipped) {
-    std::printf("skipped: needs two GPUs usable by the NVLINK_TWO_SIDED backend\n");
+    std::printf("skipped: needs a GPU usable by the NVLINK_TWO_SIDED backend\n");
     return kSkipped;
   }
   const bool survivor_ok = WIFEXITED(kill[0]) && WEXITSTATUS(kill[0]) == 0;
