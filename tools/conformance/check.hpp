@@ -30,6 +30,8 @@ struct CheckOptions {
   bool list = false;                  // print the case names and exit
   std::string inject_fault = "none";  // self-test of the checker (fault_injection.cpp)
   bool zero_copy_combine = false;     // every case through the combine_input view
+  std::string phases = "fused";       // fused | split | both: the calls the eager rounds go through
+                                      // (split: two micro-batches in flight through the halves)
 };
 
 int run_check(const World& world, const CheckOptions& options);

@@ -31,8 +31,9 @@ WorkloadSpec case_spec(uint64_t seed, const CheckCase& c, int world, int round, 
   return instantiate(c, world, key, fixed_counts ? derive(case_key, 0x5bd1e995) : key);
 }
 
-// Graph rounds are numbered from here, apart from the eager ones.
+// Graph rounds are numbered from here, apart from the eager ones; split rounds from kFirstSplitRound.
 constexpr int kFirstGraphRound = 100;
+constexpr int kFirstSplitRound = 200;
 
 // Runs one case in one mode on this rank; every rank runs the same sequence.
 class CaseRunner {
@@ -86,6 +87,49 @@ class CaseRunner {
     eager_round(handle, b, spec(kFirstGraphRound + 2, true), 0, v);
   }
 
+  // Split: the eager rounds through the halves, two micro-batches in flight on
+  // one handle with two slots, interleaved as a server overlapping them would:
+  //   A.dispatch_send B.dispatch_send A.dispatch_recv A.combine_send
+  //   B.dispatch_recv B.combine_send A.combine_recv B.combine_recv
+  // A backend without halves answers UNSUPPORTED (at create, or at the first
+  // send half: the same on every rank, before anything moves); `skipped` then
+  // holds its message and nothing is checked.
+  void run_split(Verdict& v, std::string& skipped) {
+    const WorkloadSpec first = spec(kFirstSplitRound, false);
+    moe_ep_config_t cfg = config();
+    cfg.micro_batches = 2;
+    moe_ep_status_t created = MOE_EP_SUCCESS;
+    EpHandle handle(s_.bootstrap(), first.params(), cfg, MOE_EP_ERROR_UNSUPPORTED, &created);
+    if (created == MOE_EP_ERROR_UNSUPPORTED) {
+      skipped = moe_ep_last_error();
+      return;
+    }
+    Buffers a(first, s_.place()), b(first, s_.place());
+    for (int round = 0; round < o_.rounds; round += 2) {
+      const bool two = round + 1 < o_.rounds;
+      const WorkloadSpec wa = spec(kFirstSplitRound + round, false);
+      const WorkloadSpec wb = spec(kFirstSplitRound + round + 1, false);
+      const std::vector<RankRouting> all_a = make_all_routing(wa), all_b = make_all_routing(wb);
+      a.inputs.load(wa, me_, all_a[me_], s_.stream());
+      if (two) b.inputs.load(wb, me_, all_b[me_], s_.stream());
+      const moe_ep_status_t sent = a.inputs.dispatch_send(handle.get(), 0, wa, s_.stream());
+      if (sent == MOE_EP_ERROR_UNSUPPORTED) {
+        skipped = moe_ep_last_error();
+        return;
+      }
+      TOOL_CHECK_MOE(sent);
+      if (two) TOOL_CHECK_MOE(b.inputs.dispatch_send(handle.get(), 1, wb, s_.stream()));
+      const bool caller_output = round % 4 == 0, as_3d = round % 3 == 1;
+      receive_and_send_combine(handle, a, 0, wa, all_a, as_3d, v);
+      if (two) receive_and_send_combine(handle, b, 1, wb, all_b, !as_3d, v);
+      receive_combine(handle, a, 0, wa, all_a, caller_output, v);
+      if (two) receive_combine(handle, b, 1, wb, all_b, !caller_output, v);
+      std::vector<std::pair<const WorkloadSpec*, const std::vector<RankRouting>*>> batches = {{&wa, &all_a}};
+      if (two) batches.push_back({&wb, &all_b});
+      verify_async(batches, handle, v);
+    }
+  }
+
  private:
   struct Buffers {
     Buffers(const WorkloadSpec& w, const Place& place)
@@ -126,6 +170,26 @@ class CaseRunner {
     verify_async(w, all, handle, v);
   }
 
+  // dispatch_recv of `slot`, checked; then its expert output, and combine_send.
+  void receive_and_send_combine(EpHandle& handle, Buffers& b, int32_t slot, const WorkloadSpec& w,
+                                const std::vector<RankRouting>& all, bool as_3d, Verdict& v) {
+    moe_ep_dispatch_result_t dr;
+    TOOL_CHECK_MOE(moe_ep_dispatch_result_init(&dr, sizeof dr));
+    TOOL_CHECK_MOE(moe_ep_dispatch_recv(handle.get(), slot, &dr, s_.stream()));
+    verify_dispatch(w, all, dr, v);
+    const void* expert_output = load_expert_output(w, b, dr);
+    TOOL_CHECK_MOE(run_combine_send(handle.get(), slot, w, s_.place(), expert_output, as_3d, s_.stream()));
+  }
+
+  void receive_combine(EpHandle& handle, Buffers& b, int32_t slot, const WorkloadSpec& w,
+                       const std::vector<RankRouting>& all, bool caller_output, Verdict& v) {
+    if (caller_output) b.output.fill(0xFF, s_.stream());  // poison: every element must be written
+    moe_ep_combine_result_t cr;
+    TOOL_CHECK_MOE(run_combine_recv(handle.get(), slot, w, s_.place(), caller_output ? &b.output : nullptr,
+                                    b.inputs.num_tokens(), &cr, s_.stream()));
+    verify_combine(w, all, cr, caller_output ? b.output.data() : nullptr, b.inputs.num_tokens(), v);
+  }
+
   void verify_dispatch(const WorkloadSpec& w, const std::vector<RankRouting>& all, const moe_ep_dispatch_result_t& dr,
                        Verdict& v) {
     ReceivedDispatch got = read_dispatch(w, dr, s_.place().dlpack(), reader(s_.place(), s_.stream()), v);
@@ -147,21 +211,30 @@ class CaseRunner {
   // Bad ids must be reported (INVALID_INPUT) on the rank that passed them;
   // without bad ids anywhere, nothing may be reported.
   void verify_async(const WorkloadSpec& w, const std::vector<RankRouting>& all, EpHandle& handle, Verdict& v) {
-    auto has_bad = [&](const RankRouting& r) {
+    verify_async({{&w, &all}}, handle, v);
+  }
+
+  // The same for the calls of several workloads since the last query (the two micro-batches of a split round).
+  void verify_async(const std::vector<std::pair<const WorkloadSpec*, const std::vector<RankRouting>*>>& batches,
+                    EpHandle& handle, Verdict& v) {
+    auto has_bad = [&](const WorkloadSpec& w, const RankRouting& r) {
       for (int32_t id : r.topk_ids) {
         if (w.owner(id) < 0 && id != w.invalid_expert_id) return true;
       }
       return false;
     };
-    bool any_bad = false;
-    for (const RankRouting& r : all) any_bad = any_bad || has_bad(r);
+    bool any_bad = false, mine_bad = false;
+    for (const auto& batch : batches) {
+      for (const RankRouting& r : *batch.second) any_bad = any_bad || has_bad(*batch.first, r);
+      mine_bad = mine_bad || has_bad(*batch.first, (*batch.second)[me_]);
+    }
     moe_ep_status_t status = MOE_EP_SUCCESS;
     TOOL_CHECK_MOE(moe_ep_get_async_error(handle.get(), &status));
-    const bool ok = has_bad(all[me_]) ? status == MOE_EP_ERROR_INVALID_INPUT
-                                      : status == MOE_EP_SUCCESS || (any_bad && status == MOE_EP_ERROR_INVALID_INPUT);
+    const bool ok = mine_bad ? status == MOE_EP_ERROR_INVALID_INPUT
+                             : status == MOE_EP_SUCCESS || (any_bad && status == MOE_EP_ERROR_INVALID_INPUT);
     if (!ok) {
       v.add(1, std::string("moe_ep_get_async_error: got ") + moe_ep_status_string(status) +
-                   (has_bad(all[me_]) ? ", expected MOE_EP_ERROR_INVALID_INPUT for bad ids" : ", expected SUCCESS") +
+                   (mine_bad ? ", expected MOE_EP_ERROR_INVALID_INPUT for bad ids" : ", expected SUCCESS") +
                    (status != MOE_EP_SUCCESS ? std::string(": ") + moe_ep_last_error() : ""));
     }
   }
@@ -195,6 +268,12 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
               static_cast<unsigned long long>(o.common.seed), o.rounds, cases);
   for (const std::string& line : lines) std::printf("%s\n", line.c_str());
   if (o.zero_copy_combine) std::printf("# every case with config.zero_copy_combine, expert output in the view\n");
+  if (o.phases != "fused") {
+    std::printf(
+        "# phases %s: split cases run through moe_ep_dispatch_send/recv and moe_ep_combine_send/recv, two "
+        "micro-batches in flight (config.micro_batches = 2)\n",
+        o.phases.c_str());
+  }
   std::printf("#\n# %-22s %-6s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "E", "K", "maxT",
               "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
   std::fflush(stdout);
@@ -229,7 +308,12 @@ int run_check(const World& world, const CheckOptions& o) {
     return 0;
   }
   const bool gpu = session.on_gpu();
-  const bool eager = o.modes != "graph", graph = o.modes == "graph" || o.modes == "both" || (o.modes == "auto" && gpu);
+  const bool fused = o.phases != "split", split = o.phases == "split" || o.phases == "both";
+  if (o.phases != "fused" && o.phases != "split" && o.phases != "both") {
+    fail("--phases must be fused, split or both, got '" + o.phases + "'");
+  }
+  const bool eager = fused && o.modes != "graph",
+             graph = fused && (o.modes == "graph" || o.modes == "both" || (o.modes == "auto" && gpu));
   if (o.modes != "auto" && o.modes != "eager" && o.modes != "graph" && o.modes != "both") {
     fail("--modes must be eager, graph, both or auto, got '" + o.modes + "'");
   }
@@ -239,15 +323,18 @@ int run_check(const World& world, const CheckOptions& o) {
   print_header(session, o, cases.size());
 
   int64_t total_wrong = 0;
-  int passed = 0, failed = 0;
+  int passed = 0, failed = 0, skipped = 0;
+  std::string skip_reason;
   for (const CheckCase& c : cases) {
-    for (const char* mode : {"eager", "graph"}) {
-      if ((mode[0] == 'e' && !eager) || (mode[0] == 'g' && !graph)) continue;
+    for (const char* mode : {"eager", "graph", "split"}) {
+      if ((mode[0] == 'e' && !eager) || (mode[0] == 'g' && !graph) || (mode[0] == 's' && !split)) continue;
       Verdict v;
-      std::string error;
+      std::string error, skip;
       CaseRunner runner(session, o, c);
       try {
-        mode[0] == 'e' ? runner.run_eager(v) : runner.run_graph(v);
+        if (mode[0] == 'e') runner.run_eager(v);
+        if (mode[0] == 'g') runner.run_graph(v);
+        if (mode[0] == 's') runner.run_split(v, skip);
       } catch (const ToolError& e) {
         error = e.what();
       }
@@ -262,19 +349,31 @@ int run_check(const World& world, const CheckOptions& o) {
       }
       const int64_t wrong = world.sum(v.wrong);
       const bool any_error = world.any(!error.empty());
+      // UNSUPPORTED is a local answer, the same on every rank; agreed all the same.
+      const bool was_skipped = world.any(!skip.empty()) && !any_error && wrong == 0;
       total_wrong += wrong;
       const bool ok = wrong == 0 && !any_error;
-      ok ? ++passed : ++failed;
+      if (was_skipped) {
+        ++skipped;
+        if (skip_reason.empty()) skip_reason = skip.empty() ? "another rank's backend has no split phases" : skip;
+      } else {
+        ok ? ++passed : ++failed;
+      }
       std::vector<std::string> notes;
       if (!ok) notes = world.gather_text(error.empty() ? v.details : "error: " + error + "\n" + v.details);
       if (!world.is_root()) continue;
       const bool graph_mode = mode[0] == 'g';
-      const WorkloadSpec w = case_spec(o.common.seed, c, world.size, graph_mode ? kFirstGraphRound : 0, graph_mode);
+      const int first_round = graph_mode ? kFirstGraphRound : mode[0] == 's' ? kFirstSplitRound : 0;
+      const WorkloadSpec w = case_spec(o.common.seed, c, world.size, first_round, graph_mode);
       std::printf("  %-22s %-6s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
                   w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(), w.hidden_size,
                   payload_text(w).c_str(), scales_text(w).c_str(), dtype_name(w.combine_dtype).c_str(),
                   tokens_text(w.tokens).c_str(), static_cast<long long>(wrong),
-                  ok ? "OK" : any_error ? "ERROR" : "WRONG");
+                  was_skipped ? "SKIPPED"
+                  : ok        ? "OK"
+                  : any_error ? "ERROR"
+                              : "WRONG");
+      if (was_skipped && skipped == 1) std::printf("#     split phases skipped: %s\n", skip_reason.c_str());
       for (size_t r = 0; r < notes.size(); ++r) {
         std::istringstream lines(notes[r]);
         for (std::string line; std::getline(lines, line);) std::printf("#     rank %zu: %s\n", r, line.c_str());
@@ -284,7 +383,11 @@ int run_check(const World& world, const CheckOptions& o) {
   }
   if (world.is_root()) {
     std::printf("# Wrong elements : %lld %s\n", static_cast<long long>(total_wrong), total_wrong ? "FAILED" : "OK");
-    std::printf("# moe_ep_conformance check: %d passed, %d failed\n", passed, failed);
+    if (skipped > 0) {
+      std::printf("# Split phases : %d cases SKIPPED, not run through the halves: %s\n", skipped, skip_reason.c_str());
+    }
+    std::printf("# moe_ep_conformance check: %d passed, %d failed%s\n", passed, failed,
+                skipped > 0 ? (", " + std::to_string(skipped) + " skipped").c_str() : "");
   }
   return failed == 0 ? 0 : 1;
 }

@@ -9,6 +9,12 @@ EpHandle::EpHandle(const moe_ep_bootstrap_t& bootstrap, const moe_ep_params_t& p
   TOOL_CHECK_MOE(moe_ep_create(&bootstrap, &params, &config, &handle_));
 }
 
+EpHandle::EpHandle(const moe_ep_bootstrap_t& bootstrap, const moe_ep_params_t& params, const moe_ep_config_t& config,
+                   moe_ep_status_t tolerated, moe_ep_status_t* status) {
+  *status = moe_ep_create(&bootstrap, &params, &config, &handle_);
+  if (*status != tolerated) TOOL_CHECK_MOE(*status);
+}
+
 EpHandle::~EpHandle() {
   // Collective like create; a failure here cannot be reported from a destructor
   // and leaves nothing behind that matters to the results.
@@ -38,6 +44,26 @@ moe_ep_status_t DispatchInputs::dispatch(moe_ep_handle_t handle, const WorkloadS
   DispatchArgs args(s, num_tokens_, memory, place_.dlpack());
   TOOL_CHECK_MOE(moe_ep_dispatch_result_init(result, sizeof *result));
   return moe_ep_dispatch(handle, args.get(), result, stream);
+}
+
+moe_ep_status_t DispatchInputs::dispatch_send(moe_ep_handle_t handle, int32_t slot, const WorkloadSpec& s,
+                                              void* stream) {
+  const DispatchMemory memory{hidden_.data(), ids_.data(), weights_.data(), scales_.data(), eplb_.data()};
+  DispatchArgs args(s, num_tokens_, memory, place_.dlpack());
+  return moe_ep_dispatch_send(handle, slot, args.get(), stream);
+}
+
+moe_ep_status_t run_combine_send(moe_ep_handle_t handle, int32_t slot, const WorkloadSpec& s, const Place& place,
+                                 const void* expert_output, bool as_3d, void* stream) {
+  const TensorView input = expert_output_view(s, expert_output, place.dlpack(), as_3d);
+  return moe_ep_combine_send(handle, slot, input.get(), stream);
+}
+
+moe_ep_status_t run_combine_recv(moe_ep_handle_t handle, int32_t slot, const WorkloadSpec& s, const Place& place,
+                                 const Buffer* output, int num_tokens, moe_ep_combine_result_t* result, void* stream) {
+  const TensorView out = combine_output_view(s, output ? output->data() : nullptr, num_tokens, place.dlpack());
+  TOOL_CHECK_MOE(moe_ep_combine_result_init(result, sizeof *result));
+  return moe_ep_combine_recv(handle, slot, output ? out.get() : nullptr, result, stream);
 }
 
 moe_ep_status_t run_combine(moe_ep_handle_t handle, const WorkloadSpec& s, const Place& place,

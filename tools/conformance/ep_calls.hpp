@@ -17,6 +17,10 @@ using namespace moe_ep_verify;
 class EpHandle {
  public:
   EpHandle(const moe_ep_bootstrap_t& bootstrap, const moe_ep_params_t& params, const moe_ep_config_t& config);
+  // As above, except that create's answer `tolerated` is not a tool error: the
+  // handle is then NULL and *status says so (the message is moe_ep_last_error()).
+  EpHandle(const moe_ep_bootstrap_t& bootstrap, const moe_ep_params_t& params, const moe_ep_config_t& config,
+           moe_ep_status_t tolerated, moe_ep_status_t* status);
   ~EpHandle();
   EpHandle(const EpHandle&) = delete;
   EpHandle& operator=(const EpHandle&) = delete;
@@ -35,6 +39,8 @@ class DispatchInputs {
   void load(const WorkloadSpec& spec, int rank, const RankRouting& routing, void* stream);
   moe_ep_status_t dispatch(moe_ep_handle_t handle, const WorkloadSpec& spec, moe_ep_dispatch_result_t* result,
                            void* stream);
+  // The send half on buffer slot `slot` (docs/overlap.md).
+  moe_ep_status_t dispatch_send(moe_ep_handle_t handle, int32_t slot, const WorkloadSpec& spec, void* stream);
   int num_tokens() const { return num_tokens_; }
 
  private:
@@ -50,6 +56,12 @@ class DispatchInputs {
 moe_ep_status_t run_combine(moe_ep_handle_t handle, const WorkloadSpec& spec, const Place& place,
                             const void* expert_output, bool as_3d, const Buffer* output, int num_tokens,
                             moe_ep_combine_result_t* result, void* stream);
+
+// The halves of combine on buffer slot `slot`, with the same tensors as run_combine.
+moe_ep_status_t run_combine_send(moe_ep_handle_t handle, int32_t slot, const WorkloadSpec& spec, const Place& place,
+                                 const void* expert_output, bool as_3d, void* stream);
+moe_ep_status_t run_combine_recv(moe_ep_handle_t handle, int32_t slot, const WorkloadSpec& spec, const Place& place,
+                                 const Buffer* output, int num_tokens, moe_ep_combine_result_t* result, void* stream);
 
 // The config a handle of this run uses, with config->zero_copy_combine set as asked.
 moe_ep_config_t with_zero_copy_combine(moe_ep_config_t config, bool zero_copy);

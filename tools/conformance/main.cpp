@@ -91,6 +91,11 @@ void add_check(CLI::App& app, CheckOptions& o) {
   check->add_option("--filter", o.filter, "run only the cases whose name contains this (at least one must)");
   check->add_option("--modes", o.modes, "eager | graph | both | auto (both on GPU, eager on host)")
       ->check(CLI::IsMember({"eager", "graph", "both", "auto"}));
+  check
+      ->add_option("--phases", o.phases,
+                   "fused | split | both: the fused calls, or the split halves with two micro-batches in flight "
+                   "(backends without halves: those cases are skipped, and the tool says so)")
+      ->check(CLI::IsMember({"fused", "split", "both"}));
   check->add_flag("!--no-poison-results", o.poison_results,
                   "do not overwrite dispatch payload results before combine");
   check->add_flag("--list", o.list, "print the case names and exit");
