@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -549,5 +550,55 @@ TEST_CASE("split phases: a backend without halves answers UNSUPPORTED and launch
     CHECK(fused->calls == 0);
     CHECK(h.slots[0].state == moe_ep::SlotState::idle);
     h.backend.reset();
+  }
+}
+
+TEST_CASE("split phases: a receive half refused by the peer checks ends its pair, on every rank", "[split]") {
+  // Every rank receives rank 1's dispatch record with a wrong stamp (the first
+  // exchange after create that is not a header): dispatch_recv is INVALID_INPUT
+  // on every rank, the slot is IDLE again, and the next pair on it works.
+  constexpr size_t kHeaderBytes = 32;
+  auto armed = std::make_shared<std::vector<int>>(2, 0);  // per rank: 1 once create returned
+  auto done = std::make_shared<std::vector<int>>(2, 0);
+  auto m = std::make_shared<std::mutex>();
+  const Tamper tamper = [=](int rank, int64_t, void* recv, size_t bytes) {
+    std::lock_guard<std::mutex> lock(*m);
+    if (bytes == kHeaderBytes || !(*armed)[rank]) return;
+    if ((*done)[rank]++ != 0) return;
+    static_cast<unsigned char*>(recv)[bytes] ^= 0x40;  // rank 1's stamp: its dispatch sequence
+  };
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::vector<moe_ep_status_t> refused(2, MOE_EP_SUCCESS);
+  std::vector<std::string> messages(2), problems(2);
+  RankChecks checks;
+  run_ranks(
+      2,
+      [&](int rank, const moe_ep_bootstrap_t& b) {
+        moe_ep_handle_t h = create(b, small_spec(2, seed), 2, 5000);
+        RANK_REQUIRE(checks, rank, h != nullptr);
+        {
+          std::lock_guard<std::mutex> lock(*m);
+          (*armed)[rank] = 1;
+        }
+        MicroBatch a(small_spec(2, seed), rank), c(small_spec(2, seed + 1), rank);
+        a.dispatch_send(h, 0);
+        moe_ep_dispatch_result_t dr;
+        moe_ep_dispatch_result_init(&dr, sizeof dr);
+        refused[rank] = moe_ep_dispatch_recv(h, 0, &dr, nullptr);
+        messages[rank] = moe_ep_last_error();
+        for (int half = 0; half < 4; ++half) c.step(h, 0, half);  // the slot is free again
+        problems[rank] = a.problems + c.problems;
+        moe_ep_status_t async = MOE_EP_SUCCESS;
+        RANK_CHECK(checks, rank, moe_ep_get_async_error(h, &async) == MOE_EP_SUCCESS);
+        RANK_CHECK(checks, rank, moe_ep_destroy(&h) == MOE_EP_SUCCESS);
+      },
+      tamper);
+  checks.assert_all();
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank << ": " << messages[rank] << " / " << problems[rank]);
+    CHECK(refused[rank] == MOE_EP_ERROR_INVALID_INPUT);
+    CHECK_THAT(messages[rank], Contains("rank 1's record") && Contains("does not match its header"));
+    CHECK(problems[rank] == "");
   }
 }
