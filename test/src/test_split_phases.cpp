@@ -173,11 +173,11 @@ RoundResults run_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, bool 
 
 bool same_bits(const ReceivedDispatch& a, const ReceivedDispatch& b) {
   return a.tokens_per_rank == b.tokens_per_rank && a.hidden == b.hidden && a.scales == b.scales &&
-         a.topk_ids == b.topk_ids &&
-         std::memcmp(a.topk_weights.data(), b.topk_weights.data(),
-                     std::min(a.topk_weights.size(), b.topk_weights.size()) * sizeof(float)) == 0 &&
-         a.topk_weights.size() == b.topk_weights.size() && a.recv_counts == b.recv_counts &&
-         a.local_expert_counts == b.local_expert_counts && a.eplb_gathered == b.eplb_gathered;
+         a.topk_ids == b.topk_ids && a.topk_weights.size() == b.topk_weights.size() &&
+         (a.topk_weights.empty() ||  // memcmp takes no NULL, which an empty vector's data() may be
+          std::memcmp(a.topk_weights.data(), b.topk_weights.data(), a.topk_weights.size() * sizeof(float)) == 0) &&
+         a.recv_counts == b.recv_counts && a.local_expert_counts == b.local_expert_counts &&
+         a.eplb_gathered == b.eplb_gathered;
 }
 
 }  // namespace
