@@ -68,7 +68,8 @@ struct MicroBatch {
   TensorView eo;
   std::vector<uint8_t> output;
   TensorView out;
-  ReceivedDispatch received;  // what dispatch_recv returned
+  ReceivedDispatch received;          // what dispatch_recv returned
+  moe_ep_dispatch_result_t result{};  // its views
   std::vector<uint8_t> combined;
   std::string problems;  // "" when every half succeeded and matched the oracle
 
@@ -116,9 +117,23 @@ struct MicroBatch {
   void dispatch_recv(moe_ep_handle_t h, int32_t slot) {
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r, sizeof r);
-    if (ok(moe_ep_dispatch_recv(h, slot, &r, nullptr), "moe_ep_dispatch_recv")) check_dispatch_result(r);
+    if (ok(moe_ep_dispatch_recv(h, slot, &r, nullptr), "moe_ep_dispatch_recv")) {
+      result = r;
+      check_dispatch_result(r);
+    }
+  }
+  // The results are still those of dispatch_recv (ids, weights, counts: the payload was poisoned).
+  bool results_unchanged() {
+    Verdict v;
+    const ReceivedDispatch again = read_dispatch(w, result, host_device(), read_host_memory, v);
+    return v.wrong == 0 && again.topk_ids == received.topk_ids && again.recv_counts == received.recv_counts &&
+           again.local_expert_counts == received.local_expert_counts &&
+           std::memcmp(again.topk_weights.data(), received.topk_weights.data(),
+                       received.topk_weights.size() * sizeof(float)) == 0;
   }
   void combine_send(moe_ep_handle_t h, int32_t slot) {
+    // The dispatch results stay valid until combine_send, whatever the other slot did meanwhile.
+    if (problems.empty() && !results_unchanged()) problems = "dispatch results changed before combine_send";
     ok(moe_ep_combine_send(h, slot, eo.get(), nullptr), "moe_ep_combine_send");
     // The expert output is free once the send half returns (HOST): spoil it.
     std::fill(expert_output.begin(), expert_output.end(), uint8_t{0x7F});
@@ -268,9 +283,18 @@ TEST_CASE("split phases: every interleaving of two micro-batches matches the ora
         break;
       }
     }
-    // The fused calls still work on slot 0 between split pairs.
+    // The fused calls still work on slot 0 between split pairs, and while slot 1's pair is in flight.
     RoundResults fused = run_round(h, small_spec(world, seed + 5), rank, false);
     RANK_CHECK(checks, rank, fused.problems == "");
+    MicroBatch held(small_spec(world, seed + 6), rank);
+    held.dispatch_send(h, 1);
+    held.dispatch_recv(h, 1);
+    fused = run_round(h, small_spec(world, seed + 7), rank, false);
+    RANK_CHECK(checks, rank, fused.problems == "");
+    RANK_CHECK(checks, rank, held.results_unchanged());  // slot 1's results survive slot 0's pair
+    held.combine_send(h, 1);
+    held.combine_recv(h, 1);
+    RANK_CHECK(checks, rank, held.problems == "");
     RANK_CHECK(checks, rank, moe_ep_destroy(&h) == MOE_EP_SUCCESS);
   });
   for (const std::string& p : problems) INFO(p);
