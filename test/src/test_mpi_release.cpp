@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +62,10 @@ struct Spy {
 
 int g_failures = 0;
 int g_rank = 0;
+// With MOE_EP_TEST_GPU_BACKEND=nvlink, rank 0 creates an NVLINK_TWO_SIDED
+// handle on GPU 0 instead of a HOST one: the same abandoned exchange, on the
+// backend whose create also runs its agreement steps on that thread.
+bool g_nvlink = false;
 
 void check(bool ok, const std::string& what) {
   if (ok) return;
@@ -79,6 +84,10 @@ void survivor(int round) {
   const moe_ep_bootstrap_t viewed = spy.view();
   moe_ep_params_t p = moe_ep_test::make_params(2 * b.world_size, 2, 4, 8);
   moe_ep_config_t c = moe_ep_test::host_config();
+  if (g_nvlink) {
+    c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+    c.device = 0;
+  }
   c.timeout_ms = kTimeoutMs;
   moe_ep_handle_t h = nullptr;
   const auto t0 = Clock::now();
@@ -148,6 +157,16 @@ int main(int argc, char** argv) {
       std::printf("skipped: needs 2 or more ranks and MPI_THREAD_MULTIPLE (got %d ranks, thread level %d)\n", world,
                   provided);
     }
+    MPI_Finalize();
+    return 77;
+  }
+  const char* backend = std::getenv("MOE_EP_TEST_GPU_BACKEND");
+  g_nvlink = backend != nullptr && std::string(backend) == "nvlink";
+  int32_t gpu = 0;
+  if (g_nvlink && g_rank == 0 && moe_ep_is_platform_supported(0, &gpu) != MOE_EP_SUCCESS) gpu = 0;
+  MPI_Bcast(&gpu, 1, MPI_INT32_T, 0, MPI_COMM_WORLD);
+  if (g_nvlink && !gpu) {
+    if (g_rank == 0) std::printf("skipped: MOE_EP_TEST_GPU_BACKEND=nvlink needs GPU 0 usable by that backend\n");
     MPI_Finalize();
     return 77;
   }
