@@ -42,8 +42,9 @@ class View:
     torch.from_dlpack(view), cupy.from_dlpack(view).  The consumer's array
     aliases the library's memory (no copy) and keeps the handle object alive,
     but its contents follow the library's rules: dispatch results are valid
-    until the matching combine is issued, a library-owned combine output until
-    the next combine, and nothing after destroy().  Exporting a view outside
+    until the matching combine (or combine_send of their slot) is issued, a
+    library-owned combine output until the next combine (or combine_recv of
+    its slot), and nothing after destroy().  Exporting a view outside
     its validity raises MoeEpError(INVALID_STATE).  CUDA views are ready on the
     stream passed to the call that produced them.
     """
@@ -81,10 +82,11 @@ class View:
         if not self.valid:
             if self._handle._ptr.value is None:
                 why = "its handle was destroyed"
-            elif self._epoch_name == "dispatch":
-                why = "the combine matching its dispatch was issued"
+            elif self._epoch_name[0] == "dispatch":
+                why = f"the combine (or combine_send) of its slot {self._epoch_name[1]} was issued"
             else:
-                why = "a later combine reused the library-owned output"
+                why = (f"a later combine (or combine_recv) of its slot {self._epoch_name[1]} reused the "
+                       "library-owned output")
             raise MoeEpError(_lib.ERROR_INVALID_STATE, f"this {self.dtype}{list(self.shape)} result view "
                              f"is no longer valid: {why}")
 
@@ -190,11 +192,11 @@ class DispatchResult:
     no weights given, no scales, eplb stats off).  P = world_size *
     tokens_per_rank receive rows, rank-major (see moe_ep_c.h)."""
 
-    def __init__(self, handle, raw):
+    def __init__(self, handle, raw, slot=0):
         self.tokens_per_rank = int(raw.tokens_per_rank)
         for name in _lib.DISPATCH_RESULT_FIELDS:
             t = getattr(raw, name)
-            setattr(self, name, View(handle, "dispatch", t) if t.data and t.ndim > 0 else None)
+            setattr(self, name, View(handle, ("dispatch", slot), t) if t.data and t.ndim > 0 else None)
 
     def __repr__(self):
         fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _lib.DISPATCH_RESULT_FIELDS)

@@ -1,5 +1,6 @@
 """The handle: create, dispatch, combine, async errors, destroy."""
 
+import collections
 import ctypes
 import warnings
 
@@ -78,7 +79,8 @@ def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dty
     return p
 
 
-def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None):
+def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None,
+                micro_batches=None):
     """A moe_ep_config_t; None keeps moe_ep_config_init's defaults.  backend:
     "auto", "host", "nvlink", "nccl" or a MOE_EP_BACKEND_* int."""
     c = _lib.Config()
@@ -93,7 +95,19 @@ def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_c
         c.device = device
     if zero_copy_combine is not None:
         c.zero_copy_combine = int(bool(zero_copy_combine))
+    if micro_batches is not None:
+        c.micro_batches = _int32(micro_batches, "micro_batches")
     return c
+
+
+def _int32(value, name):
+    """An int argument for an int32_t parameter, refused (not wrapped) when
+    it is no int or does not fit."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"{name}: expected an int, got {value!r}")
+    if not -2**31 <= value < 2**31:
+        raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"{name}: expected a 32-bit int, got {value}")
+    return value
 
 
 def _backend_value(backend):
@@ -109,7 +123,7 @@ def _backend_value(backend):
     return int(backend)
 
 
-_CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device", "zero_copy_combine")
+_CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device", "zero_copy_combine", "micro_batches")
 
 
 def _split_kwargs(kwargs):
@@ -184,6 +198,10 @@ class MoeEp:
       zero_copy_combine    -- default False; True: every DispatchResult has
                               combine_input, a writable [P, H] view to write the
                               expert output into and pass to combine (no copy)
+      micro_batches        -- 1 (default) or 2: buffer slots for the split
+                              calls dispatch_send/dispatch_recv/combine_send/
+                              combine_recv, one micro-batch in flight per slot
+                              (2: HOST backend only for now)
 
     dtypes are names ("bfloat16"), numpy/torch dtypes or (code, bits, lanes).
     Tensors are any objects with __dlpack__; see dispatch() and combine().
@@ -192,19 +210,24 @@ class MoeEp:
     def __init__(self, bootstrap, num_experts, top_k, max_tokens_per_rank, hidden_size, *,
                  hidden_dtype=None, hidden_row_elems=None, scale_row_elems=None, scale_dtype=None,
                  invalid_expert_id=None, enable_eplb_stats=None, combine_dtype=None,
-                 backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None):
+                 backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None,
+                 micro_batches=None):
         self._params = make_params(num_experts, top_k, max_tokens_per_rank, hidden_size,
                                    hidden_dtype=hidden_dtype, hidden_row_elems=hidden_row_elems,
                                    scale_row_elems=scale_row_elems, scale_dtype=scale_dtype,
                                    invalid_expert_id=invalid_expert_id,
                                    enable_eplb_stats=enable_eplb_stats, combine_dtype=combine_dtype)
         self._config = make_config(backend=backend, num_sms=num_sms, timeout_ms=timeout_ms,
-                                   device=device, zero_copy_combine=zero_copy_combine)
+                                   device=device, zero_copy_combine=zero_copy_combine,
+                                   micro_batches=micro_batches)
         self._bootstrap = bootstrap  # destroy calls back into it
         self._ptr = _lib.HandlePtr()
-        self._epochs = {"dispatch": 0, "combine": 0}
-        self._keep_dispatch = None
-        self._keep_combine = None
+        # Per (phase, slot): bumped when that slot's views expire (dispatch:
+        # its combine_send; combine: its next combine_recv).
+        self._epochs = collections.defaultdict(int)
+        # Per slot: the inputs the library may still read on the stream.
+        self._keep_dispatch = {}
+        self._keep_combine = {}
         status = _lib.lib().moe_ep_create(ctypes.byref(bootstrap.struct), ctypes.byref(self._params),
                                           ctypes.byref(self._config), ctypes.byref(self._ptr))
         self._check_with_bootstrap(status)
@@ -285,6 +308,19 @@ class MoeEp:
           combine as expert_output."""
         handle = self._live()
         s = _stream_int(stream)
+        args, keep = self._dispatch_args(s, hidden_states, topk_ids, topk_weights, hidden_states_scale,
+                                         runtime_max_tokens_per_rank, eplb_local_stats)
+        result = _lib.DispatchResult()
+        check(_lib.lib().moe_ep_dispatch_result_init(ctypes.byref(result), ctypes.sizeof(result)))
+        self._check_with_bootstrap(
+            _lib.lib().moe_ep_dispatch(handle, ctypes.byref(args), ctypes.byref(result), s))
+        # The library may still read the inputs on `stream` (CUDA backend):
+        # keep their producers alive until the next dispatch replaces them.
+        self._keep_dispatch[0] = keep
+        return DispatchResult(self, result, 0)
+
+    def _dispatch_args(self, s, hidden_states, topk_ids, topk_weights, hidden_states_scale,
+                       runtime_max_tokens_per_rank, eplb_local_stats):
         args = _lib.DispatchArgs()
         check(_lib.lib().moe_ep_dispatch_args_init(ctypes.byref(args), ctypes.sizeof(args)))
         keep = []
@@ -299,14 +335,7 @@ class MoeEp:
                 setattr(args, name, b.ptr)
                 keep.append(b)
         args.runtime_max_tokens_per_rank = int(runtime_max_tokens_per_rank)
-        result = _lib.DispatchResult()
-        check(_lib.lib().moe_ep_dispatch_result_init(ctypes.byref(result), ctypes.sizeof(result)))
-        self._check_with_bootstrap(
-            _lib.lib().moe_ep_dispatch(handle, ctypes.byref(args), ctypes.byref(result), s))
-        # The library may still read the inputs on `stream` (CUDA backend):
-        # keep their producers alive until the next dispatch replaces them.
-        self._keep_dispatch = keep
-        return DispatchResult(self, result)
+        return args, keep
 
     def combine(self, expert_output, output=None, stream=None):
         """Collective: returns each rank's expert output to the tokens' source
@@ -326,25 +355,94 @@ class MoeEp:
         s = _stream_int(stream)
         combine_dtype = _dtype_of(self._params.combine_dtype)
         keep = [_dlpack.borrow(expert_output, s, "expert_output", expect=combine_dtype)]
-        out_ptr = None
-        if output is not None:
-            b = _dlpack.borrow(output, s, "output", expect=combine_dtype)
-            if b.readonly:
-                raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT,
-                                 "output: expected a writable tensor, got a read-only DLPack export")
-            keep.append(b)
-            out_ptr = b.ptr
+        out_keep, out_ptr = self._combine_output(s, output)
+        keep += out_keep
         result = _lib.CombineResult()
         check(_lib.lib().moe_ep_combine_result_init(ctypes.byref(result), ctypes.sizeof(result)))
         self._check_with_bootstrap(
             _lib.lib().moe_ep_combine(handle, keep[0].ptr, out_ptr, ctypes.byref(result), s))
         # Issued: the dispatch views and any earlier library-owned output expire.
-        self._epochs["dispatch"] += 1
-        self._epochs["combine"] += 1
-        self._keep_combine = keep
+        self._epochs[("dispatch", 0)] += 1
+        self._epochs[("combine", 0)] += 1
+        self._keep_combine[0] = keep
         if output is not None:
             return output
-        return View(self, "combine", result.output)
+        return View(self, ("combine", 0), result.output)
+
+    def _combine_output(self, s, output):
+        if output is None:
+            return [], None
+        b = _dlpack.borrow(output, s, "output", expect=_dtype_of(self._params.combine_dtype))
+        if b.readonly:
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT,
+                             "output: expected a writable tensor, got a read-only DLPack export")
+        return [b], b.ptr
+
+    # -- split phases (docs/overlap.md) ------------------------------------------
+    # Each slot (0 .. micro_batches - 1) goes IDLE -dispatch_send-> DISPATCH_SENT
+    # -dispatch_recv-> DISPATCHED -combine_send-> COMBINE_SENT -combine_recv->
+    # IDLE; any other call on it raises MoeEpError(INVALID_STATE) and leaves the
+    # handle usable.  dispatch() is dispatch_send + dispatch_recv on slot 0,
+    # combine() combine_send + combine_recv on slot 0.
+
+    def dispatch_send(self, hidden_states, topk_ids, topk_weights=None, hidden_states_scale=None,
+                      runtime_max_tokens_per_rank=0, eplb_local_stats=None, slot=0, stream=None):
+        """Collective: the send half of dispatch on `slot`; returns once the
+        rows are on their way.  Arguments as for dispatch().  The inputs are
+        kept alive until the slot's next dispatch_send."""
+        handle = self._live()
+        slot = _int32(slot, "slot")
+        s = _stream_int(stream)
+        args, keep = self._dispatch_args(s, hidden_states, topk_ids, topk_weights, hidden_states_scale,
+                                         runtime_max_tokens_per_rank, eplb_local_stats)
+        self._check_with_bootstrap(_lib.lib().moe_ep_dispatch_send(handle, slot, ctypes.byref(args), s))
+        self._keep_dispatch[slot] = keep
+        return None
+
+    def dispatch_recv(self, slot=0, stream=None):
+        """Collective: the receive half of dispatch on `slot`: waits for the
+        rows (bounded by timeout_ms) and returns the same DispatchResult as
+        dispatch(), the same bits.  Its views stay valid until the slot's
+        combine_send (or combine) is issued."""
+        handle = self._live()
+        slot = _int32(slot, "slot")
+        s = _stream_int(stream)
+        result = _lib.DispatchResult()
+        check(_lib.lib().moe_ep_dispatch_result_init(ctypes.byref(result), ctypes.sizeof(result)))
+        self._check_with_bootstrap(_lib.lib().moe_ep_dispatch_recv(handle, slot, ctypes.byref(result), s))
+        return DispatchResult(self, result, slot)
+
+    def combine_send(self, expert_output, slot=0, stream=None):
+        """Collective: the send half of combine on `slot`.  expert_output as
+        for combine(); it may be the slot's combine_input view.  Issuing it
+        ends the validity of the slot's dispatch views."""
+        handle = self._live()
+        slot = _int32(slot, "slot")
+        s = _stream_int(stream)
+        keep = [_dlpack.borrow(expert_output, s, "expert_output", expect=_dtype_of(self._params.combine_dtype))]
+        self._check_with_bootstrap(_lib.lib().moe_ep_combine_send(handle, slot, keep[0].ptr, s))
+        self._epochs[("dispatch", slot)] += 1
+        self._keep_combine[slot] = keep
+        return None
+
+    def combine_recv(self, slot=0, output=None, stream=None):
+        """Collective: the receive half of combine on `slot`: waits for the
+        rows and sums them, the same bits as combine().  Returns `output` if
+        given, else a View [T, H] of library-owned memory valid until the
+        slot's next combine_recv (or, on slot 0, combine)."""
+        handle = self._live()
+        slot = _int32(slot, "slot")
+        s = _stream_int(stream)
+        out_keep, out_ptr = self._combine_output(s, output)
+        result = _lib.CombineResult()
+        check(_lib.lib().moe_ep_combine_result_init(ctypes.byref(result), ctypes.sizeof(result)))
+        self._check_with_bootstrap(
+            _lib.lib().moe_ep_combine_recv(handle, slot, out_ptr, ctypes.byref(result), s))
+        self._epochs[("combine", slot)] += 1
+        self._keep_combine.setdefault(slot, []).extend(out_keep)
+        if output is not None:
+            return output
+        return View(self, ("combine", slot), result.output)
 
     @property
     def backend(self):
@@ -392,9 +490,9 @@ class MoeEp:
         outstanding = _dlpack.live_exports_of(self)
         status = _lib.lib().moe_ep_destroy(ctypes.byref(self._ptr))
         self._ptr = _lib.HandlePtr()  # NULL whatever destroy did: it never leaves it usable
-        self._epochs["dispatch"] += 1
-        self._epochs["combine"] += 1
-        self._keep_dispatch = self._keep_combine = None
+        for key in list(self._epochs):
+            self._epochs[key] += 1
+        self._keep_dispatch, self._keep_combine = {}, {}
         if outstanding:
             warnings.warn(f"moe_ep: handle destroyed while {outstanding} array(s) made from its "
                           "views are still alive; their memory is released", ResourceWarning,
