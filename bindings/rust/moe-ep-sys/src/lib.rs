@@ -222,6 +222,15 @@ unsafe extern "C" {
     pub fn moe_ep_combine(handle: moe_ep_handle_t, expert_output: *const moe_ep_tensor_t,
                           output: *const moe_ep_tensor_t, result: *mut moe_ep_combine_result_t,
                           stream: *mut c_void) -> moe_ep_status_t;
+    /// Split phases: `slot` in 0 .. config.micro_batches - 1 (see moe_ep_c.h).
+    pub fn moe_ep_dispatch_send(handle: moe_ep_handle_t, slot: i32, args: *const moe_ep_dispatch_args_t,
+                                stream: *mut c_void) -> moe_ep_status_t;
+    pub fn moe_ep_dispatch_recv(handle: moe_ep_handle_t, slot: i32, result: *mut moe_ep_dispatch_result_t,
+                                stream: *mut c_void) -> moe_ep_status_t;
+    pub fn moe_ep_combine_send(handle: moe_ep_handle_t, slot: i32, expert_output: *const moe_ep_tensor_t,
+                               stream: *mut c_void) -> moe_ep_status_t;
+    pub fn moe_ep_combine_recv(handle: moe_ep_handle_t, slot: i32, output: *const moe_ep_tensor_t,
+                               result: *mut moe_ep_combine_result_t, stream: *mut c_void) -> moe_ep_status_t;
     pub fn moe_ep_get_backend(handle: moe_ep_handle_t, backend: *mut i32) -> moe_ep_status_t;
     pub fn moe_ep_get_last_path(handle: moe_ep_handle_t, phase: i32, path: *mut i32) -> moe_ep_status_t;
     /// A static string: "dispatch_small", ...; "unknown" for other values.

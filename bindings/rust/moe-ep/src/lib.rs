@@ -152,6 +152,13 @@ impl Config {
         self.0.zero_copy_combine = on as i32;
         self
     }
+    /// 1 (default) or 2: buffer slots for the split calls
+    /// (`MoeEp::dispatch_send` ...), one micro-batch in flight per slot.
+    /// 2 is HOST only for now (UNSUPPORTED elsewhere).
+    pub fn micro_batches(mut self, n: i32) -> Self {
+        self.0.micro_batches = n;
+        self
+    }
     pub fn raw(&self) -> &sys::moe_ep_config_t {
         &self.0
     }
@@ -231,6 +238,43 @@ fn required<'h>(t: &sys::moe_ep_tensor_t, name: &str) -> Result<View<'h>> {
     View::from_raw(t).ok_or_else(|| Error::new(Status::INTERNAL, format!("dispatch returned no {name}")))
 }
 
+/// Calls `f` with the C arguments of `args`; the descriptors' shapes point
+/// into `args`, which outlives the call.
+fn with_dispatch_args<R>(args: &DispatchArgs<'_>, f: impl FnOnce(&sys::moe_ep_dispatch_args_t) -> R) -> Result<R> {
+    let hidden = args.hidden_states.raw();
+    let ids = args.topk_ids.raw();
+    let weights = args.topk_weights.as_ref().map(|t| t.raw());
+    let scales = args.hidden_states_scale.as_ref().map(|t| t.raw());
+    let eplb = args.eplb_local_stats.as_ref().map(|t| t.raw());
+    let opt = |t: &Option<sys::moe_ep_tensor_t>| t.as_ref().map_or(ptr::null(), |t| t as *const _);
+    let mut a = sys::moe_ep_dispatch_args_t {
+        struct_size: 0,
+        hidden_states: ptr::null(),
+        topk_ids: ptr::null(),
+        topk_weights: ptr::null(),
+        hidden_states_scale: ptr::null(),
+        runtime_max_tokens_per_rank: 0,
+        eplb_local_stats: ptr::null(),
+    };
+    check(unsafe { sys::moe_ep_dispatch_args_init(&mut a, std::mem::size_of_val(&a)) })?;
+    a.hidden_states = &hidden;
+    a.topk_ids = &ids;
+    a.topk_weights = opt(&weights);
+    a.hidden_states_scale = opt(&scales);
+    a.runtime_max_tokens_per_rank = args.runtime_max_tokens_per_rank;
+    a.eplb_local_stats = opt(&eplb);
+    Ok(f(&a))
+}
+
+/// None when the caller gave `output`, else the library-owned output view.
+fn combine_output<'h>(caller_output: bool, r: &sys::moe_ep_combine_result_t) -> Result<Option<View<'h>>> {
+    if caller_output {
+        return Ok(None);
+    }
+    // T == 0 gives data NULL with ndim 2: still a (empty) view.
+    Ok(Some(View::from_raw(&r.output).ok_or_else(|| Error::new(Status::INTERNAL, "combine returned no output"))?))
+}
+
 /// One moe_ep handle.  `Send` (a handle is used by one thread at a time) but
 /// not `Sync`.
 pub struct MoeEp {
@@ -238,10 +282,13 @@ pub struct MoeEp {
     // The library calls back into the bootstrap until destroy: boxed so that
     // the ctx pointer it holds stays valid for the handle's whole life.
     ctx: Box<bootstrap::Ctx>,
-    // The last dispatch's combine_input (address, device, dtype, shape), for
-    // combine_from_input; None without zero_copy_combine or after its combine.
-    combine_input: Option<(*mut c_void, Device, DType, [i64; 2])>,
+    // Per slot: the last dispatch's combine_input (address, device, dtype,
+    // shape), for combine_from_input / combine_send_from_input; None without
+    // zero_copy_combine or once that slot's combine was issued.
+    combine_input: Vec<Option<CombineInput>>,
 }
+
+type CombineInput = (*mut c_void, Device, DType, [i64; 2]);
 
 // SAFETY: the library allows a handle to move between threads as long as one
 // thread uses it at a time, which &mut self guarantees; the bootstrap is
@@ -257,7 +304,7 @@ impl MoeEp {
         let mut raw: sys::moe_ep_handle_t = ptr::null_mut();
         let status = unsafe { sys::moe_ep_create(&b, &params.0, config_ptr(config), &mut raw) };
         Self::with_bootstrap_error(&ctx, check(status))?;
-        Ok(MoeEp { raw, ctx, combine_input: None })
+        Ok(MoeEp { raw, ctx, combine_input: Vec::new() })
     }
 
     /// A BOOTSTRAP failure says which callback failed and why.
@@ -286,35 +333,27 @@ impl MoeEp {
     /// `stream` must be a valid `cudaStream_t` of the handle's device, or null.
     pub unsafe fn dispatch_on_stream(&mut self, args: &DispatchArgs<'_>, stream: *mut c_void)
                                      -> Result<DispatchResult<'_>> {
-        // The descriptors' shapes point into `args`, which outlives the call.
-        let hidden = args.hidden_states.raw();
-        let ids = args.topk_ids.raw();
-        let weights = args.topk_weights.as_ref().map(|t| t.raw());
-        let scales = args.hidden_states_scale.as_ref().map(|t| t.raw());
-        let eplb = args.eplb_local_stats.as_ref().map(|t| t.raw());
-        let opt = |t: &Option<sys::moe_ep_tensor_t>| t.as_ref().map_or(ptr::null(), |t| t as *const _);
-        let mut a = sys::moe_ep_dispatch_args_t {
-            struct_size: 0,
-            hidden_states: ptr::null(),
-            topk_ids: ptr::null(),
-            topk_weights: ptr::null(),
-            hidden_states_scale: ptr::null(),
-            runtime_max_tokens_per_rank: 0,
-            eplb_local_stats: ptr::null(),
-        };
-        check(unsafe { sys::moe_ep_dispatch_args_init(&mut a, std::mem::size_of_val(&a)) })?;
-        a.hidden_states = &hidden;
-        a.topk_ids = &ids;
-        a.topk_weights = opt(&weights);
-        a.hidden_states_scale = opt(&scales);
-        a.runtime_max_tokens_per_rank = args.runtime_max_tokens_per_rank;
-        a.eplb_local_stats = opt(&eplb);
-        let mut r = sys::moe_ep_dispatch_result_t::default();
-        check(unsafe { sys::moe_ep_dispatch_result_init(&mut r, std::mem::size_of_val(&r)) })?;
-        let status = unsafe { sys::moe_ep_dispatch(self.raw, &a, &mut r, stream) };
-        Self::with_bootstrap_error(&self.ctx, check(status))?;
+        let status = with_dispatch_args(args, |a| {
+            let mut r = sys::moe_ep_dispatch_result_t::default();
+            check(unsafe { sys::moe_ep_dispatch_result_init(&mut r, std::mem::size_of_val(&r)) })?;
+            check(unsafe { sys::moe_ep_dispatch(self.raw, a, &mut r, stream) }).map(|_| r)
+        })?;
+        let r = Self::with_bootstrap_error(&self.ctx, status)?;
+        self.dispatch_result(0, &r)
+    }
+
+    fn set_combine_input(&mut self, slot: i32, v: Option<CombineInput>) {
+        let slot = slot as usize; // the library accepted it: 0 <= slot < micro_batches
+        if self.combine_input.len() <= slot {
+            self.combine_input.resize(slot + 1, None);
+        }
+        self.combine_input[slot] = v;
+    }
+
+    fn dispatch_result<'h>(&mut self, slot: i32, r: &sys::moe_ep_dispatch_result_t) -> Result<DispatchResult<'h>> {
         let combine_input = View::from_raw(&r.combine_input);
-        self.combine_input = combine_input.as_ref().map(|v| (v.data_ptr(), v.device(), v.dtype(), [v.shape()[0], v.shape()[1]]));
+        self.set_combine_input(slot, combine_input.as_ref()
+            .map(|v| (v.data_ptr(), v.device(), v.dtype(), [v.shape()[0], v.shape()[1]])));
         Ok(DispatchResult {
             combine_input,
             tokens_per_rank: r.tokens_per_rank,
@@ -353,10 +392,16 @@ impl MoeEp {
     }
 
     fn combine_input_tensor(&self) -> Result<TensorRef<'static>> {
-        let (data, device, dtype, shape) = self.combine_input.ok_or_else(|| {
+        self.combine_input_of(0)
+    }
+
+    fn combine_input_of(&self, slot: i32) -> Result<TensorRef<'static>> {
+        let held = usize::try_from(slot).ok().and_then(|s| self.combine_input.get(s).copied().flatten());
+        let (data, device, dtype, shape) = held.ok_or_else(|| {
             Error::new(Status::INVALID_STATE,
-                       "combine_from_input: no combine_input view (the handle was created without \
-                        Config::zero_copy_combine, or no dispatch is waiting for its combine)")
+                       format!("combine from combine_input: slot {slot} holds no combine_input view (the \
+                                handle was created without Config::zero_copy_combine, or no dispatch of \
+                                that slot is waiting for its combine)"))
         })?;
         // SAFETY: the library's view, valid until the combine this tensor is passed to.
         unsafe { TensorRef::from_raw(data, device, dtype, &shape) }
@@ -375,13 +420,101 @@ impl MoeEp {
                                 stream)
         };
         Self::with_bootstrap_error(&self.ctx, check(status))?;
-        self.combine_input = None;  // issued: the view is no longer the caller's
-        if out.is_some() {
-            return Ok(None);
-        }
-        // T == 0 gives data NULL with ndim 2: still a (empty) view.
-        Ok(Some(View::from_raw(&r.output)
-            .ok_or_else(|| Error::new(Status::INTERNAL, "combine returned no output"))?))
+        self.set_combine_input(0, None); // issued: the view is no longer the caller's
+        combine_output(out.is_some(), &r)
+    }
+
+    // Split phases (docs/overlap.md).  Each slot (0 .. micro_batches - 1) goes
+    // IDLE -dispatch_send-> DISPATCH_SENT -dispatch_recv-> DISPATCHED
+    // -combine_send-> COMBINE_SENT -combine_recv-> IDLE; any other call on it
+    // is Err(INVALID_STATE) and the handle stays usable.  `dispatch` is
+    // dispatch_send + dispatch_recv on slot 0, `combine` combine_send +
+    // combine_recv on slot 0.  Results borrow the handle mutably, as those of
+    // the fused calls do: copy out what a slot's dispatch produced before the
+    // next call (the library would keep it valid until that slot's
+    // combine_send, a library-owned combine output until its next
+    // combine_recv; the borrow is the stricter, checked rule).
+
+    /// Collective: the send half of dispatch on `slot`; returns once the rows
+    /// are on their way.  The tensors of `args` are read by the call only.
+    pub fn dispatch_send(&mut self, slot: i32, args: &DispatchArgs<'_>) -> Result<()> {
+        unsafe { self.dispatch_send_on_stream(slot, args, ptr::null_mut()) }
+    }
+
+    /// # Safety
+    /// `stream` must be a valid `cudaStream_t` of the handle's device, or
+    /// null; `args`' tensors must stay alive until the stream's work is done.
+    pub unsafe fn dispatch_send_on_stream(&mut self, slot: i32, args: &DispatchArgs<'_>, stream: *mut c_void)
+                                          -> Result<()> {
+        let status = with_dispatch_args(args, |a| check(unsafe { sys::moe_ep_dispatch_send(self.raw, slot, a, stream) }))?;
+        Self::with_bootstrap_error(&self.ctx, status)
+    }
+
+    /// Collective: the receive half of dispatch on `slot`: waits for the rows
+    /// (bounded by timeout_ms); the same result, bitwise, as `dispatch`.
+    pub fn dispatch_recv(&mut self, slot: i32) -> Result<DispatchResult<'_>> {
+        unsafe { self.dispatch_recv_on_stream(slot, ptr::null_mut()) }
+    }
+
+    /// # Safety
+    /// `stream` must be a valid `cudaStream_t` of the handle's device, or null.
+    pub unsafe fn dispatch_recv_on_stream(&mut self, slot: i32, stream: *mut c_void) -> Result<DispatchResult<'_>> {
+        let mut r = sys::moe_ep_dispatch_result_t::default();
+        check(unsafe { sys::moe_ep_dispatch_result_init(&mut r, std::mem::size_of_val(&r)) })?;
+        let status = unsafe { sys::moe_ep_dispatch_recv(self.raw, slot, &mut r, stream) };
+        Self::with_bootstrap_error(&self.ctx, check(status))?;
+        self.dispatch_result(slot, &r)
+    }
+
+    /// Collective: the send half of combine on `slot` (expert_output as for
+    /// `combine`); ends the validity of the slot's dispatch results.
+    pub fn combine_send(&mut self, slot: i32, expert_output: &TensorRef<'_>) -> Result<()> {
+        unsafe { self.combine_send_on_stream(slot, expert_output, ptr::null_mut()) }
+    }
+
+    /// `combine_send` of the expert output the caller wrote into the slot's
+    /// `combine_input` (zero-copy).
+    pub fn combine_send_from_input(&mut self, slot: i32) -> Result<()> {
+        let eo = self.combine_input_of(slot)?;
+        unsafe { self.combine_send_on_stream(slot, &eo, ptr::null_mut()) }
+    }
+
+    /// # Safety
+    /// `stream` must be a valid `cudaStream_t` of the handle's device, or
+    /// null; `expert_output` must stay alive until the stream's work is done.
+    pub unsafe fn combine_send_on_stream(&mut self, slot: i32, expert_output: &TensorRef<'_>, stream: *mut c_void)
+                                         -> Result<()> {
+        let eo = expert_output.raw();
+        let status = unsafe { sys::moe_ep_combine_send(self.raw, slot, &eo, stream) };
+        Self::with_bootstrap_error(&self.ctx, check(status))?;
+        self.set_combine_input(slot, None);
+        Ok(())
+    }
+
+    /// Collective: the receive half of combine on `slot` into library-owned
+    /// memory; the same bits as `combine`.
+    pub fn combine_recv(&mut self, slot: i32) -> Result<View<'_>> {
+        unsafe { self.combine_recv_on_stream(slot, None, ptr::null_mut()) }.map(|v| v.expect("output"))
+    }
+
+    /// `combine_recv` into the caller's `output` [T, hidden_size].
+    pub fn combine_recv_into(&mut self, slot: i32, output: &mut TensorMut<'_>) -> Result<()> {
+        unsafe { self.combine_recv_on_stream(slot, Some(output), ptr::null_mut()) }.map(|_| ())
+    }
+
+    /// # Safety
+    /// `stream` must be a valid `cudaStream_t` of the handle's device, or null.
+    pub unsafe fn combine_recv_on_stream(&mut self, slot: i32, output: Option<&mut TensorMut<'_>>,
+                                         stream: *mut c_void) -> Result<Option<View<'_>>> {
+        let out = output.as_ref().map(|t| t.raw());
+        let mut r = sys::moe_ep_combine_result_t::default();
+        check(unsafe { sys::moe_ep_combine_result_init(&mut r, std::mem::size_of_val(&r)) })?;
+        let status = unsafe {
+            sys::moe_ep_combine_recv(self.raw, slot, out.as_ref().map_or(ptr::null(), |t| t as *const _), &mut r,
+                                     stream)
+        };
+        Self::with_bootstrap_error(&self.ctx, check(status))?;
+        combine_output(out.is_some(), &r)
     }
 
     /// The backend this handle runs on: what `Backend::Auto` chose, the same

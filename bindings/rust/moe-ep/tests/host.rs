@@ -144,11 +144,6 @@ impl Case {
 }
 
 /// Runs rank `me` of `case`; returns what the library produced.
-fn run_rank(case: &Case, me: usize, bs: Arc<dyn Bootstrap>)
-            -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>) {
-    run_rank_with(case, me, bs, false)
-}
-
 /// `zero_copy`: the expert output is written into the dispatch result's
 /// combine_input and combined from there.
 fn run_rank_with(case: &Case, me: usize, bs: Arc<dyn Bootstrap>, zero_copy: bool)
@@ -416,4 +411,145 @@ fn combine_from_input_without_the_flag_is_invalid_state() {
     let e = ep.combine_from_input().unwrap_err();
     assert_eq!(e.status, Status::INVALID_STATE);
     ep.destroy().unwrap();
+}
+
+/// Everything one dispatch + combine produced on a rank, as plain data.
+type Got = (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>);
+
+fn copy_dispatch(r: &DispatchResult<'_>) -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>) {
+    (r.tokens_per_rank, r.recv_counts.as_slice::<i32>().unwrap().to_vec(),
+     r.hidden_states.as_slice::<f32>().unwrap().to_vec(), r.topk_ids.as_slice::<i32>().unwrap().to_vec(),
+     r.topk_weights.as_ref().unwrap().as_slice::<f32>().unwrap().to_vec(),
+     r.local_expert_counts.as_slice::<i32>().unwrap().to_vec())
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn assert_same(a: &Got, b: &Got) {
+    assert_eq!((a.0, &a.1, bits(&a.2), &a.3, bits(&a.4), &a.5, bits(&a.6)),
+               (b.0, &b.1, bits(&b.2), &b.3, bits(&b.4), &b.5, bits(&b.6)));
+}
+
+/// Two micro-batches (cases of the same sizes) of rank `me`: first with the
+/// fused calls on a one-slot handle, then on a two-slot handle interleaved as
+/// A.send, B.send, A.recv, B.recv, A.combine_send, B.combine_send,
+/// A.combine_recv, B.combine_recv.
+fn run_two_micro_batches(cases: &[Arc<Case>; 2], me: usize, bs: Arc<dyn Bootstrap>, zero_copy: bool)
+                         -> ([Got; 2], [Got; 2]) {
+    let c = &cases[0];
+    let params = Params::new(c.e as i32, c.k as i32, c.tpr as i32, c.h as i32)
+        .unwrap()
+        .hidden_dtype(DType::F32)
+        .combine_dtype(DType::F32);
+    let h = c.h as i64;
+    fn args_of(case: &Case, me: usize) -> DispatchArgs<'_> {
+        let inp = &case.inputs[me];
+        let (t, k, h) = (inp.t as i64, case.k as i64, case.h as i64);
+        DispatchArgs::new(TensorRef::from_slice(&inp.x, &[t, h]).unwrap(),
+                          TensorRef::from_slice(&inp.ids, &[t, k]).unwrap())
+            .weights(TensorRef::from_slice(&inp.w, &[t, k]).unwrap())
+    }
+    let p = (c.world * c.tpr) as i64;
+    let mut fused = Vec::new();
+    {
+        let mut ep = MoeEp::new(bs.clone(), &params, Some(&host())).unwrap();
+        for case in cases.iter() {
+            let d = copy_dispatch(&ep.dispatch(&args_of(case, me)).unwrap());
+            let eo = case.expert_output(me);
+            let y = ep.combine(&TensorRef::from_slice(&eo, &[p, h]).unwrap()).unwrap().as_slice::<f32>().unwrap()
+                .to_vec();
+            fused.push((d.0, d.1, d.2, d.3, d.4, d.5, y));
+        }
+        ep.destroy().unwrap();
+    }
+    let mut ep = MoeEp::new(bs, &params, Some(&host().zero_copy_combine(zero_copy).micro_batches(2))).unwrap();
+    ep.dispatch_send(0, &args_of(&cases[0], me)).unwrap();
+    ep.dispatch_send(1, &args_of(&cases[1], me)).unwrap();
+    let mut d = Vec::new();
+    for slot in 0..2 {
+        let mut r = ep.dispatch_recv(slot).unwrap();
+        d.push(copy_dispatch(&r));
+        if let Some(view) = r.combine_input.as_mut() {
+            view.as_mut_slice::<f32>().unwrap().copy_from_slice(&cases[slot as usize].expert_output(me));
+        }
+    }
+    let eo: Vec<Vec<f32>> = cases.iter().map(|case| case.expert_output(me)).collect();
+    for slot in 0..2 {
+        if zero_copy {
+            ep.combine_send_from_input(slot).unwrap();
+        } else {
+            ep.combine_send(slot, &TensorRef::from_slice(&eo[slot as usize], &[p, h]).unwrap()).unwrap();
+        }
+    }
+    let y0 = ep.combine_recv(0).unwrap().as_slice::<f32>().unwrap().to_vec();
+    let mut y1 = vec![7.0f32; cases[1].inputs[me].t * c.h];
+    ep.combine_recv_into(1, &mut TensorMut::from_slice(&mut y1, &[cases[1].inputs[me].t as i64, h]).unwrap())
+        .unwrap();
+    ep.destroy().unwrap();
+    let split: Vec<Got> = d.into_iter().zip([y0, y1]).map(|(d, y)| (d.0, d.1, d.2, d.3, d.4, d.5, y)).collect();
+    let fused: Vec<Got> = fused;
+    (fused.try_into().unwrap(), split.try_into().unwrap())
+}
+
+#[test]
+fn split_phases_two_micro_batches_equal_the_fused_calls() {
+    for (world, zero_copy) in [(1, false), (2, false), (3, true)] {
+        let e = 2 * world;
+        let cases = [Arc::new(Case::new(20 + world as u64, world, e, 2, 4, 5)),
+                     Arc::new(Case::new(30 + world as u64, world, e, 2, 4, 5))];
+        let handles: Vec<_> = thread_group(world as i32)
+            .into_iter()
+            .enumerate()
+            .map(|(me, bs)| {
+                let cases = cases.clone();
+                std::thread::spawn(move || run_two_micro_batches(&cases, me, bs, zero_copy))
+            })
+            .collect();
+        for (me, h) in handles.into_iter().enumerate() {
+            let (fused, split) = h.join().expect("rank thread panicked");
+            for i in 0..2 {
+                check_rank(&cases[i], me, &fused[i]);
+                assert_same(&split[i], &fused[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn split_phases_out_of_order_calls_are_invalid_state() {
+    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host().micro_batches(2))).unwrap();
+    let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
+    let ids = vec![0i32, 1, 2, 3];
+    let args = DispatchArgs::new(TensorRef::from_slice(&x, &[2, 3]).unwrap(),
+                                 TensorRef::from_slice(&ids, &[2, 2]).unwrap());
+    let eo = vec![0.0f32; 24];
+    let eo_t = TensorRef::from_slice(&eo, &[8, 3]).unwrap();
+    let state = |r: Result<()>| assert_eq!(r.unwrap_err().status, Status::INVALID_STATE);
+    state(ep.dispatch_recv(0).map(drop));
+    state(ep.combine_send(1, &eo_t));
+    state(ep.combine_recv(0).map(drop));
+    ep.dispatch_send(0, &args).unwrap();
+    state(ep.dispatch_send(0, &args));
+    state(ep.dispatch(&args).map(drop)); // the fused calls run on slot 0
+    state(ep.combine_send(0, &eo_t));
+    let rows = ep.dispatch_recv(0).unwrap().hidden_states.as_slice::<f32>().unwrap().to_vec();
+    state(ep.dispatch_recv(0).map(drop));
+    state(ep.combine_send_from_input(0)); // no zero_copy_combine: no view to combine from
+    ep.combine_send(0, &TensorRef::from_slice(&rows, &[8, 3]).unwrap()).unwrap();
+    state(ep.combine(&eo_t).map(drop));
+    assert_eq!(ep.combine_recv(0).unwrap().as_slice::<f32>().unwrap(), &x[..]);
+    // Slots out of range name the argument.
+    let e = ep.dispatch_send(2, &args).unwrap_err();
+    assert_eq!(e.status, Status::INVALID_ARGUMENT);
+    assert!(e.message.contains("slot"), "{e}");
+    // Back to IDLE: the fused calls work again.
+    drop(ep.dispatch(&args).unwrap());
+    ep.combine(&eo_t).unwrap();
+    ep.destroy().unwrap();
+    let e = MoeEp::new(Arc::new(SingleRank), &params, Some(&host().micro_batches(3))).err().unwrap();
+    assert_eq!(e.status, Status::INVALID_ARGUMENT);
+    assert!(e.message.contains("micro_batches"), "{e}");
 }
