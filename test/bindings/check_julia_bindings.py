@@ -5,13 +5,16 @@ cannot be installed where the tests run.
   - every ccall names a function the headers declare, with the same number
     of arguments, and argument and return types that match the prototype;
   - every Julia struct that mirrors a C struct has the C struct's fields, in
-    order, with matching types.
+    order, with matching types;
+  - the calls of a handle's life (REQUIRED: create, the fused and the split
+    dispatch and combine, the async error query, destroy) are all wrapped.
 
     check_julia_bindings.py MoeEp.jl HEADER...
 
 It first checks itself: a copy of the Julia source with one argument
-dropped, one argument type changed and one field type changed must be
-reported three times; otherwise the check could not fail.
+dropped, one argument type changed, one field type changed and one split
+call replaced by the fused one (wrong argument 2, and the split call left
+unwrapped) must be reported five times; otherwise the check could not fail.
 """
 
 import re
@@ -29,6 +32,9 @@ SCALARS = {
     "uint64_t": "UInt64", "uint8_t": "UInt8", "uint16_t": "UInt16", "size_t": "Csize_t",
 }
 OPAQUE_POINTERS = {"moe_ep_handle_t", "moe_ep_allgather_fn", "moe_ep_barrier_fn"}
+# The calls of a handle's life, fused and split: the module must wrap each.
+REQUIRED = {"moe_ep_create", "moe_ep_dispatch", "moe_ep_combine", "moe_ep_dispatch_send", "moe_ep_dispatch_recv",
+            "moe_ep_combine_send", "moe_ep_combine_recv", "moe_ep_get_async_error", "moe_ep_destroy"}
 
 
 def strip_comments(text):
@@ -158,6 +164,9 @@ def problems(julia_text, header_texts):
         for i, (jt, (base, stars)) in enumerate(zip(args, cargs)):
             if jt not in julia_for_c(base, stars, False):
                 found.append(f"{where}: argument {i + 1} is {jt}, the header says {base}{'*' * stars}")
+    wrapped = {name for _, name, _, _ in julia_ccalls(julia_text)}
+    for name in sorted(REQUIRED - wrapped):
+        found.append(f"MoeEp.jl: no ccall of {name}" + ("" if name in protos else " (nor in the headers)"))
     jstructs = julia_structs(julia_text)
     for cname, fields in header_structs(header_texts).items():
         jname = STRUCTS.get(cname)
@@ -178,15 +187,16 @@ def problems(julia_text, header_texts):
 
 
 def self_test(julia_text, header_texts):
-    """Three planted mistakes must give three reports."""
+    """Four planted mistakes must give five reports."""
     broken = julia_text.replace("(Ref{Int32}, Ref{Int32}, Ref{Int32})", "(Ref{Int32}, Ref{Int32})", 1)
     broken = broken.replace("(:moe_ep_get_async_error, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int32})",
                             "(:moe_ep_get_async_error, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int64})", 1)
     broken = broken.replace("    top_k::Int32\n", "    top_k::Int64\n", 1)
+    broken = broken.replace("(:moe_ep_combine_recv, libmoe_ep)", "(:moe_ep_combine, libmoe_ep)")
     assert broken.count("\n") == julia_text.count("\n")
     found, _ = problems(broken, header_texts)
-    if len(found) != 3:
-        print("FAIL: the checker's self-test expected 3 reports on planted mistakes, got:")
+    if len(found) != 5 or not any("no ccall of moe_ep_combine_recv" in f for f in found):
+        print("FAIL: the checker's self-test expected 5 reports on planted mistakes, got:")
         print("\n".join(found) or "(none)")
         return False
     return True

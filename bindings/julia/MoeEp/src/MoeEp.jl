@@ -11,7 +11,8 @@
 module MoeEp
 
 export MoeEpError, get_version, Params, Config, SingleRankBootstrap, Handle, create, dispatch, combine,
-       backend, last_path, path_name, async_error, destroy!
+       dispatch_send, dispatch_recv, combine_send, combine_recv, backend, last_path, path_name, async_error,
+       destroy!
 
 const libmoe_ep = get(ENV, "MOE_EP_LIBRARY", "libmoe_ep.so.0")
 
@@ -161,13 +162,15 @@ function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dty
     return p
 end
 
-function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy_combine=nothing)
+function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy_combine=nothing,
+                micro_batches=nothing)
     c = Config(0, 0, 0, 0, 0, 0, 0)
     check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config}, Csize_t), c, sizeof(Config)))
     backend === nothing || (c.backend = backend)
     timeout_ms === nothing || (c.timeout_ms = timeout_ms)
     device === nothing || (c.device = device)
     zero_copy_combine === nothing || (c.zero_copy_combine = Int32(zero_copy_combine))
+    micro_batches === nothing || (c.micro_batches = Int32(micro_batches))
     return c
 end
 
@@ -192,6 +195,7 @@ mutable struct Handle
     ptr::Ptr{Cvoid}
     bootstrap::Bootstrap   # the library calls back into it until destroy
     keep::Vector{Any}      # inputs and shape arrays in use by the current call
+    slot_keep::Dict{Int32,Vector{Any}}  # the same per slot, for the split calls
 end
 
 """Collective.  No finalizer: destroy is collective and must not run at a
@@ -205,7 +209,7 @@ function create(bs::Bootstrap, p::Params, c::Union{Config,Nothing}=nothing)
         check(ccall((:moe_ep_create, libmoe_ep), Int32, (Ref{Bootstrap}, Ref{Params}, Ref{Config}, Ref{Ptr{Cvoid}}),
                     bs, p, c, out))
     end
-    return Handle(out[], bs, Any[])
+    return Handle(out[], bs, Any[], Dict{Int32,Vector{Any}}())
 end
 
 # A host array as a row-major C tensor: Julia (H, T) column-major == C [T, H].
@@ -236,18 +240,33 @@ function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing,
     tw = weights === nothing ? nothing : host_tensor(weights, keep)
     # The block's value is r: GC.@preserve may wrap its body in a new scope.
     r = GC.@preserve keep th ti tw begin
-        args = DispatchArgs(0, C_NULL, C_NULL, C_NULL, C_NULL, 0, C_NULL)
-        check(ccall((:moe_ep_dispatch_args_init, libmoe_ep), Int32, (Ref{DispatchArgs}, Csize_t), args, sizeof(DispatchArgs)))
-        args.hidden_states = Base.unsafe_convert(Ptr{Tensor}, th)
-        args.topk_ids = Base.unsafe_convert(Ptr{Tensor}, ti)
-        tw === nothing || (args.topk_weights = Base.unsafe_convert(Ptr{Tensor}, tw))
-        r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
-        check(ccall((:moe_ep_dispatch_result_init, libmoe_ep), Int32, (Ref{DispatchResult}, Csize_t), r, sizeof(DispatchResult)))
+        args = _dispatch_args(th, ti, tw)
+        r = _dispatch_result()
         check(ccall((:moe_ep_dispatch, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{DispatchArgs}, Ref{DispatchResult}, Ptr{Cvoid}),
                     h.ptr, args, r, C_NULL))
         r
     end
     h.keep = keep
+    return _dispatch_views(r, hidden_type, combine_type)
+end
+
+# The caller preserves th, ti, tw (and what they point to) around the call.
+function _dispatch_args(th, ti, tw)
+    args = DispatchArgs(0, C_NULL, C_NULL, C_NULL, C_NULL, 0, C_NULL)
+    check(ccall((:moe_ep_dispatch_args_init, libmoe_ep), Int32, (Ref{DispatchArgs}, Csize_t), args, sizeof(DispatchArgs)))
+    args.hidden_states = Base.unsafe_convert(Ptr{Tensor}, th)
+    args.topk_ids = Base.unsafe_convert(Ptr{Tensor}, ti)
+    tw === nothing || (args.topk_weights = Base.unsafe_convert(Ptr{Tensor}, tw))
+    return args
+end
+
+function _dispatch_result()
+    r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
+    check(ccall((:moe_ep_dispatch_result_init, libmoe_ep), Int32, (Ref{DispatchResult}, Csize_t), r, sizeof(DispatchResult)))
+    return r
+end
+
+function _dispatch_views(r::DispatchResult, hidden_type::Type, combine_type::Type)
     return (tokens_per_rank=r.tokens_per_rank,
             hidden_states=host_view(r.hidden_states, hidden_type),
             topk_ids=host_view(r.topk_ids, Int32),
@@ -269,6 +288,63 @@ function combine(h::Handle, expert_output::Array{T}) where {T}
                     h.ptr, te, C_NULL, r, C_NULL))
     end
     h.keep = keep
+    out = host_view(r.output, T)
+    return out === nothing ? Array{T}(undef, 0, 0) : out
+end
+
+# --- split phases (docs/overlap.md) -------------------------------------------------------
+# Each slot (0 .. micro_batches - 1) goes IDLE -dispatch_send-> DISPATCH_SENT
+# -dispatch_recv-> DISPATCHED -combine_send-> COMBINE_SENT -combine_recv-> IDLE;
+# any other call on it throws MoeEpError(ERROR_INVALID_STATE) and the handle
+# stays usable.  `dispatch` is dispatch_send + dispatch_recv on slot 0, `combine`
+# combine_send + combine_recv on slot 0.
+
+"""Collective: the send half of dispatch on `slot`; arguments as for `dispatch`."""
+function dispatch_send(h::Handle, slot::Integer, hidden::Array, ids::Matrix{Int32}; weights=nothing)
+    keep = Any[]
+    th = host_tensor(hidden, keep)
+    ti = host_tensor(ids, keep)
+    tw = weights === nothing ? nothing : host_tensor(weights, keep)
+    GC.@preserve keep th ti tw begin
+        args = _dispatch_args(th, ti, tw)
+        check(ccall((:moe_ep_dispatch_send, libmoe_ep), Int32, (Ptr{Cvoid}, Int32, Ref{DispatchArgs}, Ptr{Cvoid}),
+                    h.ptr, slot, args, C_NULL))
+    end
+    h.slot_keep[Int32(slot)] = keep
+    return nothing
+end
+
+"""Collective: the receive half of dispatch on `slot`: the same NamedTuple as
+`dispatch` (give `hidden_type`, the element type of the rows sent), valid until
+the slot's `combine_send`."""
+function dispatch_recv(h::Handle, slot::Integer; hidden_type::Type, combine_type::Type=Float32)
+    r = _dispatch_result()
+    check(ccall((:moe_ep_dispatch_recv, libmoe_ep), Int32, (Ptr{Cvoid}, Int32, Ref{DispatchResult}, Ptr{Cvoid}),
+                h.ptr, slot, r, C_NULL))
+    return _dispatch_views(r, hidden_type, combine_type)
+end
+
+"""Collective: the send half of combine on `slot`; expert_output as for
+`combine`.  Ends the validity of the slot's dispatch results."""
+function combine_send(h::Handle, slot::Integer, expert_output::Array)
+    keep = Any[]
+    te = host_tensor(expert_output, keep)
+    GC.@preserve keep te begin
+        check(ccall((:moe_ep_combine_send, libmoe_ep), Int32, (Ptr{Cvoid}, Int32, Ref{Tensor}, Ptr{Cvoid}),
+                    h.ptr, slot, te, C_NULL))
+    end
+    h.slot_keep[Int32(slot)] = keep
+    return nothing
+end
+
+"""Collective: the receive half of combine on `slot`.  Returns an (H, T) array
+of element type `T` (the handle's combine dtype) aliasing library memory,
+valid until the slot's next combine_recv."""
+function combine_recv(h::Handle, slot::Integer, ::Type{T}) where {T}
+    r = CombineResult(0, NO_TENSOR)
+    check(ccall((:moe_ep_combine_result_init, libmoe_ep), Int32, (Ref{CombineResult}, Csize_t), r, sizeof(CombineResult)))
+    check(ccall((:moe_ep_combine_recv, libmoe_ep), Int32, (Ptr{Cvoid}, Int32, Ptr{Cvoid}, Ref{CombineResult}, Ptr{Cvoid}),
+                h.ptr, slot, C_NULL, r, C_NULL))
     out = host_view(r.output, T)
     return out === nothing ? Array{T}(undef, 0, 0) : out
 end
@@ -306,6 +382,7 @@ function destroy!(h::Handle)
     status = ccall((:moe_ep_destroy, libmoe_ep), Int32, (Ref{Ptr{Cvoid}},), ref)
     h.ptr = C_NULL
     empty!(h.keep)
+    empty!(h.slot_keep)
     check(status)
 end
 
