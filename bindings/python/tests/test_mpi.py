@@ -52,6 +52,28 @@ def test_several_rounds_on_one_handle(bootstrap):
         checks.compare(c, RANK, got)
 
 
+def test_two_micro_batches_in_flight_equal_the_fused_calls(bootstrap):
+    cases = [reference.Case(seed=200 + i, world=WORLD, num_experts=2 * WORLD, top_k=2, hidden=4,
+                            tokens_per_rank=5, scale_elems=1) for i in range(2)]
+    with moe_ep.MoeEp(bootstrap, **host_kwargs(cases[0], micro_batches=2)) as ep:
+        fused = [checks.run_rank(ep, c, RANK) for c in cases]
+        for slot, c in enumerate(cases):
+            inp = c.inputs[RANK]
+            ep.dispatch_send(inp["x"], inp["ids"], inp["w"], inp["scale"], slot=slot)
+        split = []
+        for slot, c in enumerate(cases):
+            r = ep.dispatch_recv(slot=slot)
+            split.append({n: np.from_dlpack(getattr(r, n)).copy()
+                          for n in ("hidden_states", "topk_ids", "topk_weights", "recv_counts")})
+            ep.combine_send(c.expert_output(RANK), slot=slot)
+        for slot, got in enumerate(split):
+            got["output"] = np.from_dlpack(ep.combine_recv(slot=slot)).copy()
+    for c, f, g in zip(cases, fused, split):
+        checks.compare(c, RANK, f)
+        for name, value in g.items():
+            assert value.tobytes() == f[name].tobytes(), name
+
+
 def test_bad_ids_reported_on_the_rank_that_sent_them(bootstrap):
     case = reference.Case(seed=7, world=WORLD, num_experts=2 * WORLD, top_k=2, hidden=4, tokens_per_rank=5)
     bad_rank = WORLD - 1
