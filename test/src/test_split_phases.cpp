@@ -30,6 +30,12 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+// Bitwise equality of two float vectors (NaNs included); memcmp takes no NULL,
+// which an empty vector's data() may be.
+bool same_float_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 // A fresh seed per run, printed with every failure.
 uint64_t fresh_seed() {
   static std::random_device device;
@@ -128,8 +134,7 @@ struct MicroBatch {
     const ReceivedDispatch again = read_dispatch(w, result, host_device(), read_host_memory, v);
     return v.wrong == 0 && again.topk_ids == received.topk_ids && again.recv_counts == received.recv_counts &&
            again.local_expert_counts == received.local_expert_counts &&
-           std::memcmp(again.topk_weights.data(), received.topk_weights.data(),
-                       received.topk_weights.size() * sizeof(float)) == 0;
+           same_float_bits(again.topk_weights, received.topk_weights);
   }
   void combine_send(moe_ep_handle_t h, int32_t slot) {
     // The dispatch results stay valid until combine_send, whatever the other slot did meanwhile.
@@ -188,9 +193,7 @@ RoundResults run_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, bool 
 
 bool same_bits(const ReceivedDispatch& a, const ReceivedDispatch& b) {
   return a.tokens_per_rank == b.tokens_per_rank && a.hidden == b.hidden && a.scales == b.scales &&
-         a.topk_ids == b.topk_ids && a.topk_weights.size() == b.topk_weights.size() &&
-         (a.topk_weights.empty() ||  // memcmp takes no NULL, which an empty vector's data() may be
-          std::memcmp(a.topk_weights.data(), b.topk_weights.data(), a.topk_weights.size() * sizeof(float)) == 0) &&
+         a.topk_ids == b.topk_ids && same_float_bits(a.topk_weights, b.topk_weights) &&
          a.recv_counts == b.recv_counts && a.local_expert_counts == b.local_expert_counts &&
          a.eplb_gathered == b.eplb_gathered;
 }
