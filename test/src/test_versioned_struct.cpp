@@ -24,6 +24,8 @@ using Catch::Matchers::Contains;
 
 namespace {
 
+using moe_ep_test::cpu_tensor;
+
 moe_ep_params_t valid_params() { return moe_ep_test::make_params(8, 2, 4, 16); }
 
 constexpr size_t kCanaryBytes = 64;
@@ -332,16 +334,6 @@ void need(bool ok, const char* what, int line, const std::string& context) {
 constexpr int32_t kHidden = 12;
 constexpr int32_t kTopK = 2;
 constexpr int32_t kMaxTokens = 5;
-
-moe_ep_tensor_t cpu_tensor(void* data, moe_ep_dtype_t dtype, int64_t* shape, int32_t ndim) {
-  moe_ep_tensor_t t{};
-  t.data = data;
-  t.device = moe_ep_device_t{MOE_EP_DEVICE_CPU, 0};
-  t.ndim = ndim;
-  t.dtype = dtype;
-  t.shape = shape;
-  return t;
-}
 
 int64_t elements(const moe_ep_tensor_t& t) {
   int64_t n = 1;

@@ -41,16 +41,6 @@ moe_ep_config_t zc_config(int32_t zero_copy) {
   return c;
 }
 
-moe_ep_tensor_t cpu_tensor(void* data, moe_ep_dtype_t dtype, int64_t* shape, int32_t ndim) {
-  moe_ep_tensor_t t{};
-  t.data = data;
-  t.device = moe_ep_device_t{MOE_EP_DEVICE_CPU, 0};
-  t.ndim = ndim;
-  t.dtype = dtype;
-  t.shape = shape;
-  return t;
-}
-
 // bf16 bits of a float that bf16 holds exactly (small multiples of 1/4).
 uint16_t bf16_bits(float f) {
   uint32_t u = 0;

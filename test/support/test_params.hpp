@@ -1,4 +1,4 @@
-// Parameter and configuration builders shared by the unit tests.
+// Parameter, configuration and tensor builders shared by the unit tests.
 #pragma once
 
 #include "moe_ep_c.h"
@@ -18,6 +18,17 @@ inline moe_ep_config_t host_config() {
   moe_ep_config_init(&c, sizeof c);
   c.backend = MOE_EP_BACKEND_HOST;
   return c;
+}
+
+// A row-major CPU tensor over `data` (the HOST backend's inputs and outputs).
+inline moe_ep_tensor_t cpu_tensor(void* data, moe_ep_dtype_t dtype, int64_t* shape, int32_t ndim) {
+  moe_ep_tensor_t t{};
+  t.data = data;
+  t.device = moe_ep_device_t{MOE_EP_DEVICE_CPU, 0};
+  t.ndim = ndim;
+  t.dtype = dtype;
+  t.shape = shape;
+  return t;
 }
 
 }  // namespace moe_ep_test
