@@ -35,7 +35,7 @@ bool nccl_platform_supported(int32_t /*device*/, std::string* why) {
   return false;
 }
 
-uint64_t nccl_workspace_bytes(const Layout& /*layout*/) { not_built("NCCL"); }
+uint64_t nccl_workspace_bytes(const Layout& /*layout*/, int32_t /*slots*/) { not_built("NCCL"); }
 
 std::unique_ptr<Backend> make_nccl_backend(const Layout& /*layout*/, const moe_ep_config_t& /*config*/,
                                            const Bootstrap& /*bootstrap*/) {

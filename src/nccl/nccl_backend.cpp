@@ -6,6 +6,16 @@
 // grouped ncclSend/ncclRecv returns every rank's expert output segments, and a
 // kernel sums them in ascending rank order.  No host synchronisation inside
 // either call; every wait on the host is bounded by timeout_ms.
+//
+// Split phases (docs/overlap.md): each call in two halves on a buffer slot
+// (config->micro_batches), each slot with its own part of the workspace,
+// streams and events.  dispatch_send = route, pack and the NCCL group;
+// dispatch_recv = the finish kernel.  combine_send = the NCCL group (after
+// staging this rank's own rows when expert_output is not the slot's view, so
+// that the caller's tensor is free once the send half's work is done);
+// combine_recv = the reduction.  The fused calls run the same pieces back to
+// back on slot 0.  NCCL's operations are posted in the order of the calls, on
+// one communicator.
 // docs/nccl_backend.md has the design, the byte model and what is bounded.
 #include "nccl/nccl_backend.hpp"
 
@@ -76,6 +86,43 @@ void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
 const char* const kDispatchChunksVariable = "MOE_EP_NCCL_DISPATCH_CHUNKS";
 const char* const kCombineChunksVariable = "MOE_EP_NCCL_COMBINE_CHUNKS";
 
+// A stream's capture: 0 when eager, the capture's id while capturing, and
+// kNoCapture for a capture that was invalidated (matches nothing).
+constexpr unsigned long long kNoCapture = ~0ull;
+unsigned long long capture_of(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  check_cuda(cudaStreamGetCaptureInfo(stream, &status, &id), "cudaStreamGetCaptureInfo");
+  if (status == cudaStreamCaptureStatusNone) return 0;
+  return status == cudaStreamCaptureStatusActive ? id : kNoCapture;
+}
+
+// One buffer slot: its part of the workspace, the streams and events of its
+// calls, and what a send half hands its receive half.  With micro_batches = 1
+// there is one, exactly the backend's state before it had slots.
+struct NcclSlot {
+  kernels::NcclBuffers buffers{};
+  char* view = nullptr;                           // its combine_input view (zero_copy_combine), else NULL
+  std::unique_ptr<OwnWork> own_work;              // its last eager call and graph replay
+  cudaStream_t side_stream = nullptr;             // own-row packing (lowest priority)
+  cudaStream_t nccl_stream = nullptr;             // NCCL groups of a pipelined call (greatest priority)
+  cudaEvent_t range_events[kMaxNcclChunks] = {};  // range c packed (dispatch) / moved (combine)
+  cudaEvent_t fork_event = nullptr;
+  cudaEvent_t join_event = nullptr;
+  // Recorded after a send half's work, so that a receive half on another
+  // stream of the same capture (or eagerly on another stream) runs after it.
+  cudaEvent_t sent_event = nullptr;
+  cudaStream_t sent_stream = nullptr;
+  unsigned long long sent_capture = 0;
+  // Between the halves: the sizes of the pair, and where the reduction reads
+  // this rank's own expert rows (rank-major: row rank x tpr + slot).
+  int32_t num_tokens = 0;
+  int32_t tokens_per_rank = 0;
+  bool has_weights = false;
+  const char* own_rows = nullptr;
+  bool combine_profiled = false;  // combine_send began a profiled call (MOE_EP_NCCL_PROFILE=1)
+};
+
 class NcclBackend final : public Backend {
  public:
   NcclBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
@@ -103,8 +150,9 @@ class NcclBackend final : public Backend {
       throw;
     }
     log_info("rank ", layout_.rank, ": NCCL ", api_->version(), " (", api_->path, ") on device ", device_, ", ",
-             sm_budget_, " SMs for the kernels, workspace ", plan_.total_bytes, " bytes, timeout ", config_.timeout_ms,
-             " ms, dispatch in ", dispatch_chunks_, " and combine in ", combine_chunks_, " row range(s), ",
+             sm_budget_, " SMs for the kernels, workspace ", total_bytes_, " bytes (", slots_.size(),
+             " buffer slot(s)), timeout ", config_.timeout_ms, " ms, dispatch in ", dispatch_chunks_,
+             " and combine in ", combine_chunks_, " row range(s), ",
              memory_->is_registered() ? "buffers registered with NCCL" : "buffers not registered with NCCL",
              registration_note_);
   }
@@ -114,56 +162,27 @@ class NcclBackend final : public Backend {
   const char* name() const override { return "nccl"; }
   moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CUDA, device_}; }
 
+  bool split_phases() const override { return true; }
+  // The fused combine skips the halves' staging copy of the own rows (the
+  // caller's tensor stays untouched until the call's work is done) and keeps
+  // a pipelined combine's reductions next to the transfer.
+  bool fused_calls_are_faster() const override { return true; }
+
+  // The fused calls: the pieces of the halves back to back on slot 0.
+  // Dispatch is exactly send + receive.  Combine reads this rank's own rows
+  // where the caller left them, as the halves would after staging them, and
+  // keeps the reductions of a pipelined combine next to the transfer: the
+  // same bits as combine_send + combine_recv on slot 0.
   DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
     refuse_after_abort();
     const DeviceGuard guard(device_);
     paths.note(MOE_EP_PHASE_DISPATCH, MOE_EP_PATH_NCCL, layout_.rank);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const int32_t tpr = call.tokens_per_rank;
-    kernels::NcclDispatchLaunch a{};
-    a.num_tokens = call.num_tokens;
-    a.tokens_per_rank = tpr;
-    a.hidden = call.hidden;
-    a.topk_ids = call.topk_ids;
-    a.topk_weights = call.topk_weights;
-    a.scales = call.scales;
-    a.eplb_local = call.eplb_local;
-    a.max_blocks = sm_budget_;
-    if (dispatch_profile_) dispatch_profile_->begin(s);
-    check_cuda(kernels::launch_nccl_dispatch_route(shape_, buffers_, a, s), "launching the NCCL dispatch routing");
-    if (dispatch_profile_) dispatch_profile_->mark(s);
-    const NcclChunkPlan plan = plan_nccl_chunks(tpr, layout_.world_size > 1 ? dispatch_chunks_ : 1);
-    if (plan.count == 1) {
-      // The peers' rows are packed first with every SM and nothing else
-      // running (NCCL waits for them); then the own rows are packed on the
-      // side stream with a quarter of the SMs while NCCL moves the peers'
-      // rows (the transfer leaves most of the memory bandwidth unused).
-      check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, a, kernels::kPackPeers, 0, tpr, s),
-                 "launching the NCCL dispatch pack (peer rows)");
-      if (dispatch_profile_) dispatch_profile_->mark(s);
-      fork(s, side_stream_);
-      pack_own_rows(a, own_pack_blocks(), side_stream_);
-      exchange_dispatch_rows(tpr, plan.ranges[0], true, s);
-      if (dispatch_profile_) dispatch_profile_->mark(s);
-      join(side_stream_, s);
-    } else {
-      pipeline_dispatch(a, plan, s);
-    }
-    check_cuda(kernels::launch_nccl_dispatch_finish(shape_, buffers_, tpr, sm_budget_, s),
-               "launching the NCCL dispatch finish");
-    if (dispatch_profile_) dispatch_profile_->mark(s);
-    note_launch(s);
-
-    DispatchBuffers b;
-    b.hidden = buffers_.recv_hidden;
-    b.topk_ids = buffers_.recv_ids;
-    b.topk_weights = call.has_weights ? buffers_.recv_weights : nullptr;
-    b.scales = buffers_.recv_scales;
-    b.recv_counts = buffers_.recv_counts;
-    b.local_expert_counts = buffers_.local_expert_counts;
-    b.eplb_gathered = buffers_.eplb_gathered;
-    b.combine_input = layout_.zero_copy_combine ? view() : nullptr;
-    return b;
+    NcclSlot& slot = slots_[0];
+    post_dispatch(slot, call, s);
+    finish_dispatch(slot, call.tokens_per_rank, s);
+    slot.own_work->note(s);
+    return dispatch_results(slot, call.has_weights);
   }
 
   void* combine(const CombineCall& call, void* stream) override {
@@ -171,39 +190,110 @@ class NcclBackend final : public Backend {
     const DeviceGuard guard(device_);
     paths.note(MOE_EP_PHASE_COMBINE, MOE_EP_PATH_NCCL, layout_.rank);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    NcclSlot& slot = slots_[0];
     const int64_t tpr = call.tokens_per_rank;
-    // What NCCL sends from: the caller's expert_output, or with registered
-    // buffers always the view (both sides of every NCCL transfer must be
-    // registered), the peers' segments copied there first when the caller's
-    // expert_output is elsewhere.  The reduction reads the own rows in place.
-    const char* expert_output = static_cast<const char*>(call.expert_output);
-    if (memory_->is_registered()) {
-      if (!call.expert_output_is_workspace) {
-        copy_peer_segments(view(), expert_output, layout_.rank, layout_.world_size,
-                           static_cast<size_t>(tpr) * static_cast<size_t>(layout_.combine_row_bytes), s);
-      }
-      expert_output = view();
-    }
+    const char* expert_output = combine_source(slot, call, s);
     kernels::NcclCombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
-    a.expert_output = call.expert_output;
-    a.output = call.output ? call.output : buffers_.combine_out;
+    a.expert_output = call.expert_output;  // the own rows, read in place
+    a.output = call.output ? call.output : slot.buffers.combine_out;
     const NcclChunkPlan plan = plan_nccl_chunks(call.tokens_per_rank, layout_.world_size > 1 ? combine_chunks_ : 1);
     if (plan.count == 1) {
       // One range: NCCL, then the reduction alone with every SM, on the caller's stream.
       if (combine_profile_) combine_profile_->begin(s);
-      exchange_combine_rows(expert_output, tpr, plan.ranges[0], s);
+      exchange_combine_rows(slot, expert_output, tpr, plan.ranges[0], s);
       if (combine_profile_) combine_profile_->mark(s);
-      a.token_begin = 0;
-      a.token_end = call.num_tokens;
-      a.max_blocks = sm_budget_;
-      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, s), "launching the NCCL combine reduction");
+      reduce(slot, a, s);
       if (combine_profile_) combine_profile_->mark(s);
     } else {
-      pipeline_combine(a, expert_output, tpr, plan, s);
+      pipeline_combine(slot, a, expert_output, tpr, plan, s);
     }
-    note_launch(s);
+    slot.own_work->note(s);
+    return a.output;
+  }
+
+  // Route, pack and the NCCL group, posted on `stream`; returns without
+  // waiting.  The inputs are free once this work is done.
+  void dispatch_send(int32_t index, const DispatchCall& call, void* stream) override {
+    refuse_after_abort();
+    const DeviceGuard guard(device_);
+    paths.note(MOE_EP_PHASE_DISPATCH, MOE_EP_PATH_NCCL, layout_.rank);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    NcclSlot& slot = slot_at(index);
+    post_dispatch(slot, call, s);
+    slot.tokens_per_rank = call.tokens_per_rank;
+    slot.has_weights = call.has_weights;
+    sent(slot, s);
+  }
+
+  // The finish kernel, stream-ordered after the slot's group.
+  DispatchBuffers dispatch_recv(int32_t index, void* stream) override {
+    refuse_after_abort();
+    const DeviceGuard guard(device_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    NcclSlot& slot = slot_at(index);
+    after_send(slot, s);
+    finish_dispatch(slot, slot.tokens_per_rank, s);
+    slot.own_work->note(s);
+    return dispatch_results(slot, slot.has_weights);
+  }
+
+  // The NCCL group(s) of the combine, posted on `stream`.  The reduction of
+  // combine_recv reads this rank's own rows; unless they are in the slot's
+  // view (valid until the slot's next dispatch), they are staged first, so
+  // that the caller's expert_output is free once this work is done.
+  void combine_send(int32_t index, const CombineCall& call, void* stream) override {
+    refuse_after_abort();
+    const DeviceGuard guard(device_);
+    paths.note(MOE_EP_PHASE_COMBINE, MOE_EP_PATH_NCCL, layout_.rank);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    NcclSlot& slot = slot_at(index);
+    const int64_t tpr = call.tokens_per_rank;
+    const char* expert_output = static_cast<const char*>(call.expert_output);
+    if (call.expert_output_is_workspace) {
+      slot.own_rows = expert_output;  // the slot's view, read in place
+    } else if (memory_->is_registered()) {
+      // NCCL sends from the view: every segment, the own one included, goes
+      // there in one copy and the reduction reads the own rows from it.
+      const size_t all = static_cast<size_t>(layout_.world_size) * static_cast<size_t>(tpr) *
+                         static_cast<size_t>(layout_.combine_row_bytes);
+      if (all != 0) {
+        check_cuda(cudaMemcpyAsync(slot.view, expert_output, all, cudaMemcpyDeviceToDevice, s),
+                   "copying expert_output into the combine_input view");
+      }
+      expert_output = slot.own_rows = slot.view;
+    } else {
+      slot.own_rows = stage_own_rows(slot, expert_output, tpr, s);
+    }
+    // Every range's group in order on `stream`: the sends have read the
+    // caller's tensor when this stream's work is done (a pipelined combine
+    // overlaps its reductions with the transfer only in the fused call).
+    const NcclChunkPlan plan = plan_nccl_chunks(call.tokens_per_rank, layout_.world_size > 1 ? combine_chunks_ : 1);
+    slot.combine_profiled = combine_profile_ && plan.count == 1;  // (the profile's stages are those of one range)
+    if (slot.combine_profiled) combine_profile_->begin(s);
+    for (int32_t c = 0; c < plan.count; ++c) exchange_combine_rows(slot, expert_output, tpr, plan.ranges[c], s);
+    if (slot.combine_profiled) combine_profile_->mark(s);
+    slot.num_tokens = call.num_tokens;
+    slot.tokens_per_rank = call.tokens_per_rank;
+    sent(slot, s);
+  }
+
+  // The reduction, stream-ordered after the slot's group(s).
+  void* combine_recv(int32_t index, void* output, void* stream) override {
+    refuse_after_abort();
+    const DeviceGuard guard(device_);
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    NcclSlot& slot = slot_at(index);
+    after_send(slot, s);
+    kernels::NcclCombineLaunch a{};
+    a.num_tokens = slot.num_tokens;
+    a.tokens_per_rank = slot.tokens_per_rank;
+    a.expert_output = slot.own_rows;
+    a.output = output ? output : slot.buffers.combine_out;
+    reduce(slot, a, s);
+    if (slot.combine_profiled) combine_profile_->mark(s);
+    slot.own_work->note(s);
     return a.output;
   }
 
@@ -211,13 +301,17 @@ class NcclBackend final : public Backend {
     try {
       const DeviceGuard guard(device_);
       wait_for_own_work();
-      const kernels::NcclDeviceErrors e =
-          read_from_device(buffers_.errors, private_stream_, "reading the device error record");
-      if (e.bad_id_count == 0 && e.bad_peer_count == 0) return MOE_EP_SUCCESS;
-      *message = e.bad_id_count != 0 ? bad_ids_message(e) : "";
-      if (e.bad_peer_count != 0) *message += (message->empty() ? "" : "; ") + bad_peer_message(e);
-      reset_device_errors();
-      return MOE_EP_ERROR_INVALID_INPUT;
+      message->clear();
+      for (size_t k = 0; k < slots_.size(); ++k) {
+        const kernels::NcclDeviceErrors e =
+            read_from_device(slots_[k].buffers.errors, private_stream_, "reading the device error record");
+        if (e.bad_id_count == 0 && e.bad_peer_count == 0) continue;
+        const std::string where = slots_.size() > 1 ? " (slot " + std::to_string(k) + ")" : "";
+        if (e.bad_id_count != 0) *message += (message->empty() ? "" : "; ") + bad_ids_message(e) + where;
+        if (e.bad_peer_count != 0) *message += (message->empty() ? "" : "; ") + bad_peer_message(e) + where;
+        reset_device_errors(slots_[k]);
+      }
+      return message->empty() ? MOE_EP_SUCCESS : MOE_EP_ERROR_INVALID_INPUT;
     } catch (const Error& e) {
       *message = e.what();
       return e.status();
@@ -246,26 +340,24 @@ class NcclBackend final : public Backend {
       combine_profile_.reset();
       if (comm_) comm_->close(healthy && !comm_->aborted());  // releases a registration of the workspace
       memory_.reset();
-      own_work_.reset();
-      for (cudaEvent_t e : range_events_) {
-        if (e) cudaEventDestroy(e);
+      for (NcclSlot& slot : slots_) {
+        slot.own_work.reset();
+        for (cudaEvent_t e : slot.range_events) {
+          if (e) cudaEventDestroy(e);
+        }
+        if (slot.fork_event) cudaEventDestroy(slot.fork_event);
+        if (slot.join_event) cudaEventDestroy(slot.join_event);
+        if (slot.sent_event) cudaEventDestroy(slot.sent_event);
+        if (slot.side_stream) cudaStreamDestroy(slot.side_stream);
+        if (slot.nccl_stream) cudaStreamDestroy(slot.nccl_stream);
       }
-      if (fork_event_) cudaEventDestroy(fork_event_);
-      if (join_event_) cudaEventDestroy(join_event_);
-      if (side_stream_) cudaStreamDestroy(side_stream_);
-      if (nccl_stream_) cudaStreamDestroy(nccl_stream_);
       if (private_stream_) cudaStreamDestroy(private_stream_);
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
     }
     comm_.reset();
     memory_.reset();
-    own_work_.reset();
+    slots_.clear();
     private_stream_ = nullptr;
-    side_stream_ = nullptr;
-    nccl_stream_ = nullptr;
-    fork_event_ = nullptr;
-    join_event_ = nullptr;
-    for (cudaEvent_t& e : range_events_) e = nullptr;
     if (have_previous) cudaSetDevice(previous);
   }
 
@@ -298,9 +390,12 @@ class NcclBackend final : public Backend {
         plan_.send_segment_stride != static_cast<uint64_t>(kernels::nccl_send_segment_stride(shape_))) {
       fail(MOE_EP_ERROR_INTERNAL, "NCCL backend: the workspace plan and the kernels disagree on the metadata layout");
     }
+    total_bytes_ = nccl_workspace_total(plan_, config_.micro_batches);
     dispatch_chunks_ = knob_int(Knob::kNcclDispatchChunks);
     combine_chunks_ = knob_int(Knob::kNcclCombineChunks);
-    if (NcclStageProfile::enabled()) {
+    // The stage profile follows one call at a time: with two slots the
+    // halves of two calls interleave, so it is kept to one slot.
+    if (NcclStageProfile::enabled() && config_.micro_batches == 1) {
       dispatch_profile_ = std::make_unique<NcclStageProfile>(
           "dispatch", std::vector<std::string>{"route", "pack", "nccl", "join+finish"});
       combine_profile_ = std::make_unique<NcclStageProfile>("combine", std::vector<std::string>{"nccl", "reduce"});
@@ -310,21 +405,27 @@ class NcclBackend final : public Backend {
   void create_streams() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    own_work_ = std::make_unique<OwnWork>();
-    // Lowest priority: the side stream's kernels must not keep SMs from NCCL's.
     int lowest = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&lowest, &greatest), "cudaDeviceGetStreamPriorityRange");
-    check_cuda(cudaStreamCreateWithPriority(&side_stream_, cudaStreamNonBlocking, lowest),
-               "cudaStreamCreateWithPriority");
-    // Greatest priority: when a range's pack or reduction and NCCL's next
-    // kernel wait for SMs at once, NCCL's blocks are placed first.
-    check_cuda(cudaStreamCreateWithPriority(&nccl_stream_, cudaStreamNonBlocking, greatest),
-               "cudaStreamCreateWithPriority");
-    for (cudaEvent_t& e : range_events_) {
-      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    slots_.resize(static_cast<size_t>(config_.micro_batches));
+    // Each slot its own streams and events: the halves of two micro-batches
+    // may run on different streams or be captured into different graphs.
+    for (NcclSlot& slot : slots_) {
+      slot.own_work = std::make_unique<OwnWork>();
+      // Lowest priority: the side stream's kernels must not keep SMs from NCCL's.
+      check_cuda(cudaStreamCreateWithPriority(&slot.side_stream, cudaStreamNonBlocking, lowest),
+                 "cudaStreamCreateWithPriority");
+      // Greatest priority: when a range's pack or reduction and NCCL's next
+      // kernel wait for SMs at once, NCCL's blocks are placed first.
+      check_cuda(cudaStreamCreateWithPriority(&slot.nccl_stream, cudaStreamNonBlocking, greatest),
+                 "cudaStreamCreateWithPriority");
+      for (cudaEvent_t& e : slot.range_events) {
+        check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      }
+      check_cuda(cudaEventCreateWithFlags(&slot.fork_event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      check_cuda(cudaEventCreateWithFlags(&slot.join_event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      check_cuda(cudaEventCreateWithFlags(&slot.sent_event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     }
-    check_cuda(cudaEventCreateWithFlags(&fork_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-    check_cuda(cudaEventCreateWithFlags(&join_event_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
   }
 
   // The workspace, registered with NCCL where every rank wants it and every
@@ -336,7 +437,7 @@ class NcclBackend final : public Backend {
     if (wanted) {
       std::string why;
       run_then_agree(bootstrap,
-                     [&] { memory_ = NcclWorkspaceMemory::registered(*api_, comm_->get(), plan_.total_bytes, &why); });
+                     [&] { memory_ = NcclWorkspaceMemory::registered(*api_, comm_->get(), total_bytes_, &why); });
       if (!all_ranks(bootstrap, memory_ != nullptr)) {
         registration_note_ =
             memory_ == nullptr ? " (registration failed: " + why + ")" : " (registration failed on another rank)";
@@ -348,15 +449,19 @@ class NcclBackend final : public Backend {
           api_->can_register() ? " (MOE_EP_NCCL_REGISTER=0 on some rank)" : " (this NCCL has no ncclCommRegister)";
     }
     run_then_agree(bootstrap, [&] {
-      if (!memory_) memory_ = NcclWorkspaceMemory::plain(plan_.total_bytes);
+      if (!memory_) memory_ = NcclWorkspaceMemory::plain(total_bytes_);
     });
   }
 
   void prepare_workspace() {
     const DeviceGuard guard(device_);
-    buffers_ = nccl_buffers_at(workspace(), plan_, layout_);
-    check_cuda(cudaMemsetAsync(workspace(), 0, plan_.total_bytes, private_stream_), "zeroing the workspace");
-    reset_device_errors();
+    for (size_t k = 0; k < slots_.size(); ++k) {
+      char* base = workspace() + k * plan_.total_bytes;
+      slots_[k].buffers = nccl_buffers_at(base, plan_, layout_);
+      slots_[k].view = layout_.zero_copy_combine ? base + plan_.combine_input : nullptr;
+    }
+    check_cuda(cudaMemsetAsync(workspace(), 0, total_bytes_, private_stream_), "zeroing the workspace");
+    for (NcclSlot& slot : slots_) reset_device_errors(slot);
   }
 
   static bool all_ranks(const Bootstrap& bootstrap, bool mine) {
@@ -365,77 +470,195 @@ class NcclBackend final : public Backend {
   }
 
   char* workspace() const { return memory_->base(); }
-  char* view() const { return workspace() + plan_.combine_input; }
 
   // One tiny exchange with every peer, so that NCCL sets up its connections
   // here (bounded by timeout_ms) and not inside a dispatch or a graph capture.
   void connect_peers() {
     const DeviceGuard guard(device_);
+    const kernels::NcclBuffers& b = slots_[0].buffers;
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;
-      send(buffers_.send_segments + p * plan_.send_segment_stride, sizeof(int32_t), p, private_stream_);
-      recv(buffers_.recv_meta + p * plan_.meta_stride, sizeof(int32_t), p, private_stream_);
+      send(b.send_segments + p * plan_.send_segment_stride, sizeof(int32_t), p, private_stream_);
+      recv(b.recv_meta + p * plan_.meta_stride, sizeof(int32_t), p, private_stream_);
     }
     group_end();
-    own_work_->note(private_stream_);
+    slots_[0].own_work->note(private_stream_);
     wait_for_own_work();
     check_cuda(cudaMemsetAsync(workspace(), 0, plan_.recv_counts, private_stream_), "zeroing the headers");
     check_cuda(cudaStreamSynchronize(private_stream_), "zeroing the headers");
   }
 
+  NcclSlot& slot_at(int32_t index) { return slots_[static_cast<size_t>(index)]; }
+
+  // Dispatch up to and including the NCCL group, on `s`: route, then the
+  // peers' rows packed first with every SM and nothing else running (NCCL
+  // waits for them); then the own rows packed on the side stream with a
+  // quarter of the SMs while NCCL moves the peers' rows (the transfer leaves
+  // most of the memory bandwidth unused), joined back into `s` so that a
+  // capture of this work alone is complete.
+  void post_dispatch(NcclSlot& slot, const DispatchCall& call, cudaStream_t s) {
+    const int32_t tpr = call.tokens_per_rank;
+    kernels::NcclDispatchLaunch a{};
+    a.num_tokens = call.num_tokens;
+    a.tokens_per_rank = tpr;
+    a.hidden = call.hidden;
+    a.topk_ids = call.topk_ids;
+    a.topk_weights = call.topk_weights;
+    a.scales = call.scales;
+    a.eplb_local = call.eplb_local;
+    a.max_blocks = sm_budget_;
+    if (dispatch_profile_) dispatch_profile_->begin(s);
+    check_cuda(kernels::launch_nccl_dispatch_route(shape_, slot.buffers, a, s), "launching the NCCL dispatch routing");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
+    const NcclChunkPlan plan = plan_nccl_chunks(tpr, layout_.world_size > 1 ? dispatch_chunks_ : 1);
+    if (plan.count == 1) {
+      check_cuda(kernels::launch_nccl_dispatch_pack(shape_, slot.buffers, a, kernels::kPackPeers, 0, tpr, s),
+                 "launching the NCCL dispatch pack (peer rows)");
+      if (dispatch_profile_) dispatch_profile_->mark(s);
+      fork(slot, s, slot.side_stream);
+      pack_own_rows(slot, a, own_pack_blocks(), slot.side_stream);
+      exchange_dispatch_rows(slot, tpr, plan.ranges[0], true, s);
+      if (dispatch_profile_) dispatch_profile_->mark(s);
+      join(slot, slot.side_stream, s);
+    } else {
+      pipeline_dispatch(slot, a, plan, s);
+    }
+  }
+
+  // After the group, on `s`: the headers checked, the counts and the
+  // received metadata moved into the results.
+  void finish_dispatch(NcclSlot& slot, int32_t tpr, cudaStream_t s) {
+    check_cuda(kernels::launch_nccl_dispatch_finish(shape_, slot.buffers, tpr, sm_budget_, s),
+               "launching the NCCL dispatch finish");
+    if (dispatch_profile_) dispatch_profile_->mark(s);
+  }
+
+  DispatchBuffers dispatch_results(const NcclSlot& slot, bool has_weights) const {
+    DispatchBuffers b;
+    b.hidden = slot.buffers.recv_hidden;
+    b.topk_ids = slot.buffers.recv_ids;
+    b.topk_weights = has_weights ? slot.buffers.recv_weights : nullptr;
+    b.scales = slot.buffers.recv_scales;
+    b.recv_counts = slot.buffers.recv_counts;
+    b.local_expert_counts = slot.buffers.local_expert_counts;
+    b.eplb_gathered = slot.buffers.eplb_gathered;
+    b.combine_input = slot.view;
+    return b;
+  }
+
+  // What combine's NCCL sends read: the caller's expert_output, or with
+  // registered buffers always the slot's view (both sides of every NCCL
+  // transfer must be registered), the peers' segments copied there first
+  // when the caller's expert_output is elsewhere.
+  const char* combine_source(NcclSlot& slot, const CombineCall& call, cudaStream_t s) {
+    const char* expert_output = static_cast<const char*>(call.expert_output);
+    if (!memory_->is_registered()) return expert_output;
+    if (!call.expert_output_is_workspace) {
+      copy_peer_segments(slot.view, expert_output, layout_.rank, layout_.world_size,
+                         static_cast<size_t>(call.tokens_per_rank) * static_cast<size_t>(layout_.combine_row_bytes), s);
+    }
+    return slot.view;
+  }
+
+  // Copies this rank's own segment of `expert_output` (rows rank x tpr ..)
+  // to the same rows of the slot's combine_in, which NCCL never writes (no
+  // transfer to itself), and returns combine_in: the reduction reads the
+  // same bytes from there.
+  const char* stage_own_rows(NcclSlot& slot, const char* expert_output, int64_t tpr, cudaStream_t s) {
+    const size_t segment = static_cast<size_t>(tpr) * static_cast<size_t>(layout_.combine_row_bytes);
+    const size_t at = static_cast<size_t>(layout_.rank) * segment;
+    if (segment != 0) {
+      check_cuda(
+          cudaMemcpyAsync(slot.buffers.combine_in + at, expert_output + at, segment, cudaMemcpyDeviceToDevice, s),
+          "staging this rank's expert_output rows for combine");
+    }
+    return slot.buffers.combine_in;
+  }
+
+  // The reduction of every token alone with every SM, on `s`.
+  void reduce(const NcclSlot& slot, kernels::NcclCombineLaunch a, cudaStream_t s) {
+    a.token_begin = 0;
+    a.token_end = a.num_tokens;
+    a.max_blocks = sm_budget_;
+    check_cuda(kernels::launch_nccl_combine_reduce(shape_, slot.buffers, a, s), "launching the NCCL combine reduction");
+  }
+
+  // The end of a send half on `s`: an event for its receive half, and the
+  // handle's record of its work (the bounded waits cover each half).
+  void sent(NcclSlot& slot, cudaStream_t s) {
+    check_cuda(cudaEventRecord(slot.sent_event, s), "cudaEventRecord");
+    slot.sent_stream = s;
+    slot.sent_capture = capture_of(s);
+    slot.own_work->note(s);
+  }
+
+  // A receive half on `s` runs after its send half's work: by stream order
+  // on the same stream, else by the send half's event where both are eager
+  // or in one capture.  (Between an eager half and a captured one, or two
+  // captures, the caller orders them: an event of one capture cannot be
+  // waited on outside it.)
+  void after_send(const NcclSlot& slot, cudaStream_t s) {
+    if (s == slot.sent_stream || slot.sent_capture == kNoCapture || capture_of(s) != slot.sent_capture) return;
+    check_cuda(cudaStreamWaitEvent(s, slot.sent_event, 0), "cudaStreamWaitEvent");
+  }
+
   // Dispatch in row ranges: the peers' rows of range c are packed on the
-  // caller's stream, then NCCL moves them on nccl_stream_ while the caller's
-  // stream packs range c + 1.  The first range packs alone with every SM; the
-  // later ranges, then the own rows (needed only by the finish kernel), run
-  // one kernel at a time next to NCCL's with half the SMs.  The metadata
-  // blocks (headers, ids, weights, scales: small, complete only after the
-  // last pack) travel with the last range; the earlier groups move hidden
-  // rows only.
-  void pipeline_dispatch(const kernels::NcclDispatchLaunch& a, const NcclChunkPlan& plan, cudaStream_t s) {
+  // caller's stream, then NCCL moves them on the slot's NCCL stream while the
+  // caller's stream packs range c + 1.  The first range packs alone with
+  // every SM; the later ranges, then the own rows (needed only by the finish
+  // kernel), run one kernel at a time next to NCCL's with half the SMs.  The
+  // metadata blocks (headers, ids, weights, scales: small, complete only
+  // after the last pack) travel with the last range; the earlier groups move
+  // hidden rows only.
+  void pipeline_dispatch(NcclSlot& slot, const kernels::NcclDispatchLaunch& a, const NcclChunkPlan& plan,
+                         cudaStream_t s) {
     kernels::NcclDispatchLaunch peers = a;
     for (int32_t c = 0; c < plan.count; ++c) {
       const NcclRowRange& r = plan.ranges[c];
       peers.max_blocks = c == 0 ? sm_budget_ : overlap_blocks();
-      check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, peers, kernels::kPackPeers,
-                                                    static_cast<int32_t>(r.first),
-                                                    static_cast<int32_t>(r.first + r.rows), s),
-                 "launching the NCCL dispatch pack (peer rows of a range)");
-      signal(s, range_events_[c], nccl_stream_);  // (range 0: forks nccl_stream_ from the caller's stream)
-      exchange_dispatch_rows(a.tokens_per_rank, r, c + 1 == plan.count, nccl_stream_);
+      check_cuda(
+          kernels::launch_nccl_dispatch_pack(shape_, slot.buffers, peers, kernels::kPackPeers,
+                                             static_cast<int32_t>(r.first), static_cast<int32_t>(r.first + r.rows), s),
+          "launching the NCCL dispatch pack (peer rows of a range)");
+      // (range 0: forks the NCCL stream from the caller's stream)
+      signal(s, slot.range_events[c], slot.nccl_stream);
+      exchange_dispatch_rows(slot, a.tokens_per_rank, r, c + 1 == plan.count, slot.nccl_stream);
     }
-    pack_own_rows(a, overlap_blocks(), s);
+    pack_own_rows(slot, a, overlap_blocks(), s);
     if (dispatch_profile_) dispatch_profile_->mark(s);  // packing done; "nccl" = what is left of the transfer
-    join(nccl_stream_, s);
+    join(slot, slot.nccl_stream, s);
     if (dispatch_profile_) dispatch_profile_->mark(s);
   }
 
-  // Combine in row ranges: NCCL moves range c on nccl_stream_; the caller's
-  // stream sums the tokens range c completes while NCCL moves range c + 1,
-  // with half the SMs so that NCCL's kernels find room, and the last range
-  // (on the critical path) with every SM.
-  void pipeline_combine(kernels::NcclCombineLaunch a, const char* expert_output, int64_t tpr,
+  // Combine in row ranges (the fused call): NCCL moves range c on the slot's
+  // NCCL stream; the caller's stream sums the tokens range c completes while
+  // NCCL moves range c + 1, with half the SMs so that NCCL's kernels find
+  // room, and the last range (on the critical path) with every SM.
+  void pipeline_combine(NcclSlot& slot, kernels::NcclCombineLaunch a, const char* expert_output, int64_t tpr,
                         const NcclChunkPlan& plan, cudaStream_t s) {
-    fork(s, nccl_stream_);
+    fork(slot, s, slot.nccl_stream);
     for (int32_t c = 0; c < plan.count; ++c) {
-      exchange_combine_rows(expert_output, tpr, plan.ranges[c], nccl_stream_);
-      signal(nccl_stream_, range_events_[c], s);
+      exchange_combine_rows(slot, expert_output, tpr, plan.ranges[c], slot.nccl_stream);
+      signal(slot.nccl_stream, slot.range_events[c], s);
       const NcclTokenRange tokens = nccl_tokens_complete_after(plan, c, a.num_tokens);
       if (tokens.begin == tokens.end) continue;
       a.token_begin = tokens.begin;
       a.token_end = tokens.end;
       // The reduction runs up to 2 x max_blocks blocks: overlap_blocks() / 2 keeps it to overlap_blocks().
       a.max_blocks = c + 1 == plan.count ? sm_budget_ : std::max(1, overlap_blocks() / 2);
-      check_cuda(kernels::launch_nccl_combine_reduce(shape_, buffers_, a, s), "launching the NCCL combine reduction");
+      check_cuda(kernels::launch_nccl_combine_reduce(shape_, slot.buffers, a, s),
+                 "launching the NCCL combine reduction");
     }
-    join(nccl_stream_, s);  // (already ordered by the last range's event; a capture must join what it forked)
+    join(slot, slot.nccl_stream, s);  // (already ordered by the last range's event; a capture must join what it forked)
   }
 
-  void pack_own_rows(const kernels::NcclDispatchLaunch& a, int32_t blocks, cudaStream_t side) {
+  void pack_own_rows(const NcclSlot& slot, const kernels::NcclDispatchLaunch& a, int32_t blocks, cudaStream_t side) {
     kernels::NcclDispatchLaunch own = a;
     own.max_blocks = blocks;
-    check_cuda(kernels::launch_nccl_dispatch_pack(shape_, buffers_, own, kernels::kPackOwn, 0, a.tokens_per_rank, side),
-               "launching the NCCL dispatch pack (own rows)");
+    check_cuda(
+        kernels::launch_nccl_dispatch_pack(shape_, slot.buffers, own, kernels::kPackOwn, 0, a.tokens_per_rank, side),
+        "launching the NCCL dispatch pack (own rows)");
   }
 
   // One NCCL group on `s`: hidden rows [r.first, r.first + r.rows) of every
@@ -445,17 +668,18 @@ class NcclBackend final : public Backend {
   // where the receive rows leave room for it (kernels::nccl_meta_joins_rows:
   // at 2 ranks, every peer), otherwise it is one more send and receive per
   // peer.  Both sides decide from the source's rank, so the operations pair up.
-  void exchange_dispatch_rows(int32_t tpr, const NcclRowRange& r, bool with_metadata, cudaStream_t s) {
+  void exchange_dispatch_rows(const NcclSlot& slot, int32_t tpr, const NcclRowRange& r, bool with_metadata,
+                              cudaStream_t s) {
+    const kernels::NcclBuffers& b = slot.buffers;
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
-      const char* segment = buffers_.send_segments + p * plan_.send_segment_stride;
+      const char* segment = b.send_segments + p * plan_.send_segment_stride;
       transfer_segment(layout_.rank, segment + kernels::nccl_send_rows_offset(shape_),
                        segment + kernels::nccl_send_meta_offset(shape_, tpr), tpr, r, with_metadata, p, true, s);
-      char* rows =
-          buffers_.recv_hidden + static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) * layout_.hidden_row_bytes;
+      char* rows = b.recv_hidden + static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) * layout_.hidden_row_bytes;
       const int64_t at = kernels::nccl_recv_meta_offset(shape_, p, tpr);
-      char* meta = at == -1 ? buffers_.recv_meta + p * plan_.meta_stride : buffers_.recv_hidden + at;
+      char* meta = at == -1 ? b.recv_meta + p * plan_.meta_stride : b.recv_hidden + at;
       transfer_segment(p, rows, meta, tpr, r, with_metadata, p, false, s);
     }
     group_end();
@@ -496,15 +720,16 @@ class NcclBackend final : public Backend {
 
   // Combine rows [r.first, r.first + r.rows) of every peer's segment: the
   // caller's expert_output is already rank-major, sent as it is; the peer's
-  // rows for this rank land in combine_in.  One NCCL group on `s`.
-  void exchange_combine_rows(const char* expert_output, int64_t tpr, const NcclRowRange& r, cudaStream_t s) {
+  // rows for this rank land in the slot's combine_in.  One NCCL group on `s`.
+  void exchange_combine_rows(const NcclSlot& slot, const char* expert_output, int64_t tpr, const NcclRowRange& r,
+                             cudaStream_t s) {
     const uint64_t row_bytes = layout_.combine_row_bytes;
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own rows are read in place by the reduction
       const uint64_t row = static_cast<uint64_t>(p * tpr + r.first);
       send(expert_output + row * row_bytes, r.rows * row_bytes, p, s);
-      recv(buffers_.combine_in + row * row_bytes, r.rows * row_bytes, p, s);
+      recv(slot.buffers.combine_in + row * row_bytes, r.rows * row_bytes, p, s);
     }
     group_end();
   }
@@ -516,8 +741,8 @@ class NcclBackend final : public Backend {
     check_cuda(cudaEventRecord(event, from), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(to, event, 0), "cudaStreamWaitEvent");
   }
-  void fork(cudaStream_t stream, cudaStream_t side) { signal(stream, fork_event_, side); }
-  void join(cudaStream_t side, cudaStream_t stream) { signal(side, join_event_, stream); }
+  void fork(NcclSlot& slot, cudaStream_t stream, cudaStream_t side) { signal(stream, slot.fork_event, side); }
+  void join(NcclSlot& slot, cudaStream_t side, cudaStream_t stream) { signal(side, slot.join_event, stream); }
   // Blocks of the own rows' pack, which runs next to NCCL's transfer: about
   // 1 TB/s of copying (a quarter of the SMs) ends it well inside the transfer
   // at 4096 tokens while leaving NCCL SMs and most of the memory bandwidth.
@@ -546,19 +771,14 @@ class NcclBackend final : public Backend {
     }
   }
 
-  // After each call: waiting for the handle's work waits for this handle only
-  // (its last eager call and its last graph replay; gpu/own_work.hpp).
-  void note_launch(cudaStream_t stream) { own_work_->note(stream); }
-
   // Waits for this handle's work, bounded by timeout_ms: NCCL's kernels wait
   // for peers without a bound of their own, so when the deadline passes (or
   // NCCL reports an error) the communicator is aborted, which makes them exit,
   // and the call fails with TIMEOUT, which breaks the handle (sticky).
   void wait_for_own_work() {
-    if (!own_work_) return;  // nothing was ever launched
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(config_.timeout_ms);
     while (true) {
-      const cudaError_t q = own_work_->query();
+      const cudaError_t q = query_own_work();
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) check_cuda(q, "waiting for the handle's work");
       const nccl::Result nccl_state = comm_->async_error();
@@ -576,17 +796,30 @@ class NcclBackend final : public Backend {
     }
   }
 
+  // Every slot's last eager half and graph replay (gpu/own_work.hpp): waiting
+  // for the handle's work waits for this handle only, every half of every
+  // slot included, whatever streams they ran on.
+  cudaError_t query_own_work() const noexcept {
+    for (const NcclSlot& slot : slots_) {
+      if (!slot.own_work) continue;  // create stopped before it
+      const cudaError_t q = slot.own_work->query();
+      if (q != cudaSuccess) return q;
+    }
+    return cudaSuccess;
+  }
+
   // The wait for the handle's work gave up: shutdown does not wait again.
   [[noreturn]] void abandon_work(moe_ep_status_t status, const std::string& message) {
     own_work_abandoned_ = true;
     throw Error(status, message);
   }
 
-  void reset_device_errors() {
+  void reset_device_errors(const NcclSlot& slot) {
     kernels::NcclDeviceErrors cleared{};
     cleared.bad_id_first = ~uint64_t{0};
     cleared.bad_peer_first = std::numeric_limits<int32_t>::max();
-    write_to_device(buffers_.errors, &cleared, sizeof(cleared), private_stream_, "clearing the device error record");
+    write_to_device(slot.buffers.errors, &cleared, sizeof(cleared), private_stream_,
+                    "clearing the device error record");
   }
 
   std::string bad_ids_message(const kernels::NcclDeviceErrors& e) const {
@@ -614,18 +847,13 @@ class NcclBackend final : public Backend {
   int device_ = 0;
   int sm_budget_ = 0;
   kernels::GroupShape shape_{};
-  NcclWorkspacePlan plan_{};
-  std::unique_ptr<NcclCommunicator> comm_;
+  NcclWorkspacePlan plan_{};                     // one slot's
+  uint64_t total_bytes_ = 0;                     // every slot's: the allocation
+  std::unique_ptr<NcclCommunicator> comm_;       // shared by the slots
   std::unique_ptr<NcclWorkspaceMemory> memory_;  // registered with NCCL or plain
   std::string registration_note_;                // why the workspace is not registered, for the log
-  kernels::NcclBuffers buffers_{};
+  std::vector<NcclSlot> slots_;                  // config->micro_batches of them
   cudaStream_t private_stream_ = nullptr;
-  std::unique_ptr<OwnWork> own_work_;           // the handle's last eager call and graph replay
-  cudaStream_t side_stream_ = nullptr;          // own-row packing (lowest priority)
-  cudaStream_t nccl_stream_ = nullptr;          // NCCL groups of a pipelined call (greatest priority)
-  cudaEvent_t range_events_[kMaxNcclChunks] = {};  // range c packed (dispatch) / moved (combine)
-  cudaEvent_t fork_event_ = nullptr;
-  cudaEvent_t join_event_ = nullptr;
   int32_t dispatch_chunks_ = 1;                 // MOE_EP_NCCL_DISPATCH_CHUNKS
   int32_t combine_chunks_ = 1;                  // MOE_EP_NCCL_COMBINE_CHUNKS
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
@@ -652,7 +880,9 @@ bool nccl_platform_supported(int32_t device, std::string* why) {
   return false;
 }
 
-uint64_t nccl_workspace_bytes(const Layout& layout) { return plan_nccl_workspace(layout).total_bytes; }
+uint64_t nccl_workspace_bytes(const Layout& layout, int32_t slots) {
+  return nccl_workspace_total(plan_nccl_workspace(layout), slots);
+}
 
 std::unique_ptr<Backend> make_nccl_backend(const Layout& layout, const moe_ep_config_t& config,
                                            const Bootstrap& bootstrap) {

@@ -19,8 +19,9 @@ namespace moe_ep {
 // that did not load).  Local.
 bool nccl_platform_supported(int32_t device, std::string* why);
 
-// Device memory create allocates per rank.
-uint64_t nccl_workspace_bytes(const Layout& layout);
+// Device memory create allocates per rank, for `slots` buffer slots
+// (config->micro_batches).
+uint64_t nccl_workspace_bytes(const Layout& layout, int32_t slots = 1);
 
 // Collective.
 std::unique_ptr<Backend> make_nccl_backend(const Layout& layout, const moe_ep_config_t& config,

@@ -99,6 +99,11 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   return o;
 }
 
+uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots) {
+  if (slots < 1) fail(MOE_EP_ERROR_INTERNAL, "NCCL workspace: expected at least 1 buffer slot, got ", slots);
+  return times(plan.total_bytes, static_cast<uint64_t>(slots));
+}
+
 kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, const Layout& l) {
   kernels::NcclBuffers b{};
   auto at = [base](uint64_t offset) { return base + offset; };

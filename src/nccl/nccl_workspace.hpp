@@ -1,5 +1,9 @@
 // Where the NCCL backend's buffers live inside its one device allocation, and
 // how big that allocation is (moe_ep_workspace_size reports the same number).
+// The allocation holds one copy of the plan per buffer slot
+// (config->micro_batches), slot k at k x total_bytes: a slot has its own
+// results, send segments, combine rows, routing scratch and error record, so
+// two micro-batches in flight never share a byte.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +32,12 @@ struct NcclWorkspacePlan {
   uint64_t total_bytes;
 };
 
-// Throws INVALID_ARGUMENT when a size overflows 64 bits.
+// One slot's plan.  Throws INVALID_ARGUMENT when a size overflows 64 bits.
 NcclWorkspacePlan plan_nccl_workspace(const Layout& layout);
+
+// The whole allocation: `slots` x plan.total_bytes (a 256-byte multiple, so
+// every slot starts as aligned as slot 0).  Throws INVALID_ARGUMENT on overflow.
+uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots);
 
 // The buffers of an allocation at `base` (NULL for absent ones).
 kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& plan, const Layout& layout);

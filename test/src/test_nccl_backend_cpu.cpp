@@ -6,12 +6,14 @@
 
 #include <algorithm>
 
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
-#include <unistd.h>
+#include <vector>
 
+#include "backend_table.hpp"
 #include "case_skip.hpp"
 #include "error.hpp"
 #include "handle.hpp"
@@ -252,6 +254,79 @@ TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow i
   huge.max_tokens_per_rank = 1 << 30;
   huge.hidden_row_bytes = uint64_t{1} << 40;
   CHECK_THROWS_AS(moe_ep::plan_nccl_workspace(huge), moe_ep::Error);
+}
+
+// Two micro-batches in flight: each buffer slot is one copy of the plan, so a
+// slot's regions (results, send segments, combine rows, routing scratch,
+// error record) never overlap another slot's, and every slot starts as
+// aligned as slot 0 (the kernels' vector loads).
+TEST_CASE("NCCL buffer slots: one plan per slot, disjoint, aligned, counted; overflow is INVALID_ARGUMENT", "[nccl]") {
+  moe_ep_params_t params = moe_ep_test::make_params(256, 8, 4096, 7168);
+  params.enable_eplb_stats = 1;
+  const moe_ep::Layout l = moe_ep::make_layout(moe_ep::read_params(&params), 2, 0);
+  const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(l);
+  CHECK(plan.total_bytes % 256 == 0);
+  CHECK(moe_ep::nccl_workspace_total(plan, 1) == plan.total_bytes);
+  CHECK(moe_ep::nccl_workspace_total(plan, 2) == 2 * plan.total_bytes);
+  CHECK(moe_ep::nccl_workspace_bytes(l) == plan.total_bytes);  // one slot by default
+  CHECK(moe_ep::nccl_workspace_bytes(l, 2) == 2 * plan.total_bytes);
+  CHECK_THROWS_AS(moe_ep::nccl_workspace_total(plan, 0), moe_ep::Error);
+
+  // Slot k is the plan at k x total_bytes: the plan's regions start at 0 and
+  // end within total_bytes, so no slot reaches into the next one.
+  CHECK(plan.recv_hidden >= plan.meta_gap);  // the gap before the receive rows is the slot's own
+  CHECK(plan.recv_hidden - plan.meta_gap == 0);
+  const uint64_t rows = 2 * 4096;
+  const uint64_t widest = std::max<uint64_t>(rows * l.combine_row_bytes, 2 * plan.send_segment_stride);
+  CHECK(plan.recv_scales - plan.recv_hidden >= rows * l.hidden_row_bytes + plan.meta_gap);
+  CHECK(plan.local_slots - plan.send_segments >= widest);
+  CHECK(plan.errors + sizeof(moe_ep::kernels::NcclDeviceErrors) <= plan.combine_out);
+  CHECK(plan.combine_out + 4096ull * l.combine_row_bytes <= plan.total_bytes);
+  CHECK(plan.combine_input + moe_ep::combine_input_region_bytes(l) <= plan.total_bytes);
+  for (const uint64_t offset : {plan.recv_hidden, plan.send_segments, plan.combine_in, plan.combine_out}) {
+    CHECK((plan.total_bytes + offset) % 256 == 0);  // slot 1's regions as aligned as slot 0's
+  }
+
+  moe_ep::NcclWorkspacePlan huge = plan;
+  huge.total_bytes = uint64_t{1} << 63;
+  CHECK_THROWS_AS(moe_ep::nccl_workspace_total(huge, 2), moe_ep::Error);
+}
+
+// Combine's split halves stage this rank's own rows at the same rows of the
+// slot's combine_in (rank x tpr ..): NCCL never receives there (no transfer
+// to itself), and the region holds them for any tokens_per_rank.
+TEST_CASE("NCCL combine_in: the own segment is free for the staged rows and inside the region", "[nccl]") {
+  for (const int32_t world : {2, 3, 8}) {
+    moe_ep_params_t params = moe_ep_test::make_params(48, 4, 512, 7168);
+    for (int32_t rank = 0; rank < world; ++rank) {
+      const moe_ep::Layout l = moe_ep::make_layout(moe_ep::read_params(&params), world, rank);
+      const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(l);
+      for (const int64_t tpr : {int64_t{512}, int64_t{100}, int64_t{1}}) {
+        const uint64_t segment = static_cast<uint64_t>(tpr) * l.combine_row_bytes;
+        CHECK(plan.combine_in + static_cast<uint64_t>(world) * segment <= plan.local_slots);
+        // Every peer p's rows land at p x tpr: never in the own segment.
+        for (int32_t p = 0; p < world; ++p) {
+          if (p == rank) continue;
+          const uint64_t begin = static_cast<uint64_t>(p) * segment, end = begin + segment;
+          const uint64_t own = static_cast<uint64_t>(rank) * segment;
+          CHECK((end <= own || begin >= own + segment));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("NCCL micro_batches: moe_ep_workspace_size counts every slot (2 allowed, 3 refused)", "[nccl]") {
+  // Without NCCL and a GPU the backend is not usable here: what is checked is
+  // the backend table's limit and sizing, through the plan the table uses.
+  moe_ep_params_t params = moe_ep_test::make_params(64, 4, 256, 1024);
+  const moe_ep::Layout l = moe_ep::make_layout(moe_ep::read_params(&params), 2, 0);
+  CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).max_micro_batches == 2);
+  moe_ep_config_t c = moe_ep::read_config(nullptr);
+  c.micro_batches = 2;
+  CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).workspace_bytes(l, c) == 2 * moe_ep::nccl_workspace_bytes(l));
+  c.micro_batches = 1;
+  CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).workspace_bytes(l, c) == moe_ep::nccl_workspace_bytes(l));
 }
 
 namespace {
