@@ -52,13 +52,15 @@ const BackendEntry kNccl{
     MOE_EP_BACKEND_NCCL,
     "NCCL",
     [](int32_t device, std::string* why) { return nccl_platform_supported(device, why); },
-    [](const Layout& layout, const moe_ep_config_t& /*config*/) { return nccl_workspace_bytes(layout); },
+    [](const Layout& layout, const moe_ep_config_t& config) {
+      return nccl_workspace_bytes(layout, config.micro_batches);
+    },
     [](const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap,
        std::shared_ptr<BoundedExchange> exchange) {
       exchange.reset();  // idle: its worker is joined; the NCCL backend bounds its own waits
       return make_nccl_backend(layout, config, bootstrap);
     },
-    1,
+    kMaxMicroBatches,
 };
 
 const BackendEntry kHost{
