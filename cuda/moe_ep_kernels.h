@@ -56,12 +56,43 @@ struct DeviceErrors {
   PeerCountError first_peer_count_error;  // written by the thread that counted the first
 };
 
+// Every block of a kernel adds to a per-source counter at each destination,
+// and the weights of one call sum to kArrivalsPerCall whatever the grid size
+// (block 0 adds the rest, arrival_weight), so a receiver knows call N is
+// complete when the counter reaches N * kArrivalsPerCall, without knowing the
+// sender's grid.  Counters only grow: 2^44 calls before a 64-bit counter wraps.
+constexpr uint64_t kArrivalsPerCall = uint64_t{1} << 20;
+
+// A split call's ready word (WorkspaceOffsets::dispatch_ready, combine_ready)
+// holds this once every peer's blocks have published: the receive half's
+// stream wait target.  Fits 32 bits for kMaxWorldSize ranks.
+constexpr uint32_t ready_target(int32_t world_size) {
+  return static_cast<uint32_t>(world_size - 1) * static_cast<uint32_t>(kArrivalsPerCall);
+}
+
+// Buffer slots of a handle (config.micro_batches, docs/overlap.md).
+constexpr int kMaxSlots = 2;
+
+// Which part of a call a kernel runs: the fused call, its send half (ends
+// once its rows and flags are on their way) or its receive half (waits for
+// the peers' flags, then produces the results).
+enum CallPart : int32_t { kPartFused = 0, kPartSend = 1, kPartReceive = 2 };
+
+// What a receive half tells the host's watchdog (src/nvlink/receive_watchdog.hpp)
+// about its slot, in host-mapped memory: a stream wait has no timeout of its
+// own, so the watchdog bounds it without synchronising with the device.
+struct ReceiveWatch {
+  volatile uint32_t waiting;    // 1 from the receive half's stream write until its kernel has finished
+  volatile uint32_t completed;  // receive kernels finished on the slot (wraps)
+};
+
 // A copy of the timeout record in host-mapped memory, written with plain
 // stores by the thread that won the device-side record, so that the host can
-// refuse further calls without synchronising.
+// refuse further calls without synchronising; and the slots' receive watches.
 struct HostTimeoutMirror {
   volatile uint32_t timeout_phase;
   volatile int32_t timeout_peer;
+  ReceiveWatch watch[kMaxSlots];
 };
 
 // Byte offsets of the regions of one rank's workspace.  The layout is the same
@@ -79,6 +110,10 @@ struct WorkspaceOffsets {
   uint64_t recv_weights;        // [world*max_tpr][top_k] fp32
   uint64_t combine_arrivals;    // [world] uint64, index = source: blocks' release-adds (serial combine)
   uint64_t combine_started;     // [world] uint64: epoch of the source's running combine
+  uint64_t dispatch_ready;      // uint32: the peers' arrival weights of a split dispatch, taken back by
+                                // the receive half (its stream wait's word: a fixed target,
+                                // (world - 1) * kArrivalsPerCall, whatever the call, so graphs replay it)
+  uint64_t combine_ready;       // uint32: the same for a split combine
   uint64_t combine_chunk_flags; // [world][max_tpr] uint64, index = source, phase: push blocks' counter adds
   uint64_t combine_in;          // [(world-1)*max_tpr][combine_row_bytes]
   uint64_t combine_input;       // [world*max_tpr][combine_row_bytes]: the zero-copy combine input
@@ -104,6 +139,9 @@ struct ControlBlock {
   uint64_t epoch;  // number of the last dispatch (set by dispatch, read by combine); 0 at create
   uint32_t dispatch_ticket;  // the general dispatch's next logical block index; 0 between calls
   uint32_t lookback_tag;     // the general dispatch's last call tag (dispatch/lookback.h); 0 at create
+  uint32_t receives_done;    // receive kernels finished (ReceiveWatch::completed's source)
+  uint32_t watchdog_released;  // nonzero: the host's watchdog released a receive half's stream wait
+                               // after timeout_ms; waits for the peers then give up at once
   DeviceErrors errors;
 };
 
@@ -126,11 +164,14 @@ struct GroupShape {
   int64_t combine_row_bytes;
 };
 
-// Where this rank's state lives (device pointers) and the wait bound.
+// Where this rank's state lives (device pointers) and the wait bound.  With
+// several buffer slots each slot is a whole copy of the layout, at its own
+// offsets (WorkspaceOffsets of that slot); the mirror is the handle's.
 struct HandleState {
   char* local_base;             // this rank's workspace
   HostTimeoutMirror* mirror;    // device pointer of the host-mapped mirror
   int64_t timeout_ns;           // bound of every wait for a peer
+  int32_t slot;                 // the buffer slot the offsets describe
 };
 
 struct DispatchLaunch {
@@ -160,6 +201,8 @@ struct DispatchLaunch {
   int32_t bulk_rows;           // nonzero (compute capability >= 9.0): hidden rows go through shared
                                // memory with bulk copies (the host's path selection checked that rows
                                // and source are 16-byte aligned); zero: through registers
+  int32_t part;                // CallPart: kPartFused, or kPartSend (no wait; launch_dispatch_receive
+                               // then waits and counts, with the same lookback and small_batch)
 #ifdef MOE_EP_DIAGNOSTICS
   int32_t diagnostic;  // hidden rows not written to this rank (1) or to the peers (2), for timing
                        // (wrong results); 4: per-block phase times (MOE_EP_DISPATCH_DIAGNOSTIC)
@@ -240,6 +283,8 @@ struct CombineLaunch {
                             // (MOE_EP_PULL_DIAGNOSTIC; wrong results)
 #endif
   int32_t pdl;                 // nonzero: Programmatic Dependent Launch (compute capability >= 9.0)
+  int32_t part;                // CallPart: fused, send (push or announce, publish, end) or receive
+                               // (wait, reduce); split calls run the serial schedule or the pull
 };
 
 // Publication phases of the overlapped combine (one counter each per source)
@@ -270,6 +315,11 @@ int32_t combine_pull_blocks(int32_t num_tokens, int32_t sm_budget);
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets,
                             const HandleState& state, const DispatchLaunch& args,
                             cudaStream_t stream);
+// The receive half of a split dispatch (args.part == kPartSend was launched
+// before it on the slot): one block waits for every rank's arrivals and
+// writes the counts.  Reads num_tokens, tokens_per_rank, lookback and small_batch.
+cudaError_t launch_dispatch_receive(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
+                                    const DispatchLaunch& args, cudaStream_t stream);
 // At create, outside any stream capture: lets the bulk-copy dispatch kernels
 // (bulk_rows nonzero) use their shared memory on the current device.
 cudaError_t prepare_dispatch(int32_t bulk_rows);

@@ -67,6 +67,10 @@ class Backend {
   // others keep the defaults, which the handle never reaches (it refuses the
   // split calls with UNSUPPORTED first).
   virtual bool split_phases() const { return false; }
+  // A backend whose fused calls do less than its two halves (one kernel
+  // instead of two, say) returns true: the handle then calls dispatch and
+  // combine for the fused calls instead of the halves on slot 0.
+  virtual bool fused_calls_are_faster() const { return false; }
   virtual void dispatch_send(int32_t slot, const DispatchCall& call, void* stream);
   virtual DispatchBuffers dispatch_recv(int32_t slot, void* stream);
   virtual void combine_send(int32_t slot, const CombineCall& call, void* stream);

@@ -401,7 +401,7 @@ void run_dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args_arg, mo
   check_result_struct(result_arg);
   expect_state(h, "moe_ep_dispatch", 0, SlotState::idle);
   const DispatchCall call = validate_dispatch(h, args);
-  if (h.backend->split_phases()) {
+  if (h.backend->split_phases() && !h.backend->fused_calls_are_faster()) {
     send_dispatch(h, 0, call, stream);
     recv_dispatch(h, 0, result_arg, stream);
     return;
@@ -421,7 +421,7 @@ void run_combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const
   CombineCall call = validate_combine(h, s, expert_output);
   call.output = validate_output(h, s, output);
   void* out = nullptr;
-  if (h.backend->split_phases()) {
+  if (h.backend->split_phases() && !h.backend->fused_calls_are_faster()) {
     h.backend->combine_send(0, call, stream);
     s.state = SlotState::combine_sent;
     out = recv_combine(h, 0, call.output, stream);

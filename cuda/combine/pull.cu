@@ -13,6 +13,9 @@
 // this rank's next dispatch, issued after this kernel ended
 // (docs/nvlink_backend.md, "Combine"; model-checked in test_reuse_protocol_model).
 //
+// A split combine (CombineLaunch::part): the send half is the announcement
+// alone, in one block; the receive half waits and pulls.
+//
 // Loads, one of four ways (the partials are always added in ascending rank
 // order in fp32 from 0.0f, as every schedule does, so all four give the same
 // bits):
@@ -38,6 +41,7 @@
 #include "common/bulk_copy.cuh"
 #include "common/device_sync.cuh"
 #include "common/kernel_launch.cuh"
+#include "common/split_ready.cuh"
 
 namespace moe_ep {
 namespace kernels {
@@ -82,6 +86,21 @@ __device__ void handshake(const KernelContext& c, uint64_t epoch, bool announces
   }
 }
 
+// A split combine's send half: the announcement alone (the receive half
+// pulls); the ready words follow it, so that a peer's stream wait ends only
+// when its kernel finds "started N" here.
+__device__ void announce_then_ready(const KernelContext& c, uint64_t epoch) {
+  const GroupShape& s = c.shape;
+  for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
+    if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    fence_acq_rel_sys();
+    add_ready_at_peers(c, c.offsets.combine_ready, static_cast<uint32_t>(kArrivalsPerCall));  // one block: all of it
+  }
+}
+
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const CombineParams p) {
   extern __shared__ __align__(128) char pull_shared[];
   __shared__ uint32_t timed_out;
@@ -96,10 +115,19 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const Co
     failed = 0;
   }
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
+  const int32_t part = p.args.part;
   __syncthreads();
-  if (timed_out != kPhaseNone) return;  // block-uniform
-  handshake(c, epoch, blockIdx.x == 0, &failed);
+  if (timed_out != kPhaseNone) {  // block-uniform
+    if (part == kPartReceive && blockIdx.x == 0 && threadIdx.x == 0) end_receive(c, c.offsets.combine_ready);
+    return;
+  }
+  if (part == kPartSend) {  // one block: "started N" at every peer, then their ready words; no wait
+    announce_then_ready(c, epoch);
+    return;
+  }
+  handshake(c, epoch, part == kPartFused && blockIdx.x == 0, &failed);
   __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
+  if (part == kPartReceive && blockIdx.x == 0 && threadIdx.x == 0) end_receive(c, c.offsets.combine_ready);
   if (failed) return;
   switch (s.combine_dtype) {
     case kCombineBf16: pull_reduce<Bf16Element>(p, pull_shared); break;
@@ -120,6 +148,7 @@ cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream) {
   static std::atomic<uint64_t> raised_on_devices{0};
   const cudaError_t e = raise_dynamic_shared_limit_once(combine_pull_kernel, kPullSharedBytes, &raised_on_devices);
   if (e != cudaSuccess) return e;
+  if (p.args.part == kPartSend) return launch_kernel(combine_pull_kernel, 1, kBlockThreads, 0, stream, p.args.pdl, p);
   return launch_kernel(combine_pull_kernel, p.args.num_blocks, kBlockThreads, kPullSharedBytes, stream, p.args.pdl, p);
 }
 

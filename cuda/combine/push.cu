@@ -101,8 +101,7 @@ __device__ void push_rows(const CombineParams& p, const int32_t* counts, int pus
   const int first_warp = gridDim.x > 1 ? 1 : 0;
   const int warps_per_block = kWarpsPerBlock - first_warp;
   const int warp = static_cast<int>(threadIdx.x / 32) - first_warp;
-  const uint64_t weight =
-      blockIdx.x == 0 ? kArrivalsPerCall - static_cast<uint64_t>(push_blocks - 1) : uint64_t{1};
+  const uint64_t weight = blockIdx.x == 0 ? kArrivalsPerCall - static_cast<uint64_t>(push_blocks - 1) : uint64_t{1};
   for (int64_t phase = 0; phase < phases; ++phase) {
     const int64_t first = phase * rows_per_phase;
     if (warp >= 0) {
@@ -148,13 +147,14 @@ __device__ void push_rows(const CombineParams& p, const int32_t* counts, int pus
 // Lane q waits for the phase holding this token's row from rank q (and lane
 // q for rank q + 32).  Phases seen landed are remembered per lane: a warp's
 // tokens ascend, so the phase it needs from a rank never goes back.
-__device__ __forceinline__ bool wait_one_partial(const CombineParams& p, int q, int32_t slot, int64_t* ready, uint64_t epoch) {
+__device__ __forceinline__ bool wait_one_partial(const CombineParams& p, int q, int32_t slot, int64_t* ready,
+                                                 uint64_t epoch) {
   const KernelContext& c = p.ctx;
   if (q >= c.shape.world_size || q == c.shape.rank || slot < 0) return true;
   const int64_t chunk = slot / p.chunk_rows;
   if (chunk == *ready) return true;
-  const uint64_t* flag = c.local<uint64_t>(c.offsets.combine_chunk_flags) +
-                         static_cast<int64_t>(q) * c.shape.max_tokens_per_rank + chunk;
+  const uint64_t* flag =
+      c.local<uint64_t>(c.offsets.combine_chunk_flags) + static_cast<int64_t>(q) * c.shape.max_tokens_per_rank + chunk;
   if (!wait_until_at_least(flag, epoch * kArrivalsPerCall, c.control(), c.state.mirror, c.state.timeout_ns,
                            kPhaseCombine, q)) {
     return false;
@@ -164,7 +164,7 @@ __device__ __forceinline__ bool wait_one_partial(const CombineParams& p, int q, 
 }
 
 __device__ __forceinline__ bool wait_for_partials(const CombineParams& p, const TokenDestinations& srcs, int lane,
-                                         int64_t* ready_low, int64_t* ready_high, uint64_t epoch) {
+                                                  int64_t* ready_low, int64_t* ready_high, uint64_t epoch) {
   bool ok = wait_one_partial(p, lane, srcs.slot_low, ready_low, epoch);
   ok = wait_one_partial(p, lane + 32, srcs.slot_high, ready_high, epoch) && ok;
   ok = __all_sync(0xFFFFFFFFu, ok);
@@ -230,7 +230,8 @@ __device__ void push_rows_interleaved(const CombineParams& p, const int32_t* cou
 }
 
 // Serial schedule, publication: after a barrier, one fence, then the block
-// counts in at every peer.  Block 0 also advances every phase counter of the
+// counts in at every peer (a send half also adds to the peer's ready word,
+// common/split_ready.cuh).  Block 0 also advances every phase counter of the
 // overlapped schedule by kArrivalsPerCall, so that both kinds of counters
 // advance by that much in every call whatever the schedule (every rank runs
 // the same schedule in a call, so no peer reads the phase counters now).
@@ -244,6 +245,7 @@ __device__ void publish_serial_arrival(const CombineParams& p) {
     for (int i = 1; i < s.world_size; ++i) {
       const int q = (s.rank + i) % s.world_size;
       red_relaxed_sys_add(c.remote<uint64_t>(q, c.offsets.combine_arrivals) + s.rank, weight);
+      if (p.args.part == kPartSend) red_relaxed_sys_add(c.remote<uint32_t>(q, c.offsets.combine_ready), weight);
       if (blockIdx.x != 0) continue;
       uint64_t* phase_counters =
           c.remote<uint64_t>(q, c.offsets.combine_chunk_flags) + static_cast<int64_t>(s.rank) * s.max_tokens_per_rank;
@@ -252,22 +254,35 @@ __device__ void publish_serial_arrival(const CombineParams& p) {
   }
 }
 
+// The end of a split combine's waits: one thread of the receive kernel
+// takes back the ready word and tells the watchdog (common/split_ready.cuh).
+__device__ __forceinline__ void end_combine_receive(const CombineParams& p) {
+  if (p.args.part == kPartReceive && blockIdx.x == 0 && threadIdx.x == 0)
+    end_receive(p.ctx, p.ctx.offsets.combine_ready);
+}
+
+// A split combine's send half pushes and publishes, its receive half waits
+// and reduces (CombineLaunch::part).
 template <typename Element>
 __device__ void combine_serial(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
   const KernelContext& c = p.ctx;
-  push_rows_interleaved(p, counts, aligned);
-  publish_serial_arrival(p);
+  if (p.args.part != kPartReceive) {
+    push_rows_interleaved(p, counts, aligned);
+    publish_serial_arrival(p);
+    if (p.args.part == kPartSend) return;
+  }
   __shared__ int32_t failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   for (int q = threadIdx.x; q < c.shape.world_size; q += blockDim.x) {
     if (q == c.shape.rank) continue;
-    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_arrivals) + q, epoch * kArrivalsPerCall,
-                             c.control(), c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
+    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_arrivals) + q, epoch * kArrivalsPerCall, c.control(),
+                             c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
       failed = 1;
     }
   }
   __syncthreads();
+  end_combine_receive(p);
   if (failed) return;
   reduce_tokens<Element>(p, Roles(1, gridDim.x, 0), aligned, epoch, false);
 }
@@ -309,7 +324,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   const bool aligned = combine_rows_aligned(p);
   if (static_cast<int>(threadIdx.x) < s.world_size) counts[threadIdx.x] = my_count;
   __syncthreads();
-  if (timed_out != kPhaseNone) return;  // block-uniform
+  if (timed_out != kPhaseNone) {  // block-uniform
+    end_combine_receive(p);
+    return;
+  }
   if (blockIdx.x == 0 && p.args.schedule == kCombineOverlapped) {  // "started"; nothing to order before it
     for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
       if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
@@ -372,10 +390,10 @@ __device__ __forceinline__ void store_push_segment(const CombineParams& p, const
   const KernelContext& c = p.ctx;
   const int64_t row_bytes = c.shape.combine_row_bytes;
   const int vectors = push_segment_vectors(p, it.segment);
-  uint4* dst = reinterpret_cast<uint4*>(c.rank_base(it.peer) + c.offsets.combine_in +
-                                        (c.combine_segment(c.shape.rank, it.peer) * p.args.tokens_per_rank + it.j) *
-                                            row_bytes +
-                                        static_cast<int64_t>(it.segment) * kSegmentBytes);
+  uint4* dst =
+      reinterpret_cast<uint4*>(c.rank_base(it.peer) + c.offsets.combine_in +
+                               (c.combine_segment(c.shape.rank, it.peer) * p.args.tokens_per_rank + it.j) * row_bytes +
+                               static_cast<int64_t>(it.segment) * kSegmentBytes);
 #pragma unroll
   for (int u = 0; u < kVectorsPerLane; ++u) {
     if (u * 32 + lane < vectors) dst[u * 32 + lane] = v[u];
@@ -399,11 +417,12 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   const int64_t first_item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int segments = combine_segments(p, aligned);
-  const int64_t push_items = static_cast<int64_t>(world - 1) * p.args.tokens_per_rank * segments;
+  const bool sends = p.args.part != kPartReceive, receives = p.args.part != kPartSend;  // split halves
+  const int64_t push_items = sends ? static_cast<int64_t>(world - 1) * p.args.tokens_per_rank * segments : 0;
   uint4 pushed[kVectorsPerLane];
   if (aligned && first_item < push_items) load_push_segment(p, small_push_item(p, first_item, segments), lane, pushed);
   const int rsegments = reduce_segments(p, aligned);
-  const int64_t reduce_items = static_cast<int64_t>(p.args.num_tokens) * rsegments;
+  const int64_t reduce_items = receives ? static_cast<int64_t>(p.args.num_tokens) * rsegments : 0;
   const int32_t* slots = c.local<int32_t>(c.offsets.token_slots);
   TokenDestinations first_srcs{};
   if (first_item < reduce_items) {  // warp-uniform
@@ -415,7 +434,10 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
   }
   if (static_cast<int>(threadIdx.x) < world) counts[threadIdx.x] = my_count;
   __syncthreads();
-  if (*timed_out_shared != kPhaseNone) return;  // block-uniform
+  if (*timed_out_shared != kPhaseNone) {  // block-uniform
+    end_combine_receive(p);
+    return;
+  }
 
   if (first_item < push_items) {  // the prefetched item, peeled off: its registers die here
     const SmallPushItem it = small_push_item(p, first_item, segments);
@@ -431,7 +453,8 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
     const SmallPushItem it = small_push_item(p, item, segments);
     if (it.j < counts[it.peer]) push_row_segment(p, it.peer, it.j, it.segment, aligned);
   }
-  publish_serial_arrival(p);  // starts with a barrier
+  if (sends) publish_serial_arrival(p);  // starts with a barrier
+  if (!receives) return;
   for (int q = threadIdx.x; q < world; q += blockDim.x) {
     if (q == s.rank) continue;
     if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_arrivals) + q, epoch * kArrivalsPerCall, control,
@@ -440,11 +463,13 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
     }
   }
   __syncthreads();
+  end_combine_receive(p);
   if (*failed) return;
   for (int64_t item = first_item; item < reduce_items; item += warps) {
     const int32_t token = static_cast<int32_t>(item / rsegments);
     const TokenDestinations srcs =
-        item == first_item ? first_srcs : TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
+        item == first_item ? first_srcs
+                           : TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
     if (aligned) {
       reduce_segment<Element>(p, token, static_cast<int>(item % rsegments), srcs, lane);
     } else {

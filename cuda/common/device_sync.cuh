@@ -74,6 +74,12 @@ __device__ __forceinline__ bool handle_timed_out(const ControlBlock* control) {
   return *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) != kPhaseNone;
 }
 
+// Whether the host's watchdog released a receive half's stream wait: the
+// peers missed timeout_ms already, so a wait for them gives up at once.
+__device__ __forceinline__ bool watchdog_released(const ControlBlock* control) {
+  return *reinterpret_cast<const volatile uint32_t*>(&control->watchdog_released) != 0u;
+}
+
 __device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
 __device__ __forceinline__ void red_release_sys_add(uint64_t* p, uint64_t v) {
@@ -101,7 +107,7 @@ __device__ inline bool bounded_wait(const Ready& ready, ControlBlock* control, H
     if (polls > 64) __nanosleep(32);  // many waiters: leave the memory system to the data
     if ((polls & 255u) == 0) {
       if (handle_timed_out(control)) return false;
-      if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns) {
+      if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns || watchdog_released(control)) {
         record_timeout(control, mirror, phase, peer);
         return false;
       }
@@ -116,12 +122,11 @@ __device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target
   return bounded_wait([&] { return load_acquire_sys(word) >= target; }, control, mirror, timeout_ns, phase, peer);
 }
 
-// Every block of a kernel adds to a per-source counter at each destination,
-// and the weights of one call sum to kArrivalsPerCall whatever the grid size
-// (block 0 adds the rest), so a receiver knows call N is complete when the
-// counter reaches N * kArrivalsPerCall, without knowing the sender's grid.
-// Counters only grow: 2^44 calls before a 64-bit counter wraps.
-constexpr uint64_t kArrivalsPerCall = uint64_t{1} << 20;
+// Relaxed 32-bit add at system scope (a split call's ready word; after a
+// fence.acq_rel.sys it is a release pattern, as red_relaxed_sys_add).
+__device__ __forceinline__ void red_relaxed_sys_add(uint32_t* p, uint32_t v) {
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 __device__ __forceinline__ uint64_t arrival_weight() {
   return blockIdx.x == 0 ? kArrivalsPerCall - (gridDim.x - 1) : 1;

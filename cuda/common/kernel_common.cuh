@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "common/device_sync.cuh"
+#include "common/split_ready.cuh"
 #include "moe_ep_kernels.h"
 
 namespace moe_ep {
@@ -67,8 +68,11 @@ struct TokenDestinations {
 
 // After a barrier, one thread makes every store of the block visible and
 // counts the block in at every rank: counters[this rank] in each rank's
-// region at `counters_offset` (see arrival_weight).
-__device__ inline void publish_block_arrival(const KernelContext& c, uint64_t counters_offset) {
+// region at `counters_offset` (see arrival_weight).  A send half
+// (`ready_offset` nonzero) also adds the weight to every peer's ready word
+// there (common/split_ready.cuh).
+__device__ inline void publish_block_arrival(const KernelContext& c, uint64_t counters_offset,
+                                             uint64_t ready_offset = 0) {
   __syncthreads();
   if (threadIdx.x == 0) {
     fence_acq_rel_sys();  // one fence, then relaxed adds: peers first, this rank last
@@ -78,6 +82,7 @@ __device__ inline void publish_block_arrival(const KernelContext& c, uint64_t co
       const int d = (c.shape.rank + i) % world;
       red_relaxed_sys_add(c.remote<uint64_t>(d, counters_offset) + c.shape.rank, weight);
     }
+    if (ready_offset != 0) add_ready_at_peers(c, ready_offset, static_cast<uint32_t>(weight));
   }
 }
 

@@ -15,6 +15,8 @@
 //      its padding rows (ids = invalid, weights = 0): one per own token that
 //      does not go there, from the back, and its share of [T, tpr);
 //   4. publishes with one release-add per destination (arrival counters).
+// A split dispatch's send half (DispatchLaunch::part) ends there, and
+// dispatch/receive_kernel.cuh does block 0's last step below.
 // The last block (the last ticket, or after a scan the last index) knows the
 // totals once it has looked back or scanned: it sends every rank its row
 // count, its per-expert counts and this rank's EPLB row before its own
@@ -32,6 +34,7 @@
 #include "common/kernel_launch.cuh"
 #include "dispatch/bulk_segments.cuh"
 #include "dispatch/general_kernel.cuh"
+#include "dispatch/receive_kernel.cuh"
 #include "dispatch/register_segments.cuh"
 #include "dispatch/small_kernel.cuh"
 #include "moe_ep_kernels.h"
@@ -76,6 +79,18 @@ cudaError_t launch_with(bool small, const DispatchParams& p, cudaStream_t stream
 }
 
 }  // namespace
+
+cudaError_t launch_dispatch_receive(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
+                                    const DispatchLaunch& args, cudaStream_t stream) {
+  DispatchParams p;
+  p.ctx.shape = shape;
+  p.ctx.offsets = offsets;
+  p.ctx.state = state;
+  p.args = args;
+  p.args.part = kPartReceive;
+  p.args.num_blocks = 1;
+  return launch_kernel(dispatch_receive_kernel, 1, kBlockThreads, 0, stream, p.args.pdl, p);
+}
 
 cudaError_t prepare_dispatch(int32_t bulk_rows) {
   if (bulk_rows == 0) return cudaSuccess;

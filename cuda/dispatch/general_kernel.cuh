@@ -73,10 +73,12 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);  // step 4 (starts with a barrier)
+  const bool send_half = p.args.part == kPartSend;  // the receive kernel waits and counts instead
+  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals,
+                        send_half ? p.ctx.offsets.dispatch_ready : 0);  // step 4 (starts with a barrier)
   trace.mark_published();
   store_placed_slots(p, t0, t1, sh);
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0 && !send_half) {
     finish_dispatch(p, sh.epoch, sh, wait_ok, false, trace);
     if (lookback && threadIdx.x == 0) control->lookback_tag = sh.tag;  // as the epoch: every block has read it
     trace.print(sh.epoch);

@@ -68,9 +68,10 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals);
+  const bool send_half = p.args.part == kPartSend;  // the receive kernel waits and counts instead
+  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals, send_half ? p.ctx.offsets.dispatch_ready : 0);
   trace.mark_published();
-  if (blockIdx.x == 0) {
+  if (blockIdx.x == 0 && !send_half) {
     finish_dispatch(p, epoch, sh.r, sh.wait_ok, true, trace);
     trace.print(epoch);
   }

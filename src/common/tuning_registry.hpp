@@ -48,6 +48,9 @@ struct KnobSpec {
   X(Pdl, "MOE_EP_PDL", kBool, 1, 0, 1, nullptr,                                                                    \
     "NVLink, compute capability 9.0 and newer: Programmatic Dependent Launch, a kernel scheduled while the "       \
     "previous one of the stream finishes; 0 trades that overlap for launches a profiler shows one by one")        \
+  X(StreamWait, "MOE_EP_STREAM_WAIT", kBool, 1, 0, 1, nullptr,                                                     \
+    "NVLink split phases: a receive half waits for the peers with a stream memory operation, holding no SM, "    \
+    "before its kernel; 0 makes the kernel wait instead (it then holds its SMs while the rows travel)")           \
   X(SmallBatch, "MOE_EP_SMALL_BATCH", kBool, 1, 0, 1, nullptr,                                                     \
     "NVLink: the small-batch kernels (a shorter chain of dependent steps) for calls within the two bounds "       \
     "below; 0 runs every call on the general kernels, slower for small calls")                                    \

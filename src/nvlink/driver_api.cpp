@@ -50,6 +50,12 @@ const Loaded& loaded() {
            load("cuMemGetAllocationGranularity", &a.granularity, &m) & load("cuDeviceGet", &a.device_get, &m) &
            load("cuDeviceGetAttribute", &a.device_attribute, &m) & load("cuGetErrorName", &a.error_name, &m) &
            load("cuGetErrorString", &a.error_string, &m);
+    std::string optional_missing;  // not a reason to refuse the backend
+    if (!(load("cuStreamWaitValue32", &a.stream_wait_value32, &optional_missing) &
+          load("cuStreamWriteValue32", &a.stream_write_value32, &optional_missing))) {
+      a.stream_wait_value32 = nullptr;
+      a.stream_write_value32 = nullptr;
+    }
     return x;
   }();
   return l;

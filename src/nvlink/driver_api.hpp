@@ -25,6 +25,10 @@ struct DriverApi {
   PFN_cuDeviceGetAttribute_v2000 device_attribute = nullptr;
   PFN_cuGetErrorName_v6000 error_name = nullptr;
   PFN_cuGetErrorString_v6000 error_string = nullptr;
+  // Optional (NULL where the driver lacks them): the split phases' stream
+  // wait and the watchdog's stream writes; without them a receive kernel waits itself.
+  PFN_cuStreamWaitValue32_v11070 stream_wait_value32 = nullptr;
+  PFN_cuStreamWriteValue32_v11070 stream_write_value32 = nullptr;
 };
 
 // The entry points, loaded once.  Throws UNSUPPORTED naming the missing

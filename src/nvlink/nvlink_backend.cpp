@@ -27,11 +27,13 @@
 #include "nvlink/driver_api.hpp"
 #include "nvlink/mirror_pool.hpp"
 #include "nvlink/path_selection.hpp"
+#include "nvlink/receive_watchdog.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {
 
+static_assert(kMaxMicroBatches <= kernels::kMaxSlots, "every slot has its receive watch in the mirror");
 static_assert(kernels::kCombineSerial == 0 && kernels::kCombineOverlapped == 1 && kernels::kCombineAuto == 2,
               "MOE_EP_COMBINE_SCHEDULE's words are serial|overlapped|auto, in the order of CombineSchedule");
 
@@ -95,13 +97,14 @@ class NvlinkBackend final : public Backend {
     }
     {
       const DeviceGuard guard(device_);
-      memory_ = std::make_unique<SharedMemory>(bootstrap, device_, offsets_.total_bytes, config_.timeout_ms);
+      memory_ =
+          std::make_unique<SharedMemory>(bootstrap, device_, slots_total_bytes(offsets_, slots_), config_.timeout_ms);
     }
     // No peer writes here before this rank is ready.
     run_then_agree(bootstrap, [&] { initialise_workspace(); });
     log_info("rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
-             " SMs, workspace ", memory_->size(), " bytes (", offsets_.total_bytes, " used), timeout ",
-             config_.timeout_ms, " ms, combine schedule ",
+             " SMs, workspace ", memory_->size(), " bytes (", slots_total_bytes(offsets_, slots_), " used, ", slots_,
+             " slot", slots_ > 1 ? "s" : "", "), timeout ", config_.timeout_ms, " ms, combine schedule ",
              paths_.combine_schedule == kernels::kCombineOverlapped ? "overlapped"
              : paths_.combine_schedule == kernels::kCombineAuto     ? "auto"
                                                                     : "serial",
@@ -120,96 +123,89 @@ class NvlinkBackend final : public Backend {
   DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
     refuse_after_timeout();
     const DeviceGuard guard(device_);
-    kernels::DispatchLaunch a{};
-    a.num_tokens = call.num_tokens;
-    a.tokens_per_rank = call.tokens_per_rank;
-    a.hidden = call.hidden;
-    a.topk_ids = call.topk_ids;
-    a.topk_weights = call.topk_weights;
-    a.scales = call.scales;
-    a.eplb_local = call.eplb_local;
-    a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
-    a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
-    DispatchPathCall pc;
-    pc.num_tokens = call.num_tokens;
-    pc.tokens_per_rank = call.tokens_per_rank;
-    pc.num_blocks = a.num_blocks;
-    pc.hidden_row_bytes = shape_.hidden_row_bytes;
-    pc.hidden = call.hidden;
-    const int32_t path = select_dispatch_path(paths_, pc);
-    a.lookback = dispatch_path_looks_back(path) ? 1 : 0;
-    // What a token sends to each destination: its row, scales, ids and weights.
-    const int64_t token_bytes = shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k;
-    a.small_batch = dispatch_path_is_small(path) ? 1 : 0;
-    a.first_block_share =
-        kernels::small_first_block_share(a.num_blocks, call.num_tokens, shape_.top_k, token_bytes, shape_.world_size);
-    a.last_block_share =
-        a.lookback != 0 ? kernels::kTokenShareUnit
-                        : kernels::scan_last_block_share(a.num_blocks, shape_.top_k, token_bytes, shape_.world_size);
-    a.pdl = paths_.pdl ? 1 : 0;
-    a.bulk_rows = dispatch_path_is_bulk(path) ? 1 : 0;
-#ifdef MOE_EP_DIAGNOSTICS
-    a.diagnostic = dispatch_diagnostic_;
-#endif
+    int32_t path = 0;
+    const kernels::DispatchLaunch a = dispatch_launch(call, kernels::kPartFused, &path);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    check_cuda(kernels::launch_dispatch(shape_, offsets_, state_, a, s), "launching the dispatch kernel");
+    check_cuda(kernels::launch_dispatch(shape_, offsets_, slot_state(0), a, s), "launching the dispatch kernel");
     note_launch(s);
     paths.note(MOE_EP_PHASE_DISPATCH, path, layout_.rank);
-
-    char* base = memory_->local();
-    DispatchBuffers b;
-    b.hidden = base + offsets_.recv_hidden;
-    b.topk_ids = reinterpret_cast<int32_t*>(base + offsets_.recv_ids);
-    b.topk_weights = call.has_weights ? reinterpret_cast<float*>(base + offsets_.recv_weights) : nullptr;
-    b.scales = layout_.scale_row_bytes ? base + offsets_.recv_scales : nullptr;
-    b.recv_counts = reinterpret_cast<int32_t*>(base + offsets_.recv_counts);
-    b.local_expert_counts = reinterpret_cast<int32_t*>(base + offsets_.local_expert_counts);
-    b.eplb_gathered = layout_.eplb_stats ? reinterpret_cast<int32_t*>(base + offsets_.eplb_gathered) : nullptr;
-    b.combine_input = layout_.zero_copy_combine ? base + offsets_.combine_input : nullptr;
-    return b;
+    return dispatch_buffers(0, call.has_weights);
   }
 
   void* combine(const CombineCall& call, void* stream) override {
     refuse_after_timeout();
     const DeviceGuard guard(device_);
-    kernels::CombineLaunch a{};
-    a.num_tokens = call.num_tokens;
-    a.tokens_per_rank = call.tokens_per_rank;
-    a.expert_output = call.expert_output;
-    a.output = call.output ? call.output : memory_->local() + offsets_.combine_out;
-    a.num_blocks = kernels::combine_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    // config.zero_copy_combine (the same on every rank): every combine of the
-    // group pulls from the peers' combine_input views, so an expert_output
-    // elsewhere is first copied into this rank's view (the peers' rows only;
-    // the own rows are read where they are).
-    CombinePathCall pc;
-    pc.zero_copy_combine = layout_.zero_copy_combine;
-    pc.world_size = layout_.world_size;
-    pc.group_min_sm_budget = group_min_sm_budget_;
-    pc.tokens_per_rank = call.tokens_per_rank;
-    pc.combine_row_bytes = shape_.combine_row_bytes;
-    pc.expert_output = a.expert_output;
-    pc.output = a.output;
-    const int32_t path = select_combine_path(paths_, pc);
-    a.pull = combine_path_pulls(path) ? 1 : 0;
-    a.schedule = combine_path_schedule(path);
-    a.pull_registers = path == MOE_EP_PATH_COMBINE_PULL_REGISTERS ? 1 : 0;
-    a.pull_rows = path == MOE_EP_PATH_COMBINE_PULL_ROWS ? 1 : 0;
-    a.pull_copy_bytes = kPullCopyBytes;
-    a.pull_producers = pull_producers_;
-#ifdef MOE_EP_DIAGNOSTICS
-    a.pull_diagnostic = pull_diagnostic_;
-#endif
-    if (a.pull) {
-      a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
-      if (!call.expert_output_is_workspace) copy_into_view(call, s);
-    }
-    a.phases = combine_phases_;
-    a.reduce_blocks = 0;  // the kernel's own split of the grid
-    a.pdl = paths_.pdl ? 1 : 0;
-    a.small_batch = path == MOE_EP_PATH_COMBINE_SMALL_PUSH ? 1 : 0;
-    check_cuda(kernels::launch_combine(shape_, offsets_, state_, a, s), "launching the combine kernel");
+    int32_t path = 0;
+    kernels::CombineLaunch a = combine_launch(0, call, call.output, /*split=*/false, &path);
+    a.part = kernels::kPartFused;
+    if (a.pull && !call.expert_output_is_workspace) copy_into_view(0, call, s);
+    check_cuda(kernels::launch_combine(shape_, offsets_, slot_state(0), a, s), "launching the combine kernel");
+    note_launch(s);
+    paths.note(MOE_EP_PHASE_COMBINE, path, layout_.rank);
+    return a.output;
+  }
+
+  // ---- The split phases (docs/overlap.md, "NVLink backend") ----
+
+  bool split_phases() const override { return true; }
+  // The fused calls are one kernel each; the halves two, and a stream wait.
+  bool fused_calls_are_faster() const override { return true; }
+
+  void dispatch_send(int32_t slot, const DispatchCall& call, void* stream) override {
+    refuse_after_timeout();
+    const DeviceGuard guard(device_);
+    SplitSlot& k = split_.at(static_cast<size_t>(slot));
+    k.dispatch = dispatch_launch(call, kernels::kPartSend, &k.dispatch_path);
+    k.has_weights = call.has_weights;
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    check_cuda(kernels::launch_dispatch(shape_, slot_offsets_[slot], slot_state(slot), k.dispatch, s),
+               "launching the dispatch send kernel");
+    note_launch(s);
+  }
+
+  DispatchBuffers dispatch_recv(int32_t slot, void* stream) override {
+    refuse_after_timeout();
+    const DeviceGuard guard(device_);
+    SplitSlot& k = split_.at(static_cast<size_t>(slot));
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    kernels::DispatchLaunch a = k.dispatch;
+    a.pdl = wait_for_ready(slot, slot_offsets_[slot].dispatch_ready, s) ? 0 : a.pdl;
+    check_cuda(kernels::launch_dispatch_receive(shape_, slot_offsets_[slot], slot_state(slot), a, s),
+               "launching the dispatch receive kernel");
+    note_launch(s);
+    paths.note(MOE_EP_PHASE_DISPATCH, k.dispatch_path, layout_.rank);
+    return dispatch_buffers(slot, k.has_weights);
+  }
+
+  void combine_send(int32_t slot, const CombineCall& call, void* stream) override {
+    refuse_after_timeout();
+    const DeviceGuard guard(device_);
+    SplitSlot& k = split_.at(static_cast<size_t>(slot));
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    k.combine_call = call;
+    // The pull variant depends on the output, known only to the receive
+    // half; every pull path's send half is the same announcement.
+    int32_t path = 0;
+    kernels::CombineLaunch a = combine_launch(slot, call, nullptr, /*split=*/true, &path);
+    a.part = kernels::kPartSend;
+    if (a.pull && !call.expert_output_is_workspace) copy_into_view(slot, call, s);
+    check_cuda(kernels::launch_combine(shape_, slot_offsets_[slot], slot_state(slot), a, s),
+               "launching the combine send kernel");
+    note_launch(s);
+  }
+
+  void* combine_recv(int32_t slot, void* output, void* stream) override {
+    refuse_after_timeout();
+    const DeviceGuard guard(device_);
+    SplitSlot& k = split_.at(static_cast<size_t>(slot));
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    int32_t path = 0;
+    kernels::CombineLaunch a = combine_launch(slot, k.combine_call, output, /*split=*/true, &path);
+    a.part = kernels::kPartReceive;
+    a.pdl = wait_for_ready(slot, slot_offsets_[slot].combine_ready, s) ? 0 : a.pdl;
+    check_cuda(kernels::launch_combine(shape_, slot_offsets_[slot], slot_state(slot), a, s),
+               "launching the combine receive kernel");
     note_launch(s);
     paths.note(MOE_EP_PHASE_COMBINE, path, layout_.rank);
     return a.output;
@@ -218,27 +214,36 @@ class NvlinkBackend final : public Backend {
   // Copies the rows of every peer's segment of expert_output into this rank's
   // combine_input view, in stream order before the combine kernel, so that the
   // peers find them there.
-  void copy_into_view(const CombineCall& call, cudaStream_t s) {
+  void copy_into_view(int32_t slot, const CombineCall& call, cudaStream_t s) {
     const size_t segment_bytes = static_cast<size_t>(call.tokens_per_rank) *
                                  static_cast<size_t>(layout_.combine_row_bytes);  // sizes checked at create
-    copy_peer_segments(memory_->local() + offsets_.combine_input, static_cast<const char*>(call.expert_output),
-                       layout_.rank, layout_.world_size, segment_bytes, s);
+    copy_peer_segments(memory_->local() + slot_offsets_[slot].combine_input,
+                       static_cast<const char*>(call.expert_output), layout_.rank, layout_.world_size, segment_bytes,
+                       s);
   }
 
   moe_ep_status_t poll_async_error(std::string* message) override {
     try {
       const DeviceGuard guard(device_);
       wait_for_own_work();
-      const kernels::DeviceErrors e =
-          read_from_device(&control_device()->errors, private_stream_, "reading the device error record");
-      if (e.timeout_phase != kernels::kPhaseNone) {
-        *message = timeout_message(e.timeout_phase, e.timeout_peer);
-        return MOE_EP_ERROR_TIMEOUT;
+      std::vector<kernels::DeviceErrors> errors;
+      for (int32_t slot = 0; slot < slots_; ++slot) {
+        errors.push_back(
+            read_from_device(&control_device(slot)->errors, private_stream_, "reading the device error record"));
       }
-      if (e.bad_id_count != 0 || e.peer_count_errors != 0) {
-        *message = input_errors_message(e);
-        clear_input_errors();
-        return MOE_EP_ERROR_INVALID_INPUT;
+      for (const kernels::DeviceErrors& e : errors) {
+        if (e.timeout_phase != kernels::kPhaseNone) {
+          *message = timeout_message(e.timeout_phase, e.timeout_peer);
+          return MOE_EP_ERROR_TIMEOUT;
+        }
+      }
+      for (int32_t slot = 0; slot < slots_; ++slot) {
+        const kernels::DeviceErrors& e = errors[static_cast<size_t>(slot)];
+        if (e.bad_id_count != 0 || e.peer_count_errors != 0) {
+          *message = input_errors_message(e);
+          clear_input_errors(slot);
+          return MOE_EP_ERROR_INVALID_INPUT;
+        }
       }
       return MOE_EP_SUCCESS;
     } catch (...) {
@@ -258,20 +263,28 @@ class NvlinkBackend final : public Backend {
       // Each step is timed for MOE_EP_LOG=info: a step that waits for the
       // whole device (a driver's implicit synchronisation) shows up there.
       TeardownClock clock;
-      wait_for_own_work_noexcept();
+      wait_for_own_work_noexcept();  // a stream wait of a dead peer's is released by the watchdog meanwhile
       clock.step("own work");
+      watchdog_.reset();
+      if (watchdog_stream_) {
+        cudaStreamSynchronize(watchdog_stream_);  // its writes land before the memory goes
+        cudaStreamDestroy(watchdog_stream_);
+      }
+      clock.step("watchdog");
       memory_.reset();
       clock.step("unmap and release the workspace");
       own_work_.reset();
       if (private_stream_) cudaStreamDestroy(private_stream_);
       clock.step("stream and events");
       release_mirror_slot(mirror_);  // back to the pool: cudaFreeHost would wait for the device
-      cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
+      cudaGetLastError();            // nothing of this teardown may leak into the caller's error state
       try {
         log_info("rank ", layout_.rank, ": destroy ", clock.summary());
       } catch (...) {
       }
     }
+    watchdog_.reset();
+    watchdog_stream_ = nullptr;
     memory_.reset();
     own_work_.reset();
     private_stream_ = nullptr;
@@ -280,6 +293,172 @@ class NvlinkBackend final : public Backend {
   }
 
  private:
+  // What a slot's send half leaves for its receive half.
+  struct SplitSlot {
+    kernels::DispatchLaunch dispatch{};
+    int32_t dispatch_path = 0;
+    bool has_weights = false;
+    CombineCall combine_call;
+  };
+
+  // The dispatch kernels' arguments for this call and `part`; *path is the
+  // path selection's choice.
+  kernels::DispatchLaunch dispatch_launch(const DispatchCall& call, int32_t part, int32_t* path) const {
+    kernels::DispatchLaunch a{};
+    a.num_tokens = call.num_tokens;
+    a.tokens_per_rank = call.tokens_per_rank;
+    a.hidden = call.hidden;
+    a.topk_ids = call.topk_ids;
+    a.topk_weights = call.topk_weights;
+    a.scales = call.scales;
+    a.eplb_local = call.eplb_local;
+    a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
+    DispatchPathCall pc;
+    pc.num_tokens = call.num_tokens;
+    pc.tokens_per_rank = call.tokens_per_rank;
+    pc.num_blocks = a.num_blocks;
+    pc.hidden_row_bytes = shape_.hidden_row_bytes;
+    pc.hidden = call.hidden;
+    *path = select_dispatch_path(paths_, pc);
+    a.lookback = dispatch_path_looks_back(*path) ? 1 : 0;
+    // What a token sends to each destination: its row, scales, ids and weights.
+    const int64_t token_bytes = shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k;
+    a.small_batch = dispatch_path_is_small(*path) ? 1 : 0;
+    a.first_block_share =
+        kernels::small_first_block_share(a.num_blocks, call.num_tokens, shape_.top_k, token_bytes, shape_.world_size);
+    a.last_block_share =
+        a.lookback != 0 ? kernels::kTokenShareUnit
+                        : kernels::scan_last_block_share(a.num_blocks, shape_.top_k, token_bytes, shape_.world_size);
+    a.pdl = paths_.pdl ? 1 : 0;
+    a.bulk_rows = dispatch_path_is_bulk(*path) ? 1 : 0;
+    a.part = part;
+#ifdef MOE_EP_DIAGNOSTICS
+    a.diagnostic = dispatch_diagnostic_;
+#endif
+    return a;
+  }
+
+  // Slot `slot`'s dispatch results.
+  DispatchBuffers dispatch_buffers(int32_t slot, bool has_weights) const {
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* base = memory_->local();
+    DispatchBuffers b;
+    b.hidden = base + o.recv_hidden;
+    b.topk_ids = reinterpret_cast<int32_t*>(base + o.recv_ids);
+    b.topk_weights = has_weights ? reinterpret_cast<float*>(base + o.recv_weights) : nullptr;
+    b.scales = layout_.scale_row_bytes ? base + o.recv_scales : nullptr;
+    b.recv_counts = reinterpret_cast<int32_t*>(base + o.recv_counts);
+    b.local_expert_counts = reinterpret_cast<int32_t*>(base + o.local_expert_counts);
+    b.eplb_gathered = layout_.eplb_stats ? reinterpret_cast<int32_t*>(base + o.eplb_gathered) : nullptr;
+    b.combine_input = layout_.zero_copy_combine ? base + o.combine_input : nullptr;
+    return b;
+  }
+
+  // The combine kernels' arguments (part left fused) for this call on
+  // `slot` into `output` (NULL = the slot's own output).  A split call
+  // (`split`) runs the serial schedule: its halves are the push and the wait.
+  kernels::CombineLaunch combine_launch(int32_t slot, const CombineCall& call, void* output, bool split,
+                                        int32_t* path) const {
+    kernels::CombineLaunch a{};
+    a.num_tokens = call.num_tokens;
+    a.tokens_per_rank = call.tokens_per_rank;
+    a.expert_output = call.expert_output;
+    a.output = output ? output : memory_->local() + slot_offsets_[slot].combine_out;
+    a.num_blocks = kernels::combine_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    // config.zero_copy_combine (the same on every rank): every combine of the
+    // group pulls from the peers' combine_input views, so an expert_output
+    // elsewhere is first copied into this rank's view (the peers' rows only;
+    // the own rows are read where they are).
+    CombinePathCall pc;
+    pc.zero_copy_combine = layout_.zero_copy_combine;
+    pc.world_size = layout_.world_size;
+    pc.group_min_sm_budget = group_min_sm_budget_;
+    pc.tokens_per_rank = call.tokens_per_rank;
+    pc.combine_row_bytes = shape_.combine_row_bytes;
+    pc.expert_output = a.expert_output;
+    pc.output = a.output;
+    pc.split = split;
+    *path = select_combine_path(paths_, pc);
+    a.pull = combine_path_pulls(*path) ? 1 : 0;
+    a.schedule = combine_path_schedule(*path);
+    a.pull_registers = *path == MOE_EP_PATH_COMBINE_PULL_REGISTERS ? 1 : 0;
+    a.pull_rows = *path == MOE_EP_PATH_COMBINE_PULL_ROWS ? 1 : 0;
+    a.pull_copy_bytes = kPullCopyBytes;
+    a.pull_producers = pull_producers_;
+#ifdef MOE_EP_DIAGNOSTICS
+    a.pull_diagnostic = pull_diagnostic_;
+#endif
+    if (a.pull) a.num_blocks = kernels::combine_pull_blocks(call.num_tokens, sm_budget_);
+    a.phases = combine_phases_;
+    a.reduce_blocks = 0;  // the kernel's own split of the grid
+    a.pdl = paths_.pdl ? 1 : 0;
+    a.small_batch = *path == MOE_EP_PATH_COMBINE_SMALL_PUSH ? 1 : 0;
+    a.part = kernels::kPartFused;
+    return a;
+  }
+
+  kernels::HandleState slot_state(int32_t slot) const {
+    kernels::HandleState st = state_;
+    st.slot = slot;
+    return st;
+  }
+
+  // Before a receive kernel: the stream waits, holding no SM, until every
+  // peer's send half has published on the slot's ready word at
+  // `ready_offset` (common/split_ready.cuh), with the slot's watch raised
+  // for the watchdog.  Returns false where there is no stream wait (one
+  // rank, MOE_EP_STREAM_WAIT=0, or a driver without stream memory
+  // operations): the receive kernel then waits by itself.
+  bool wait_for_ready(int32_t slot, uint64_t ready_offset, cudaStream_t s) {
+    if (!stream_wait_ || layout_.world_size == 1) return false;
+    if (!watchdog_) start_watchdog();
+    const DriverApi& api = driver_api();
+    const CUstream cs = reinterpret_cast<CUstream>(s);
+    const CUdeviceptr waiting = reinterpret_cast<CUdeviceptr>(&state_.mirror->watch[slot].waiting);
+    check_driver(api.stream_write_value32(cs, waiting, 1, CU_STREAM_WRITE_VALUE_DEFAULT),
+                 "cuStreamWriteValue32(receive watch)");
+    const CUdeviceptr ready = reinterpret_cast<CUdeviceptr>(memory_->local() + ready_offset);
+    check_driver(
+        api.stream_wait_value32(cs, ready, kernels::ready_target(layout_.world_size), CU_STREAM_WAIT_VALUE_GEQ),
+        "cuStreamWaitValue32(ready word)");
+    return true;
+  }
+
+  // The watchdog of the stream waits (nvlink/receive_watchdog.hpp): on the
+  // first receive half, so that fused-only handles run no thread.
+  void start_watchdog() {
+    check_cuda(cudaStreamCreateWithFlags(&watchdog_stream_, cudaStreamNonBlocking), "creating the watchdog's stream");
+    watchdog_ = std::make_unique<ReceiveWatchdog>(mirror_, slots_, config_.timeout_ms,
+                                                  [this](int32_t slot) { release_stream_waits(slot); });
+  }
+
+  // On the watchdog's thread, after timeout_ms of a slot's stream wait: marks
+  // the slot released (its receive kernel then gives up on the missing peers
+  // at once, recording the timeout) and fills both ready words, which ends
+  // the wait.  The handle is out of step from then on, like any timeout.
+  void release_stream_waits(int32_t slot) noexcept {
+    if (cudaSetDevice(device_) != cudaSuccess) return;
+    const DriverApi& api = driver_api();
+    const CUstream cs = reinterpret_cast<CUstream>(watchdog_stream_);
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* base = memory_->local();
+    const uint32_t target = kernels::ready_target(layout_.world_size);
+    api.stream_write_value32(
+        cs, reinterpret_cast<CUdeviceptr>(base + o.control + offsetof(kernels::ControlBlock, watchdog_released)), 1,
+        CU_STREAM_WRITE_VALUE_DEFAULT);
+    api.stream_write_value32(cs, reinterpret_cast<CUdeviceptr>(base + o.dispatch_ready), target,
+                             CU_STREAM_WRITE_VALUE_DEFAULT);
+    api.stream_write_value32(cs, reinterpret_cast<CUdeviceptr>(base + o.combine_ready), target,
+                             CU_STREAM_WRITE_VALUE_DEFAULT);
+    cudaGetLastError();
+    try {
+      log_info("rank ", layout_.rank, ": a receive half of slot ", slot, " waited ", config_.timeout_ms,
+               " ms for its peers; its stream wait is released and the call fails with TIMEOUT");
+    } catch (...) {
+    }
+  }
+
   // Local checks and sizes; nothing collective yet.
   void prepare_locally() {
     device_ = resolve_device(config_.device);
@@ -302,6 +481,10 @@ class NvlinkBackend final : public Backend {
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sm_count_ ? config_.num_sms : sm_count_;
     shape_ = group_shape(layout_);
     offsets_ = plan_workspace(layout_);
+    slots_ = config_.micro_batches < 1 ? 1 : config_.micro_batches;
+    for (int32_t slot = 0; slot < slots_; ++slot) slot_offsets_.push_back(slot_offsets(offsets_, slot));
+    split_.resize(static_cast<size_t>(slots_));
+    stream_wait_ = knob_bool(Knob::kStreamWait) && driver_api().stream_wait_value32 != nullptr;
     paths_ = read_nvlink_path_settings(cc, sm_budget_);
     combine_phases_ = knob_int(Knob::kCombinePhases);
     pull_producers_ = knob_int(Knob::kPullProducers);
@@ -326,25 +509,29 @@ class NvlinkBackend final : public Backend {
     check_cuda(cudaMemsetAsync(base, 0, memory_->size(), private_stream_), "zeroing the workspace");
     std::vector<uint64_t> bases(layout_.world_size);
     for (int r = 0; r < layout_.world_size; ++r) bases[r] = reinterpret_cast<uintptr_t>(memory_->rank_base(r));
-    check_cuda(cudaMemcpyAsync(base + offsets_.peer_bases, bases.data(), bases.size() * sizeof(uint64_t),
-                               cudaMemcpyHostToDevice, private_stream_),
-               "writing the peer table");
     kernels::ControlBlock control{};
     control.epoch = 0;  // the first dispatch is epoch 1; flags and counters start at 0
     control.errors.timeout_peer = -1;
     control.errors.bad_id_first = ~uint64_t{0};
     control.errors.first_peer_count_error.source = -1;
-    check_cuda(cudaMemcpyAsync(control_device(), &control, sizeof(control), cudaMemcpyHostToDevice, private_stream_),
-               "writing the control block");
+    for (int32_t slot = 0; slot < slots_; ++slot) {  // each slot its own copy (its own epochs)
+      check_cuda(cudaMemcpyAsync(base + slot_offsets_[slot].peer_bases, bases.data(), bases.size() * sizeof(uint64_t),
+                                 cudaMemcpyHostToDevice, private_stream_),
+                 "writing the peer table");
+      check_cuda(
+          cudaMemcpyAsync(control_device(slot), &control, sizeof(control), cudaMemcpyHostToDevice, private_stream_),
+          "writing the control block");
+    }
     check_cuda(cudaStreamSynchronize(private_stream_), "initialising the workspace");
 
     state_.local_base = base;
     state_.mirror = mirror.device;
     state_.timeout_ns = static_cast<int64_t>(config_.timeout_ms) * 1000000;
+    state_.slot = 0;
   }
 
-  kernels::ControlBlock* control_device() const {
-    return reinterpret_cast<kernels::ControlBlock*>(memory_->local() + offsets_.control);
+  kernels::ControlBlock* control_device(int32_t slot) const {
+    return reinterpret_cast<kernels::ControlBlock*>(memory_->local() + slot_offsets_[slot].control);
   }
 
   // A timed-out group is out of step: every later call fails at once.
@@ -362,11 +549,11 @@ class NvlinkBackend final : public Backend {
   void wait_for_own_work() { check_cuda(wait_for_own_work_noexcept(), "waiting for the handle's last kernel"); }
 
   // Clears the input-error part of the record (bad ids, refused peer counts).
-  void clear_input_errors() {
+  void clear_input_errors(int32_t slot) {
     kernels::DeviceErrors cleared{};
     cleared.bad_id_first = ~uint64_t{0};
     cleared.first_peer_count_error.source = -1;
-    char* at = reinterpret_cast<char*>(&control_device()->errors);
+    char* at = reinterpret_cast<char*>(&control_device(slot)->errors);
     const size_t from = offsetof(kernels::DeviceErrors, bad_id_count);
     write_to_device(at + from, reinterpret_cast<const char*>(&cleared) + from, sizeof(cleared) - from, private_stream_,
                     "clearing the input error record");
@@ -407,8 +594,14 @@ class NvlinkBackend final : public Backend {
   int sm_count_ = 0;
   int sm_budget_ = 0;
   kernels::GroupShape shape_{};
-  kernels::WorkspaceOffsets offsets_{};
-  kernels::HandleState state_{};
+  kernels::WorkspaceOffsets offsets_{};  // slot 0's
+  int32_t slots_ = 1;                    // config.micro_batches
+  std::vector<kernels::WorkspaceOffsets> slot_offsets_;
+  std::vector<SplitSlot> split_;
+  bool stream_wait_ = false;  // receive halves wait with a stream memory operation (MOE_EP_STREAM_WAIT)
+  std::unique_ptr<ReceiveWatchdog> watchdog_;
+  cudaStream_t watchdog_stream_ = nullptr;
+  kernels::HandleState state_{};  // slot 0's (slot_state)
   std::unique_ptr<SharedMemory> memory_;
   kernels::HostTimeoutMirror* mirror_ = nullptr;
   cudaStream_t private_stream_ = nullptr;
@@ -458,7 +651,7 @@ bool nvlink_platform_supported(int32_t device) {
 
 uint64_t nvlink_workspace_bytes(const Layout& layout, const moe_ep_config_t& config) {
   const int device = resolve_device(config.device);
-  return SharedMemory::allocation_size(device, plan_workspace(layout).total_bytes);
+  return SharedMemory::allocation_size(device, slots_total_bytes(plan_workspace(layout), config.micro_batches));
 }
 
 std::unique_ptr<Backend> make_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,

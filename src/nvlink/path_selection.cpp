@@ -71,8 +71,11 @@ int32_t select_combine_path(const NvlinkPathSettings& s, const CombinePathCall& 
     return s.pull_rows && call.combine_row_bytes <= kernels::kPullRowMaxBytes ? MOE_EP_PATH_COMBINE_PULL_ROWS
                                                                            : MOE_EP_PATH_COMBINE_PULL_SEGMENTS;
   }
-  const int32_t schedule = kernels::resolve_combine_schedule(s.combine_schedule, call.world_size, call.tokens_per_rank,
-                                                             call.group_min_sm_budget);
+  // The overlapped schedule pushes and reduces at once: it has no halves.
+  const int32_t schedule = call.split
+                               ? kernels::kCombineSerial
+                               : kernels::resolve_combine_schedule(s.combine_schedule, call.world_size,
+                                                                   call.tokens_per_rank, call.group_min_sm_budget);
   if (schedule == kernels::kCombineOverlapped) return MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH;
   if (s.small_batch && call.tokens_per_rank <= s.small_combine_tokens &&
       call.tokens_per_rank <= kernels::kSmallCombineMaxTokens) {

@@ -62,6 +62,8 @@ struct CombinePathCall {
   int64_t combine_row_bytes = 0;
   const void* expert_output = nullptr;
   const void* output = nullptr;
+  bool split = false;  // a split call (docs/overlap.md): its halves are a push and a wait, so the
+                       // serial schedule; the same on every rank of a call (the collective rule)
 };
 // Every rank of a group takes a pull path, or every rank a push path of the
 // same schedule (the schedule depends on group-wide values only).

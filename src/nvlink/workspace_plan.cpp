@@ -1,5 +1,7 @@
 #include "nvlink/workspace_plan.hpp"
 
+#include <cstring>
+
 #include "dtype.hpp"
 
 namespace moe_ep {
@@ -44,6 +46,8 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.recv_weights = p.place(W * M * K * sizeof(float));
   o.combine_arrivals = p.place(W * sizeof(uint64_t));
   o.combine_started = p.place(W * sizeof(uint64_t));
+  o.dispatch_ready = p.place(sizeof(uint32_t));
+  o.combine_ready = p.place(sizeof(uint32_t));
   o.combine_chunk_flags = p.place(W * M * sizeof(uint64_t));
   // The push combine's landing rows.  With zero_copy_combine every combine of
   // the group pulls from the peers' views and nothing lands here, so the
@@ -65,6 +69,24 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.combine_out = p.place(M * l.combine_row_bytes);
   o.total_bytes = p.end();
   return o;
+}
+
+kernels::WorkspaceOffsets slot_offsets(const kernels::WorkspaceOffsets& first, int32_t slot) {
+  // Every field is an offset (or the end), so the slot's copy is the same
+  // layout moved by whole slots: each field moves alike.
+  static_assert(sizeof(kernels::WorkspaceOffsets) % sizeof(uint64_t) == 0, "only uint64_t fields");
+  constexpr size_t kFields = sizeof(kernels::WorkspaceOffsets) / sizeof(uint64_t);
+  uint64_t fields[kFields];
+  std::memcpy(fields, &first, sizeof first);
+  const uint64_t shift = static_cast<uint64_t>(slot) * first.total_bytes;
+  for (uint64_t& f : fields) f += shift;
+  kernels::WorkspaceOffsets out;
+  std::memcpy(&out, fields, sizeof out);
+  return out;
+}
+
+uint64_t slots_total_bytes(const kernels::WorkspaceOffsets& first, int32_t slots) {
+  return first.total_bytes * static_cast<uint64_t>(slots < 1 ? 1 : slots);  // a slot is at most 1 TiB (params.cpp)
 }
 
 kernels::GroupShape group_shape(const Layout& l) {

@@ -2,7 +2,8 @@
 // that a peer's region is its base plus the same offset), and how big the
 // whole is.  Sizes follow docs/semantics.md §6: one dispatch receive region and one combine
 // region of world x max_tokens_per_rank rows (the push combine's landing rows,
-// or the zero-copy combine_input view), no double buffering.
+// or the zero-copy combine_input view), no double buffering; with
+// config.micro_batches = 2, two such slots.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +13,17 @@
 
 namespace moe_ep {
 
-// Offsets for this layout; total_bytes is the unrounded size.
+// Offsets of buffer slot 0 for this layout; total_bytes is the unrounded
+// size of one slot (a multiple of the regions' alignment).
 kernels::WorkspaceOffsets plan_workspace(const Layout& layout);
+
+// Buffer slot `slot` (config.micro_batches, docs/overlap.md) is a whole copy
+// of slot 0's layout right after the previous slot: its offsets, each moved
+// by slot x total_bytes (total_bytes moves too: the slot's end).
+kernels::WorkspaceOffsets slot_offsets(const kernels::WorkspaceOffsets& first, int32_t slot);
+
+// The workspace of `slots` slots.
+uint64_t slots_total_bytes(const kernels::WorkspaceOffsets& first, int32_t slots);
 
 // The kernels' view of the layout.
 kernels::GroupShape group_shape(const Layout& layout);
