@@ -45,7 +45,7 @@ const BackendEntry kNvlink{
       exchange.reset();  // idle: its worker is joined; the NVLink backend bounds its own waits
       return make_nvlink_backend(layout, config, bootstrap);
     },
-    1,
+    kMaxMicroBatches,
 };
 
 const BackendEntry kNccl{
