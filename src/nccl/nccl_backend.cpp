@@ -352,12 +352,14 @@ class NcclBackend final : public Backend {
         if (slot.nccl_stream) cudaStreamDestroy(slot.nccl_stream);
       }
       if (private_stream_) cudaStreamDestroy(private_stream_);
+      if (last_group_) cudaEventDestroy(last_group_);
       cudaGetLastError();  // nothing of this teardown may leak into the caller's error state
     }
     comm_.reset();
     memory_.reset();
     slots_.clear();
     private_stream_ = nullptr;
+    last_group_ = nullptr;
     if (have_previous) cudaSetDevice(previous);
   }
 
@@ -405,6 +407,7 @@ class NcclBackend final : public Backend {
   void create_streams() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check_cuda(cudaEventCreateWithFlags(&last_group_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     int lowest = 0, greatest = 0;
     check_cuda(cudaDeviceGetStreamPriorityRange(&lowest, &greatest), "cudaDeviceGetStreamPriorityRange");
     slots_.resize(static_cast<size_t>(config_.micro_batches));
@@ -671,6 +674,7 @@ class NcclBackend final : public Backend {
   void exchange_dispatch_rows(const NcclSlot& slot, int32_t tpr, const NcclRowRange& r, bool with_metadata,
                               cudaStream_t s) {
     const kernels::NcclBuffers& b = slot.buffers;
+    in_call_order(s);
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own segment was written in place
@@ -683,6 +687,7 @@ class NcclBackend final : public Backend {
       transfer_segment(p, rows, meta, tpr, r, with_metadata, p, false, s);
     }
     group_end();
+    posted(s);
   }
 
   // The operations of one segment of source `src` (this rank when sending,
@@ -724,6 +729,7 @@ class NcclBackend final : public Backend {
   void exchange_combine_rows(const NcclSlot& slot, const char* expert_output, int64_t tpr, const NcclRowRange& r,
                              cudaStream_t s) {
     const uint64_t row_bytes = layout_.combine_row_bytes;
+    in_call_order(s);
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {
       if (p == layout_.rank) continue;  // the own rows are read in place by the reduction
@@ -732,6 +738,7 @@ class NcclBackend final : public Backend {
       recv(slot.buffers.combine_in + row * row_bytes, r.rows * row_bytes, p, s);
     }
     group_end();
+    posted(s);
   }
 
   // `to` waits for the work issued on `from` so far.  Events, so that a CUDA
@@ -753,6 +760,22 @@ class NcclBackend final : public Backend {
   // resident for the whole kernel, so NCCL's next group must find SMs that
   // none of ours occupies.
   int32_t overlap_blocks() const { return std::max(1, sm_budget_ / 2); }
+
+  // NCCL's groups run in the order they were posted, whatever streams the
+  // caller gives the halves of two micro-batches: NCCL promises no progress to
+  // two operations of one communicator in flight at once, so a group posted
+  // on another stream than the previous one waits for it (both eager or in
+  // one capture; otherwise the caller orders the streams).  On one stream,
+  // stream order already does it.
+  void in_call_order(cudaStream_t s) {
+    if (s == last_group_stream_ || last_group_capture_ == kNoCapture || capture_of(s) != last_group_capture_) return;
+    check_cuda(cudaStreamWaitEvent(s, last_group_, 0), "cudaStreamWaitEvent");
+  }
+  void posted(cudaStream_t s) {
+    check_cuda(cudaEventRecord(last_group_, s), "cudaEventRecord");
+    last_group_stream_ = s;
+    last_group_capture_ = capture_of(s);
+  }
 
   void group_start() { comm_->complete("ncclGroupStart", api_->GroupStart()); }
   void group_end() { comm_->complete("ncclGroupEnd", api_->GroupEnd()); }
@@ -854,6 +877,9 @@ class NcclBackend final : public Backend {
   std::string registration_note_;                // why the workspace is not registered, for the log
   std::vector<NcclSlot> slots_;                  // config->micro_batches of them
   cudaStream_t private_stream_ = nullptr;
+  cudaEvent_t last_group_ = nullptr;  // after the last NCCL group a call posted
+  cudaStream_t last_group_stream_ = nullptr;
+  unsigned long long last_group_capture_ = kNoCapture;  // (kNoCapture until a call posts one)
   int32_t dispatch_chunks_ = 1;                 // MOE_EP_NCCL_DISPATCH_CHUNKS
   int32_t combine_chunks_ = 1;                  // MOE_EP_NCCL_COMBINE_CHUNKS
   std::unique_ptr<NcclStageProfile> dispatch_profile_, combine_profile_;  // MOE_EP_NCCL_PROFILE=1
