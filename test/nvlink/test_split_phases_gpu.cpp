@@ -491,14 +491,26 @@ void check_split_timeout(GpuCaseOptions o, GpuHalf skipped) {
     for (const GpuStep& step : steps) {
       if (rank == missing && step.micro_batch == last && step.half >= skipped) continue;
       const moe_ep_status_t st = issue(step);
-      note(st == MOE_EP_SUCCESS ? !timed_out : st == MOE_EP_ERROR_TIMEOUT && rank != missing,
+      // (On NCCL the skipping rank's own pair may wait behind the missing one in the communicator's order.)
+      note(st == MOE_EP_SUCCESS ? !timed_out : st == MOE_EP_ERROR_TIMEOUT && (rank != missing || nccl),
            std::string("half ") + std::to_string(int(step.half)) + " of micro-batch " +
                std::to_string(step.micro_batch) + ": " + moe_ep_status_string(st));
       timed_out = timed_out || st == MOE_EP_ERROR_TIMEOUT;
     }
+    // NVLink bounds its waits on the device (or with its own watchdog), so the
+    // stream finishes by itself; NCCL's kernels wait without a bound, and the
+    // host aborts the communicator when moe_ep_get_async_error (or destroy)
+    // waits past timeout_ms: there the poll comes first.
+    moe_ep_status_t polled = MOE_EP_SUCCESS;
+    const auto timed_poll = [&] {
+      const auto start = std::chrono::steady_clock::now();
+      polled = poll(&m);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      note(t < limit_s, "moe_ep_get_async_error took " + std::to_string(t) + " s");
+    };
+    if (nccl) timed_poll();
     cudaError_t stream_status = cudaSuccess;
-    const double waited = seconds_until_idle(stream, limit_s, &stream_status);
-    if (waited < 0) {
+    if (seconds_until_idle(stream, limit_s, &stream_status) < 0) {
       // The stream never finished: nothing could end this rank's process cleanly.
       std::fprintf(stderr, "rank %d: %s the stream's work had not finished %.1f s (10 x timeout_ms) after the round\n",
                    rank, why.c_str(), limit_s);
@@ -506,20 +518,20 @@ void check_split_timeout(GpuCaseOptions o, GpuHalf skipped) {
       std::_Exit(1);
     }
     note(stream_status == cudaSuccess, std::string("stream: ") + cudaGetErrorName(stream_status));
+    if (!nccl) timed_poll();
+    const std::string said = std::string(moe_ep_status_string(polled)) + " '" + m + "'";
     if (rank != missing) {
-      const moe_ep_status_t st = poll(&m);
-      note(st == MOE_EP_ERROR_TIMEOUT, std::string("poll: ") + moe_ep_status_string(st) + " '" + m + "'");
-      note(m.find("timeout_ms = " + std::to_string(o.timeout_ms)) != std::string::npos, "message '" + m + "'");
+      note(polled == MOE_EP_ERROR_TIMEOUT, "poll: " + said);
+      note(m.find("timeout_ms = " + std::to_string(o.timeout_ms)) != std::string::npos, "message " + said);
       if (!nccl) {  // the NVLink backend names the phase and the rank it waited for
-        note(m.find(skipped == kDispatchSend ? "dispatch" : "combine") != std::string::npos, "phase in '" + m + "'");
-        note(names_rank(m, missing), "rank " + std::to_string(missing) + " in '" + m + "'");
+        note(m.find(skipped == kDispatchSend ? "dispatch" : "combine") != std::string::npos, "phase in " + said);
+        note(names_rank(m, missing), "rank " + std::to_string(missing) + " in " + said);
       }
       // Sticky: the next call fails at once with the same status.
       const moe_ep_status_t again = issue(GpuStep{0, kDispatchSend});
       note(again == MOE_EP_ERROR_TIMEOUT, std::string("a call after the timeout: ") + moe_ep_status_string(again));
     } else if (!nccl) {  // its own pairs had every peer's halves
-      const moe_ep_status_t st = poll(&m);
-      note(st == MOE_EP_SUCCESS, std::string("the skipping rank's poll: ") + moe_ep_status_string(st) + " '" + m + "'");
+      note(polled == MOE_EP_SUCCESS, "the skipping rank's poll: " + said);
     }
     const double seconds = h.destroy();  // never waits for a peer
     note(seconds < 5.0, "destroy took " + std::to_string(seconds) + " s");
