@@ -27,6 +27,7 @@
 #include "gpu_case_runner.hpp"
 #include "gpu_test_env.hpp"
 #include "mpi_test_bootstrap.hpp"
+#include "scoped_environment.hpp"
 #include "tensor_view.hpp"
 
 using namespace moe_ep_test;
@@ -243,24 +244,61 @@ TEST_CASE("split halves on the GPU: zero tokens on a rank and on every rank, run
   check_phases(masked, GpuCaseOptions{});
 }
 
-// With the path knobs at their defaults a call of at most 8 tokens per rank
-// takes the small-batch kernels and one of 1024 or more the general ones
-// (the fused suite's [path] case checks which path each size takes).
+namespace {
+
+// The case, eager, through each of the halves the backend runs; on
+// NVLINK_TWO_SIDED it also checks which kernels round 0 took (its last
+// dispatch and combine paths, read before round 1's first half): the
+// small-batch ones or the general ones.
+void check_kernels(const WorkloadSpec& spec, GpuCaseOptions o, bool small_batch) {
+  for (const GpuPhases p : {GpuPhases::split, GpuPhases::micro_batches2}) {
+    o.phases = p;
+    if (!halves_supported(o)) continue;
+    int32_t dispatch = MOE_EP_PATH_NONE, combine = MOE_EP_PATH_NONE;
+    o.before_half = [&](const GpuHalfCall& c) {
+      if (c.round != 1 || c.micro_batch != 0 || c.half != kDispatchSend) return;
+      moe_ep_get_last_path(c.handle, MOE_EP_PHASE_DISPATCH, &dispatch);
+      moe_ep_get_last_path(c.handle, MOE_EP_PHASE_COMBINE, &combine);
+    };
+    require_case(spec, o, [&]() -> std::string {
+      if (o.backend != MOE_EP_BACKEND_NVLINK_TWO_SIDED) return "";
+      const bool small_dispatch = dispatch == MOE_EP_PATH_DISPATCH_SMALL || dispatch == MOE_EP_PATH_DISPATCH_SMALL_BULK;
+      const bool small_combine = combine == MOE_EP_PATH_COMBINE_SMALL_PUSH;
+      if (dispatch != MOE_EP_PATH_NONE && small_dispatch == small_batch && small_combine == small_batch) return "";
+      return std::string("expected the ") + (small_batch ? "small-batch" : "general") + " kernels; round 0 took " +
+             moe_ep_path_name(dispatch) + " and " + moe_ep_path_name(combine) + "\n";
+    });
+  }
+}
+
+}  // namespace
+
+// With the knobs that choose the small-batch kernels at their defaults, a
+// call of at most 8 tokens per rank takes them and one of 1024 or more the
+// general kernels.
 TEST_CASE("split halves on the GPU: small calls (1 to 8 tokens) and large ones (1024 and more tokens per rank)",
           "[gpu][split][sizes]") {
+  const ScopedEnvironment small_batch("MOE_EP_SMALL_BATCH", nullptr);
+  const ScopedEnvironment dispatch_bound("MOE_EP_SMALL_DISPATCH_TOKENS", nullptr);
+  const ScopedEnvironment combine_bound("MOE_EP_SMALL_COMBINE_TOKENS", nullptr);
+  GpuCaseOptions o;
+  o.rounds = 4;
   for (const int tokens : {1, 8}) {
     WorkloadSpec s = workload(256, 8, 7168, tokens, 1060 + tokens);
     s.tokens.assign(s.world, tokens);
-    GpuCaseOptions o;
-    o.rounds = 4;
-    check_eager_and_graphs(s, o);
+    check_kernels(s, o, true);
+    for (const bool per_kind : {false, true}) {
+      GpuCaseOptions graph = o;
+      graph.graph = true;
+      graph.graph_per_kind = per_kind;
+      check_phases(s, graph);
+    }
   }
   WorkloadSpec large = workload(256, 8, 7168, 1024, 1071);
   for (int r = 0; r < large.world; ++r) large.tokens.push_back(1024 - 13 * r);
   large.eplb_stats = true;
-  GpuCaseOptions o;
   o.rounds = 2;
-  check_phases(large, o);
+  check_kernels(large, o, false);
   o.graph = true;
   large.seed = 1072;
   check_phases(large, o);
