@@ -171,14 +171,18 @@ TEST_CASE("two micro-batches in flight on the GPU: interleavings, slot assignmen
     s.seed = 1021 + i;
     require_case(s, o);
   }
-  // Graphs of every half of both micro-batches, and of each run of sends and receives.
-  o.interleaving = {};
+  // Graphs of every half of both micro-batches, and of each run of sends and
+  // receives; the alternating order puts both dispatch_sends in one graph, both
+  // dispatch_recvs in the next, and so on.
   o.slot_of_a = 1;
+  o.graph = true;
   for (const bool per_kind : {false, true}) {
-    o.graph = true;
-    o.graph_per_kind = per_kind;
-    s.seed = 1031 + per_kind;
-    require_case(s, o);
+    for (const bool alternating : {false, true}) {
+      o.graph_per_kind = per_kind;
+      o.interleaving = alternating ? std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1} : std::vector<int>{};
+      s.seed = 1031 + 2 * per_kind + alternating;
+      require_case(s, o);
+    }
   }
   // B with other token counts than A: zero on another rank, and a full batch.
   WorkloadSpec zero = workload(64, 8, 2048, 48, 1033);
