@@ -66,12 +66,14 @@ bool halves_supported(const GpuCaseOptions& o) {
   const std::pair<int32_t, bool> key{o.micro_batches(), o.zero_copy_combine};
   auto it = reasons.find(key);
   if (it == reasons.end()) {
-    std::string why;
+    std::string why, failure;
     try {
       why = split_phases_unsupported(workload(64, 8, 256, 16, 1), world_bootstrap(), o);
     } catch (const std::exception& e) {
-      why = std::string("probe failed: ") + e.what();
+      failure = e.what();
     }
+    INFO(failure);
+    REQUIRE(mpi_all(failure.empty()));
     // A rank whose backend runs them while another's does not is a failure, not a skip.
     const bool none = mpi_all(!why.empty());
     INFO(why);
