@@ -15,7 +15,11 @@ set(cases
   "bench -b 64 -e 8|-b/--min-tokens: expected at most -e/--max-tokens \\(8\\), got 64"
   "bench --timeout-ms 0|--timeout-ms: expected an integer from 1 to 86400000, got '0'"
   "check --backend host --filter nomatch|--filter: expected a part of some case's name \\(see check --list\\), got 'nomatch'"
-  "check --rounds 0|--rounds: expected an integer from 1 to 1000, got '0'")
+  "check --rounds 0|--rounds: expected an integer from 1 to 1000, got '0'"
+  "bench --micro-batch-overlap -t 4,3|--micro-batch-overlap: each size is split into two micro-batches of T/2 tokens per rank: expected even sizes >= 2, got 3"
+  "bench --micro-batch-overlap --zero-copy-combine|--zero-copy-combine: expected without --micro-batch-overlap \\(its combine takes the tool's expert output\\), got both"
+  "bench --no-sm-held --zero-copy-combine|--zero-copy-combine: expected without --no-sm-held \\(its combine takes the tool's expert output\\), got both"
+  "bench --expert-intermediate 0|--expert-intermediate: expected an integer from 1 to 131072, got '0'")
 set(failures "")
 foreach(c ${cases})
   string(FIND "${c}" "|" bar)

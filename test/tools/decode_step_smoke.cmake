@@ -1,8 +1,9 @@
 # Runs bench --decode-step --overlap-gemm on the host backend under mpiexec and
 # checks the JSON: the decode step at its default sizes (1, 8, 32, 128 tokens
-# per rank), each with every phase timed and 0 wrong elements in dispatch, in
-# combine after the parts and in combine after the whole step; the overlap
-# skipped with its reason (it needs a GPU).  Times are not judged.
+# per rank), each with every phase timed, the step through the split halves
+# too (HOST has them), and 0 wrong elements in dispatch, in combine after the
+# parts, after the whole step and after the split step; the overlap skipped
+# with its reason (it needs a GPU).  Times are not judged.
 # Usage: cmake -DMPIEXEC=... -DTOOL=... -DJSON=... -P decode_step_smoke.cmake
 file(REMOVE ${JSON})
 execute_process(
@@ -13,8 +14,13 @@ message("${out}${err}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "bench --decode-step exited with ${rc}")
 endif()
-if(NOT out MATCHES "Wrong elements : 0 OK")
-  message(FATAL_ERROR "no 'Wrong elements : 0 OK' line")
+foreach(line "Wrong elements : 0 OK" "split = the same step through the halves" "split/st")
+  if(NOT out MATCHES "${line}")
+    message(FATAL_ERROR "no '${line}' in the output")
+  endif()
+endforeach()
+if(out MATCHES "split step: skipped")
+  message(FATAL_ERROR "the split step was skipped on the host backend")
 endif()
 file(READ ${JSON} doc)
 
@@ -45,11 +51,12 @@ foreach(i RANGE 3)
   if(NOT value EQUAL tokens)
     message(FATAL_ERROR "decode_step.results[${i}].tokens_per_rank = ${value}, expected ${tokens}")
   endif()
-  foreach(phase dispatch expert combine parts_sum step)
+  foreach(phase dispatch expert combine parts_sum step split_step)
     require(decode_step results ${i} ${phase} avg_us)
   endforeach()
   require(decode_step results ${i} step_over_parts_sum)
-  foreach(wrong wrong_dispatch wrong_parts wrong_step)
+  require(decode_step results ${i} split_over_step)
+  foreach(wrong wrong_dispatch wrong_parts wrong_step wrong_split_step)
     require(decode_step results ${i} ${wrong})
     if(NOT value EQUAL 0)
       message(FATAL_ERROR "decode_step.results[${i}].${wrong} = ${value}")

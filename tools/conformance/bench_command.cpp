@@ -34,6 +34,14 @@ std::vector<int> overlap_sizes(const BenchOptions& o) {
   return o.sizes_given ? bench_sizes(o) : std::vector<int>{4096};
 }
 
+std::vector<int> micro_batch_sizes(const BenchOptions& o) {
+  return o.sizes_given ? bench_sizes(o) : std::vector<int>{256, 4096};
+}
+
+std::vector<int> no_sm_held_sizes(const BenchOptions& o) {
+  return o.sizes_given ? bench_sizes(o) : std::vector<int>{128, 4096};
+}
+
 namespace {
 
 WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int tokens) {
@@ -128,11 +136,22 @@ class Sweep {
     return r;
   }
 
-  OverlapResult measure_overlap(MoeEpRunner& moe, GemmOverlap& overlap, int tokens) {
+  // One micro-batch's workload at step size `tokens`: half as many tokens per rank.
+  WorkloadSpec micro_batch_spec(int tokens) const {
+    return bench_spec(o_, s_.world().size, largest_.max_tokens_per_rank / 2, tokens / 2);
+  }
+
+  MicroBatchResult measure_micro_batch(MicroBatchOverlap& overlap, int tokens) {
+    return overlap.measure(micro_batch_spec(tokens), o_.check != 0, loop_);
+  }
+
+  // --overlap-gemm and --no-sm-held: `mode`.measure on the runner loaded with this size.
+  template <typename Mode>
+  auto measure_loaded(MoeEpRunner& moe, Mode& mode, int tokens) {
     const WorkloadSpec w = bench_spec(o_, s_.world().size, largest_.max_tokens_per_rank, tokens);
     const std::vector<RankRouting> all = make_all_routing(w);
     moe.load(w, all);
-    OverlapResult r = overlap.measure(moe, graph_, o_.check != 0, loop_);
+    auto r = mode.measure(moe, graph_, o_.check != 0, loop_);
     r.traffic = measure_traffic(w, all);
     return r;
   }
@@ -196,19 +215,66 @@ void run_decode_step(const Session& session, const BenchOptions& o, BenchReport&
   Sweep sweep(session, o, decode_step_sizes(o), false);
   const std::string refusal = stand_in_expert_refusal(sweep.largest());
   if (!refusal.empty()) fail(refusal);
-  report.print_decode_step_columns();
   MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
   DecodeStep step(moe, sweep.graph());
   for (int tokens : sweep.sizes()) {
-    results.decode_step.push_back(sweep.measure_decode_step(step, tokens));
+    DecodeStepResult r = sweep.measure_decode_step(step, tokens);
+    if (results.decode_step.empty()) {
+      results.decode_split_skipped = step.split_refusal();
+      report.print_decode_step_columns(step.split_refusal());
+    }
+    results.decode_step.push_back(std::move(r));
     report.print_decode_step_row(results.decode_step.back());
   }
+}
+
+void run_micro_batch(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+  Sweep sweep(session, o, micro_batch_sizes(o), false);
+  results.expert_intermediate = o.expert_intermediate;
+  const WorkloadSpec largest = sweep.micro_batch_spec(sweep.largest().max_tokens_per_rank);
+  results.micro_batch_skipped = micro_batch_refusal(session, largest, o.expert_intermediate);
+  if (results.micro_batch_skipped.empty()) {
+    MicroBatchOverlap overlap(session, largest, o.expert_intermediate, sweep.graph());
+    results.micro_batch_skipped = overlap.probe(sweep.micro_batch_spec(sweep.sizes().front()));
+    if (results.micro_batch_skipped.empty()) {
+      report.print_micro_batch_columns(overlap.sm_target());
+      for (int tokens : sweep.sizes()) {
+        results.micro_batch.push_back(sweep.measure_micro_batch(overlap, tokens));
+        report.print_micro_batch_row(results.micro_batch.back());
+      }
+      return;
+    }
+  }
+  report.print_skipped("micro-batch overlap", results.micro_batch_skipped);
+}
+
+void run_no_sm_held(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+  results.no_sm_held_skipped = overlap_refusal(session, "--no-sm-held");
+  if (results.no_sm_held_skipped.empty()) {
+    Sweep sweep(session, o, no_sm_held_sizes(o), false);
+    MoeEpRunner moe(session, sweep.largest(), false);
+    const WorkloadSpec first =
+        bench_spec(o, session.world().size, sweep.largest().max_tokens_per_rank, sweep.sizes().front());
+    const std::vector<RankRouting> all = make_all_routing(first);
+    moe.load(first, all);
+    results.no_sm_held_skipped = moe.probe_split();
+    if (results.no_sm_held_skipped.empty()) {
+      NoSmHeld held(session, o.gemm_mnk);
+      report.print_no_sm_held_columns(held.shape());
+      for (int tokens : sweep.sizes()) {
+        results.no_sm_held.push_back(sweep.measure_loaded(moe, held, tokens));
+        report.print_no_sm_held_row(results.no_sm_held.back());
+      }
+      return;
+    }
+  }
+  report.print_skipped("no SM held", results.no_sm_held_skipped);
 }
 
 void run_overlap(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
   results.overlap_skipped = overlap_refusal(session);
   if (!results.overlap_skipped.empty()) {
-    report.print_overlap_skipped(results.overlap_skipped);
+    report.print_skipped("overlap with a GEMM", results.overlap_skipped);
     return;
   }
   Sweep sweep(session, o, overlap_sizes(o), false);
@@ -216,7 +282,7 @@ void run_overlap(const Session& session, const BenchOptions& o, BenchReport& rep
   GemmOverlap overlap(session, o.gemm_mnk);
   report.print_overlap_columns(overlap.sm_target(), overlap.auto_shape());
   for (int tokens : sweep.sizes()) {
-    results.overlap.push_back(sweep.measure_overlap(moe, overlap, tokens));
+    results.overlap.push_back(sweep.measure_loaded(moe, overlap, tokens));
     report.print_overlap_row(results.overlap.back());
   }
 }
@@ -224,11 +290,13 @@ void run_overlap(const Session& session, const BenchOptions& o, BenchReport& rep
 // The largest workload of every measurement this run makes (for the header).
 WorkloadSpec largest_shape(const BenchOptions& o, int world) {
   std::vector<int> sizes;
-  if (!o.decode_step && !o.overlap_gemm) sizes = bench_sizes(o);
+  if (!o.special_mode()) sizes = bench_sizes(o);
   if (o.decode_step) sizes = decode_step_sizes(o);
-  if (o.overlap_gemm) {
-    const std::vector<int> more = overlap_sizes(o);
-    sizes.insert(sizes.end(), more.begin(), more.end());
+  auto add = [&](const std::vector<int>& more) { sizes.insert(sizes.end(), more.begin(), more.end()); };
+  if (o.overlap_gemm) add(overlap_sizes(o));
+  if (o.no_sm_held) add(no_sm_held_sizes(o));
+  if (o.micro_batch_overlap) {  // its handle holds one micro-batch: half a step
+    for (int t : micro_batch_sizes(o)) sizes.push_back(std::max(1, t / 2));
   }
   if (sizes.empty()) fail("no sizes: -b must be <= -e");
   const int largest = *std::max_element(sizes.begin(), sizes.end());
@@ -247,9 +315,11 @@ int run_bench(const World& world, const BenchOptions& o) {
   BenchReport report(session, o, shape, o.graph && session.on_gpu());
   report.print_header();
   BenchResults results;
-  if (!o.decode_step && !o.overlap_gemm) run_sweep(session, o, report, results);
+  if (!o.special_mode()) run_sweep(session, o, report, results);
   if (o.decode_step) run_decode_step(session, o, report, results);
   if (o.overlap_gemm) run_overlap(session, o, report, results);
+  if (o.micro_batch_overlap) run_micro_batch(session, o, report, results);
+  if (o.no_sm_held) run_no_sm_held(session, o, report, results);
   const bool ok = report.print_footer(results);
   if (!o.json_path.empty()) report.write_json(results, o.json_path);
   return ok ? 0 : 1;

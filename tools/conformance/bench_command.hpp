@@ -1,8 +1,11 @@
 // `moe_ep_conformance bench`: sweeps tokens per rank and reports dispatch and
 // combine latency and bandwidth next to the peer-copy ceiling and NCCL moving
 // the same routing, in an nccl-tests-like table (and JSON with --json).
-// --decode-step (decode_step.hpp) and --overlap-gemm (gemm_overlap.hpp)
-// measure, instead of the sweep, a decode step and dispatch/combine beside a GEMM.
+// --decode-step (decode_step.hpp), --overlap-gemm (gemm_overlap.hpp),
+// --micro-batch-overlap (micro_batch_overlap.hpp) and --no-sm-held
+// (no_sm_held.hpp) measure, instead of the sweep, a decode step,
+// dispatch/combine beside a GEMM, a step of two overlapped micro-batches, and
+// a GEMM between the split halves.
 #pragma once
 
 #include <string>
@@ -11,7 +14,9 @@
 #include "decode_step.hpp"
 #include "gemm_overlap.hpp"
 #include "loop_timer.hpp"
+#include "micro_batch_overlap.hpp"
 #include "mpi_world.hpp"
+#include "no_sm_held.hpp"
 #include "session.hpp"
 #include "stats.hpp"
 #include "traffic.hpp"
@@ -33,8 +38,13 @@ struct BenchOptions {
   bool decode_step = false;   // dispatch -> stand-in expert -> combine, one graph per step with -G
   bool overlap_gemm = false;  // dispatch and combine beside a cuBLAS GEMM
   std::vector<int> gemm_mnk;  // the overlap's GEMM, M,N,K; empty = sized at each size
+  bool micro_batch_overlap = false;  // two micro-batches, the halves of one around the other's GEMMs
+  int expert_intermediate = kDeepSeekExpertIntermediate;  // the micro-batches' expert GEMMs
+  bool no_sm_held = false;                                // a GEMM on every SM between a send half and its receive half
   bool sizes_given = false;   // -t, -b, -e or -f was on the command line (main sets it)
   std::string json_path;
+  // One of the modes that replace the sweep was asked for.
+  bool special_mode() const { return decode_step || overlap_gemm || micro_batch_overlap || no_sm_held; }
 };
 
 // Everything measured at one size.
@@ -59,6 +69,12 @@ struct BenchResults {
   std::vector<DecodeStepResult> decode_step;
   std::vector<OverlapResult> overlap;
   std::string overlap_skipped;  // why --overlap-gemm measured nothing ("" = it did, or was not asked)
+  std::string decode_split_skipped;  // why --decode-step measured no split step
+  std::vector<MicroBatchResult> micro_batch;
+  std::string micro_batch_skipped;
+  int expert_intermediate = 0;
+  std::vector<NoSmHeldResult> no_sm_held;
+  std::string no_sm_held_skipped;
 };
 
 int run_bench(const World& world, const BenchOptions& options);
@@ -69,5 +85,10 @@ std::vector<int> bench_sizes(const BenchOptions& options);
 std::vector<int> decode_step_sizes(const BenchOptions& options);
 // Those of --overlap-gemm: 4096 tokens per rank unless sizes were given.
 std::vector<int> overlap_sizes(const BenchOptions& options);
+// Those of --micro-batch-overlap (tokens per rank of the step, two
+// micro-batches of half as many): 256 and 4096 unless sizes were given.
+std::vector<int> micro_batch_sizes(const BenchOptions& options);
+// Those of --no-sm-held: 128 and 4096 unless sizes were given.
+std::vector<int> no_sm_held_sizes(const BenchOptions& options);
 
 }  // namespace moe_ep_tool

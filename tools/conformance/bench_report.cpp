@@ -229,7 +229,17 @@ bool BenchReport::print_footer(const BenchResults& all) const {
     count(r.wrong_parts);
     count(r.wrong_step);
   }
+  for (const DecodeStepResult& r : all.decode_step) count(r.wrong_split_step);
   for (const OverlapResult& r : all.overlap) {
+    count(r.wrong_dispatch);
+    count(r.wrong_combine);
+  }
+  for (const MicroBatchResult& r : all.micro_batch) {
+    count(r.wrong_dispatch);
+    count(r.wrong_combine);
+    count(r.wrong_step);
+  }
+  for (const NoSmHeldResult& r : all.no_sm_held) {
     count(r.wrong_dispatch);
     count(r.wrong_combine);
   }
@@ -262,6 +272,8 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
       .field("zero_copy_combine", o_.zero_copy_combine)
       .field("decode_step", o_.decode_step)
       .field("overlap_gemm", o_.overlap_gemm)
+      .field("micro_batch_overlap", o_.micro_batch_overlap)
+      .field("no_sm_held", o_.no_sm_held)
       .field("launch_gate", o_.launch_gate)
       .field("num_sms", o_.common.num_sms)
       .field("warmup", o_.warmup)
@@ -323,8 +335,10 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
     j.end_object();
   }
   j.end_array();
-  if (o_.decode_step) write_decode_step_json(j, all.decode_step);
+  if (o_.decode_step) write_decode_step_json(j, all);
   if (o_.overlap_gemm) write_overlap_json(j, all);
+  if (o_.micro_batch_overlap) write_micro_batch_json(j, all);
+  if (o_.no_sm_held) write_no_sm_held_json(j, all);
   j.end_object();
   j.save(path);
   std::printf("# wrote %s\n", path.c_str());

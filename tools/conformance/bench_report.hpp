@@ -1,6 +1,6 @@
 // The benchmark's output: nccl-tests-like header lines, one row per size as
 // it is measured, the baselines side by side with ratios, a footer, and JSON.
-// The decode step's and the overlap's tables and JSON: bench_report_steps.cpp.
+// The tables and JSON of the modes that replace the sweep: bench_report_steps.cpp.
 #pragma once
 
 #include <string>
@@ -23,13 +23,20 @@ class BenchReport {
   void print_sweep_columns() const;
   void print_row(const SizeResult& r) const;
   void print_baselines(const std::vector<SizeResult>& results) const;
-  // --decode-step.
-  void print_decode_step_columns() const;
+  // A mode that cannot run here: "# <what>: skipped: <why>".
+  void print_skipped(const std::string& what, const std::string& why) const;
+  // --decode-step (split_refusal: why the split step is not measured, "" = it is).
+  void print_decode_step_columns(const std::string& split_refusal) const;
   void print_decode_step_row(const DecodeStepResult& r) const;
   // --overlap-gemm.
-  void print_overlap_skipped(const std::string& why) const;
   void print_overlap_columns(int gemm_sm_target, bool auto_shape) const;
   void print_overlap_row(const OverlapResult& r) const;
+  // --micro-batch-overlap.
+  void print_micro_batch_columns(int gemm_sm_target) const;
+  void print_micro_batch_row(const MicroBatchResult& r) const;
+  // --no-sm-held.
+  void print_no_sm_held_columns(const GemmShape& gemm) const;
+  void print_no_sm_held_row(const NoSmHeldResult& r) const;
   // Prints the #wrong summary (and the sweep's average bus bandwidth); false on any wrong element.
   bool print_footer(const BenchResults& results) const;
   void write_json(const BenchResults& results, const std::string& path) const;  // collective
@@ -37,8 +44,10 @@ class BenchReport {
  private:
   std::string mode() const;  // "CUDA-graph replay" or "eager calls"
   std::vector<std::string> formulas() const;  // the byte formulas in this backend's words
-  void write_decode_step_json(JsonWriter& j, const std::vector<DecodeStepResult>& results) const;
+  void write_decode_step_json(JsonWriter& j, const BenchResults& results) const;
   void write_overlap_json(JsonWriter& j, const BenchResults& results) const;
+  void write_micro_batch_json(JsonWriter& j, const BenchResults& results) const;
+  void write_no_sm_held_json(JsonWriter& j, const BenchResults& results) const;
   const Session& s_;
   const BenchOptions& o_;
   WorkloadSpec shape_;

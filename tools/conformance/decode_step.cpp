@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "counter_rng.hpp"
 #include "errors.hpp"
 #include "stand_in_expert.hpp"
 
@@ -14,16 +15,27 @@ DecodeStepResult DecodeStep::measure(const WorkloadSpec& w, const std::vector<Ra
   DecodeStepResult r;
   r.tokens = w.tokens_per_rank();
   runner_.load(w, all);
+  if (!asked_split_) {  // one untimed split pair, before any graph holds the slot
+    split_refusal_ = runner_.probe_split();
+    asked_split_ = true;
+  }
+  r.has_split = split_refusal_.empty();
   capture_parts();
   if (check) check_parts(r);
-  // The step is captured after the parts are checked: its capture replaces
-  // the runner's dispatch and combine results with its own.
-  capture_step();
+  // The steps are captured after the parts are checked: their captures
+  // replace the runner's dispatch and combine results with their own.
+  capture_steps();
   if (check) {
-    check_step(fresh, fresh_all, r);
+    r.wrong_step = check_step(fresh, fresh_all, false, r.tokens);
+    if (r.has_split) {  // other inputs again: nothing of the fused step's may pass for the split one's
+      WorkloadSpec other = fresh;
+      other.seed = derive(fresh.seed, 0x5b1);
+      const std::vector<RankRouting> other_all = make_all_routing(other);
+      r.wrong_split_step = check_step(other, other_all, true, r.tokens);
+    }
     runner_.load(w, all);
   }
-  const LoopResult t = time_loop(s, loop, 4, [&](Marks& m) {
+  const LoopResult t = time_loop(s, loop, r.has_split ? 5 : 4, [&](Marks& m) {
     m.mark();
     runner_.launch_dispatch(graph_, s.stream());
     m.mark();
@@ -33,15 +45,20 @@ DecodeStepResult DecodeStep::measure(const WorkloadSpec& w, const std::vector<Ra
     m.mark();
     launch_step(s.stream());
     m.mark();
+    if (!r.has_split) return;
+    launch_split_step(s.stream());
+    m.mark();
   });
   runner_.drop_graphs();
   expert_graph_.reset();
   step_graph_.reset();
+  split_graph_.reset();
   const World& world = s.world();
   r.dispatch = reduce_phase(world, t.phase_us[0]);
   r.expert = reduce_phase(world, t.phase_us[1]);
   r.combine = reduce_phase(world, t.phase_us[2]);
   r.step = reduce_phase(world, t.phase_us[3]);
+  if (r.has_split) r.split_step = reduce_phase(world, t.phase_us[4]);
   r.parts = reduce_phase(world, sum_each(sum_each(t.phase_us[0], t.phase_us[1]), t.phase_us[2]));
   r.gate_expired = t.gate_expired;
   return r;
@@ -75,6 +92,24 @@ void DecodeStep::launch_step(void* stream) {
   TOOL_CHECK_MOE(runner_.combine(stream));
 }
 
+void DecodeStep::launch_split_step(void* stream) {
+  if (graph_) {
+    split_graph_->launch(stream);
+  } else {
+    TOOL_CHECK_MOE(split_step(stream));
+  }
+}
+
+// The expert reads the result of dispatch_recv and writes where combine_send reads.
+moe_ep_status_t DecodeStep::split_step(void* stream) {
+  moe_ep_status_t status = runner_.half(MoeEpRunner::kDispatchSend, stream);
+  if (status == MOE_EP_SUCCESS) status = runner_.half(MoeEpRunner::kDispatchRecv, stream);
+  if (status != MOE_EP_SUCCESS) return status;
+  expert(stream);
+  status = runner_.half(MoeEpRunner::kCombineSend, stream);
+  return status == MOE_EP_SUCCESS ? runner_.half(MoeEpRunner::kCombineRecv, stream) : status;
+}
+
 void DecodeStep::capture_parts() {
   runner_.prepare(graph_);  // the dispatch and combine graphs
   if (!graph_) return;
@@ -86,7 +121,7 @@ void DecodeStep::capture_parts() {
   });
 }
 
-void DecodeStep::capture_step() {
+void DecodeStep::capture_steps() {
   if (!graph_) return;
   step_graph_ = std::make_unique<CapturedCall>(runner_.session().stream(), [&](void* st) {
     const moe_ep_status_t dispatched = runner_.dispatch(st);
@@ -94,6 +129,9 @@ void DecodeStep::capture_step() {
     expert(st);
     return runner_.combine(st);
   });
+  if (split_refusal_.empty()) {
+    split_graph_ = std::make_unique<CapturedCall>(runner_.session().stream(), [&](void* st) { return split_step(st); });
+  }
 }
 
 void DecodeStep::check_parts(DecodeStepResult& r) {
@@ -113,15 +151,22 @@ void DecodeStep::check_parts(DecodeStepResult& r) {
 
 // New inputs, so that an output or expert rows left over from the parts
 // cannot pass for the step's.
-void DecodeStep::check_step(const WorkloadSpec& fresh, const std::vector<RankRouting>& fresh_all, DecodeStepResult& r) {
+int64_t DecodeStep::check_step(const WorkloadSpec& fresh, const std::vector<RankRouting>& fresh_all, bool split,
+                               int tokens) {
   const Session& s = runner_.session();
   runner_.load(fresh, fresh_all);
-  launch_step(s.stream());
+  if (split) {
+    launch_split_step(s.stream());
+  } else {
+    launch_step(s.stream());
+  }
   const ExpertRowModel model = stand_in_expert_model(fresh, s.world().rank);
   Verdict c = runner_.verify_combine(&model);
   c.merge(runner_.verify_async());
-  if (s.world().is_root() && c.wrong) std::fprintf(stderr, "decode step, %d tokens:\n%s", r.tokens, c.details.c_str());
-  r.wrong_step = s.world().sum(c.wrong);
+  if (s.world().is_root() && c.wrong) {
+    std::fprintf(stderr, "decode step%s, %d tokens:\n%s", split ? " (split)" : "", tokens, c.details.c_str());
+  }
+  return s.world().sum(c.wrong);
 }
 
 }  // namespace moe_ep_tool

@@ -40,34 +40,20 @@ std::vector<double> sum_range(const LoopResult& t, int first, int last) {  // ph
 
 }  // namespace
 
-std::string overlap_refusal(const Session& s) {
-  if (!s.on_gpu()) return "--overlap-gemm needs a GPU backend (this run: " + s.backend_name() + ")";
+int gemm_sm_target(const Session& s) {
+  const int num_sms = s.options().num_sms;
+  return num_sms > 0 ? std::max(1, s.gpu().sms - num_sms) : 0;
+}
+
+std::string overlap_refusal(const Session& s, const std::string& flag) {
+  if (!s.on_gpu()) return flag + " needs a GPU backend (this run: " + s.backend_name() + ")";
   return BlasGemm::unavailable_reason();
 }
 
-GemmOverlap::GemmOverlap(const Session& s, const std::vector<int>& mnk) : s_(s) {
+GemmOverlap::GemmOverlap(const Session& s, const std::vector<int>& mnk) : s_(s), streams_(s) {
   if (!mnk.empty() && mnk.size() != 3) fail("--gemm-mnk takes three numbers M,N,K, got " + std::to_string(mnk.size()));
   if (mnk.size() == 3) fixed_ = GemmShape{mnk[0], mnk[1], mnk[2]};
-  const int num_sms = s.options().num_sms;
-  sm_target_ = num_sms > 0 ? std::max(1, s.gpu().sms - num_sms) : 0;
-  int least = 0, greatest = 0;
-  TOOL_CHECK_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  TOOL_CHECK_CUDA(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
-  TOOL_CHECK_CUDA(cudaStreamCreateWithPriority(&gemm_, cudaStreamNonBlocking, least));
-  for (cudaEvent_t& e : events_) TOOL_CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-}
-
-GemmOverlap::~GemmOverlap() {
-  for (cudaEvent_t e : events_) {
-    if (e) cudaEventDestroy(e);
-  }
-  if (comm_) cudaStreamDestroy(comm_);
-  if (gemm_) cudaStreamDestroy(gemm_);
-}
-
-void GemmOverlap::follow(cudaStream_t waiter, cudaStream_t leader, cudaEvent_t event) {
-  TOOL_CHECK_CUDA(cudaEventRecord(event, leader));
-  TOOL_CHECK_CUDA(cudaStreamWaitEvent(waiter, event, 0));
+  sm_target_ = gemm_sm_target(s);
 }
 
 // The same M on every rank: from the slowest rank's times.
@@ -107,30 +93,33 @@ OverlapResult GemmOverlap::measure(MoeEpRunner& runner, bool graph, bool check, 
   r.gemm_sm_target = sm_target_;
   r.gemm_auto_shape = auto_shape();
   BlasGemm gemm(r.gemm, sm_target_, derive(s_.options().seed, uint64_t(r.tokens)));
-  const auto S = static_cast<cudaStream_t>(s_.stream());
+  void* const S = s_.stream();
+  void* const comm = streams_.comm();
+  void* const gemm_stream = streams_.compute();
+  const auto G = static_cast<cudaStream_t>(gemm_stream);
   const LoopResult t = time_loop(s_, loop, kPhases, [&](Marks& m) {
     m.mark();  // 0
-    follow(gemm_, S, events_[0]);
-    m.mark_on(gemm_);  // 1
-    gemm.run(gemm_);
-    m.mark_on(gemm_);  // 2
-    follow(comm_, gemm_, events_[1]);
-    m.mark_on(comm_);  // 3
-    runner.launch_dispatch(graph, comm_);
-    m.mark_on(comm_);  // 4
-    runner.launch_combine(graph, comm_);
-    m.mark_on(comm_);                  // 5
-    follow(gemm_, comm_, events_[2]);  // both start here
-    m.mark_on(comm_);                  // 6
-    runner.launch_dispatch(graph, comm_);
-    m.mark_on(comm_);  // 7
-    runner.launch_combine(graph, comm_);
-    m.mark_on(comm_);  // 8
-    m.mark_on(gemm_);  // 9
-    gemm.run(gemm_);
-    m.mark_on(gemm_);  // 10
-    follow(S, gemm_, events_[3]);
-    follow(S, comm_, events_[4]);
+    streams_.follow(gemm_stream, S);
+    m.mark_on(gemm_stream);  // 1
+    gemm.run(G);
+    m.mark_on(gemm_stream);  // 2
+    streams_.follow(comm, gemm_stream);
+    m.mark_on(comm);  // 3
+    runner.launch_dispatch(graph, comm);
+    m.mark_on(comm);  // 4
+    runner.launch_combine(graph, comm);
+    m.mark_on(comm);                     // 5
+    streams_.follow(gemm_stream, comm);  // both start here
+    m.mark_on(comm);                     // 6
+    runner.launch_dispatch(graph, comm);
+    m.mark_on(comm);  // 7
+    runner.launch_combine(graph, comm);
+    m.mark_on(comm);         // 8
+    m.mark_on(gemm_stream);  // 9
+    gemm.run(G);
+    m.mark_on(gemm_stream);  // 10
+    streams_.follow(S, gemm_stream);
+    streams_.follow(S, comm);
     m.mark();  // 11
   });
   runner.drop_graphs();

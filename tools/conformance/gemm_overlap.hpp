@@ -14,6 +14,7 @@
 
 #include "blas_gemm.hpp"
 #include "moe_ep_runner.hpp"
+#include "side_streams.hpp"
 #include "stats.hpp"
 #include "traffic.hpp"
 
@@ -32,18 +33,19 @@ struct OverlapResult {
   bool gate_expired = false;
 };
 
-// Why this run cannot measure the overlap ("" = it can): it needs a GPU
-// backend and a tool built with cuBLAS.
-std::string overlap_refusal(const Session& session);
+// Why this run cannot run the cuBLAS GEMM of the mode `flag` ("" = it can):
+// it needs a GPU backend and a tool built with cuBLAS.
+std::string overlap_refusal(const Session& session, const std::string& flag = "--overlap-gemm");
+
+// cublasSetSmCountTarget for a GEMM beside the all-to-all: the device's SMs
+// minus --num-sms, or 0 (all SMs) when --num-sms is 0.
+int gemm_sm_target(const Session& session);
 
 class GemmOverlap {
  public:
   // mnk: M,N,K of the GEMM, or empty: N = K = 8192 and M chosen at each size
   // so that the GEMM alone takes about as long as dispatch + combine alone.
   GemmOverlap(const Session& session, const std::vector<int>& mnk);
-  ~GemmOverlap();
-  GemmOverlap(const GemmOverlap&) = delete;
-  GemmOverlap& operator=(const GemmOverlap&) = delete;
 
   // The loaded size: checked (when check) and timed.  Collective.
   OverlapResult measure(MoeEpRunner& runner, bool graph, bool check, const LoopOptions& loop);
@@ -53,13 +55,11 @@ class GemmOverlap {
 
  private:
   GemmShape shape_for(MoeEpRunner& runner, bool graph, const LoopOptions& loop);
-  void follow(cudaStream_t waiter, cudaStream_t leader, cudaEvent_t event);
 
   const Session& s_;
   GemmShape fixed_;
   int sm_target_ = 0;
-  cudaStream_t comm_ = nullptr, gemm_ = nullptr;
-  cudaEvent_t events_[5] = {};
+  SideStreams streams_;
 };
 
 }  // namespace moe_ep_tool

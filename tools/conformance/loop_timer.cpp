@@ -142,4 +142,10 @@ LoopResult time_loop(const Session& s, const LoopOptions& o, int phases, const s
   return r;
 }
 
+void reduce_phases(const World& world, const LoopResult& t, std::initializer_list<std::pair<int, PhaseTiming*>> phases,
+                   bool* gate_expired) {
+  for (const auto& [phase, timing] : phases) *timing = reduce_phase(world, t.phase_us[phase]);
+  *gate_expired = t.gate_expired;
+}
+
 }  // namespace moe_ep_tool

@@ -9,9 +9,12 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "session.hpp"
+#include "stats.hpp"
 
 namespace moe_ep_tool {
 
@@ -45,5 +48,10 @@ struct LoopResult {
 
 LoopResult time_loop(const Session& session, const LoopOptions& options, int phases,
                      const std::function<void(Marks&)>& body);
+
+// For each (phase, timing): *timing = reduce_phase of that phase of `t`, and
+// *gate_expired = t.gate_expired.  Collective.
+void reduce_phases(const World& world, const LoopResult& t, std::initializer_list<std::pair<int, PhaseTiming*>> phases,
+                   bool* gate_expired);
 
 }  // namespace moe_ep_tool

@@ -150,10 +150,22 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
   bench->add_flag("--overlap-gemm", o.overlap_gemm,
                   "instead of the sweep: dispatch and combine (--num-sms) beside a cuBLAS bf16 GEMM on the other SMs, "
                   "each against itself alone (GPU; default size 4096)");
+  bench->add_flag("--micro-batch-overlap", o.micro_batch_overlap,
+                  "instead of the sweep: a step of two micro-batches of T/2 tokens (config.micro_batches = 2), each "
+                  "dispatch -> expert GEMMs -> combine, one's halves around the other's GEMMs, against the fused "
+                  "calls in sequence, communication alone and compute alone (default sizes 256,4096; even sizes)");
+  bench
+      ->add_option("--expert-intermediate", o.expert_intermediate,
+                   "--micro-batch-overlap: the experts' intermediate size I (GEMMs M x 2I x hidden and M x hidden x "
+                   "I; DeepSeek-V3: 2048)")
+      ->check(integer_in(1, 1 << 17));
+  bench->add_flag("--no-sm-held", o.no_sm_held,
+                  "instead of the sweep: a GEMM on every SM between a send half and its receive half, against the "
+                  "same GEMM alone (GPU; default sizes 128,4096)");
   bench
       ->add_option("--gemm-mnk", o.gemm_mnk,
-                   "--overlap-gemm: the GEMM's M,N,K (default: N = K = 8192, M sized to "
-                   "take about as long as dispatch + combine)")
+                   "the GEMM's M,N,K: --overlap-gemm (default: N = K = 8192, M sized to "
+                   "take about as long as dispatch + combine) and --no-sm-held (default 8192,8192,8192)")
       ->delimiter(',')
       ->expected(3)
       ->check(integer_in(1, 1 << 17));
@@ -168,6 +180,21 @@ std::string bad_combination(const CLI::App* bench_app, const BenchOptions& o) {
   if (bench_app->parsed() && o.token_list.empty() && o.min_tokens > o.max_tokens) {
     return "-b/--min-tokens: expected at most -e/--max-tokens (" + std::to_string(o.max_tokens) + "), got " +
            std::to_string(o.min_tokens);
+  }
+  if (!bench_app->parsed()) return std::string();
+  if (o.micro_batch_overlap) {
+    for (int t : moe_ep_tool::micro_batch_sizes(o)) {
+      if (t < 2 || t % 2 != 0) {
+        return "--micro-batch-overlap: each size is split into two micro-batches of T/2 tokens per rank: expected "
+               "even sizes >= 2, got " +
+               std::to_string(t);
+      }
+    }
+  }
+  if (o.zero_copy_combine && (o.micro_batch_overlap || o.no_sm_held)) {
+    return std::string("--zero-copy-combine: expected without ") +
+           (o.micro_batch_overlap ? "--micro-batch-overlap" : "--no-sm-held") +
+           " (its combine takes the tool's expert output), got both";
   }
   return std::string();
 }
