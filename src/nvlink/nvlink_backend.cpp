@@ -127,7 +127,7 @@ class NvlinkBackend final : public Backend {
     const kernels::DispatchLaunch a = dispatch_launch(call, kernels::kPartFused, &path);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, slot_state(0), a, s), "launching the dispatch kernel");
-    note_launch(s);
+    note_launch(0, s);
     paths.note(MOE_EP_PHASE_DISPATCH, path, layout_.rank);
     return dispatch_buffers(0, call.has_weights);
   }
@@ -141,7 +141,7 @@ class NvlinkBackend final : public Backend {
     a.part = kernels::kPartFused;
     if (a.pull && !call.expert_output_is_workspace) copy_into_view(0, call, s);
     check_cuda(kernels::launch_combine(shape_, offsets_, slot_state(0), a, s), "launching the combine kernel");
-    note_launch(s);
+    note_launch(0, s);
     paths.note(MOE_EP_PHASE_COMBINE, path, layout_.rank);
     return a.output;
   }
@@ -161,7 +161,7 @@ class NvlinkBackend final : public Backend {
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, slot_offsets_[slot], slot_state(slot), k.dispatch, s),
                "launching the dispatch send kernel");
-    note_launch(s);
+    note_launch(slot, s);
   }
 
   DispatchBuffers dispatch_recv(int32_t slot, void* stream) override {
@@ -173,7 +173,7 @@ class NvlinkBackend final : public Backend {
     a.pdl = wait_for_ready(slot, slot_offsets_[slot].dispatch_ready, s) ? 0 : a.pdl;
     check_cuda(kernels::launch_dispatch_receive(shape_, slot_offsets_[slot], slot_state(slot), a, s),
                "launching the dispatch receive kernel");
-    note_launch(s);
+    note_launch(slot, s);
     paths.note(MOE_EP_PHASE_DISPATCH, k.dispatch_path, layout_.rank);
     return dispatch_buffers(slot, k.has_weights);
   }
@@ -192,7 +192,7 @@ class NvlinkBackend final : public Backend {
     if (a.pull && !call.expert_output_is_workspace) copy_into_view(slot, call, s);
     check_cuda(kernels::launch_combine(shape_, slot_offsets_[slot], slot_state(slot), a, s),
                "launching the combine send kernel");
-    note_launch(s);
+    note_launch(slot, s);
   }
 
   void* combine_recv(int32_t slot, void* output, void* stream) override {
@@ -206,7 +206,7 @@ class NvlinkBackend final : public Backend {
     a.pdl = wait_for_ready(slot, slot_offsets_[slot].combine_ready, s) ? 0 : a.pdl;
     check_cuda(kernels::launch_combine(shape_, slot_offsets_[slot], slot_state(slot), a, s),
                "launching the combine receive kernel");
-    note_launch(s);
+    note_launch(slot, s);
     paths.note(MOE_EP_PHASE_COMBINE, path, layout_.rank);
     return a.output;
   }
@@ -273,7 +273,7 @@ class NvlinkBackend final : public Backend {
       clock.step("watchdog");
       memory_.reset();
       clock.step("unmap and release the workspace");
-      own_work_.reset();
+      own_work_.clear();
       if (private_stream_) cudaStreamDestroy(private_stream_);
       clock.step("stream and events");
       release_mirror_slot(mirror_);  // back to the pool: cudaFreeHost would wait for the device
@@ -286,7 +286,7 @@ class NvlinkBackend final : public Backend {
     watchdog_.reset();
     watchdog_stream_ = nullptr;
     memory_.reset();
-    own_work_.reset();
+    own_work_.clear();
     private_stream_ = nullptr;
     mirror_ = nullptr;
     if (have_previous) cudaSetDevice(previous);
@@ -501,7 +501,7 @@ class NvlinkBackend final : public Backend {
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(kernels::prepare_dispatch(paths_.dispatch_bulk ? 1 : 0),
                "raising the bulk dispatch kernels' shared-memory limit");
-    own_work_ = std::make_unique<OwnWork>();
+    for (int32_t slot = 0; slot < slots_; ++slot) own_work_.push_back(std::make_unique<OwnWork>());
     const MirrorSlot mirror = acquire_mirror_slot();
     mirror_ = mirror.host;
 
@@ -542,9 +542,17 @@ class NvlinkBackend final : public Backend {
 
   // After each call: waiting for the handle's work waits for this handle only
   // (its last eager call and its last graph replay; gpu/own_work.hpp).
-  void note_launch(cudaStream_t stream) { own_work_->note(stream); }
+  // Per slot: two slots' halves may run on two streams.
+  void note_launch(int32_t slot, cudaStream_t stream) { own_work_[static_cast<size_t>(slot)]->note(stream); }
 
-  cudaError_t wait_for_own_work_noexcept() noexcept { return own_work_ ? own_work_->synchronize() : cudaSuccess; }
+  cudaError_t wait_for_own_work_noexcept() noexcept {
+    cudaError_t first = cudaSuccess;
+    for (const std::unique_ptr<OwnWork>& w : own_work_) {
+      const cudaError_t e = w->synchronize();
+      if (first == cudaSuccess) first = e;
+    }
+    return first;
+  }
 
   void wait_for_own_work() { check_cuda(wait_for_own_work_noexcept(), "waiting for the handle's last kernel"); }
 
@@ -605,7 +613,7 @@ class NvlinkBackend final : public Backend {
   std::unique_ptr<SharedMemory> memory_;
   kernels::HostTimeoutMirror* mirror_ = nullptr;
   cudaStream_t private_stream_ = nullptr;
-  std::unique_ptr<OwnWork> own_work_;  // the handle's last eager call and graph replay
+  std::vector<std::unique_ptr<OwnWork>> own_work_;  // per slot: its last eager call and graph replay
   NvlinkPathSettings paths_;           // what the path selectors read (nvlink/path_selection.hpp)
   int32_t combine_phases_ = 0;         // MOE_EP_COMBINE_PHASES
   int32_t group_min_sm_budget_ = 0;
