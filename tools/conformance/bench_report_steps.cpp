@@ -226,8 +226,8 @@ void BenchReport::print_micro_batch_columns(int gemm_sm_target) const {
       "without GEMMs; compute: the GEMMs alone;\n#   step/max = step / max(comm, compute); %s\n",
       timing_words(s_, o_));
   std::printf(
-      "#   #wrong: dispatch / combine through the halves in the step's order, eager / after the step (other "
-      "inputs), both micro-batches, against the oracle\n#\n");
+      "#   #wrong: dispatch / combine (the halves eagerly, in the step's order) / combine after one step "
+      "(other inputs), both micro-batches, against the oracle\n#\n");
   std::printf("# %7s | %7s %7s | %9s %9s %9s | %9s | %9s %9s | %8s %8s | %s\n", "tokens", "M(A)", "M(B)", "step", "p50",
               "p99", "fused", "comm", "compute", "step/max", "st/fused", "#wrong");
   std::printf("# %7s | %7s %7s | %9s %9s %9s | %9s | %9s %9s | %8s %8s |\n", "/rank", "", "", "(us)", "(us)", "(us)",

@@ -22,19 +22,21 @@ DecodeStepResult DecodeStep::measure(const WorkloadSpec& w, const std::vector<Ra
   r.has_split = split_refusal_.empty();
   capture_parts();
   if (check) check_parts(r);
-  // The steps are captured after the parts are checked: their captures
-  // replace the runner's dispatch and combine results with their own.
-  capture_steps();
-  if (check) {
-    r.wrong_step = check_step(fresh, fresh_all, false, r.tokens);
-    if (r.has_split) {  // other inputs again: nothing of the fused step's may pass for the split one's
+  // Each step is captured after the checks before it, and checked before the
+  // next capture: a capture replaces the runner's results with its own, and a
+  // check reads the results its step's capture returned.
+  capture_step(false);
+  if (check) r.wrong_step = check_step(fresh, fresh_all, false, r.tokens);
+  if (r.has_split) {
+    capture_step(true);
+    if (check) {  // other inputs again: nothing of the fused step's may pass for the split one's
       WorkloadSpec other = fresh;
       other.seed = derive(fresh.seed, 0x5b1);
       const std::vector<RankRouting> other_all = make_all_routing(other);
       r.wrong_split_step = check_step(other, other_all, true, r.tokens);
     }
-    runner_.load(w, all);
   }
+  if (check) runner_.load(w, all);
   const LoopResult t = time_loop(s, loop, r.has_split ? 5 : 4, [&](Marks& m) {
     m.mark();
     runner_.launch_dispatch(graph_, s.stream());
@@ -121,17 +123,18 @@ void DecodeStep::capture_parts() {
   });
 }
 
-void DecodeStep::capture_steps() {
+void DecodeStep::capture_step(bool split) {
   if (!graph_) return;
+  if (split) {
+    split_graph_ = std::make_unique<CapturedCall>(runner_.session().stream(), [&](void* st) { return split_step(st); });
+    return;
+  }
   step_graph_ = std::make_unique<CapturedCall>(runner_.session().stream(), [&](void* st) {
     const moe_ep_status_t dispatched = runner_.dispatch(st);
     if (dispatched != MOE_EP_SUCCESS) return dispatched;
     expert(st);
     return runner_.combine(st);
   });
-  if (split_refusal_.empty()) {
-    split_graph_ = std::make_unique<CapturedCall>(runner_.session().stream(), [&](void* st) { return split_step(st); });
-  }
 }
 
 void DecodeStep::check_parts(DecodeStepResult& r) {

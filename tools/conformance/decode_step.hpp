@@ -55,7 +55,7 @@ class DecodeStep {
   void launch_split_step(void* stream);      // the same through the halves
   moe_ep_status_t split_step(void* stream);  // eager: what its capture records
   void capture_parts();
-  void capture_steps();
+  void capture_step(bool split);
   void check_parts(DecodeStepResult& r);
   // The step (split or not) on new inputs; its #wrong.
   int64_t check_step(const WorkloadSpec& fresh, const std::vector<RankRouting>& fresh_all, bool split, int tokens);

@@ -212,9 +212,10 @@ void MicroBatchOverlap::launch(int phase, void* S) {
   }
 }
 
+// The step last: the combine results the step's check reads are those its capture returned.
 void MicroBatchOverlap::capture() {
   if (!graph_) return;
-  for (int p = 0; p < kPhases; ++p) {
+  for (int p : {kFused, kComm, kCompute, kStep}) {
     graphs_[p] = std::make_unique<CapturedCall>(s_.stream(), [&](void* st) {
       run_phase(p, st);
       return MOE_EP_SUCCESS;
@@ -282,6 +283,10 @@ MicroBatchResult MicroBatchOverlap::measure(const WorkloadSpec& w, bool check, c
     b.up = std::make_unique<Gemm>(s_, GemmShape{m, 2 * intermediate_, w.hidden_size}, sm_target_, seed);
     b.down = std::make_unique<Gemm>(s_, GemmShape{m, w.hidden_size, intermediate_}, sm_target_, seed + 1);
   }
+  // Each GEMM once on its stream before any capture: cuBLAS binds the stream
+  // and sets up its workspace outside the graphs.
+  for (int i = 0; i < 2; ++i) run_gemms(i, streams_.compute());
+  if (s_.on_gpu()) TOOL_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(streams_.compute())));
   if (check) std::tie(r.wrong_dispatch, r.wrong_combine) = check_halves();
   capture();
   if (check) r.wrong_step = check_step(w);
