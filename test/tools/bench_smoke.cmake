@@ -4,14 +4,9 @@
 # table nor the JSON speaks of NVLink.  Times are not
 # judged.  Usage: cmake -DMPIEXEC=... -DTOOL=... -DJSON=... -P bench_smoke.cmake
 file(REMOVE ${JSON})
-execute_process(
-  COMMAND ${MPIEXEC} -n 2 --oversubscribe ${TOOL} bench --backend host -b 1 -e 64 -f 8 --hidden 96
-          --experts 8 --topk 3 --routing zipf -w 1 -n 3 --json ${JSON}
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-message("${out}${err}")
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "bench exited with ${rc}")
-endif()
+include(${CMAKE_CURRENT_LIST_DIR}/smoke_checks.cmake)
+run_tool(bench --backend host -b 1 -e 64 -f 8 --hidden 96
+         --experts 8 --topk 3 --routing zipf -w 1 -n 3 --json ${JSON})
 # The HOST backend moves nothing over NVLink: its output must not say so.
 string(REGEX MATCH "NVLink|nvl_" nvlink_words "${out}")
 if(nvlink_words)
@@ -26,18 +21,7 @@ if(nvlink_words)
   message(FATAL_ERROR "host-backend bench JSON mentions '${nvlink_words}'")
 endif()
 
-function(require)  # fails unless the JSON member at the path ARGV exists
-  string(JSON value ERROR_VARIABLE error GET "${doc}" ${ARGV})
-  if(error)
-    message(FATAL_ERROR "JSON member ${ARGV}: ${error}")
-  endif()
-  set(value "${value}" PARENT_SCOPE)
-endfunction()
-
-require(machine ranks)
-if(NOT value EQUAL 2)
-  message(FATAL_ERROR "machine.ranks: expected 2, got ${value}")
-endif()
+require_equal(2 machine ranks)
 require(config routing)
 if(NOT value STREQUAL "zipf")
   message(FATAL_ERROR "config.routing: expected zipf, got ${value}")
@@ -53,10 +37,7 @@ foreach(i RANGE ${last})
     require(results ${i} moe_ep ${phase} avg_us)
     require(results ${i} moe_ep ${phase} busbw_GBps)
     require(results ${i} moe_ep ${phase} rank_max_p50_us)
-    require(results ${i} moe_ep wrong_${phase})
-    if(NOT value EQUAL 0)
-      message(FATAL_ERROR "results[${i}].moe_ep.wrong_${phase} = ${value}")
-    endif()
+    require_equal(0 results ${i} moe_ep wrong_${phase})
   endforeach()
   require(results ${i} bytes dispatch_remote)
 endforeach()
