@@ -231,10 +231,11 @@ void run_decode_step(const Session& session, const BenchOptions& o, BenchReport&
 void run_micro_batch(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
   Sweep sweep(session, o, micro_batch_sizes(o), false);
   results.expert_intermediate = o.expert_intermediate;
+  results.expert_rows = o.expert_rows;
   const WorkloadSpec largest = sweep.micro_batch_spec(sweep.largest().max_tokens_per_rank);
   results.micro_batch_skipped = micro_batch_refusal(session, largest, o.expert_intermediate);
   if (results.micro_batch_skipped.empty()) {
-    MicroBatchOverlap overlap(session, largest, o.expert_intermediate, sweep.graph());
+    MicroBatchOverlap overlap(session, largest, o.expert_intermediate, o.expert_rows == "rows", sweep.graph());
     results.micro_batch_skipped = overlap.probe(sweep.micro_batch_spec(sweep.sizes().front()));
     if (results.micro_batch_skipped.empty()) {
       report.print_micro_batch_columns(overlap.sm_target());

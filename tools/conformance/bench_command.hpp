@@ -40,7 +40,8 @@ struct BenchOptions {
   std::vector<int> gemm_mnk;  // the overlap's GEMM, M,N,K; empty = sized at each size
   bool micro_batch_overlap = false;  // two micro-batches, the halves of one around the other's GEMMs
   int expert_intermediate = kDeepSeekExpertIntermediate;  // the micro-batches' expert GEMMs
-  bool no_sm_held = false;                                // a GEMM on every SM between a send half and its receive half
+  std::string expert_rows = "picks";  // their M: picks (of this rank's experts) | rows (received, once each)
+  bool no_sm_held = false;            // a GEMM on every SM between a send half and its receive half
   bool sizes_given = false;   // -t, -b, -e or -f was on the command line (main sets it)
   std::string json_path;
   // One of the modes that replace the sweep was asked for.
@@ -73,6 +74,7 @@ struct BenchResults {
   std::vector<MicroBatchResult> micro_batch;
   std::string micro_batch_skipped;
   int expert_intermediate = 0;
+  std::string expert_rows;
   std::vector<NoSmHeldResult> no_sm_held;
   std::string no_sm_held_skipped;
 };

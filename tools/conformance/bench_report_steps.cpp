@@ -211,11 +211,12 @@ void BenchReport::print_micro_batch_columns(int gemm_sm_target) const {
       graph_ ? "each measured phase one CUDA graph" : "eager calls");
   std::printf(
       "#   each micro-batch: dispatch -> its experts' GEMMs -> combine; GEMMs: up M x %d x %d, down M x %d x %d "
-      "(%s), M = the picks its received rows hold for this rank's experts (max over ranks shown)\n",
+      "(%s), M = %s (max over ranks shown)\n",
       2 * I, H, H, I,
       !s_.on_gpu()     ? "fp32 loop on the host"
       : gemm_sm_target ? ("cuBLAS bf16, cublasSetSmCountTarget " + std::to_string(gemm_sm_target)).c_str()
-                       : "cuBLAS bf16, all SMs");
+                       : "cuBLAS bf16, all SMs",
+      o_.expert_rows == "rows" ? "its received rows" : "the picks its received rows hold for this rank's experts");
   std::printf(
       "#   step: A.dispatch_send B.dispatch_send A.dispatch_recv GEMM(A) B.dispatch_recv A.combine_send GEMM(B) "
       "A.combine_recv B.combine_send B.combine_recv;\n"
@@ -282,6 +283,7 @@ void BenchReport::write_micro_batch_json(JsonWriter& j, const BenchResults& all)
   j.key("micro_batch_overlap").begin_object();
   if (!all.micro_batch_skipped.empty()) j.field("skipped", all.micro_batch_skipped);
   j.field("graph", graph_).field("num_sms", o_.common.num_sms).field("expert_intermediate", all.expert_intermediate);
+  j.field("expert_rows", all.expert_rows);
   j.field("gemm", s_.on_gpu() ? "cuBLAS bf16" : "fp32 loop on the host");
   j.field("schedule",
           "A.dispatch_send B.dispatch_send A.dispatch_recv GEMM(A) B.dispatch_recv A.combine_send GEMM(B) "

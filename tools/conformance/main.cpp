@@ -159,6 +159,11 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
                    "--micro-batch-overlap: the experts' intermediate size I (GEMMs M x 2I x hidden and M x hidden x "
                    "I; DeepSeek-V3: 2048)")
       ->check(integer_in(1, 1 << 17));
+  bench
+      ->add_option("--expert-rows", o.expert_rows,
+                   "--micro-batch-overlap: the GEMMs' M, picks (each received row once per local expert it goes to: "
+                   "a grouped GEMM over this rank's experts) | rows (each received row once)")
+      ->check(CLI::IsMember({"picks", "rows"}));
   bench->add_flag("--no-sm-held", o.no_sm_held,
                   "instead of the sweep: a GEMM on every SM between a send half and its receive half, against the "
                   "same GEMM alone (GPU; default sizes 128,4096)");

@@ -30,6 +30,13 @@ int64_t local_picks(const WorkloadSpec& w, const std::vector<RankRouting>& all, 
   return n;
 }
 
+// The rows rank `me` receives: once each, whatever number of its experts they go to.
+int64_t received_rows(const Traffic& t, int me) {
+  int64_t n = 0;
+  for (int s = 0; s < t.world; ++s) n += t.rows_between(s, me);
+  return n;
+}
+
 }  // namespace
 
 // One GEMM of a micro-batch: cuBLAS on a GPU, a plain fp32 loop on the host;
@@ -91,8 +98,14 @@ std::string micro_batch_refusal(const Session& s, const WorkloadSpec& w, int int
   return why;
 }
 
-MicroBatchOverlap::MicroBatchOverlap(const Session& s, const WorkloadSpec& largest, int intermediate, bool graph)
-    : s_(s), intermediate_(intermediate), graph_(graph), sm_target_(s.on_gpu() ? gemm_sm_target(s) : 0), streams_(s) {
+MicroBatchOverlap::MicroBatchOverlap(const Session& s, const WorkloadSpec& largest, int intermediate, bool m_rows,
+                                     bool graph)
+    : s_(s),
+      intermediate_(intermediate),
+      m_rows_(m_rows),
+      graph_(graph),
+      sm_target_(s.on_gpu() ? gemm_sm_target(s) : 0),
+      streams_(s) {
   moe_ep_config_t config = s.config();
   config.micro_batches = 2;
   handle_ = std::make_unique<EpHandle>(s.bootstrap(), largest.params(), config, MOE_EP_ERROR_UNSUPPORTED, &created_);
@@ -277,7 +290,7 @@ MicroBatchResult MicroBatchOverlap::measure(const WorkloadSpec& w, bool check, c
   for (int i = 0; i < 2; ++i) {
     Batch& b = *batches_[i];
     r.traffic[i] = measure_traffic(b.spec, b.all);
-    const int m = int(local_picks(b.spec, b.all, world.rank));
+    const int m = int(m_rows_ ? received_rows(r.traffic[i], world.rank) : local_picks(b.spec, b.all, world.rank));
     r.m[i] = world.max(m);
     const uint64_t seed = derive(s_.options().seed, uint64_t(r.tokens) * 4 + uint64_t(i) * 2);
     b.up = std::make_unique<Gemm>(s_, GemmShape{m, 2 * intermediate_, w.hidden_size}, sm_target_, seed);

@@ -36,7 +36,8 @@ struct MicroBatchResult {
   Traffic traffic[2];
   // The GEMMs of each micro-batch on this rank's experts: up-projection
   // M x 2I x H, down-projection M x H x I, M = the local picks of its
-  // received rows (the largest over ranks; each rank runs its own M).
+  // received rows, or (--expert-rows rows) the received rows (the largest
+  // over ranks; each rank runs its own M).
   int64_t m[2] = {0, 0};
   int64_t wrong_dispatch = -1, wrong_combine = -1, wrong_step = -1;  // -1: not checked
   PhaseTiming step, fused, comm, compute;
@@ -50,7 +51,8 @@ std::string micro_batch_refusal(const Session& s, const WorkloadSpec& largest_mi
 class MicroBatchOverlap {
  public:
   // largest: the largest micro-batch's workload (T/2 tokens per rank).
-  MicroBatchOverlap(const Session& s, const WorkloadSpec& largest, int intermediate, bool graph);
+  // m_rows: M counts the received rows, not their local picks.
+  MicroBatchOverlap(const Session& s, const WorkloadSpec& largest, int intermediate, bool m_rows, bool graph);
   ~MicroBatchOverlap();
 
   // Why the handle cannot run two micro-batches through the halves ("" = it
@@ -84,6 +86,7 @@ class MicroBatchOverlap {
 
   const Session& s_;
   int intermediate_;
+  bool m_rows_;
   bool graph_;
   int sm_target_ = 0;
   moe_ep_status_t created_ = MOE_EP_SUCCESS;
