@@ -70,6 +70,8 @@ __device__ void pull_reduce(const CombineParams& p, char* shared) {
 // "Started N" at every peer (by the block that `announces`): this rank's view
 // holds its expert output N, written by earlier work in stream order.  Then
 // the wait for every peer's "started N"; a failed wait sets *failed.
+// kReleasable: a split receive half's waits (bounded_wait).
+template <bool kReleasable>
 __device__ void handshake(const KernelContext& c, uint64_t epoch, bool announces, int32_t* failed) {
   const GroupShape& s = c.shape;
   if (announces) {
@@ -79,8 +81,8 @@ __device__ void handshake(const KernelContext& c, uint64_t epoch, bool announces
   }
   for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
     if (q == s.rank) continue;
-    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, c.control(), c.state.mirror,
-                             c.state.timeout_ns, kPhaseCombine, q)) {
+    if (!wait_until_at_least<kReleasable>(c.local<uint64_t>(c.offsets.combine_started) + q, epoch, c.control(),
+                                          c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
       *failed = 1;
     }
   }
@@ -101,6 +103,9 @@ __device__ void announce_then_ready(const KernelContext& c, uint64_t epoch) {
   }
 }
 
+// kPart: CombineLaunch::part (a template argument, so that the fused kernel
+// compiles as if the split did not exist).
+template <int32_t kPart>
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const CombineParams p) {
   extern __shared__ __align__(128) char pull_shared[];
   __shared__ uint32_t timed_out;
@@ -115,7 +120,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const Co
     failed = 0;
   }
   const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch);
-  const int32_t part = p.args.part;
+  constexpr int32_t part = kPart;
   __syncthreads();
   if (timed_out != kPhaseNone) {  // block-uniform
     if (part == kPartReceive && blockIdx.x == 0 && threadIdx.x == 0) end_receive(c, c.offsets.combine_ready);
@@ -125,7 +130,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_pull_kernel(const Co
     announce_then_ready(c, epoch);
     return;
   }
-  handshake(c, epoch, part == kPartFused && blockIdx.x == 0, &failed);
+  handshake<part == kPartReceive>(c, epoch, part == kPartFused && blockIdx.x == 0, &failed);
   __syncthreads();  // the waiters' acquires order every thread's reads of the peers' views
   if (part == kPartReceive && blockIdx.x == 0 && threadIdx.x == 0) end_receive(c, c.offsets.combine_ready);
   if (failed) return;
@@ -145,11 +150,16 @@ constexpr size_t kPullSharedBytes =
 cudaError_t launch_combine_pull(const CombineParams& p, cudaStream_t stream) {
   // The kernel's shared-memory limit is raised once per device, not on every
   // call (combine is on the caller's hot path).
-  static std::atomic<uint64_t> raised_on_devices{0};
-  const cudaError_t e = raise_dynamic_shared_limit_once(combine_pull_kernel, kPullSharedBytes, &raised_on_devices);
+  // The send half is one block without the pull's shared memory.
+  if (p.args.part == kPartSend) {
+    return launch_kernel(combine_pull_kernel<kPartSend>, 1, kBlockThreads, 0, stream, p.args.pdl, p);
+  }
+  static std::atomic<uint64_t> raised_on_devices[2];  // [receive half]
+  const bool receive = p.args.part == kPartReceive;
+  void (*kernel)(CombineParams) = receive ? combine_pull_kernel<kPartReceive> : combine_pull_kernel<kPartFused>;
+  const cudaError_t e = raise_dynamic_shared_limit_once(kernel, kPullSharedBytes, &raised_on_devices[receive]);
   if (e != cudaSuccess) return e;
-  if (p.args.part == kPartSend) return launch_kernel(combine_pull_kernel, 1, kBlockThreads, 0, stream, p.args.pdl, p);
-  return launch_kernel(combine_pull_kernel, p.args.num_blocks, kBlockThreads, kPullSharedBytes, stream, p.args.pdl, p);
+  return launch_kernel(kernel, p.args.num_blocks, kBlockThreads, kPullSharedBytes, stream, p.args.pdl, p);
 }
 
 }  // namespace kernels

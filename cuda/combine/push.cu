@@ -235,6 +235,7 @@ __device__ void push_rows_interleaved(const CombineParams& p, const int32_t* cou
 // overlapped schedule by kArrivalsPerCall, so that both kinds of counters
 // advance by that much in every call whatever the schedule (every rank runs
 // the same schedule in a call, so no peer reads the phase counters now).
+template <int32_t kPart = kPartFused>
 __device__ void publish_serial_arrival(const CombineParams& p) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
@@ -245,7 +246,7 @@ __device__ void publish_serial_arrival(const CombineParams& p) {
     for (int i = 1; i < s.world_size; ++i) {
       const int q = (s.rank + i) % s.world_size;
       red_relaxed_sys_add(c.remote<uint64_t>(q, c.offsets.combine_arrivals) + s.rank, weight);
-      if (p.args.part == kPartSend) red_relaxed_sys_add(c.remote<uint32_t>(q, c.offsets.combine_ready), weight);
+      if (kPart == kPartSend) red_relaxed_sys_add(c.remote<uint32_t>(q, c.offsets.combine_ready), weight);
       if (blockIdx.x != 0) continue;
       uint64_t* phase_counters =
           c.remote<uint64_t>(q, c.offsets.combine_chunk_flags) + static_cast<int64_t>(s.rank) * s.max_tokens_per_rank;
@@ -256,33 +257,35 @@ __device__ void publish_serial_arrival(const CombineParams& p) {
 
 // The end of a split combine's waits: one thread of the receive kernel
 // takes back the ready word and tells the watchdog (common/split_ready.cuh).
+template <int32_t kPart>
 __device__ __forceinline__ void end_combine_receive(const CombineParams& p) {
-  if (p.args.part == kPartReceive && blockIdx.x == 0 && threadIdx.x == 0)
-    end_receive(p.ctx, p.ctx.offsets.combine_ready);
+  if (kPart == kPartReceive && blockIdx.x == 0 && threadIdx.x == 0) end_receive(p.ctx, p.ctx.offsets.combine_ready);
 }
 
 // A split combine's send half pushes and publishes, its receive half waits
-// and reduces (CombineLaunch::part).
-template <typename Element>
+// and reduces (kPart: CombineLaunch::part, a template argument so that the
+// fused kernels compile as if the split did not exist).
+template <typename Element, int32_t kPart>
 __device__ void combine_serial(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
   const KernelContext& c = p.ctx;
-  if (p.args.part != kPartReceive) {
+  if (kPart != kPartReceive) {
     push_rows_interleaved(p, counts, aligned);
-    publish_serial_arrival(p);
-    if (p.args.part == kPartSend) return;
+    publish_serial_arrival<kPart>(p);
+    if (kPart == kPartSend) return;
   }
   __shared__ int32_t failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
   for (int q = threadIdx.x; q < c.shape.world_size; q += blockDim.x) {
     if (q == c.shape.rank) continue;
-    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_arrivals) + q, epoch * kArrivalsPerCall, c.control(),
-                             c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
+    if (!wait_until_at_least<kPart == kPartReceive>(c.local<uint64_t>(c.offsets.combine_arrivals) + q,
+                                                    epoch * kArrivalsPerCall, c.control(), c.state.mirror,
+                                                    c.state.timeout_ns, kPhaseCombine, q)) {
       failed = 1;
     }
   }
   __syncthreads();
-  end_combine_receive(p);
+  end_combine_receive<kPart>(p);
   if (failed) return;
   reduce_tokens<Element>(p, Roles(1, gridDim.x, 0), aligned, epoch, false);
 }
@@ -298,15 +301,17 @@ __device__ void combine_overlapped(const CombineParams& p, const int32_t* counts
   if (blockIdx.x == gridDim.x - 1) wait_for_peers_started(p, epoch);
 }
 
-template <typename Element>
+template <typename Element, int32_t kPart>
 __device__ void combine_body(const CombineParams& p, const int32_t* counts, bool aligned, uint64_t epoch) {
-  if (p.args.schedule == kCombineOverlapped) {  // resolved by launch_combine: never kCombineAuto here
+  // Resolved by launch_combine: never kCombineAuto here; split calls are serial.
+  if (kPart == kPartFused && p.args.schedule == kCombineOverlapped) {
     combine_overlapped<Element>(p, counts, aligned, epoch);
   } else {
-    combine_serial<Element>(p, counts, aligned, epoch);
+    combine_serial<Element, kPart>(p, counts, aligned, epoch);
   }
 }
 
+template <int32_t kPart>
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const CombineParams p) {
   __shared__ int32_t counts[kMaxWorldSize];
   __shared__ uint32_t timed_out;
@@ -325,18 +330,19 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
   if (static_cast<int>(threadIdx.x) < s.world_size) counts[threadIdx.x] = my_count;
   __syncthreads();
   if (timed_out != kPhaseNone) {  // block-uniform
-    end_combine_receive(p);
+    end_combine_receive<kPart>(p);
     return;
   }
-  if (blockIdx.x == 0 && p.args.schedule == kCombineOverlapped) {  // "started"; nothing to order before it
+  if (kPart == kPartFused && blockIdx.x == 0 &&
+      p.args.schedule == kCombineOverlapped) {  // "started"; nothing to order before it
     for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
       if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
     }
   }
   switch (s.combine_dtype) {
-    case kCombineBf16: combine_body<Bf16Element>(p, counts, aligned, epoch); break;
-    case kCombineFp16: combine_body<Fp16Element>(p, counts, aligned, epoch); break;
-    default: combine_body<Fp32Element>(p, counts, aligned, epoch); break;
+    case kCombineBf16: combine_body<Bf16Element, kPart>(p, counts, aligned, epoch); break;
+    case kCombineFp16: combine_body<Fp16Element, kPart>(p, counts, aligned, epoch); break;
+    default: combine_body<Fp32Element, kPart>(p, counts, aligned, epoch); break;
   }
 }
 
@@ -400,7 +406,7 @@ __device__ __forceinline__ void store_push_segment(const CombineParams& p, const
   }
 }
 
-template <typename Element>
+template <typename Element, int32_t kPart>
 __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t* timed_out_shared, int32_t* failed) {
   const KernelContext& c = p.ctx;
   const GroupShape& s = c.shape;
@@ -417,7 +423,7 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   const int64_t first_item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int segments = combine_segments(p, aligned);
-  const bool sends = p.args.part != kPartReceive, receives = p.args.part != kPartSend;  // split halves
+  constexpr bool sends = kPart != kPartReceive, receives = kPart != kPartSend;  // split halves
   const int64_t push_items = sends ? static_cast<int64_t>(world - 1) * p.args.tokens_per_rank * segments : 0;
   uint4 pushed[kVectorsPerLane];
   if (aligned && first_item < push_items) load_push_segment(p, small_push_item(p, first_item, segments), lane, pushed);
@@ -435,7 +441,7 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
   if (static_cast<int>(threadIdx.x) < world) counts[threadIdx.x] = my_count;
   __syncthreads();
   if (*timed_out_shared != kPhaseNone) {  // block-uniform
-    end_combine_receive(p);
+    end_combine_receive<kPart>(p);
     return;
   }
 
@@ -453,31 +459,34 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
     const SmallPushItem it = small_push_item(p, item, segments);
     if (it.j < counts[it.peer]) push_row_segment(p, it.peer, it.j, it.segment, aligned);
   }
-  if (sends) publish_serial_arrival(p);  // starts with a barrier
-  if (!receives) return;
-  for (int q = threadIdx.x; q < world; q += blockDim.x) {
-    if (q == s.rank) continue;
-    if (!wait_until_at_least(c.local<uint64_t>(c.offsets.combine_arrivals) + q, epoch * kArrivalsPerCall, control,
-                             c.state.mirror, c.state.timeout_ns, kPhaseCombine, q)) {
-      *failed = 1;
+  if (sends) publish_serial_arrival<kPart>(p);  // starts with a barrier
+  if constexpr (receives) {                     // the send half ends here
+    for (int q = threadIdx.x; q < world; q += blockDim.x) {
+      if (q == s.rank) continue;
+      if (!wait_until_at_least<kPart == kPartReceive>(c.local<uint64_t>(c.offsets.combine_arrivals) + q,
+                                                      epoch * kArrivalsPerCall, control, c.state.mirror,
+                                                      c.state.timeout_ns, kPhaseCombine, q)) {
+        *failed = 1;
+      }
     }
-  }
-  __syncthreads();
-  end_combine_receive(p);
-  if (*failed) return;
-  for (int64_t item = first_item; item < reduce_items; item += warps) {
-    const int32_t token = static_cast<int32_t>(item / rsegments);
-    const TokenDestinations srcs =
-        item == first_item ? first_srcs
-                           : TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
-    if (aligned) {
-      reduce_segment<Element>(p, token, static_cast<int>(item % rsegments), srcs, lane);
-    } else {
-      reduce_row_any<Element>(p, token, srcs, lane);
+    __syncthreads();
+    end_combine_receive<kPart>(p);
+    if (*failed) return;
+    for (int64_t item = first_item; item < reduce_items; item += warps) {
+      const int32_t token = static_cast<int32_t>(item / rsegments);
+      const TokenDestinations srcs =
+          item == first_item ? first_srcs
+                             : TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
+      if (aligned) {
+        reduce_segment<Element>(p, token, static_cast<int>(item % rsegments), srcs, lane);
+      } else {
+        reduce_row_any<Element>(p, token, srcs, lane);
+      }
     }
   }
 }
 
+template <int32_t kPart>
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_small_kernel(const CombineParams p) {
   __shared__ int32_t counts[kMaxWorldSize];
   __shared__ uint32_t timed_out;
@@ -485,9 +494,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_small_kernel(const C
   wait_for_prior_grid();
   allow_dependent_launch();
   switch (p.ctx.shape.combine_dtype) {
-    case kCombineBf16: combine_small<Bf16Element>(p, counts, &timed_out, &failed); break;
-    case kCombineFp16: combine_small<Fp16Element>(p, counts, &timed_out, &failed); break;
-    default: combine_small<Fp32Element>(p, counts, &timed_out, &failed); break;
+    case kCombineBf16: combine_small<Bf16Element, kPart>(p, counts, &timed_out, &failed); break;
+    case kCombineFp16: combine_small<Fp16Element, kPart>(p, counts, &timed_out, &failed); break;
+    default: combine_small<Fp32Element, kPart>(p, counts, &timed_out, &failed); break;
   }
 }
 
@@ -545,10 +554,15 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   if (args.pull != 0) return launch_combine_pull(p, stream);
   // The host's path selection chose the small-batch kernel only for a serial
   // schedule of at most kSmallCombineMaxTokens tokens per rank.
-  if (args.small_batch != 0) {
-    return launch_kernel(combine_small_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
+  void (*kernel)(CombineParams) = nullptr;
+  switch (args.part) {
+    case kPartSend: kernel = args.small_batch != 0 ? combine_small_kernel<kPartSend> : combine_kernel<kPartSend>; break;
+    case kPartReceive:
+      kernel = args.small_batch != 0 ? combine_small_kernel<kPartReceive> : combine_kernel<kPartReceive>;
+      break;
+    default: kernel = args.small_batch != 0 ? combine_small_kernel<kPartFused> : combine_kernel<kPartFused>; break;
   }
-  return launch_kernel(combine_kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
+  return launch_kernel(kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
 }
 
 }  // namespace kernels

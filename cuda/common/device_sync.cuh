@@ -58,8 +58,7 @@ __device__ __forceinline__ int32_t load_relaxed_sys(const int32_t* p) {
 
 // Records the first timeout of the handle: device record (the host reads it
 // after synchronising) and host-mapped mirror (read without synchronising).
-__device__ inline void record_timeout(ControlBlock* control, HostTimeoutMirror* mirror, uint32_t phase,
-                                      int32_t peer) {
+__device__ inline void record_timeout(ControlBlock* control, HostTimeoutMirror* mirror, uint32_t phase, int32_t peer) {
   if (atomicCAS(&control->errors.timeout_phase, kPhaseNone, phase) == kPhaseNone) {
     atomicExch(&control->errors.timeout_peer, peer);
     mirror->timeout_peer = peer;
@@ -97,7 +96,10 @@ __device__ __forceinline__ void red_relaxed_sys_add(uint64_t* p, uint64_t v) {
 // Spins until ready() (which polls the memory), reading the clock only every
 // 256 polls (it is slow to read); gives up at the deadline or as soon as
 // another wait of this handle gave up, and records (phase, peer) on a timeout.
-template <typename Ready>
+// kReleasable: a receive half's wait, which also gives up once the host's
+// watchdog released the slot (a template argument: the fused kernels' waits
+// compile as if the split did not exist).
+template <bool kReleasable = false, typename Ready>
 __device__ inline bool bounded_wait(const Ready& ready, ControlBlock* control, HostTimeoutMirror* mirror,
                                     int64_t timeout_ns, uint32_t phase, int32_t peer) {
   if (ready()) return true;
@@ -107,7 +109,7 @@ __device__ inline bool bounded_wait(const Ready& ready, ControlBlock* control, H
     if (polls > 64) __nanosleep(32);  // many waiters: leave the memory system to the data
     if ((polls & 255u) == 0) {
       if (handle_timed_out(control)) return false;
-      if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns || watchdog_released(control)) {
+      if (static_cast<int64_t>(global_timer_ns() - start) > timeout_ns || (kReleasable && watchdog_released(control))) {
         record_timeout(control, mirror, phase, peer);
         return false;
       }
@@ -116,10 +118,12 @@ __device__ inline bool bounded_wait(const Ready& ready, ControlBlock* control, H
 }
 
 // Spins until *word >= target (acquire), bounded as above.
+template <bool kReleasable = false>
 __device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target, ControlBlock* control,
                                            HostTimeoutMirror* mirror, int64_t timeout_ns, uint32_t phase,
                                            int32_t peer) {
-  return bounded_wait([&] { return load_acquire_sys(word) >= target; }, control, mirror, timeout_ns, phase, peer);
+  return bounded_wait<kReleasable>([&] { return load_acquire_sys(word) >= target; }, control, mirror, timeout_ns, phase,
+                                   peer);
 }
 
 // Relaxed 32-bit add at system scope (a split call's ready word; after a

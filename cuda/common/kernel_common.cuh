@@ -69,8 +69,10 @@ struct TokenDestinations {
 // After a barrier, one thread makes every store of the block visible and
 // counts the block in at every rank: counters[this rank] in each rank's
 // region at `counters_offset` (see arrival_weight).  A send half
-// (`ready_offset` nonzero) also adds the weight to every peer's ready word
-// there (common/split_ready.cuh).
+// (kSendHalf) also adds the weight to every peer's ready word at
+// `ready_offset` (common/split_ready.cuh); a template argument, so that the
+// fused kernels compile as if the split did not exist.
+template <bool kSendHalf = false>
 __device__ inline void publish_block_arrival(const KernelContext& c, uint64_t counters_offset,
                                              uint64_t ready_offset = 0) {
   __syncthreads();
@@ -82,7 +84,7 @@ __device__ inline void publish_block_arrival(const KernelContext& c, uint64_t co
       const int d = (c.shape.rank + i) % world;
       red_relaxed_sys_add(c.remote<uint64_t>(d, counters_offset) + c.shape.rank, weight);
     }
-    if (ready_offset != 0) add_ready_at_peers(c, ready_offset, static_cast<uint32_t>(weight));
+    if (kSendHalf) add_ready_at_peers(c, ready_offset, static_cast<uint32_t>(weight));
   }
 }
 

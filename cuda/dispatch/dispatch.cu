@@ -55,27 +55,28 @@ int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tok
 namespace {
 
 // The bulk kernels' shared-memory limit is raised once per device and kernel,
-// not on every call (dispatch is on the caller's hot path).
-std::atomic<uint64_t> bulk_general_raised{0};
-std::atomic<uint64_t> bulk_small_raised{0};
+// not on every call (dispatch is on the caller's hot path): [small][send half].
+std::atomic<uint64_t> bulk_raised_on[2][2];
 
 template <typename Segments>
-void (*dispatch_kernel_for(bool small))(DispatchParams) {
-  return small ? dispatch_small_kernel<Segments> : dispatch_kernel<Segments>;
+void (*dispatch_kernel_for(bool small, bool send_half))(DispatchParams) {
+  if (send_half) return small ? dispatch_small_kernel<Segments, true> : dispatch_kernel<Segments, true>;
+  return small ? dispatch_small_kernel<Segments, false> : dispatch_kernel<Segments, false>;
 }
 
-std::atomic<uint64_t>* bulk_raised(bool small) { return small ? &bulk_small_raised : &bulk_general_raised; }
+std::atomic<uint64_t>* bulk_raised(bool small, bool send_half) { return &bulk_raised_on[small][send_half]; }
 
 template <typename Segments>
 cudaError_t launch_with(bool small, const DispatchParams& p, cudaStream_t stream) {
   const size_t shared = Segments::kSharedBytes;
+  const bool send_half = p.args.part == kPartSend;
   if (shared > 0) {
-    const cudaError_t e =
-        raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small), shared, bulk_raised(small));
+    const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small, send_half), shared,
+                                                          bulk_raised(small, send_half));
     if (e != cudaSuccess) return e;
   }
-  return launch_kernel(dispatch_kernel_for<Segments>(small), p.args.num_blocks, kBlockThreads, shared, stream,
-                       p.args.pdl, p);
+  return launch_kernel(dispatch_kernel_for<Segments>(small, send_half), p.args.num_blocks, kBlockThreads, shared,
+                       stream, p.args.pdl, p);
 }
 
 }  // namespace
@@ -95,9 +96,11 @@ cudaError_t launch_dispatch_receive(const GroupShape& shape, const WorkspaceOffs
 cudaError_t prepare_dispatch(int32_t bulk_rows) {
   if (bulk_rows == 0) return cudaSuccess;
   for (const bool small : {false, true}) {
-    const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<BulkSegments>(small),
-                                                          BulkSegments::kSharedBytes, bulk_raised(small));
-    if (e != cudaSuccess) return e;
+    for (const bool send_half : {false, true}) {
+      const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<BulkSegments>(small, send_half),
+                                                            BulkSegments::kSharedBytes, bulk_raised(small, send_half));
+      if (e != cudaSuccess) return e;
+    }
   }
   return cudaSuccess;
 }

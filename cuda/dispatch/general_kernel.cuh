@@ -30,7 +30,9 @@ __device__ __forceinline__ int32_t draw_logical_block(ControlBlock* control) {
   return static_cast<int32_t>(L);
 }
 
-template <typename Segments>
+// kSendHalf: a split dispatch's send half (DispatchLaunch::part), which ends
+// after its publication; dispatch/receive_kernel.cuh does the rest.
+template <typename Segments, bool kSendHalf>
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const DispatchParams p) {
   __shared__ RoutingShared sh;
   __shared__ uint32_t wait_ok[kMaxWorldSize];
@@ -73,12 +75,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  const bool send_half = p.args.part == kPartSend;  // the receive kernel waits and counts instead
-  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals,
-                        send_half ? p.ctx.offsets.dispatch_ready : 0);  // step 4 (starts with a barrier)
+  publish_block_arrival<kSendHalf>(p.ctx, p.ctx.offsets.dispatch_arrivals,
+                                   p.ctx.offsets.dispatch_ready);  // step 4 (starts with a barrier)
   trace.mark_published();
   store_placed_slots(p, t0, t1, sh);
-  if (blockIdx.x == 0 && !send_half) {
+  if (blockIdx.x == 0 && !kSendHalf) {
     finish_dispatch(p, sh.epoch, sh, wait_ok, false, trace);
     if (lookback && threadIdx.x == 0) control->lookback_tag = sh.tag;  // as the epoch: every block has read it
     trace.print(sh.epoch);

@@ -25,6 +25,8 @@ namespace {
 // arrived, so after each has read it.)  `zero_histogram`: the small kernel
 // leaves the global histogram at zero here (large E); the general kernel's
 // last block does it (send_totals).
+// kReleasable: the split receive kernel's waits (bounded_wait).
+template <bool kReleasable = false>
 __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh, uint32_t* wait_ok,
                                 bool zero_histogram, DispatchTrace& trace) {
   const KernelContext& c = p.ctx;
@@ -32,8 +34,8 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
   const int world = s.world_size, epr = s.experts_per_rank;
   for (int src = threadIdx.x; src < world; src += blockDim.x) {
     const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
-    wait_ok[src] = wait_until_at_least(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror,
-                                       c.state.timeout_ns, kPhaseDispatch, src)
+    wait_ok[src] = wait_until_at_least<kReleasable>(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror,
+                                                    c.state.timeout_ns, kPhaseDispatch, src)
                        ? 1u
                        : 0u;
   }

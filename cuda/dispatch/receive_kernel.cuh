@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_receive_kernel(cons
   if (!handle_timed_out(control)) {  // uniform: only the kernels of this stream write it, and they have ended
     const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1;
     // The small send kernel leaves the global histogram for this block to zero.
-    finish_dispatch(p, epoch, sh, wait_ok, p.args.small_batch != 0, trace);
+    finish_dispatch<true>(p, epoch, sh, wait_ok, p.args.small_batch != 0, trace);
     if (threadIdx.x == 0 && p.args.lookback != 0) control->lookback_tag += 1u;  // the send kernel's tag
   }
   __syncthreads();  // after every wait

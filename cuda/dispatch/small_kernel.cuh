@@ -30,7 +30,8 @@ namespace moe_ep {
 namespace kernels {
 namespace {
 
-template <typename Segments>
+// kSendHalf as for dispatch_kernel.
+template <typename Segments, bool kSendHalf>
 __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const DispatchParams p) {
   __shared__ SmallShared sh;
   wait_for_prior_grid();
@@ -68,10 +69,9 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  const bool send_half = p.args.part == kPartSend;  // the receive kernel waits and counts instead
-  publish_block_arrival(p.ctx, p.ctx.offsets.dispatch_arrivals, send_half ? p.ctx.offsets.dispatch_ready : 0);
+  publish_block_arrival<kSendHalf>(p.ctx, p.ctx.offsets.dispatch_arrivals, p.ctx.offsets.dispatch_ready);
   trace.mark_published();
-  if (blockIdx.x == 0 && !send_half) {
+  if (blockIdx.x == 0 && !kSendHalf) {
     finish_dispatch(p, epoch, sh.r, sh.wait_ok, true, trace);
     trace.print(epoch);
   }
