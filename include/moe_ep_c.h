@@ -253,8 +253,8 @@ typedef struct moe_ep_config_t {
                              dispatch/combine pair in flight per slot, for the
                              split calls below (docs/overlap.md).  Each slot has
                              its own result buffers; moe_ep_workspace_size counts
-                             them.  Must be the same on every rank.  2 is HOST
-                             only for now (UNSUPPORTED elsewhere).              */
+                             them.  Must be the same on every rank.  Every
+                             backend takes 2.                                     */
 } moe_ep_config_t;
 
 /* Fills the defaults; struct_size: sizeof(moe_ep_config_t) of the caller's header. */

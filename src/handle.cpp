@@ -48,7 +48,7 @@ void check_micro_batches(int32_t backend, int32_t micro_batches) {
   const BackendEntry& entry = backend_entry(backend);
   if (micro_batches > entry.max_micro_batches) {
     fail(MOE_EP_ERROR_UNSUPPORTED, "config->micro_batches: expected at most ", entry.max_micro_batches, " on the ",
-         entry.name, " backend (its split phases are not implemented yet), got ", micro_batches);
+         entry.name, " backend, got ", micro_batches);
   }
 }
 
@@ -276,8 +276,8 @@ void expect_state(const moe_ep_handle_s& h, const char* call, int32_t slot, Slot
 // call in the send half.
 void require_split(const moe_ep_handle_s& h, const char* call, const char* fused) {
   if (!h.backend->split_phases()) {
-    fail(MOE_EP_ERROR_UNSUPPORTED, call, ": not yet supported on the ", backend_entry(h.config.backend).name,
-         " backend; use ", fused);
+    fail(MOE_EP_ERROR_UNSUPPORTED, call, ": the ", backend_entry(h.config.backend).name,
+         " backend has no split phases; use ", fused);
   }
 }
 

@@ -201,7 +201,6 @@ class MoeEp:
       micro_batches        -- 1 (default) or 2: buffer slots for the split
                               calls dispatch_send/dispatch_recv/combine_send/
                               combine_recv, one micro-batch in flight per slot
-                              (2: HOST backend only for now)
 
     dtypes are names ("bfloat16"), numpy/torch dtypes or (code, bits, lanes).
     Tensors are any objects with __dlpack__; see dispatch() and combine().

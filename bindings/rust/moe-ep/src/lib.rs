@@ -154,7 +154,6 @@ impl Config {
     }
     /// 1 (default) or 2: buffer slots for the split calls
     /// (`MoeEp::dispatch_send` ...), one micro-batch in flight per slot.
-    /// 2 is HOST only for now (UNSUPPORTED elsewhere).
     pub fn micro_batches(mut self, n: i32) -> Self {
         self.0.micro_batches = n;
         self
