@@ -39,9 +39,10 @@ __device__ inline void add_ready_at_peers(const Context& c, uint64_t ready_offse
 
 // One thread of the receive kernel, after its waits for the peers passed (or
 // gave up): takes back this call's weights from the ready word, then tells
-// the host's watchdog that the slot's receive finished (completed first,
-// then waiting cleared: a watchdog that reads both in the other order never
-// takes a finished receive for a stuck one).
+// the host's watchdog that the slot's receive finished: completed first, then
+// waiting cleared, with no fence between them (a system fence behind a store
+// to host memory would sit on every receive's critical path; the watchdog
+// looks for a stall of timeout_ms, far longer than either store takes to land).
 template <typename Context>
 __device__ inline void end_receive(const Context& c, uint64_t ready_offset) {
   atomicSub(c.template local<uint32_t>(ready_offset), ready_target(c.shape.world_size));
@@ -50,7 +51,6 @@ __device__ inline void end_receive(const Context& c, uint64_t ready_offset) {
   control->receives_done = done;
   ReceiveWatch& watch = c.state.mirror->watch[c.state.slot];
   watch.completed = done;
-  __threadfence_system();
   watch.waiting = 0;
 }
 

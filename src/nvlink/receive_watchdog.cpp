@@ -30,7 +30,8 @@ void ReceiveWatchdog::look(std::chrono::steady_clock::time_point now) {
   for (size_t s = 0; s < tracks_.size(); ++s) {
     SlotTrack& t = tracks_[s];
     // completed before waiting: the device writes them in the other order
-    // (common/split_ready.cuh), so a finished receive never reads as stuck.
+    // (common/split_ready.cuh); a stall is only a stall after timeout_ms of
+    // both unchanged, far longer than either store takes to land.
     const uint32_t completed = mirror_->watch[s].completed;
     const bool waiting = mirror_->watch[s].waiting != 0;
     if (!waiting) {
