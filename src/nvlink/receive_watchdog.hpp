@@ -21,6 +21,27 @@
 
 namespace moe_ep {
 
+// The watchdog's judgement, apart from its thread: which slots have been
+// waiting, with no receive of theirs completing, for `timeout` (each reported
+// once per stall).
+class ReceiveStallDetector {
+ public:
+  ReceiveStallDetector(int32_t slots, std::chrono::milliseconds timeout);
+
+  // One look at the watches at time `now`: the slots to release.
+  std::vector<int32_t> look(const kernels::HostTimeoutMirror& mirror, std::chrono::steady_clock::time_point now);
+
+ private:
+  struct SlotTrack {
+    bool waiting = false;
+    uint32_t completed = 0;  // the watch's count when this wait was first seen
+    std::chrono::steady_clock::time_point since{};
+    bool released = false;
+  };
+  std::chrono::milliseconds timeout_;
+  std::vector<SlotTrack> tracks_;
+};
+
 class ReceiveWatchdog {
  public:
   using Release = std::function<void(int32_t slot)>;  // called on the watchdog's thread, noexcept
@@ -36,23 +57,13 @@ class ReceiveWatchdog {
   // about timeout_ms + one period, rarely enough to be free.
   static std::chrono::milliseconds period(int32_t timeout_ms);
 
-  // One look at every slot at time `now` (the thread's step; public for tests).
-  void look(std::chrono::steady_clock::time_point now);
-
  private:
-  struct SlotTrack {
-    bool waiting = false;
-    uint32_t completed = 0;  // the watch's count when this wait was first seen
-    std::chrono::steady_clock::time_point since{};
-    bool released = false;
-  };
-
   void run();
 
   const kernels::HostTimeoutMirror* mirror_;
-  std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds period_;
+  ReceiveStallDetector detector_;
   Release release_;
-  std::vector<SlotTrack> tracks_;
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
