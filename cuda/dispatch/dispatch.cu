@@ -79,15 +79,21 @@ cudaError_t launch_with(bool small, const DispatchParams& p, cudaStream_t stream
                        stream, p.args.pdl, p);
 }
 
-}  // namespace
-
-cudaError_t launch_dispatch_receive(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
-                                    const DispatchLaunch& args, cudaStream_t stream) {
+DispatchParams dispatch_params(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
+                               const DispatchLaunch& args) {
   DispatchParams p;
   p.ctx.shape = shape;
   p.ctx.offsets = offsets;
   p.ctx.state = state;
   p.args = args;
+  return p;
+}
+
+}  // namespace
+
+cudaError_t launch_dispatch_receive(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
+                                    const DispatchLaunch& args, cudaStream_t stream) {
+  DispatchParams p = dispatch_params(shape, offsets, state, args);
   p.args.part = kPartReceive;
   p.args.num_blocks = 1;
   return launch_kernel(dispatch_receive_kernel, 1, kBlockThreads, 0, stream, p.args.pdl, p);
@@ -107,11 +113,7 @@ cudaError_t prepare_dispatch(int32_t bulk_rows) {
 
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
                             const DispatchLaunch& args, cudaStream_t stream) {
-  DispatchParams p;
-  p.ctx.shape = shape;
-  p.ctx.offsets = offsets;
-  p.ctx.state = state;
-  p.args = args;
+  const DispatchParams p = dispatch_params(shape, offsets, state, args);
   // The host's path selection (src/nvlink/path_selection.cpp) chose the
   // kernel and the row copies: bulk copies only for 16-byte aligned rows and
   // sources, registers (rows of any size) otherwise.
