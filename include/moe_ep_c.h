@@ -204,7 +204,46 @@ typedef struct moe_ep_params_t {
   int32_t enable_eplb_stats;   /* default 0; 1 = produce eplb_gathered_stats   */
   moe_ep_dtype_t combine_dtype;/* dtype of combine's expert_output and output:
                                   bf16 (default), fp16 or fp32                 */
+  /* Receive layout (docs/semantics.md, "Receive layouts").  Every field below
+   * must be the same on every rank; a field of a layout not chosen must be 0.
+   * The HOST backend has every layout; NVLINK_TWO_SIDED and NCCL have
+   * RANK_MAJOR only and refuse the others at create (UNSUPPORTED).           */
+  int32_t receive_layout;         /* MOE_EP_LAYOUT_*, default RANK_MAJOR          */
+  int32_t expert_capacity;        /* EXPERT_MAJOR: rows per local expert, 1 ..
+                                     world_size * max_tokens_per_rank; 0 (default)
+                                     = world_size * max_tokens_per_rank           */
+  int32_t expert_alignment;       /* EXPERT_PACKED: every expert's first row is a
+                                     multiple of it, 1..256; 0 (default) = 1      */
+  int32_t expert_rows;            /* EXPERT_PACKED: rows of the result, alignment
+                                     padding included, a multiple of
+                                     expert_alignment; 0 (default) = the worst
+                                     case (docs/semantics.md)                     */
+  int32_t expert_output_weighted; /* expert layouts: 0 (default) = combine
+                                     multiplies each row by its pick's weight;
+                                     1 = the expert output already carries them */
+  int32_t scale_layout;           /* expert layouts with scales: MOE_EP_SCALES_*  */
 } moe_ep_params_t;
+
+/* params->receive_layout: how dispatch lays out the received rows. */
+enum {
+  MOE_EP_LAYOUT_RANK_MAJOR = 0,   /* [world_size * tokens_per_rank, R]: one row per
+                                     received token, segments by source rank   */
+  MOE_EP_LAYOUT_EXPERT_MAJOR = 1, /* [E_local, expert_capacity, R]: one row per
+                                     (token, local pick), a segment per expert  */
+  MOE_EP_LAYOUT_EXPERT_PACKED = 2 /* [expert_rows, R]: expert e's rows at
+                                     [expert_offsets[e], + expert_counts[e]),
+                                     offsets aligned to expert_alignment rows  */
+};
+
+/* params->scale_layout (expert layouts, scale_row_elems > 0). */
+enum {
+  MOE_EP_SCALES_ROW_MAJOR = 0,   /* [rows, S], row-aligned with hidden_states    */
+  MOE_EP_SCALES_COLUMN_MAJOR = 1 /* fp32 only: [S, rows_aligned] (EXPERT_PACKED)
+                                    or [E_local, S, capacity_aligned]
+                                    (EXPERT_MAJOR), rows rounded up to a
+                                    multiple of 4 (16 bytes): the TMA-aligned
+                                    layout grouped FP8 GEMMs read              */
+};
 
 /* Fills the defaults; struct_size: sizeof(moe_ep_params_t) of the caller's header. */
 MOE_EP_API moe_ep_status_t moe_ep_params_init(moe_ep_params_t* params, size_t struct_size);
@@ -313,7 +352,28 @@ typedef struct moe_ep_dispatch_result_t {
                                            H]) as combine's expert_output.  Its
                                            contents are undefined after dispatch;
                                            valid until the matching combine is
-                                           issued, like the other views         */
+                                           issued, like the other views.  In an
+                                           expert layout: [E_local, capacity, H]
+                                           or [expert_rows, H]                   */
+  /* Expert layouts only (params->receive_layout != RANK_MAJOR; absent
+   * otherwise).  Then hidden_states is [E_local, capacity, R] (EXPERT_MAJOR)
+   * or [expert_rows, R] (EXPERT_PACKED), hidden_states_scale follows
+   * params->scale_layout, and topk_ids and topk_weights are absent.  A row is
+   * one (source token, pick of a local expert); inside an expert, rows are in
+   * ascending (source rank, source token, pick) order.                       */
+  moe_ep_tensor_t expert_counts;  /* [E_local] int32: rows written per local
+                                     expert (received pairs that fit)     */
+  moe_ep_tensor_t expert_offsets; /* [E_local + 1] int32, EXPERT_PACKED only:
+                                     expert e's first row; [E_local] = the
+                                     aligned total                        */
+  moe_ep_tensor_t row_sources;    /* [rows, 3] int32: source rank, source
+                                     token, pick index; -1 on padding rows */
+  moe_ep_tensor_t row_weights;    /* [rows] fp32: the pick's weight (1.0 when
+                                     dispatch had no topk_weights), 0 on
+                                     padding rows                          */
+  moe_ep_tensor_t dropped_pairs;  /* [1] int32: pairs that did not fit the
+                                     capacity (or expert_rows): counted,
+                                     never written, not an error           */
 } moe_ep_dispatch_result_t;
 
 /* Zeroes the struct; struct_size: sizeof(moe_ep_dispatch_result_t) of the caller's header. */
@@ -367,7 +427,11 @@ MOE_EP_API moe_ep_status_t moe_ep_dispatch(moe_ep_handle_t handle,
 
 /* Collective, stream-ordered.  expert_output: [P, hidden_size] or
  * [world_size, tokens_per_rank, hidden_size] combine_dtype, row i holding the
- * output for receive row i of the matching dispatch.  output: [T, hidden_size]
+ * output for receive row i of the matching dispatch (in an expert layout:
+ * [E_local, capacity, hidden_size] or [E_local * capacity, hidden_size]
+ * (EXPERT_MAJOR), [expert_rows, hidden_size] (EXPERT_PACKED), unweighted
+ * unless params->expert_output_weighted; combine applies the weights and sums
+ * a token's rows on each rank in ascending local-expert order in fp32).  output: [T, hidden_size]
  * combine_dtype, or NULL for library-owned memory.  Sums over ranks in
  * ascending rank order with fp32 accumulation: bitwise reproducible.
  * expert_output may be the dispatch result's combine_input view (zero-copy

@@ -36,13 +36,21 @@ struct DispatchBuffers {
   int32_t* eplb_gathered = nullptr;      // [world, num_experts], NULL if off
   void* combine_input = nullptr;         // [world*tpr, combine_row_bytes] zero-copy combine
                                          // input region, NULL unless layout.zero_copy_combine
+  // Expert layouts (layout.expert_layout()): hidden and scales then hold the
+  // expert layout's rows, topk_ids and topk_weights are NULL, combine_input
+  // has expert_layout_rows() rows, and these are set (offsets: EXPERT_PACKED).
+  int32_t* expert_counts = nullptr;   // [experts_per_rank]
+  int32_t* expert_offsets = nullptr;  // [experts_per_rank + 1]
+  int32_t* row_sources = nullptr;     // [rows, 3]
+  float* row_weights = nullptr;       // [rows]
+  int32_t* dropped_pairs = nullptr;   // [1]
 };
 
 // One validated combine, for the dispatch that preceded it.
 struct CombineCall {
   int32_t num_tokens = 0;         // T of the matching dispatch
   int32_t tokens_per_rank = 0;    // of the matching dispatch
-  const void* expert_output = nullptr;  // [world*tpr, combine_row_bytes]
+  const void* expert_output = nullptr;  // [layout.combine_rows(tpr), combine_row_bytes]
   void* output = nullptr;               // [T, combine_row_bytes] or NULL = backend-owned
   // expert_output is the combine_input region this backend returned from the
   // matching dispatch (the caller wrote the expert output in place).  A backend

@@ -46,6 +46,7 @@ const BackendEntry kNvlink{
       return make_nvlink_backend(layout, config, bootstrap);
     },
     kMaxMicroBatches,
+    /*expert_layouts=*/false,
 };
 
 const BackendEntry kNccl{
@@ -61,6 +62,7 @@ const BackendEntry kNccl{
       return make_nccl_backend(layout, config, bootstrap);
     },
     kMaxMicroBatches,
+    /*expert_layouts=*/false,
 };
 
 const BackendEntry kHost{
@@ -79,6 +81,7 @@ const BackendEntry kHost{
       return backend;
     },
     kMaxMicroBatches,
+    /*expert_layouts=*/true,
 };
 
 // What one rank can run, for AUTO: the NVLink backend, NCCL, and where it is.
@@ -96,6 +99,30 @@ const BackendEntry& backend_entry(int32_t id) {
     case MOE_EP_BACKEND_NCCL: return kNccl;
     case MOE_EP_BACKEND_HOST: return kHost;
     default: fail(MOE_EP_ERROR_INTERNAL, "backend table: no entry for backend ", id);
+  }
+}
+
+namespace {
+const char* layout_name(int32_t layout) {
+  switch (layout) {
+    case MOE_EP_LAYOUT_RANK_MAJOR: return "MOE_EP_LAYOUT_RANK_MAJOR";
+    case MOE_EP_LAYOUT_EXPERT_MAJOR: return "MOE_EP_LAYOUT_EXPERT_MAJOR";
+    case MOE_EP_LAYOUT_EXPERT_PACKED: return "MOE_EP_LAYOUT_EXPERT_PACKED";
+    default: return "an unknown layout";
+  }
+}
+}  // namespace
+
+void check_backend_capabilities(int32_t backend, const Layout& layout, int32_t micro_batches) {
+  const BackendEntry& entry = backend_entry(backend);
+  if (micro_batches > entry.max_micro_batches) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "config->micro_batches: expected at most ", entry.max_micro_batches, " on the ",
+         entry.name, " backend, got ", micro_batches);
+  }
+  if (layout.expert_layout() && !entry.expert_layouts) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "params->receive_layout: the ", entry.name,
+         " backend lays the received rows out in MOE_EP_LAYOUT_RANK_MAJOR only, got ",
+         layout_name(layout.receive_layout), " (", layout.receive_layout, "); the HOST backend has every layout");
   }
 }
 

@@ -31,7 +31,15 @@ struct BackendEntry {
                                      std::shared_ptr<BoundedExchange> exchange);
   // The most buffer slots (config->micro_batches) it implements.
   int32_t max_micro_batches;
+  // Whether it lays the received rows out in the expert layouts
+  // (params->receive_layout EXPERT_MAJOR and EXPERT_PACKED), not only RANK_MAJOR.
+  bool expert_layouts;
 };
+
+// What create (and moe_ep_workspace_size) refuse before anything is
+// allocated: UNSUPPORTED when `backend` does not implement config->micro_batches
+// or params->receive_layout, with the reason.
+void check_backend_capabilities(int32_t backend, const Layout& layout, int32_t micro_batches);
 
 // The entry of MOE_EP_BACKEND_NVLINK_TWO_SIDED, _NCCL or _HOST (not AUTO).
 const BackendEntry& backend_entry(int32_t id);

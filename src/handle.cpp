@@ -34,22 +34,18 @@ std::vector<RankValue> group_fingerprint(const Layout& l, int32_t backend, int32
       {"params->invalid_expert_id", l.invalid_expert_id},
       {"params->enable_eplb_stats", l.eplb_stats ? 1 : 0},
       {"params->combine_dtype", pack_dtype(l.combine_dtype)},
+      {"params->receive_layout", l.receive_layout},
+      {"params->expert_capacity", l.expert_capacity},
+      {"params->expert_alignment", l.expert_alignment},
+      {"params->expert_rows", l.expert_rows},
+      {"params->expert_output_weighted", l.expert_output_weighted ? 1 : 0},
+      {"params->scale_layout", l.scale_layout},
       {"config->backend", backend},
       {"bootstrap->world_size", l.world_size},
       {"config->timeout_ms", timeout_ms},
       {"config->zero_copy_combine", l.zero_copy_combine ? 1 : 0},
       {"config->micro_batches", micro_batches},
   };
-}
-
-// config->micro_batches beyond what the backend implements: UNSUPPORTED (the
-// same answer on every rank once the backend and the config are agreed).
-void check_micro_batches(int32_t backend, int32_t micro_batches) {
-  const BackendEntry& entry = backend_entry(backend);
-  if (micro_batches > entry.max_micro_batches) {
-    fail(MOE_EP_ERROR_UNSUPPORTED, "config->micro_batches: expected at most ", entry.max_micro_batches, " on the ",
-         entry.name, " backend, got ", micro_batches);
-  }
 }
 
 // The timeout this rank waits for its peers during create: its own
@@ -76,7 +72,7 @@ uint64_t workspace_size(const moe_ep_params_t* params_arg, const moe_ep_config_t
   Layout layout = make_layout(params, world_size, 0);
   layout.zero_copy_combine = config.zero_copy_combine != 0;
   const int32_t backend = resolve_backend_locally(config);
-  check_micro_batches(backend, config.micro_batches);
+  check_backend_capabilities(backend, layout, config.micro_batches);
   return backend_entry(backend).workspace_bytes(layout, config);
 }
 
@@ -106,7 +102,9 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
                            group_fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms,
                                              handle->config.micro_batches),
                            "create: parameter check");
-  check_micro_batches(handle->config.backend, handle->config.micro_batches);
+  // Beyond what the backend implements: UNSUPPORTED, the same answer on every
+  // rank once the backend and the parameters are agreed.
+  check_backend_capabilities(handle->config.backend, handle->layout, handle->config.micro_batches);
   handle->slots.resize(static_cast<size_t>(handle->config.micro_batches));
 
   handle->backend =
@@ -190,6 +188,7 @@ void check_zero_copy_shape(const moe_ep_handle_s& h, const PairSlot& slot, const
   }
   const Layout& l = h.layout;
   const int64_t tpr = slot.dispatch.tokens_per_rank;
+  if (l.expert_layout()) return;  // its shapes do not depend on the dispatch: validate_combine checks them
   const std::vector<int64_t> shape = tensor_shape(*expert_output, "expert_output");
   const bool flat = shape == std::vector<int64_t>{l.world_size * tpr, l.hidden_size};
   const bool split = shape == std::vector<int64_t>{l.world_size, tpr, l.hidden_size};
@@ -211,7 +210,7 @@ bool is_combine_input_view(const moe_ep_handle_s& h, const PairSlot& slot, const
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
   const uintptr_t region = reinterpret_cast<uintptr_t>(slot.combine_input);
   if (begin == region) return true;
-  const uint64_t bytes = static_cast<uint64_t>(l.receive_rows(static_cast<int32_t>(tpr))) * l.combine_row_bytes;
+  const uint64_t bytes = static_cast<uint64_t>(l.combine_rows(static_cast<int32_t>(tpr))) * l.combine_row_bytes;
   const uint64_t region_bytes = combine_input_region_bytes(l);  // sizes were checked at create
   const bool overlaps = begin < region ? region - begin < bytes : begin - region < region_bytes;
   if (overlaps) {
@@ -300,6 +299,36 @@ void send_dispatch(moe_ep_handle_s& h, int32_t slot, const DispatchCall& call, v
   keep_dispatch(s, call);
 }
 
+// The views of an expert layout (docs/semantics.md, "Receive layouts"): the
+// payload, scales and zero-copy input in expert rows, the rows' sources and
+// weights, the per-expert counts and offsets; no topk_ids or topk_weights.
+void write_expert_layout_views(const Layout& l, const moe_ep_device_t& dev, PairSlot& s, const DispatchBuffers& out,
+                               moe_ep_dispatch_result_t& result) {
+  const int64_t E = l.experts_per_rank(), rows = l.expert_layout_rows(), S = l.scale_row_elems;
+  const bool major = l.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR;
+  const int64_t cap = l.expert_capacity;
+  result.topk_ids = moe_ep_tensor_t{};
+  result.topk_weights = moe_ep_tensor_t{};
+  result.hidden_states = major ? view(out.hidden, dev, l.hidden_dtype, s.shape_hidden, {E, cap, l.hidden_row_elems})
+                               : view(out.hidden, dev, l.hidden_dtype, s.shape_hidden, {rows, l.hidden_row_elems});
+  if (l.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) {
+    result.hidden_states_scale =
+        major ? view(out.scales, dev, l.scale_dtype, s.shape_scales, {E, S, scale_column_rows(cap)})
+              : view(out.scales, dev, l.scale_dtype, s.shape_scales, {S, scale_column_rows(rows)});
+  } else {
+    result.hidden_states_scale = major ? view(out.scales, dev, l.scale_dtype, s.shape_scales, {E, cap, S})
+                                       : view(out.scales, dev, l.scale_dtype, s.shape_scales, {rows, S});
+  }
+  result.combine_input =
+      major ? view(out.combine_input, dev, l.combine_dtype, s.shape_combine_input, {E, cap, l.hidden_size})
+            : view(out.combine_input, dev, l.combine_dtype, s.shape_combine_input, {rows, l.hidden_size});
+  result.expert_counts = view(out.expert_counts, dev, dtype_int32(), s.shape_expert_counts, {E});
+  result.expert_offsets = view(out.expert_offsets, dev, dtype_int32(), s.shape_expert_offsets, {E + 1});
+  result.row_sources = view(out.row_sources, dev, dtype_int32(), s.shape_row_sources, {rows, 3});
+  result.row_weights = view(out.row_weights, dev, dtype_fp32(), s.shape_row_weights, {rows});
+  result.dropped_pairs = view(out.dropped_pairs, dev, dtype_int32(), s.shape_dropped_pairs, {1});
+}
+
 // The slot's results as views, written to the caller's struct.
 void write_dispatch_result(moe_ep_handle_s& h, PairSlot& s, const DispatchBuffers& out,
                            moe_ep_dispatch_result_t* result_arg) {
@@ -318,6 +347,7 @@ void write_dispatch_result(moe_ep_handle_s& h, PairSlot& s, const DispatchBuffer
       view(out.local_expert_counts, dev, dtype_int32(), s.shape_local_expert_counts, {l.experts_per_rank()});
   result.eplb_gathered_stats = view(out.eplb_gathered, dev, dtype_int32(), s.shape_eplb, {l.world_size, l.num_experts});
   result.combine_input = view(out.combine_input, dev, l.combine_dtype, s.shape_combine_input, {P, l.hidden_size});
+  if (l.expert_layout()) write_expert_layout_views(l, dev, s, out, result);
   s.combine_input = out.combine_input;
   write_versioned(result_arg, result, "result");
 }
@@ -349,9 +379,18 @@ CombineCall validate_combine(const moe_ep_handle_s& h, const PairSlot& s, const 
   c.num_tokens = s.dispatch.num_tokens;
   c.tokens_per_rank = s.dispatch.tokens_per_rank;
   check_zero_copy_shape(h, s, expert_output);
-  c.expert_output =
-      check_tensor(expert_output, "expert_output", l.combine_dtype,
-                   {{l.world_size * tpr, l.hidden_size}, {l.world_size, tpr, l.hidden_size}}, h.backend->device());
+  if (l.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) {
+    const int64_t E = l.experts_per_rank(), cap = l.expert_capacity;
+    c.expert_output = check_tensor(expert_output, "expert_output", l.combine_dtype,
+                                   {{E, cap, l.hidden_size}, {E * cap, l.hidden_size}}, h.backend->device());
+  } else if (l.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) {
+    c.expert_output = check_tensor(expert_output, "expert_output", l.combine_dtype,
+                                   {{int64_t{l.expert_rows}, l.hidden_size}}, h.backend->device());
+  } else {
+    c.expert_output =
+        check_tensor(expert_output, "expert_output", l.combine_dtype,
+                     {{l.world_size * tpr, l.hidden_size}, {l.world_size, tpr, l.hidden_size}}, h.backend->device());
+  }
   c.expert_output_is_workspace = is_combine_input_view(h, s, c.expert_output, tpr);
   return c;
 }

@@ -22,10 +22,12 @@ struct PairSlot {
   SlotState state = SlotState::idle;
   DispatchCall dispatch;  // pointers into caller memory are not kept
   // Storage for the shapes of the result views (docs/semantics.md §3: owned by the handle).
-  int64_t shape_hidden[2]{}, shape_ids[2]{}, shape_weights[2]{}, shape_scales[2]{};
+  int64_t shape_hidden[3]{}, shape_ids[2]{}, shape_weights[2]{}, shape_scales[3]{};
   int64_t shape_recv_counts[1]{}, shape_local_expert_counts[1]{}, shape_eplb[2]{};
   int64_t shape_output[2]{};
-  int64_t shape_combine_input[2]{};
+  int64_t shape_combine_input[3]{};
+  int64_t shape_expert_counts[1]{}, shape_expert_offsets[1]{}, shape_row_sources[2]{}, shape_row_weights[1]{};
+  int64_t shape_dropped_pairs[1]{};
   // The slot's combine_input region (the same every dispatch), NULL unless
   // config.zero_copy_combine or before the slot's first dispatch.
   void* combine_input = nullptr;

@@ -7,6 +7,7 @@
 #include "checked_math.hpp"
 #include "error.hpp"
 #include "input_errors.hpp"
+#include "expert_layout.hpp"
 #include "reference_model.hpp"
 
 namespace moe_ep {
@@ -71,6 +72,10 @@ struct HostSlot {
   std::vector<int32_t> recv_counts;
   std::vector<int32_t> local_expert_counts;
   std::vector<int32_t> eplb_gathered;
+  // Expert layouts: the results, and each rank-major receive row's source
+  // token (the rank-major buffers above are then the expansion's input).
+  ExpertRows expert;
+  std::vector<int32_t> source_tokens;
   std::vector<uint8_t> combine_output;
   std::vector<uint8_t> combine_input;  // the zero-copy combine input region (config->zero_copy_combine)
   std::vector<int32_t> my_ids;         // this rank's routing of the slot's dispatch, for its combine
@@ -103,6 +108,10 @@ class HostBackend final : public Backend {
       if (layout_.eplb_stats) {
         slot.eplb_gathered.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.world_size),
                                                     static_cast<uint64_t>(layout_.num_experts), "eplb stats")));
+      }
+      if (layout_.expert_layout()) {
+        allocate_expert_rows(layout_, slot.expert);
+        slot.source_tokens.resize(bytes(rows));
       }
       slot.combine_output.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.max_tokens_per_rank),
                                                    layout_.combine_row_bytes, "combine output")));
@@ -176,7 +185,8 @@ class HostBackend final : public Backend {
     ReceiveBuffers out;
     out.hidden = slot.recv_hidden.data();
     out.topk_ids = slot.recv_ids.data();
-    out.topk_weights = slot.has_weights ? slot.recv_weights.data() : nullptr;
+    // An expert layout reads every pick's weight (0 when none were passed; the expansion then uses 1).
+    out.topk_weights = slot.has_weights || layout_.expert_layout() ? slot.recv_weights.data() : nullptr;
     out.scales = layout_.scale_row_bytes ? slot.recv_scales.data() : nullptr;
     out.recv_counts = slot.recv_counts.data();
     out.local_expert_counts = slot.local_expert_counts.data();
@@ -188,6 +198,7 @@ class HostBackend final : public Backend {
     result.topk_weights = out.topk_weights;
     result.scales = out.scales;
     result.recv_counts = out.recv_counts;
+    if (layout_.expert_layout()) expand(slot, sources, result);
     result.local_expert_counts = out.local_expert_counts;
     result.eplb_gathered = layout_.eplb_stats ? slot.eplb_gathered.data() : nullptr;
     result.combine_input = layout_.zero_copy_combine ? slot.combine_input.data() : nullptr;
@@ -202,7 +213,14 @@ class HostBackend final : public Backend {
     HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(call.tokens_per_rank));
     const size_t per_rank = bytes(checked_mul(rows, layout_.combine_row_bytes, "combine rows"));
-    if (call.expert_output == slot.combine_input.data() && per_rank != 0) {
+    if (layout_.expert_layout()) {
+      // The weighted reduction of this rank's expert rows into one row per
+      // received token: what the rank-major combine then sums over ranks.
+      slot.staged_rows.assign(per_rank, 0);
+      reduce_expert_rows(layout_, rank_major_receive(slot), slot.expert,
+                         static_cast<const uint8_t*>(call.expert_output), slot.staged_rows.data());
+      slot.combine_rows = slot.staged_rows.data();
+    } else if (call.expert_output == slot.combine_input.data() && per_rank != 0) {
       slot.staged_rows.clear();
       slot.combine_rows = slot.combine_input.data();
     } else {
@@ -320,6 +338,43 @@ class HostBackend final : public Backend {
   }
 
   static void copy_in(std::vector<uint8_t>& record, uint64_t offset, const void* src, uint64_t n) {
+  // The slot's rank-major receive, as the expert layouts read it.
+  RankMajorReceive rank_major_receive(const HostSlot& slot) const {
+    RankMajorReceive in;
+    in.tokens_per_rank = slot.tokens_per_rank;
+    in.hidden = slot.recv_hidden.data();
+    in.scales = layout_.scale_row_bytes ? slot.recv_scales.data() : nullptr;
+    in.topk_ids = slot.recv_ids.data();
+    in.topk_weights = slot.has_weights ? slot.recv_weights.data() : nullptr;
+    in.recv_counts = slot.recv_counts.data();
+    in.source_tokens = slot.source_tokens.data();
+    return in;
+  }
+
+  // Expert layouts: expands the rank-major receive into the slot's expert rows.
+  void expand(HostSlot& slot, const std::vector<SourceTokens>& sources, DispatchBuffers& result) {
+    const int32_t tpr = slot.tokens_per_rank;
+    for (int32_t s = 0; s < layout_.world_size; ++s) {  // the rows of a segment are its tokens in ascending order
+      int32_t row = 0;
+      for (int32_t t = 0; t < sources[s].num_tokens; ++t) {
+        if (token_goes_to(layout_, sources[s].topk_ids + static_cast<int64_t>(t) * layout_.top_k, layout_.rank)) {
+          slot.source_tokens[static_cast<size_t>(s) * tpr + row++] = t;
+        }
+      }
+    }
+    ExpertRows& x = slot.expert;
+    expand_to_expert_rows(layout_, rank_major_receive(slot), x);
+    result.hidden = x.hidden.data();
+    result.scales = layout_.scale_row_bytes ? x.scales.data() : nullptr;
+    result.topk_ids = nullptr;
+    result.topk_weights = nullptr;
+    result.expert_counts = x.counts.data();
+    result.expert_offsets = layout_.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED ? x.offsets.data() : nullptr;
+    result.row_sources = x.sources.data();
+    result.row_weights = x.weights.data();
+    result.dropped_pairs = x.dropped.data();
+  }
+
     if (src != nullptr && n != 0) std::memcpy(record.data() + offset, src, n);
   }
 
@@ -362,7 +417,12 @@ uint64_t host_slot_bytes(const Layout& l) {
   }
   total =
       checked_add(total, checked_mul(static_cast<uint64_t>(l.max_tokens_per_rank), l.combine_row_bytes, what), what);
-  return checked_add(total, combine_input_region_bytes(l), what);
+  total = checked_add(total, combine_input_region_bytes(l), what);
+  if (l.expert_layout()) {  // the expert rows, and each receive row's source token
+    total = checked_add(total, expert_rows_bytes(l), what);
+    total = checked_add(total, checked_mul(rows, sizeof(int32_t), what), what);
+  }
+  return total;
 }
 
 }  // namespace

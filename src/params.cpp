@@ -1,5 +1,6 @@
 #include "params.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "checked_math.hpp"
@@ -86,7 +87,99 @@ void require_footprint_fits(const Layout& l) {
   }
 }
 
+// The receive layout's own rules (those that need world_size are in make_layout).
+void read_receive_layout(moe_ep_params_t& p) {
+  const int32_t layout = p.receive_layout;
+  if (layout != MOE_EP_LAYOUT_RANK_MAJOR && layout != MOE_EP_LAYOUT_EXPERT_MAJOR &&
+      layout != MOE_EP_LAYOUT_EXPERT_PACKED) {
+    fail_argument("params->receive_layout", "MOE_EP_LAYOUT_RANK_MAJOR (0), EXPERT_MAJOR (1) or EXPERT_PACKED (2)",
+                  layout);
+  }
+  const auto only_with = [](const char* name, int32_t value, const char* layouts) {
+    if (value != 0)
+      fail_argument(std::string("params->") + name, std::string("0 (used with ") + layouts + " only)", value);
+  };
+  if (layout != MOE_EP_LAYOUT_EXPERT_MAJOR) only_with("expert_capacity", p.expert_capacity, "EXPERT_MAJOR");
+  if (layout != MOE_EP_LAYOUT_EXPERT_PACKED) {
+    only_with("expert_alignment", p.expert_alignment, "EXPERT_PACKED");
+    only_with("expert_rows", p.expert_rows, "EXPERT_PACKED");
+  }
+  if (layout == MOE_EP_LAYOUT_RANK_MAJOR) {
+    only_with("expert_output_weighted", p.expert_output_weighted, "EXPERT_MAJOR and EXPERT_PACKED");
+    only_with("scale_layout", p.scale_layout, "EXPERT_MAJOR and EXPERT_PACKED");
+  }
+  if (p.expert_capacity < 0) fail_argument("params->expert_capacity", ">= 0 (0 = the worst case)", p.expert_capacity);
+  if (p.expert_alignment < 0 || p.expert_alignment > kMaxExpertAlignment) {
+    fail_argument("params->expert_alignment", "in [1, " + std::to_string(kMaxExpertAlignment) + "] (0 = 1)",
+                  p.expert_alignment);
+  }
+  if (p.expert_alignment == 0) p.expert_alignment = layout == MOE_EP_LAYOUT_EXPERT_PACKED ? 1 : 0;
+  if (p.expert_rows < 0) fail_argument("params->expert_rows", ">= 0 (0 = the worst case)", p.expert_rows);
+  if (p.expert_rows > 0 && p.expert_rows % p.expert_alignment != 0) {
+    fail_argument("params->expert_rows", "a multiple of expert_alignment (" + std::to_string(p.expert_alignment) + ")",
+                  p.expert_rows);
+  }
+  if (p.expert_output_weighted != 0 && p.expert_output_weighted != 1) {
+    fail_argument("params->expert_output_weighted", "0 or 1", p.expert_output_weighted);
+  }
+  if (p.scale_layout != MOE_EP_SCALES_ROW_MAJOR && p.scale_layout != MOE_EP_SCALES_COLUMN_MAJOR) {
+    fail_argument("params->scale_layout", "MOE_EP_SCALES_ROW_MAJOR (0) or MOE_EP_SCALES_COLUMN_MAJOR (1)",
+                  p.scale_layout);
+  }
+  if (p.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) {
+    if (p.scale_row_elems == 0) {
+      fail_argument("params->scale_layout", "MOE_EP_SCALES_ROW_MAJOR (0) without scales (scale_row_elems is 0)",
+                    "MOE_EP_SCALES_COLUMN_MAJOR (1)");
+    }
+    if (p.scale_dtype.code != MOE_EP_DTYPE_FLOAT || p.scale_dtype.bits != 32) {
+      fail_argument("params->scale_layout",
+                    "MOE_EP_SCALES_ROW_MAJOR (0) with scale_dtype " + dtype_name(p.scale_dtype) +
+                        " (the column-major layout holds fp32 scales only)",
+                    "MOE_EP_SCALES_COLUMN_MAJOR (1)");
+    }
+  }
+}
+
+// The expert layout's rows, with a payload, scale and combine row each plus
+// their source and weight, within the workspace limit.
+void require_expert_footprint_fits(const Layout& l) {
+  if (!l.expert_layout()) return;
+  if (l.expert_layout_rows() > kMaxExpertRows) {
+    fail_argument("params->expert_capacity",
+                  "E_local * expert_capacity <= " + std::to_string(kMaxExpertRows) + " rows (int32 row indices)",
+                  std::to_string(l.expert_layout_rows()) + " rows");
+  }
+  uint64_t per_row = 0, total = 0;
+  const bool ok = try_add(l.hidden_row_bytes, l.scale_row_bytes, &per_row) &&
+                  try_add(per_row, 2 * l.combine_row_bytes + 4 * sizeof(int32_t) + 64, &per_row) &&
+                  try_mul(static_cast<uint64_t>(l.expert_layout_rows()), per_row, &total);
+  if (!ok || total > kMaxWorkspaceBytes) {
+    fail_argument(l.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR ? "params->expert_capacity" : "params->expert_rows",
+                  "expert layout buffers of up to " + std::to_string(kMaxWorkspaceBytes) +
+                      " bytes per rank (1 TiB, the workspace limit)",
+                  ok ? std::to_string(total) + " bytes for " + std::to_string(l.expert_layout_rows()) + " rows"
+                     : std::string("more than 2^64 bytes"));
+  }
+}
+
 }  // namespace
+
+int64_t worst_case_expert_rows(int32_t world_size, int32_t max_tokens_per_rank, int32_t top_k, int32_t experts_per_rank,
+                               int32_t alignment) {
+  const int64_t picks = std::min<int64_t>(top_k, experts_per_rank);
+  const int64_t rows = static_cast<int64_t>(world_size) * max_tokens_per_rank * picks +
+                       static_cast<int64_t>(experts_per_rank) * (alignment - 1);
+  return rows / alignment * alignment;
+}
+
+int64_t Layout::expert_scale_elems() const {
+  if (!expert_layout() || scale_row_elems == 0) return 0;
+  if (scale_layout == MOE_EP_SCALES_ROW_MAJOR) return expert_layout_rows() * scale_row_elems;
+  if (receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) {
+    return static_cast<int64_t>(experts_per_rank()) * scale_row_elems * scale_column_rows(expert_capacity);
+  }
+  return static_cast<int64_t>(scale_row_elems) * scale_column_rows(expert_rows);
+}
 
 moe_ep_params_t read_params(const moe_ep_params_t* user) {
   moe_ep_params_t p = read_versioned(user, default_params(), "params");
@@ -125,6 +218,7 @@ moe_ep_params_t read_params(const moe_ep_params_t* user) {
   require_row_under_2gib("hidden_row_elems", p.hidden_dtype, row_elems);
   require_row_under_2gib("scale_row_elems", p.scale_dtype, p.scale_row_elems);
   require_row_under_2gib("hidden_size", p.combine_dtype, p.hidden_size);
+  read_receive_layout(p);
   return p;
 }
 
@@ -174,12 +268,43 @@ Layout make_layout(const moe_ep_params_t& p, int32_t world_size, int32_t rank) {
   l.combine_dtype = p.combine_dtype;
   l.combine_row_bytes = dtype_row_bytes(p.combine_dtype, p.hidden_size);
   require_footprint_fits(l);
+  l.receive_layout = p.receive_layout;
+  l.expert_output_weighted = p.expert_output_weighted != 0;
+  l.scale_layout = p.scale_layout;
+  const int64_t worst_per_expert = static_cast<int64_t>(world_size) * p.max_tokens_per_rank;
+  if (p.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) {
+    if (p.expert_capacity > worst_per_expert) {
+      fail_argument(
+          "params->expert_capacity",
+          "in [1, world_size * max_tokens_per_rank = " + std::to_string(worst_per_expert) + "] (0 = that worst case)",
+          p.expert_capacity);
+    }
+    l.expert_capacity = p.expert_capacity ? p.expert_capacity : static_cast<int32_t>(worst_per_expert);
+  }
+  if (p.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) {
+    l.expert_alignment = p.expert_alignment ? p.expert_alignment : 1;
+    const int64_t worst =
+        worst_case_expert_rows(world_size, p.max_tokens_per_rank, p.top_k, l.experts_per_rank(), l.expert_alignment);
+    if (worst > kMaxExpertRows) {
+      fail_argument("params", "at most " + std::to_string(kMaxExpertRows) + " expert rows (int32 row indices)",
+                    std::to_string(worst) + " rows in the worst case; set params->expert_rows lower");
+    }
+    if (p.expert_rows > worst) {
+      fail_argument("params->expert_rows",
+                    "at most the worst case, " + std::to_string(worst) +
+                        " rows (world_size * max_tokens_per_rank * min(top_k, E_local) + E_local * (alignment - 1), "
+                        "rounded down to a multiple of expert_alignment; 0 = that)",
+                    p.expert_rows);
+    }
+    l.expert_rows = p.expert_rows ? p.expert_rows : static_cast<int32_t>(worst);
+  }
+  require_expert_footprint_fits(l);
   return l;
 }
 
 uint64_t combine_input_region_bytes(const Layout& l) {
   if (!l.zero_copy_combine) return 0;
-  const uint64_t rows = static_cast<uint64_t>(l.receive_rows(l.max_tokens_per_rank));
+  const uint64_t rows = static_cast<uint64_t>(l.combine_rows(l.max_tokens_per_rank));
   return checked_mul(rows, l.combine_row_bytes, "zero-copy combine input region");
 }
 

@@ -23,6 +23,10 @@ constexpr int32_t kMaxTokensPerRank = int32_t{1} << 20;  // prefill chunks: 8K-1
 // Per-rank footprint bound (every backend's workspace is at most this
 // estimate); 1 TiB is several times any accelerator's memory.
 constexpr uint64_t kMaxWorkspaceBytes = uint64_t{1} << 40;
+// params->expert_alignment: 128 is the common GEMM tile, 256 the largest one.
+constexpr int32_t kMaxExpertAlignment = 256;
+// Rows of an expert layout are int32 indices (row_sources, expert_offsets).
+constexpr int64_t kMaxExpertRows = INT32_MAX;
 
 moe_ep_params_t default_params();
 moe_ep_config_t default_config();
@@ -53,6 +57,14 @@ struct Layout {
   // config->zero_copy_combine: the workspace holds a combine input region of
   // receive_rows(max_tokens_per_rank) combine rows (set from the config, not the params).
   bool zero_copy_combine = false;
+  // params->receive_layout and its fields, resolved (docs/semantics.md,
+  // "Receive layouts"): capacity and rows are the defaults when 0 was passed.
+  int32_t receive_layout = MOE_EP_LAYOUT_RANK_MAJOR;
+  int32_t expert_capacity = 0;   // EXPERT_MAJOR: rows per local expert
+  int32_t expert_alignment = 1;  // EXPERT_PACKED: first row of each expert a multiple of it
+  int32_t expert_rows = 0;       // EXPERT_PACKED: rows of the result, padding included
+  bool expert_output_weighted = false;
+  int32_t scale_layout = MOE_EP_SCALES_ROW_MAJOR;
 
   int32_t experts_per_rank() const { return num_experts / world_size; }
   // Rank owning a valid expert id (caller checks the id is in range).
@@ -61,12 +73,40 @@ struct Layout {
   int64_t receive_rows(int32_t tokens_per_rank) const {
     return static_cast<int64_t>(world_size) * tokens_per_rank;
   }
+  bool expert_layout() const { return receive_layout != MOE_EP_LAYOUT_RANK_MAJOR; }
+  // Rows of an expert layout's result (E_local * capacity, or expert_rows); 0 for RANK_MAJOR.
+  int64_t expert_layout_rows() const {
+    if (receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) return static_cast<int64_t>(experts_per_rank()) * expert_capacity;
+    return receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED ? expert_rows : 0;
+  }
+  // Rows of combine's expert_output (and of the combine_input view) for a
+  // dispatch with this tokens_per_rank.
+  int64_t combine_rows(int32_t tokens_per_rank) const {
+    return expert_layout() ? expert_layout_rows() : receive_rows(tokens_per_rank);
+  }
+  // Elements of the result's hidden_states_scale in an expert layout: rows * S
+  // row-major; column-major pads each column to a multiple of 4 rows.
+  int64_t expert_scale_elems() const;
 };
+
+// Rows of a column-major scale column: `rows` rounded up to a multiple of 4
+// (16 bytes of fp32, the alignment TMA needs).
+constexpr int64_t kScaleColumnAlignment = 4;
+inline int64_t scale_column_rows(int64_t rows) {
+  return (rows + kScaleColumnAlignment - 1) / kScaleColumnAlignment * kScaleColumnAlignment;
+}
+
+// EXPERT_PACKED's default expert_rows: the most rows any dispatch can need,
+// world * max_tokens_per_rank * min(top_k, E_local) + E_local * (alignment - 1),
+// rounded down to a multiple of the alignment (the aligned total is one, so it
+// still fits).
+int64_t worst_case_expert_rows(int32_t world_size, int32_t max_tokens_per_rank, int32_t top_k, int32_t experts_per_rank,
+                               int32_t alignment);
 
 // Validates the group-dependent rules (world_size > 0, num_experts % world_size == 0).
 Layout make_layout(const moe_ep_params_t& params, int32_t world_size, int32_t rank);
 
-// Bytes of the zero-copy combine input region: receive_rows(max_tokens_per_rank)
+// Bytes of the zero-copy combine input region: combine_rows(max_tokens_per_rank)
 // rows of combine_row_bytes, or 0 when the layout does not have one.
 uint64_t combine_input_region_bytes(const Layout& layout);
 

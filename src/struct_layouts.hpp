@@ -47,13 +47,17 @@ struct StructLayout<moe_ep_params_t> {
   static constexpr const char* c_name = "moe_ep_params_t";
   static constexpr const char* init_name = "moe_ep_params_init";
   static constexpr size_t field_ends[] = {
-      MOE_EP_FIELD_END(T, num_experts),     MOE_EP_FIELD_END(T, top_k),
+      MOE_EP_FIELD_END(T, num_experts),         MOE_EP_FIELD_END(T, top_k),
       MOE_EP_FIELD_END(T, max_tokens_per_rank), MOE_EP_FIELD_END(T, hidden_size),
-      MOE_EP_FIELD_END(T, hidden_dtype),    MOE_EP_FIELD_END(T, hidden_row_elems),
-      MOE_EP_FIELD_END(T, scale_row_elems), MOE_EP_FIELD_END(T, scale_dtype),
-      MOE_EP_FIELD_END(T, invalid_expert_id), MOE_EP_FIELD_END(T, enable_eplb_stats),
-      MOE_EP_FIELD_END(T, combine_dtype)};
-  static constexpr size_t released_sizes[] = {sizeof(T)};  // 0.1
+      MOE_EP_FIELD_END(T, hidden_dtype),        MOE_EP_FIELD_END(T, hidden_row_elems),
+      MOE_EP_FIELD_END(T, scale_row_elems),     MOE_EP_FIELD_END(T, scale_dtype),
+      MOE_EP_FIELD_END(T, invalid_expert_id),   MOE_EP_FIELD_END(T, enable_eplb_stats),
+      MOE_EP_FIELD_END(T, combine_dtype),       MOE_EP_FIELD_END(T, receive_layout),
+      MOE_EP_FIELD_END(T, expert_capacity),     MOE_EP_FIELD_END(T, expert_alignment),
+      MOE_EP_FIELD_END(T, expert_rows),         MOE_EP_FIELD_END(T, expert_output_weighted),
+      MOE_EP_FIELD_END(T, scale_layout)};
+  // 0.1 ended at combine_dtype; the receive layout fields were appended after 0.1.
+  static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, combine_dtype), sizeof(T)};
 };
 
 template <>
@@ -94,9 +98,16 @@ struct StructLayout<moe_ep_dispatch_result_t> {
                                           MOE_EP_FIELD_END(T, recv_counts),
                                           MOE_EP_FIELD_END(T, local_expert_counts),
                                           MOE_EP_FIELD_END(T, eplb_gathered_stats),
-                                          MOE_EP_FIELD_END(T, combine_input)};
-  // 0.1 ended at eplb_gathered_stats; combine_input was appended after 0.1.
-  static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, eplb_gathered_stats), sizeof(T)};
+                                          MOE_EP_FIELD_END(T, combine_input),
+                                          MOE_EP_FIELD_END(T, expert_counts),
+                                          MOE_EP_FIELD_END(T, expert_offsets),
+                                          MOE_EP_FIELD_END(T, row_sources),
+                                          MOE_EP_FIELD_END(T, row_weights),
+                                          MOE_EP_FIELD_END(T, dropped_pairs)};
+  // 0.1 ended at eplb_gathered_stats; combine_input, then the expert layout
+  // results were appended after 0.1.
+  static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, eplb_gathered_stats),
+                                              MOE_EP_FIELD_END(T, combine_input), sizeof(T)};
 };
 
 template <>

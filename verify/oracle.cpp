@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dtypes.hpp"
+#include "expert_oracle.hpp"
 
 namespace moe_ep_verify {
 
@@ -195,6 +196,13 @@ bool same_tokens_per_rank(Verdict& v, int expected, int got) {
   return false;
 }
 
+// The rank-major counts and statistics an expert layout keeps.
+void compare_counts(Verdict& v, const ReceivedDispatch& e, const ReceivedDispatch& got) {
+  compare_ints(v, "recv_counts", e.recv_counts, got.recv_counts);
+  compare_ints(v, "local_expert_counts", e.local_expert_counts, got.local_expert_counts);
+  if (e.has_eplb) compare_ints(v, "eplb_gathered_stats", e.eplb_gathered, got.eplb_gathered);
+}
+
 }  // namespace
 
 Verdict check_dispatch(const WorkloadSpec& s, const std::vector<RankRouting>& all, int me,
@@ -202,6 +210,11 @@ Verdict check_dispatch(const WorkloadSpec& s, const std::vector<RankRouting>& al
   Verdict v;
   if (!same_tokens_per_rank(v, s.tokens_per_rank(), got.tokens_per_rank)) return v;
   const Expected e = expect_receive(s, all, me);
+  if (s.expert_layout()) {
+    compare_counts(v, e.result, got);
+    v.merge(check_expert_dispatch(s, all, me, got));
+    return v;
+  }
   compare_fields(v, s, e.result, got);
   compare_payload(
       v, s,
@@ -220,6 +233,11 @@ Verdict check_dispatch(const WorkloadSpec& s, const std::vector<RankRouting>& al
 Verdict compare_dispatch(const WorkloadSpec& s, const ReceivedDispatch& reference, const ReceivedDispatch& got) {
   Verdict v;
   if (!same_tokens_per_rank(v, reference.tokens_per_rank, got.tokens_per_rank)) return v;
+  if (s.expert_layout()) {
+    compare_counts(v, reference, got);
+    v.merge(compare_expert_dispatch(s, reference, got));
+    return v;
+  }
   compare_fields(v, s, reference, got);
   const uint64_t hb = s.hidden_row_bytes(), sb = s.scale_row_bytes();
   const int64_t tpr = s.tokens_per_rank();
@@ -250,6 +268,7 @@ Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all
 
 Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all, int me,
                       const std::vector<uint8_t>& output, const ExpertRowModel& expert_rows) {
+  if (s.expert_layout()) return check_expert_combine(s, all, me, output, expert_rows);
   Verdict v;
   const RankRouting& mine = all[me];
   const int H = s.hidden_size, T = mine.num_tokens;

@@ -38,7 +38,30 @@ struct ReceivedDispatch {
   std::vector<int32_t> local_expert_counts;  // [E / world]
   std::vector<int32_t> eplb_gathered;        // [world, E], if eplb stats
   bool has_weights = false, has_scales = false, has_eplb = false;
+  // Expert layouts (docs/semantics.md, "Receive layouts"): hidden then holds
+  // the expert rows, scales the scale elements as laid out (rows or columns).
+  std::vector<int32_t> expert_counts;   // [E_local]
+  std::vector<int32_t> expert_offsets;  // [E_local + 1], EXPERT_PACKED
+  std::vector<int32_t> row_sources;     // [rows, 3]
+  std::vector<float> row_weights;       // [rows]
+  std::vector<int32_t> dropped_pairs;   // [1]
 };
+
+// Where the expert layouts put every (source rank, source token, pick) on one
+// destination rank: from the routing of every rank, by filtering the picks
+// of each local expert (ascending source rank, token, pick) and cutting the
+// list at the capacity (EXPERT_MAJOR) or where expert_rows runs out
+// (EXPERT_PACKED, experts in ascending order).
+struct ExpertPlacement {
+  std::vector<int32_t> counts;   // [E_local] rows written
+  std::vector<int32_t> offsets;  // [E_local + 1]
+  int64_t dropped = 0;           // pairs that did not fit
+  std::vector<int32_t> sources;  // [rows, 3], -1 on padding
+  std::vector<float> weights;    // [rows], 0 on padding
+  // row_of[src][t * K + k]: the expert row of that pick, -1 if none.
+  std::vector<std::vector<int64_t>> row_of;
+};
+ExpertPlacement place_expert_rows(const WorkloadSpec& spec, const std::vector<RankRouting>& all, int dest);
 
 // Checks rank `me`'s dispatch result against the oracle: counts, ids and
 // weights on every row (padding rows hold invalid_expert_id and weight 0),
@@ -56,8 +79,15 @@ Verdict check_combine(const WorkloadSpec& spec, const std::vector<RankRouting>& 
                       const std::vector<uint8_t>& output);
 
 // What an expert computation wrote on rank `expert_rank` in its receive row
-// `row`, which holds token `token` of the rank being checked: fills `out`
-// with hidden_size values, already rounded to combine_dtype.
+// `row` (an expert row in an expert layout), which holds token `token` of the
+// rank being checked: fills `out` with hidden_size values, already rounded to
+// combine_dtype.
+//
+// In an expert layout, check_combine sums per rank r (ascending) the token's
+// rows on r in ascending (local expert, pick) order from 0 in fp32, each
+// multiplied by its weight (1 without topk_weights) unless
+// spec.expert_output_weighted, rounds that partial to combine_dtype, and
+// adds the partials in fp32 as the rank-major combine adds rows.
 using ExpertRowModel = std::function<void(int expert_rank, int64_t row, int token, float* out)>;
 
 // check_combine for any expert computation: the same sum and comparison, with

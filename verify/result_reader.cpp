@@ -62,6 +62,37 @@ std::vector<T> as(const std::vector<uint8_t>& bytes) {
 
 bool absent(const moe_ep_tensor_t& t) { return t.data == nullptr && t.ndim == 0; }
 
+// The results of an expert layout (docs/semantics.md, "Receive layouts").
+void read_expert_layout(const WorkloadSpec& s, const moe_ep_dispatch_result_t& r, const moe_ep_device_t& device,
+                        const MemoryReader& read, Verdict& v, ReceivedDispatch& got) {
+  const bool major = s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR;
+  const int64_t E = s.experts_per_rank(), cap = s.capacity(), rows = s.expert_layout_rows(), S = s.scale_row_elems;
+  const auto up4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  got.hidden = major ? take("hidden_states", r.hidden_states, s.hidden_dtype, {E, cap, s.row_elems()}, device, read, v)
+                     : take("hidden_states", r.hidden_states, s.hidden_dtype, {rows, s.row_elems()}, device, read, v);
+  if (!absent(r.topk_ids) || !absent(r.topk_weights)) v.add(1, "topk_ids/topk_weights: present in an expert layout");
+  got.has_scales = !absent(r.hidden_states_scale);
+  if (S && s.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) {
+    got.scales =
+        major ? take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {E, S, up4(cap)}, device, read, v)
+              : take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {S, up4(rows)}, device, read, v);
+  } else if (S) {
+    got.scales = major ? take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {E, cap, S}, device, read, v)
+                       : take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {rows, S}, device, read, v);
+  } else if (got.has_scales) {
+    v.add(1, "hidden_states_scale: returned although params have no scales");
+  }
+  got.expert_counts = as<int32_t>(take("expert_counts", r.expert_counts, int32_dtype(), {E}, device, read, v));
+  if (!major) {
+    got.expert_offsets = as<int32_t>(take("expert_offsets", r.expert_offsets, int32_dtype(), {E + 1}, device, read, v));
+  } else if (!absent(r.expert_offsets)) {
+    v.add(1, "expert_offsets: present in EXPERT_MAJOR");
+  }
+  got.row_sources = as<int32_t>(take("row_sources", r.row_sources, int32_dtype(), {rows, 3}, device, read, v));
+  got.row_weights = as<float>(take("row_weights", r.row_weights, fp32_dtype(), {rows}, device, read, v));
+  got.dropped_pairs = as<int32_t>(take("dropped_pairs", r.dropped_pairs, int32_dtype(), {1}, device, read, v));
+}
+
 }  // namespace
 
 ReceivedDispatch read_dispatch(const WorkloadSpec& s, const moe_ep_dispatch_result_t& r, const moe_ep_device_t& device,
@@ -69,6 +100,20 @@ ReceivedDispatch read_dispatch(const WorkloadSpec& s, const moe_ep_dispatch_resu
   ReceivedDispatch got;
   got.tokens_per_rank = r.tokens_per_rank;
   const int64_t P = s.receive_rows(), K = s.top_k;
+  if (s.expert_layout()) {
+    read_expert_layout(s, r, device, read, v, got);
+    got.recv_counts = as<int32_t>(take("recv_counts", r.recv_counts, int32_dtype(), {s.world}, device, read, v));
+    got.local_expert_counts = as<int32_t>(
+        take("local_expert_counts", r.local_expert_counts, int32_dtype(), {s.experts_per_rank()}, device, read, v));
+    got.has_eplb = !absent(r.eplb_gathered_stats);
+    if (s.eplb_stats) {
+      got.eplb_gathered = as<int32_t>(
+          take("eplb_gathered_stats", r.eplb_gathered_stats, int32_dtype(), {s.world, s.num_experts}, device, read, v));
+    } else if (got.has_eplb) {
+      v.add(1, "eplb_gathered_stats: returned although eplb stats are off");
+    }
+    return got;
+  }
   got.hidden = take("hidden_states", r.hidden_states, s.hidden_dtype, {P, s.row_elems()}, device, read, v);
   got.topk_ids = as<int32_t>(take("topk_ids", r.topk_ids, int32_dtype(), {P, K}, device, read, v));
   got.recv_counts = as<int32_t>(take("recv_counts", r.recv_counts, int32_dtype(), {s.world}, device, read, v));

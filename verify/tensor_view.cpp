@@ -48,6 +48,10 @@ const moe_ep_dispatch_args_t* DispatchArgs::get() {
 }
 
 TensorView expert_output_view(const WorkloadSpec& s, const void* data, const moe_ep_device_t& device, bool as_3d) {
+  if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR && as_3d) {
+    return TensorView(data, s.combine_dtype, {s.experts_per_rank(), s.capacity(), s.hidden_size}, device);
+  }
+  if (s.expert_layout()) return TensorView(data, s.combine_dtype, {s.expert_layout_rows(), s.hidden_size}, device);
   if (as_3d) return TensorView(data, s.combine_dtype, {s.world, s.tokens_per_rank(), s.hidden_size}, device);
   return TensorView(data, s.combine_dtype, {s.receive_rows(), s.hidden_size}, device);
 }

@@ -62,7 +62,9 @@ class DispatchArgs {
   moe_ep_dispatch_args_t args_{};
 };
 
-// combine's expert_output: [world * tpr, H], or [world, tpr, H] with as_3d.
+// combine's expert_output: [world * tpr, H], or [world, tpr, H] with as_3d; in
+// an expert layout [E_local * capacity, H] or [E_local, capacity, H] with
+// as_3d (EXPERT_MAJOR), [expert_rows, H] (EXPERT_PACKED).
 TensorView expert_output_view(const WorkloadSpec& spec, const void* data, const moe_ep_device_t& device,
                               bool as_3d = false);
 // combine's caller-owned output: [num_tokens, H] of combine_dtype.

@@ -123,7 +123,37 @@ moe_ep_params_t WorkloadSpec::params() const {
   p.invalid_expert_id = invalid_expert_id;
   p.enable_eplb_stats = eplb_stats ? 1 : 0;
   p.combine_dtype = combine_dtype;
+  p.receive_layout = receive_layout;
+  p.expert_capacity = expert_capacity;
+  p.expert_alignment = expert_alignment;
+  p.expert_rows = expert_rows;
+  p.expert_output_weighted = expert_output_weighted ? 1 : 0;
+  p.scale_layout = scale_layout;
   return p;
+}
+
+int WorkloadSpec::capacity() const {
+  if (receive_layout != MOE_EP_LAYOUT_EXPERT_MAJOR) return 0;
+  return expert_capacity ? expert_capacity : world * max_tokens_per_rank;
+}
+
+int WorkloadSpec::alignment() const { return expert_alignment ? expert_alignment : 1; }
+
+int64_t WorkloadSpec::packed_rows() const {
+  if (receive_layout != MOE_EP_LAYOUT_EXPERT_PACKED) return 0;
+  if (expert_rows) return expert_rows;
+  // Every received token brings at most min(top_k, E_local) distinct local
+  // experts, and each expert at most alignment - 1 rows of padding; the
+  // aligned total is a multiple of the alignment.
+  const int64_t a = alignment();
+  const int64_t worst = int64_t(world) * max_tokens_per_rank * std::min(top_k, experts_per_rank()) +
+                        int64_t(experts_per_rank()) * (a - 1);
+  return worst - worst % a;
+}
+
+int64_t WorkloadSpec::expert_layout_rows() const {
+  if (receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) return int64_t(experts_per_rank()) * capacity();
+  return packed_rows();
 }
 
 std::string WorkloadSpec::describe() const {
@@ -133,7 +163,9 @@ std::string WorkloadSpec::describe() const {
      << row_elems() << " scales=" << scale_row_elems << " combine=" << dtype_name(combine_dtype)
      << " weights=" << weights << " eplb=" << eplb_stats << (eplb_given ? "(given)" : "")
      << " invalid=" << invalid_expert_id << " routing=" << routing_name(routing.kind)
-     << " mask=" << routing.mask_fraction << " bad=" << routing.bad_fraction << " seed=" << seed << " tokens=[";
+     << " mask=" << routing.mask_fraction << " bad=" << routing.bad_fraction << " layout=" << receive_layout
+     << " cap=" << expert_capacity << " align=" << expert_alignment << " rows=" << expert_rows
+     << " weighted=" << expert_output_weighted << " scale_layout=" << scale_layout << " seed=" << seed << " tokens=[";
   for (int r = 0; r < world; ++r) os << (r ? "," : "") << num_tokens(r);
   os << "]";
   return os.str();
@@ -242,7 +274,7 @@ float expert_output_value(const WorkloadSpec& s, int rank, int64_t row, int h) {
 }
 
 std::vector<uint8_t> make_expert_output(const WorkloadSpec& s, int rank) {
-  const int64_t P = s.receive_rows();
+  const int64_t P = s.combine_rows();
   std::vector<uint8_t> out(P * s.combine_row_bytes());
   for (int64_t row = 0; row < P; ++row) {
     for (int h = 0; h < s.hidden_size; ++h) {

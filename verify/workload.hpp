@@ -46,12 +46,29 @@ struct WorkloadSpec {
   Routing routing;
   std::vector<int> tokens;  // local_num_tokens of every rank; empty = drawn from the seed in [0, tpr]
   uint64_t seed = 1;
+  // The receive layout (params->receive_layout and its fields, as passed: 0 = default).
+  int receive_layout = MOE_EP_LAYOUT_RANK_MAJOR;
+  int expert_capacity = 0;
+  int expert_alignment = 0;
+  int expert_rows = 0;
+  bool expert_output_weighted = false;
+  int scale_layout = MOE_EP_SCALES_ROW_MAJOR;
 
   int num_tokens(int rank) const;  // local_num_tokens of `rank`
   int tokens_per_rank() const { return runtime_max_tokens_per_rank ? runtime_max_tokens_per_rank : max_tokens_per_rank; }
   int row_elems() const { return hidden_row_elems ? hidden_row_elems : hidden_size; }
   int experts_per_rank() const { return num_experts / world; }
   int64_t receive_rows() const { return int64_t(world) * tokens_per_rank(); }
+  bool expert_layout() const { return receive_layout != MOE_EP_LAYOUT_RANK_MAJOR; }
+  // The defaults resolved: rows per expert (EXPERT_MAJOR), the alignment and
+  // the rows of the result (EXPERT_PACKED), as docs/semantics.md defines them.
+  int capacity() const;
+  int alignment() const;
+  int64_t packed_rows() const;
+  // Rows of the expert layout's result (E_local * capacity or packed_rows), 0 for RANK_MAJOR.
+  int64_t expert_layout_rows() const;
+  // Rows of combine's expert_output: receive_rows() or expert_layout_rows().
+  int64_t combine_rows() const { return expert_layout() ? expert_layout_rows() : receive_rows(); }
   uint64_t hidden_row_bytes() const;
   uint64_t scale_row_bytes() const;
   uint64_t combine_row_bytes() const;
@@ -94,6 +111,7 @@ std::vector<int32_t> make_eplb_local(const WorkloadSpec& spec, int rank);
 // Element h of row `row` of rank `rank`'s expert_output, already rounded to
 // combine_dtype, in [-2, 2]: padding rows too (combine must ignore them).
 float expert_output_value(const WorkloadSpec& spec, int rank, int64_t row, int h);
-std::vector<uint8_t> make_expert_output(const WorkloadSpec& spec, int rank);  // [P, H] combine_dtype
+// [combine_rows(), H] combine_dtype: receive rows, or expert rows in an expert layout.
+std::vector<uint8_t> make_expert_output(const WorkloadSpec& spec, int rank);
 
 }  // namespace moe_ep_verify

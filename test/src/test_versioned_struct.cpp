@@ -143,7 +143,12 @@ TEST_CASE("the released layouts are the ones the rule and the docs name", "[vers
   CHECK(sizeof(moe_ep_config_t) == 28);
   CHECK(first_released_size<moe_ep_dispatch_args_t>() == 56);
   CHECK(first_released_size<moe_ep_dispatch_result_t>() == 344);
-  CHECK(sizeof(moe_ep_dispatch_result_t) == 392);
+  CHECK(sizeof(moe_ep_dispatch_result_t) == 632);
+  CHECK(sizeof(moe_ep_params_t) == 72);
+  CHECK(offsetof(moe_ep_params_t, receive_layout) == 48);
+  CHECK(offsetof(moe_ep_params_t, scale_layout) == 68);
+  CHECK(offsetof(moe_ep_dispatch_result_t, expert_counts) == 392);
+  CHECK(offsetof(moe_ep_dispatch_result_t, dropped_pairs) == 584);
   CHECK(first_released_size<moe_ep_combine_result_t>() == 56);
   CHECK(offsetof(moe_ep_config_t, zero_copy_combine) == 20);
   CHECK(offsetof(moe_ep_config_t, micro_batches) == 24);
@@ -171,6 +176,12 @@ TEST_CASE("init functions fill the documented defaults", "[versioning]") {
   CHECK(p.combine_dtype.code == MOE_EP_DTYPE_BFLOAT);
   CHECK(p.enable_eplb_stats == 0);
   CHECK(p.num_experts == 0);
+  CHECK(p.receive_layout == MOE_EP_LAYOUT_RANK_MAJOR);
+  CHECK(p.expert_capacity == 0);
+  CHECK(p.expert_alignment == 0);
+  CHECK(p.expert_rows == 0);
+  CHECK(p.expert_output_weighted == 0);
+  CHECK(p.scale_layout == MOE_EP_SCALES_ROW_MAJOR);
 
   moe_ep_config_t c;
   REQUIRE(moe_ep_config_init(&c, sizeof c) == MOE_EP_SUCCESS);
@@ -216,6 +227,29 @@ TEST_CASE("an older config gets defaults for every field past its size", "[versi
   CHECK(merged.zero_copy_combine == 0);
 }
 
+TEST_CASE("0.1 params (ending at combine_dtype) get the rank-major layout; the receive layout fields are read past it",
+          "[versioning]") {
+  moe_ep_params_t p = valid_params();
+  p.receive_layout = 7;  // beyond the 0.1 size: must be ignored
+  p.expert_capacity = -3;
+  p.struct_size = static_cast<uint32_t>(offsetof(moe_ep_params_t, receive_layout));
+  const moe_ep_params_t merged = moe_ep::read_params(&p);
+  CHECK(merged.struct_size == sizeof(moe_ep_params_t));
+  CHECK(merged.receive_layout == MOE_EP_LAYOUT_RANK_MAJOR);
+  CHECK(merged.expert_capacity == 0);
+  CHECK(merged.num_experts == p.num_experts);
+
+  // A size ending after receive_layout (a field boundary) reads it, and the rest default.
+  p = valid_params();
+  p.receive_layout = MOE_EP_LAYOUT_EXPERT_PACKED;
+  p.expert_capacity = 99;  // past the size: ignored
+  p.struct_size = static_cast<uint32_t>(offsetof(moe_ep_params_t, expert_capacity));
+  const moe_ep_params_t partial = moe_ep::read_params(&p);
+  CHECK(partial.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED);
+  CHECK(partial.expert_capacity == 0);
+  CHECK(partial.expert_alignment == 1);  // 0 = 1 for EXPERT_PACKED
+}
+
 TEST_CASE("a newer, larger struct is accepted only if its unknown tail is zero", "[versioning]") {
   struct Bigger {
     moe_ep_params_t known;
@@ -250,7 +284,7 @@ TEST_CASE("hostile struct_size values are INVALID_ARGUMENT naming the struct", "
       FAIL("expected an error");
     } catch (const moe_ep::Error& e) {
       CHECK(e.status() == MOE_EP_ERROR_INVALID_ARGUMENT);
-      CHECK_THAT(e.what(), Contains("params->struct_size") && Contains("one of 48 ") && Contains("got 40") &&
+      CHECK_THAT(e.what(), Contains("params->struct_size") && Contains("one of 48, 52") && Contains("got 40") &&
                                Contains("moe_ep_params_init"));
     }
   }

@@ -106,6 +106,12 @@ mutable struct Params
     invalid_expert_id::Int32
     enable_eplb_stats::Int32
     combine_dtype::DType
+    receive_layout::Int32
+    expert_capacity::Int32
+    expert_alignment::Int32
+    expert_rows::Int32
+    expert_output_weighted::Int32
+    scale_layout::Int32
 end
 
 mutable struct Config
@@ -139,6 +145,11 @@ mutable struct DispatchResult
     local_expert_counts::Tensor
     eplb_gathered_stats::Tensor
     combine_input::Tensor
+    expert_counts::Tensor
+    expert_offsets::Tensor
+    row_sources::Tensor
+    row_weights::Tensor
+    dropped_pairs::Tensor
 end
 
 mutable struct CombineResult
@@ -154,7 +165,7 @@ function get_version()
 end
 
 function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dtype=nothing, combine_dtype=nothing)
-    p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0))
+    p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, 0, 0, 0, 0)
     check(ccall((:moe_ep_params_init, libmoe_ep), Int32, (Ref{Params}, Csize_t), p, sizeof(Params)))
     p.num_experts, p.top_k, p.max_tokens_per_rank, p.hidden_size = num_experts, top_k, max_tokens_per_rank, hidden_size
     hidden_dtype === nothing || (p.hidden_dtype = hidden_dtype)
@@ -261,7 +272,8 @@ function _dispatch_args(th, ti, tw)
 end
 
 function _dispatch_result()
-    r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
+    r = DispatchResult(0, 0, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR,
+                       NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR, NO_TENSOR)
     check(ccall((:moe_ep_dispatch_result_init, libmoe_ep), Int32, (Ref{DispatchResult}, Csize_t), r, sizeof(DispatchResult)))
     return r
 end

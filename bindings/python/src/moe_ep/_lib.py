@@ -121,6 +121,12 @@ class Params(Structure):
         ("invalid_expert_id", c_int32),
         ("enable_eplb_stats", c_int32),
         ("combine_dtype", DType),
+        ("receive_layout", c_int32),
+        ("expert_capacity", c_int32),
+        ("expert_alignment", c_int32),
+        ("expert_rows", c_int32),
+        ("expert_output_weighted", c_int32),
+        ("scale_layout", c_int32),
     ]
 
 
@@ -153,9 +159,13 @@ DISPATCH_RESULT_FIELDS = ("hidden_states", "topk_ids", "topk_weights", "hidden_s
                           "combine_input")
 
 
+# The expert layouts' results (absent in the default rank-major layout).
+EXPERT_LAYOUT_RESULT_FIELDS = ("expert_counts", "expert_offsets", "row_sources", "row_weights", "dropped_pairs")
+
+
 class DispatchResult(Structure):
     _fields_ = ([("struct_size", c_uint32), ("tokens_per_rank", c_int32)] +
-                [(name, Tensor) for name in DISPATCH_RESULT_FIELDS])
+                [(name, Tensor) for name in DISPATCH_RESULT_FIELDS + EXPERT_LAYOUT_RESULT_FIELDS])
 
 
 class CombineResult(Structure):

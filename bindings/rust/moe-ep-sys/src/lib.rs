@@ -145,6 +145,12 @@ pub struct moe_ep_params_t {
     pub invalid_expert_id: i32,
     pub enable_eplb_stats: i32,
     pub combine_dtype: moe_ep_dtype_t,
+    pub receive_layout: i32,
+    pub expert_capacity: i32,
+    pub expert_alignment: i32,
+    pub expert_rows: i32,
+    pub expert_output_weighted: i32,
+    pub scale_layout: i32,
 }
 
 #[repr(C)]
@@ -184,6 +190,11 @@ pub struct moe_ep_dispatch_result_t {
     pub local_expert_counts: moe_ep_tensor_t,
     pub eplb_gathered_stats: moe_ep_tensor_t,
     pub combine_input: moe_ep_tensor_t,
+    pub expert_counts: moe_ep_tensor_t,
+    pub expert_offsets: moe_ep_tensor_t,
+    pub row_sources: moe_ep_tensor_t,
+    pub row_weights: moe_ep_tensor_t,
+    pub dropped_pairs: moe_ep_tensor_t,
 }
 
 #[repr(C)]
