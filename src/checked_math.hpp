@@ -7,6 +7,7 @@
 // are too large); pass another status where the input came from a peer
 // (INVALID_INPUT).  The try_* helpers never throw, for noexcept code and for
 // code that wants to choose its own message (the NVLink backend may use them).
+// Rounding up and placing regions at an alignment: common/region_planner.hpp.
 #pragma once
 
 #include <cstdint>
@@ -47,12 +48,6 @@ inline int64_t checked_mul(int64_t a, int64_t b, const std::string& what,
   int64_t r = 0;
   if (!try_mul(a, b, &r)) fail(status, what, ": ", a, " x ", b, " overflows int64");
   return r;
-}
-
-// Rounds `value` up to a multiple of `alignment` (a power of two), checked.
-inline uint64_t checked_align_up(uint64_t value, uint64_t alignment, const std::string& what,
-                                 moe_ep_status_t status = MOE_EP_ERROR_INVALID_ARGUMENT) {
-  return checked_add(value, alignment - 1, what, status) & ~(alignment - 1);
 }
 
 // `value` as a size_t that a std::vector can hold, or OUT_OF_MEMORY.

@@ -5,9 +5,10 @@
 #include <vector>
 
 #include "checked_math.hpp"
+#include "common/region_planner.hpp"
 #include "error.hpp"
-#include "input_errors.hpp"
 #include "expert_layout.hpp"
+#include "input_errors.hpp"
 #include "reference_model.hpp"
 
 namespace moe_ep {
@@ -45,18 +46,14 @@ struct RecordLayout {
   RecordLayout(const Layout& l, int32_t tpr) {
     const uint64_t rows = static_cast<uint64_t>(tpr);
     const uint64_t picks = checked_mul(rows, static_cast<uint64_t>(l.top_k), "dispatch record picks");
-    uint64_t at = sizeof(RecordStamp);
-    const auto region = [&](uint64_t bytes) {
-      const uint64_t start = checked_align_up(at, kRecordAlignment, "dispatch record");
-      at = checked_add(start, bytes, "dispatch record");
-      return start;
-    };
-    ids_offset = region(checked_mul(picks, sizeof(int32_t), "dispatch record ids"));
-    weights_offset = region(checked_mul(picks, sizeof(float), "dispatch record weights"));
-    hidden_offset = region(checked_mul(rows, l.hidden_row_bytes, "dispatch record hidden rows"));
-    scales_offset = region(checked_mul(rows, l.scale_row_bytes, "dispatch record scale rows"));
-    eplb_offset = region(checked_mul(static_cast<uint64_t>(l.num_experts), sizeof(int32_t), "dispatch record eplb"));
-    size = checked_align_up(at, kRecordAlignment, "dispatch record");
+    RegionPlanner record("dispatch record", kRecordAlignment, sizeof(RecordStamp));
+    ids_offset = record.place(checked_mul(picks, sizeof(int32_t), "dispatch record ids"));
+    weights_offset = record.place(checked_mul(picks, sizeof(float), "dispatch record weights"));
+    hidden_offset = record.place(checked_mul(rows, l.hidden_row_bytes, "dispatch record hidden rows"));
+    scales_offset = record.place(checked_mul(rows, l.scale_row_bytes, "dispatch record scale rows"));
+    eplb_offset =
+        record.place(checked_mul(static_cast<uint64_t>(l.num_experts), sizeof(int32_t), "dispatch record eplb"));
+    size = record.end();
   }
 };
 
@@ -72,13 +69,13 @@ struct HostSlot {
   std::vector<int32_t> recv_counts;
   std::vector<int32_t> local_expert_counts;
   std::vector<int32_t> eplb_gathered;
+  std::vector<uint8_t> combine_output;
+  std::vector<uint8_t> combine_input;  // the zero-copy combine input region (config->zero_copy_combine)
+  std::vector<int32_t> my_ids;         // this rank's routing of the slot's dispatch, for its combine
   // Expert layouts: the results, and each rank-major receive row's source
   // token (the rank-major buffers above are then the expansion's input).
   ExpertRows expert;
   std::vector<int32_t> source_tokens;
-  std::vector<uint8_t> combine_output;
-  std::vector<uint8_t> combine_input;  // the zero-copy combine input region (config->zero_copy_combine)
-  std::vector<int32_t> my_ids;         // this rank's routing of the slot's dispatch, for its combine
 
   // Between dispatch_send and dispatch_recv: the checked headers and this rank's packed record.
   std::vector<DispatchHeader> headers;
@@ -109,13 +106,13 @@ class HostBackend final : public Backend {
         slot.eplb_gathered.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.world_size),
                                                     static_cast<uint64_t>(layout_.num_experts), "eplb stats")));
       }
+      slot.combine_output.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.max_tokens_per_rank),
+                                                   layout_.combine_row_bytes, "combine output")));
+      slot.combine_input.resize(bytes(combine_input_region_bytes(layout_)));  // empty unless zero_copy_combine
       if (layout_.expert_layout()) {
         allocate_expert_rows(layout_, slot.expert);
         slot.source_tokens.resize(bytes(rows));
       }
-      slot.combine_output.resize(bytes(checked_mul(static_cast<uint64_t>(layout_.max_tokens_per_rank),
-                                                   layout_.combine_row_bytes, "combine output")));
-      slot.combine_input.resize(bytes(combine_input_region_bytes(layout_)));  // empty unless zero_copy_combine
     }
   }
 
@@ -198,10 +195,10 @@ class HostBackend final : public Backend {
     result.topk_weights = out.topk_weights;
     result.scales = out.scales;
     result.recv_counts = out.recv_counts;
-    if (layout_.expert_layout()) expand(slot, sources, result);
     result.local_expert_counts = out.local_expert_counts;
     result.eplb_gathered = layout_.eplb_stats ? slot.eplb_gathered.data() : nullptr;
     result.combine_input = layout_.zero_copy_combine ? slot.combine_input.data() : nullptr;
+    if (layout_.expert_layout()) expand(slot, sources, result);
     return result;
   }
 
@@ -338,6 +335,9 @@ class HostBackend final : public Backend {
   }
 
   static void copy_in(std::vector<uint8_t>& record, uint64_t offset, const void* src, uint64_t n) {
+    if (src != nullptr && n != 0) std::memcpy(record.data() + offset, src, n);
+  }
+
   // The slot's rank-major receive, as the expert layouts read it.
   RankMajorReceive rank_major_receive(const HostSlot& slot) const {
     RankMajorReceive in;
@@ -373,9 +373,6 @@ class HostBackend final : public Backend {
     result.row_sources = x.sources.data();
     result.row_weights = x.weights.data();
     result.dropped_pairs = x.dropped.data();
-  }
-
-    if (src != nullptr && n != 0) std::memcpy(record.data() + offset, src, n);
   }
 
   // Bad ids are dropped by the model (they match no rank); remember the first.

@@ -1,5 +1,7 @@
 #include "nccl/nccl_workspace.hpp"
 
+#include "checked_math.hpp"
+#include "common/region_planner.hpp"
 #include "error.hpp"
 #include "nvlink/workspace_plan.hpp"
 
@@ -9,40 +11,11 @@ namespace {
 
 constexpr uint64_t kAlignment = 256;  // rows of 16-byte multiples stay aligned for vector loads
 
-uint64_t plus(uint64_t a, uint64_t b) {
-  uint64_t r = 0;
-  if (__builtin_add_overflow(a, b, &r)) {
-    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "params: the NCCL backend's buffers overflow 64 bits (", a, " + ", b, ")");
-  }
-  return r;
-}
+constexpr const char* kWhat = "params: the NCCL backend's buffers";
 
-uint64_t round_up(uint64_t v, uint64_t to) { return plus(v, to - 1) / to * to; }
-
-uint64_t times(uint64_t a, uint64_t b) {
-  uint64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) {
-    fail(MOE_EP_ERROR_INVALID_ARGUMENT, "params: the NCCL backend's buffers overflow 64 bits (", a, " x ", b, ")");
-  }
-  return r;
-}
-
-class Planner {
- public:
-  uint64_t place(uint64_t bytes) {
-    const uint64_t at = next_;
-    uint64_t end = 0;
-    if (__builtin_add_overflow(next_, bytes + kAlignment - 1, &end)) {
-      fail(MOE_EP_ERROR_INVALID_ARGUMENT, "params: the NCCL backend's buffers overflow 64 bits");
-    }
-    next_ = end / kAlignment * kAlignment;
-    return at;
-  }
-  uint64_t end() const { return next_; }
-
- private:
-  uint64_t next_ = 0;
-};
+uint64_t plus(uint64_t a, uint64_t b) { return checked_add(a, b, kWhat); }
+uint64_t times(uint64_t a, uint64_t b) { return checked_mul(a, b, kWhat); }
+uint64_t round_up(uint64_t v, uint64_t to) { return align_up(v, to, kWhat); }
 
 }  // namespace
 
@@ -58,7 +31,7 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   // the kernels' int64 arithmetic on it cannot overflow.
   const uint64_t meta_row = times(K, 2 * sizeof(int32_t)) + l.scale_row_bytes;
   const uint64_t meta = times(M, meta_row) + header;
-  Planner p;
+  RegionPlanner p(kWhat, kAlignment);
   NcclWorkspacePlan o{};
   o.meta_stride = round_up(meta, 16);
   o.meta_gap = round_up(meta, 256);
@@ -100,8 +73,7 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
 }
 
 uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots) {
-  if (slots < 1) fail(MOE_EP_ERROR_INTERNAL, "NCCL workspace: expected at least 1 buffer slot, got ", slots);
-  return times(plan.total_bytes, static_cast<uint64_t>(slots));
+  return slots_bytes(plan.total_bytes, slots, kWhat);
 }
 
 kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, const Layout& l) {

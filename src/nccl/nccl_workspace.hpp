@@ -32,11 +32,13 @@ struct NcclWorkspacePlan {
   uint64_t total_bytes;
 };
 
-// One slot's plan.  Throws INVALID_ARGUMENT when a size overflows 64 bits.
+// One slot's plan, placed by common/region_planner.hpp.  Throws
+// INVALID_ARGUMENT when a size overflows 64 bits.
 NcclWorkspacePlan plan_nccl_workspace(const Layout& layout);
 
 // The whole allocation: `slots` x plan.total_bytes (a 256-byte multiple, so
-// every slot starts as aligned as slot 0).  Throws INVALID_ARGUMENT on overflow.
+// every slot starts as aligned as slot 0).  Throws INVALID_ARGUMENT on
+// overflow, INTERNAL for fewer than 1 slot.
 uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots);
 
 // The buffers of an allocation at `base` (NULL for absent ones).

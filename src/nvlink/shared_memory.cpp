@@ -8,6 +8,7 @@
 #include "common/cuda_check.hpp"
 #include "common/host_identity.hpp"
 #include "common/log.hpp"
+#include "common/region_planner.hpp"
 #include "common/tuning_registry.hpp"
 #include "error.hpp"
 #include "nvlink/driver_api.hpp"
@@ -52,14 +53,12 @@ uint64_t common_granularity(int device) {
   return g;
 }
 
-uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
-
 }  // namespace
 
 uint64_t SharedMemory::allocation_size(int device, uint64_t bytes) {
   const uint64_t g = common_granularity(device);
   if (bytes > UINT64_MAX - g) fail(MOE_EP_ERROR_OUT_OF_MEMORY, "workspace of ", bytes, " bytes: too large");
-  return round_up(bytes == 0 ? 1 : bytes, g);
+  return align_up(bytes == 0 ? 1 : bytes, g, "workspace", MOE_EP_ERROR_OUT_OF_MEMORY);
 }
 
 SharedMemory::SharedMemory(const Bootstrap& bootstrap, int device, uint64_t bytes, int timeout_ms)

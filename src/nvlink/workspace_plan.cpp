@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/region_planner.hpp"
 #include "dtype.hpp"
 
 namespace moe_ep {
@@ -12,18 +13,7 @@ namespace {
 // for vector loads, and no two regions share a cache line.
 constexpr uint64_t kRegionAlignment = 256;
 
-class Planner {
- public:
-  uint64_t place(uint64_t bytes) {
-    const uint64_t at = next_;
-    next_ = (next_ + bytes + kRegionAlignment - 1) / kRegionAlignment * kRegionAlignment;
-    return at;
-  }
-  uint64_t end() const { return next_; }
-
- private:
-  uint64_t next_ = 0;
-};
+constexpr const char* kWhat = "params: the NVLink workspace";
 
 }  // namespace
 
@@ -33,7 +23,7 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   const uint64_t K = static_cast<uint64_t>(l.top_k);
   const uint64_t E = static_cast<uint64_t>(l.num_experts);
   const uint64_t epr = static_cast<uint64_t>(l.experts_per_rank());
-  Planner p;
+  RegionPlanner p(kWhat, kRegionAlignment);
   kernels::WorkspaceOffsets o{};
   // Shared: written by peers.
   o.dispatch_arrivals = p.place(W * sizeof(uint64_t));
@@ -78,7 +68,7 @@ kernels::WorkspaceOffsets slot_offsets(const kernels::WorkspaceOffsets& first, i
   constexpr size_t kFields = sizeof(kernels::WorkspaceOffsets) / sizeof(uint64_t);
   uint64_t fields[kFields];
   std::memcpy(fields, &first, sizeof first);
-  const uint64_t shift = static_cast<uint64_t>(slot) * first.total_bytes;
+  const uint64_t shift = slot_start(first.total_bytes, slot, kWhat);
   for (uint64_t& f : fields) f += shift;
   kernels::WorkspaceOffsets out;
   std::memcpy(&out, fields, sizeof out);
@@ -86,7 +76,7 @@ kernels::WorkspaceOffsets slot_offsets(const kernels::WorkspaceOffsets& first, i
 }
 
 uint64_t slots_total_bytes(const kernels::WorkspaceOffsets& first, int32_t slots) {
-  return first.total_bytes * static_cast<uint64_t>(slots < 1 ? 1 : slots);  // a slot is at most 1 TiB (params.cpp)
+  return slots_bytes(first.total_bytes, slots < 1 ? 1 : slots, kWhat);
 }
 
 kernels::GroupShape group_shape(const Layout& l) {

@@ -13,8 +13,9 @@
 
 namespace moe_ep {
 
-// Offsets of buffer slot 0 for this layout; total_bytes is the unrounded
-// size of one slot (a multiple of the regions' alignment).
+// Offsets of buffer slot 0 for this layout, placed by common/region_planner.hpp;
+// total_bytes is the size of one slot before the allocation granularity (a
+// multiple of the regions' alignment).  Throws INVALID_ARGUMENT on overflow.
 kernels::WorkspaceOffsets plan_workspace(const Layout& layout);
 
 // Buffer slot `slot` (config.micro_batches, docs/overlap.md) is a whole copy
@@ -22,7 +23,7 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& layout);
 // by slot x total_bytes (total_bytes moves too: the slot's end).
 kernels::WorkspaceOffsets slot_offsets(const kernels::WorkspaceOffsets& first, int32_t slot);
 
-// The workspace of `slots` slots.
+// The workspace of `slots` slots (fewer than 1 counts as 1).
 uint64_t slots_total_bytes(const kernels::WorkspaceOffsets& first, int32_t slots);
 
 // The kernels' view of the layout.
