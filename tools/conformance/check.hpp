@@ -32,7 +32,14 @@ struct CheckOptions {
   bool zero_copy_combine = false;     // every case through the combine_input view
   std::string phases = "fused";       // fused | split | both: the calls the eager rounds go through
                                       // (split: two micro-batches in flight through the halves)
+  std::string layouts = "all";        // rank_major | expert_major | expert_packed | all: the receive
+                                      // layouts every case runs in (a backend without one: SKIPPED)
 };
+
+// The receive layouts named by --layouts (MOE_EP_LAYOUT_*); throws ToolError otherwise.
+std::vector<int> parse_layouts(const std::string& name);
+// "rank_major", "expert_major" or "expert_packed".
+const char* layout_name(int layout);
 
 int run_check(const World& world, const CheckOptions& options);
 
@@ -54,6 +61,15 @@ struct CheckCase {
   bool zero_copy = false;      // config->zero_copy_combine: the expert output goes into the
                                // dispatch result's combine_input view, which combine then takes
   TokenRule tokens = TokenRule::random;
+  // The receive layout (set per run from --layouts) and the expert layouts'
+  // knobs, each applied only in the layout it belongs to.
+  int layout = MOE_EP_LAYOUT_RANK_MAJOR;
+  int expert_capacity = 0;   // EXPERT_MAJOR
+  int expert_alignment = 0;  // EXPERT_PACKED
+  int expert_rows = 0;       // EXPERT_PACKED
+  bool expert_output_weighted = false;
+  bool column_major_scales = false;  // expert layouts: MOE_EP_SCALES_COLUMN_MAJOR
+  bool expert_layouts_only = false;  // a case about the expert layouts: not run in RANK_MAJOR
 };
 
 std::vector<CheckCase> check_cases();

@@ -4,6 +4,7 @@
 
 #include "counter_rng.hpp"
 #include "dtypes.hpp"
+#include "errors.hpp"
 
 namespace moe_ep_tool {
 
@@ -95,6 +96,27 @@ class Case {
     c_.shape.routing.zipf_s = zipf_s;
     return *this;
   }
+  Case& expert_capacity(int rows) {
+    c_.expert_capacity = rows;
+    c_.expert_layouts_only = true;
+    return *this;
+  }
+  Case& expert_alignment(int rows, int bound = 0) {
+    c_.expert_alignment = rows;
+    c_.expert_rows = bound;
+    c_.expert_layouts_only = true;
+    return *this;
+  }
+  Case& expert_output_weighted() {
+    c_.expert_output_weighted = true;
+    c_.expert_layouts_only = true;
+    return *this;
+  }
+  Case& column_major_scales() {
+    c_.column_major_scales = true;
+    c_.expert_layouts_only = true;
+    return *this;
+  }
   operator CheckCase() const { return c_; }
 
  private:
@@ -154,7 +176,37 @@ std::vector<CheckCase> check_cases() {
       // result's combine_input view and passed back as expert_output.
       Case("zero_copy_input").zero_copy_combine().hidden(96).top_k(3).runtime_max(12),
       Case("zero_copy_fp32").zero_copy_combine().hidden(33).dtypes("bf16", "fp32").tokens(TokenRule::unequal),
+      // The expert layouts' own knobs (run in EXPERT_MAJOR and EXPERT_PACKED only):
+      // a capacity that drops pairs, GEMM-tile alignments, a bound below the
+      // worst case, pre-weighted expert output, TMA-aligned column-major scales.
+      Case("expert_capacity_3").expert_capacity(3).top_k(4).routing(RoutingKind::zipf, 1.5).tokens(TokenRule::full),
+      Case("expert_align_128").expert_alignment(128).top_k(3),
+      Case("expert_align_256").expert_alignment(256).max_tokens(8),
+      Case("expert_rows_bound")
+          .expert_alignment(8, 24)
+          .top_k(4)
+          .routing(RoutingKind::zipf, 1.5)
+          .tokens(TokenRule::full),
+      Case("expert_weighted").expert_output_weighted().top_k(3),
+      Case("fp8_scales_column").hidden(512).dtypes("fp8_e4m3", "bf16").scales(4, "fp32").column_major_scales().top_k(4),
   };
+}
+
+std::vector<int> parse_layouts(const std::string& name) {
+  if (name == "all") return {MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED};
+  for (int layout : {MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
+    if (name == layout_name(layout)) return {layout};
+  }
+  fail("--layouts must be rank_major, expert_major, expert_packed or all, got '" + name + "'");
+}
+
+const char* layout_name(int layout) {
+  switch (layout) {
+    case MOE_EP_LAYOUT_RANK_MAJOR: return "rank_major";
+    case MOE_EP_LAYOUT_EXPERT_MAJOR: return "expert_major";
+    case MOE_EP_LAYOUT_EXPERT_PACKED: return "expert_packed";
+  }
+  return "?";
 }
 
 WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t count_seed) {
@@ -166,6 +218,16 @@ WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t 
   if (c.top_k_is_all) s.top_k = s.num_experts;
   s.top_k = std::min(s.top_k, s.num_experts);
   if (c.invalid_above) s.invalid_expert_id = s.num_experts + 5;
+  s.receive_layout = c.layout;
+  if (c.layout == MOE_EP_LAYOUT_EXPERT_MAJOR) s.expert_capacity = c.expert_capacity;
+  if (c.layout == MOE_EP_LAYOUT_EXPERT_PACKED) {
+    s.expert_alignment = c.expert_alignment;
+    s.expert_rows = c.expert_rows;
+  }
+  if (c.layout != MOE_EP_LAYOUT_RANK_MAJOR) {
+    s.expert_output_weighted = c.expert_output_weighted;
+    s.scale_layout = c.column_major_scales ? MOE_EP_SCALES_COLUMN_MAJOR : MOE_EP_SCALES_ROW_MAJOR;
+  }
   const int tpr = s.tokens_per_rank();
   s.tokens.resize(world);
   for (int r = 0; r < world; ++r) {

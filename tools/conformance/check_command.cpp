@@ -45,18 +45,30 @@ class CaseRunner {
   // Eager: `rounds` dispatch/combine pairs on one handle with fresh inputs and
   // token counts each time; results owned by the caller and by the library
   // alternate, and so do the 2-D and 3-D expert_output forms.
-  void run_eager(Verdict& v) {
+  // A backend without the case's receive layout answers UNSUPPORTED at create
+  // (the same on every rank); `skipped` then holds its message.
+  void run_eager(Verdict& v, std::string& skipped) {
     const WorkloadSpec first = spec(0, false);
-    EpHandle handle(s_.bootstrap(), first.params(), config());
+    moe_ep_status_t created = MOE_EP_SUCCESS;
+    EpHandle handle(s_.bootstrap(), first.params(), config(), MOE_EP_ERROR_UNSUPPORTED, &created);
+    if (created == MOE_EP_ERROR_UNSUPPORTED) {
+      skipped = moe_ep_last_error();
+      return;
+    }
     Buffers b(first, s_.place());
     for (int round = 0; round < o_.rounds; ++round) eager_round(handle, b, spec(round, false), round, v);
   }
 
   // Graph: dispatch and combine captured once (fixed token counts), replayed
   // on new inputs twice, then one eager call on the same handle.
-  void run_graph(Verdict& v) {
+  void run_graph(Verdict& v, std::string& skipped) {
     const WorkloadSpec first = spec(kFirstGraphRound, true);
-    EpHandle handle(s_.bootstrap(), first.params(), config());
+    moe_ep_status_t created = MOE_EP_SUCCESS;
+    EpHandle handle(s_.bootstrap(), first.params(), config(), MOE_EP_ERROR_UNSUPPORTED, &created);
+    if (created == MOE_EP_ERROR_UNSUPPORTED) {
+      skipped = moe_ep_last_error();
+      return;
+    }
     Buffers b(first, s_.place());
     b.inputs.load(first, me_, make_routing(first, me_), s_.stream());
     moe_ep_dispatch_result_t dr;
@@ -91,9 +103,10 @@ class CaseRunner {
   // one handle with two slots, interleaved as a server overlapping them would:
   //   A.dispatch_send B.dispatch_send A.dispatch_recv A.combine_send
   //   B.dispatch_recv B.combine_send A.combine_recv B.combine_recv
-  // A backend without halves answers UNSUPPORTED (at create, or at the first
-  // send half: the same on every rank, before anything moves); `skipped` then
-  // holds its message and nothing is checked.
+  // A backend without halves (or without the case's receive layout) answers
+  // UNSUPPORTED (at create, or at the first send half: the same on every
+  // rank, before anything moves); `skipped` then holds its message and
+  // nothing is checked.
   void run_split(Verdict& v, std::string& skipped) {
     const WorkloadSpec first = spec(kFirstSplitRound, false);
     moe_ep_config_t cfg = config();
@@ -134,7 +147,7 @@ class CaseRunner {
   struct Buffers {
     Buffers(const WorkloadSpec& w, const Place& place)
         : inputs(w, place),
-          expert_output(place, uint64_t(w.receive_rows()) * w.combine_row_bytes()),
+          expert_output(place, uint64_t(w.combine_rows()) * w.combine_row_bytes()),
           output(place, uint64_t(w.max_tokens_per_rank) * w.combine_row_bytes()) {}
     DispatchInputs inputs;
     Buffer expert_output, output;
@@ -274,8 +287,9 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
         "micro-batches in flight (config.micro_batches = 2)\n",
         o.phases.c_str());
   }
-  std::printf("#\n# %-22s %-6s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "E", "K", "maxT",
-              "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
+  std::printf("# receive layouts: %s\n", o.layouts.c_str());
+  std::printf("#\n# %-22s %-6s %-13s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "layout",
+              "E", "K", "maxT", "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
   std::fflush(stdout);
 }
 
@@ -320,25 +334,35 @@ int run_check(const World& world, const CheckOptions& o) {
   if (graph && !gpu) {
     fail("--modes " + o.modes + ": CUDA graphs need a GPU backend (this run uses " + session.backend_name() + ")");
   }
-  print_header(session, o, cases.size());
+  const std::vector<int> layouts = parse_layouts(o.layouts);
+  std::vector<CheckCase> runs;  // every case in every layout it belongs to
+  for (const CheckCase& c : cases) {
+    for (int layout : layouts) {
+      if (layout == MOE_EP_LAYOUT_RANK_MAJOR && c.expert_layouts_only) continue;
+      runs.push_back(c);
+      runs.back().layout = layout;
+    }
+  }
+  print_header(session, o, runs.size());
 
   int64_t total_wrong = 0;
   int passed = 0, failed = 0, skipped = 0;
-  std::string skip_reason;
-  for (const CheckCase& c : cases) {
+  std::string skip_reason, last_printed_skip;
+  for (const CheckCase& c : runs) {
     for (const char* mode : {"eager", "graph", "split"}) {
       if ((mode[0] == 'e' && !eager) || (mode[0] == 'g' && !graph) || (mode[0] == 's' && !split)) continue;
       Verdict v;
       std::string error, skip;
       CaseRunner runner(session, o, c);
       try {
-        if (mode[0] == 'e') runner.run_eager(v);
-        if (mode[0] == 'g') runner.run_graph(v);
+        if (mode[0] == 'e') runner.run_eager(v, skip);
+        if (mode[0] == 'g') runner.run_graph(v, skip);
         if (mode[0] == 's') runner.run_split(v, skip);
       } catch (const ToolError& e) {
         error = e.what();
       }
-      world.set_phase(std::string("check, case ") + c.name + " (" + mode + "): agreeing on its outcome");
+      world.set_phase(std::string("check, case ") + c.name + " (" + mode + ", " + layout_name(c.layout) +
+                      "): agreeing on its outcome");
       if (o.inject_fault == "stalled_rank" && world.rank == world.size - 1 && world.size > 1) {
         // Self-test of the tool's bounded collectives: this rank stops
         // answering, and rank 0 must abort the job within its bound.
@@ -355,7 +379,8 @@ int run_check(const World& world, const CheckOptions& o) {
       const bool ok = wrong == 0 && !any_error;
       if (was_skipped) {
         ++skipped;
-        if (skip_reason.empty()) skip_reason = skip.empty() ? "another rank's backend has no split phases" : skip;
+        if (skip.empty()) skip = "another rank's backend refused the case (UNSUPPORTED)";
+        if (skip_reason.empty()) skip_reason = skip;
       } else {
         ok ? ++passed : ++failed;
       }
@@ -365,15 +390,18 @@ int run_check(const World& world, const CheckOptions& o) {
       const bool graph_mode = mode[0] == 'g';
       const int first_round = graph_mode ? kFirstGraphRound : mode[0] == 's' ? kFirstSplitRound : 0;
       const WorkloadSpec w = case_spec(o.common.seed, c, world.size, first_round, graph_mode);
-      std::printf("  %-22s %-6s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
-                  w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(), w.hidden_size,
-                  payload_text(w).c_str(), scales_text(w).c_str(), dtype_name(w.combine_dtype).c_str(),
+      std::printf("  %-22s %-6s %-13s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
+                  layout_name(c.layout), w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(),
+                  w.hidden_size, payload_text(w).c_str(), scales_text(w).c_str(), dtype_name(w.combine_dtype).c_str(),
                   tokens_text(w.tokens).c_str(), static_cast<long long>(wrong),
                   was_skipped ? "SKIPPED"
                   : ok        ? "OK"
                   : any_error ? "ERROR"
                               : "WRONG");
-      if (was_skipped && skipped == 1) std::printf("#     split phases skipped: %s\n", skip_reason.c_str());
+      if (was_skipped && skip != last_printed_skip) {  // each reason once, where it first appears
+        std::printf("#     skipped: %s\n", skip.c_str());
+        last_printed_skip = skip;
+      }
       for (size_t r = 0; r < notes.size(); ++r) {
         std::istringstream lines(notes[r]);
         for (std::string line; std::getline(lines, line);) std::printf("#     rank %zu: %s\n", r, line.c_str());
@@ -384,7 +412,8 @@ int run_check(const World& world, const CheckOptions& o) {
   if (world.is_root()) {
     std::printf("# Wrong elements : %lld %s\n", static_cast<long long>(total_wrong), total_wrong ? "FAILED" : "OK");
     if (skipped > 0) {
-      std::printf("# Split phases : %d cases SKIPPED, not run through the halves: %s\n", skipped, skip_reason.c_str());
+      std::printf("# Skipped : %d case runs SKIPPED (UNSUPPORTED on this backend), first: %s\n", skipped,
+                  skip_reason.c_str());
     }
     std::printf("# moe_ep_conformance check: %d passed, %d failed%s\n", passed, failed,
                 skipped > 0 ? (", " + std::to_string(skipped) + " skipped").c_str() : "");

@@ -82,9 +82,11 @@ moe_ep_config_t with_zero_copy_combine(moe_ep_config_t config, bool zero_copy) {
 
 void* fill_combine_input(const WorkloadSpec& s, int rank, const Place& place, const moe_ep_dispatch_result_t& r,
                          void* stream) {
-  const int64_t P = s.receive_rows();
-  if (r.combine_input.data == nullptr || r.combine_input.ndim != 2 || r.combine_input.shape[0] != P ||
-      r.combine_input.shape[1] != s.hidden_size) {
+  const int64_t P = s.combine_rows();  // receive rows, or the expert layout's rows
+  int64_t view_rows = r.combine_input.ndim >= 2 && r.combine_input.shape ? r.combine_input.shape[0] : -1;
+  if (view_rows >= 0 && r.combine_input.ndim == 3) view_rows *= r.combine_input.shape[1];  // [E_local, capacity, H]
+  if (r.combine_input.data == nullptr || view_rows != P ||
+      r.combine_input.shape[r.combine_input.ndim - 1] != s.hidden_size) {
     fail("zero-copy combine: the dispatch result has no [" + std::to_string(P) + ", " + std::to_string(s.hidden_size) +
          "] combine_input view (config->zero_copy_combine was set)");
   }
@@ -95,9 +97,17 @@ void* fill_combine_input(const WorkloadSpec& s, int rank, const Place& place, co
 
 void poison_dispatch_payload(const WorkloadSpec& s, const Place& place, const moe_ep_dispatch_result_t& r,
                              void* stream) {
-  const uint64_t P = uint64_t(s.receive_rows());
+  const uint64_t P = uint64_t(s.expert_layout() ? s.expert_layout_rows() : s.receive_rows());
   fill_at(place, r.hidden_states.data, P * s.hidden_row_bytes(), 0xA5, stream);
-  if (s.scale_row_elems) fill_at(place, r.hidden_states_scale.data, P * s.scale_row_bytes(), 0xA5, stream);
+  uint64_t scale_bytes = P * s.scale_row_bytes();
+  if (s.expert_layout() && s.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) {  // fp32 columns of rows rounded up to 4
+    const uint64_t column = s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR ? (uint64_t(s.capacity()) + 3) / 4 * 4
+                                                                           : (uint64_t(P) + 3) / 4 * 4;
+    const uint64_t columns = uint64_t(s.scale_row_elems) *
+                             (s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR ? uint64_t(s.experts_per_rank()) : 1);
+    scale_bytes = columns * column * sizeof(float);
+  }
+  if (s.scale_row_elems) fill_at(place, r.hidden_states_scale.data, scale_bytes, 0xA5, stream);
 }
 
 }  // namespace moe_ep_tool

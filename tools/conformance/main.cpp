@@ -96,6 +96,11 @@ void add_check(CLI::App& app, CheckOptions& o) {
                    "fused | split | both: the fused calls, or the split halves with two micro-batches in flight "
                    "(backends without halves: those cases are skipped, and the tool says so)")
       ->check(CLI::IsMember({"fused", "split", "both"}));
+  check
+      ->add_option("--layouts", o.layouts,
+                   "rank_major | expert_major | expert_packed | all: the receive layouts every case runs in "
+                   "(a backend without one: those runs are skipped, with the library's reason)")
+      ->check(CLI::IsMember({"rank_major", "expert_major", "expert_packed", "all"}));
   check->add_flag("!--no-poison-results", o.poison_results,
                   "do not overwrite dispatch payload results before combine");
   check->add_flag("--list", o.list, "print the case names and exit");
