@@ -285,9 +285,11 @@ Layout make_layout(const moe_ep_params_t& p, int32_t world_size, int32_t rank) {
     l.expert_alignment = p.expert_alignment ? p.expert_alignment : 1;
     const int64_t worst =
         worst_case_expert_rows(world_size, p.max_tokens_per_rank, p.top_k, l.experts_per_rank(), l.expert_alignment);
-    if (worst > kMaxExpertRows) {
-      fail_argument("params", "at most " + std::to_string(kMaxExpertRows) + " expert rows (int32 row indices)",
-                    std::to_string(worst) + " rows in the worst case; set params->expert_rows lower");
+    if (p.expert_rows == 0 && worst > kMaxExpertRows) {  // the default would not fit int32 row indices
+      fail_argument("params->expert_rows",
+                    "a bound of at most " + std::to_string(kMaxExpertRows) +
+                        " rows (int32 row indices; 0 = the worst case, " + std::to_string(worst) + " rows here)",
+                    p.expert_rows);
     }
     if (p.expert_rows > worst) {
       fail_argument("params->expert_rows",

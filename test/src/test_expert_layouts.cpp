@@ -518,6 +518,13 @@ TEST_CASE("expert layouts: every field is validated, naming it, the expected and
   CHECK(refusal(p).rfind("MOE_EP_SUCCESS", 0) == 0);
   p.scale_layout = 2;
   CHECK_THAT(refusal(p), Contains("params->scale_layout") && Contains("COLUMN_MAJOR (1)") && Contains("got 2"));
+  // A worst case beyond int32 row indices needs an explicit bound.
+  p = make_params(8192, 128, 1 << 20, 16);
+  p.receive_layout = MOE_EP_LAYOUT_EXPERT_PACKED;
+  CHECK_THAT(refusal(p, 64), Contains("params->expert_rows") && Contains("int32 row indices") &&
+                                 Contains("8589934592 rows here") && Contains("got 0"));
+  p.expert_rows = 1 << 20;
+  CHECK(refusal(p, 64).rfind("MOE_EP_SUCCESS", 0) == 0);
   p = make_params(8, 2, 4, 16);
   p.expert_alignment = 4;
   CHECK_THAT(refusal(p), Contains("params->expert_alignment") && Contains("EXPERT_PACKED only"));
