@@ -64,8 +64,8 @@ void expand_to_expert_rows(const Layout& l, const RankMajorReceive& in, ExpertRo
   const int64_t rows = l.expert_layout_rows();
   const bool major = l.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR;
   const uint64_t hb = l.hidden_row_bytes, sb = l.scale_row_bytes;
-  std::memset(out.hidden.data(), 0, out.hidden.size());
-  std::memset(out.scales.data(), 0, out.scales.size());
+  std::fill(out.hidden.begin(), out.hidden.end(), uint8_t{0});
+  std::fill(out.scales.begin(), out.scales.end(), uint8_t{0});  // empty without scales
   std::fill(out.sources.begin(), out.sources.end(), -1);
   std::fill(out.weights.begin(), out.weights.end(), 0.0f);
   std::fill(out.pick_rows.begin(), out.pick_rows.end(), -1);
