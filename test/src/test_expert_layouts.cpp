@@ -176,10 +176,19 @@ std::vector<std::string> run_case(const WorkloadSpec& spec, Calls calls,
     problems[rank] = a.problems + bpair.problems;
     if (received) (*received)[rank] = a.received;
     if (combined) (*combined)[rank] = a.combined;
+    // Bad ids are reported there (on the rank that passed them); dropped pairs never are.
+    bool bad_here = false;
+    for (const WorkloadSpec* w : {&spec, static_cast<const WorkloadSpec*>(&second)}) {
+      if (w != &spec && calls != Calls::two_in_flight) continue;
+      for (int32_t id : make_routing(*w, rank).topk_ids)
+        bad_here = bad_here || (w->owner(id) < 0 && id != w->invalid_expert_id);
+    }
     moe_ep_status_t async = MOE_EP_SUCCESS;
-    moe_ep_get_async_error(h, &async);  // bad ids are reported there; dropped pairs are not
-    if (spec.routing.bad_fraction == 0 && async != MOE_EP_SUCCESS && problems[rank].empty()) {
-      problems[rank] = std::string("async error without bad ids: ") + moe_ep_last_error();
+    moe_ep_get_async_error(h, &async);
+    const moe_ep_status_t expected = bad_here ? MOE_EP_ERROR_INVALID_INPUT : MOE_EP_SUCCESS;
+    if (async != expected && problems[rank].empty()) {
+      problems[rank] = std::string("moe_ep_get_async_error: expected ") + moe_ep_status_string(expected) + ", got " +
+                       moe_ep_status_string(async) + ": " + moe_ep_last_error();
     }
     moe_ep_destroy(&h);
   });
