@@ -425,10 +425,11 @@ class NvlinkBackend final : public Backend {
     return true;
   }
 
-  // The watchdog of the stream waits (nvlink/receive_watchdog.hpp): on the
-  // first receive half, so that fused-only handles run no thread.
+  // The watchdog of the stream waits (nvlink/receive_watchdog.hpp): its
+  // thread starts with the first receive half, so that fused-only handles run
+  // none; its stream exists from create on, since a receive half may be
+  // issued while the caller captures a graph.
   void start_watchdog() {
-    check_cuda(cudaStreamCreateWithFlags(&watchdog_stream_, cudaStreamNonBlocking), "creating the watchdog's stream");
     watchdog_ = std::make_unique<ReceiveWatchdog>(mirror_, slots_, config_.timeout_ms,
                                                   [this](int32_t slot) { release_stream_waits(slot); });
   }
@@ -524,6 +525,9 @@ class NvlinkBackend final : public Backend {
     }
     check_cuda(cudaStreamSynchronize(private_stream_), "initialising the workspace");
 
+    if (stream_wait_ && layout_.world_size > 1) {
+      check_cuda(cudaStreamCreateWithFlags(&watchdog_stream_, cudaStreamNonBlocking), "creating the watchdog's stream");
+    }
     state_.local_base = base;
     state_.mirror = mirror.device;
     state_.timeout_ns = static_cast<int64_t>(config_.timeout_ms) * 1000000;
