@@ -107,3 +107,143 @@ class Case:
         w = inp["w"] if inp["w"] is not None else np.zeros(inp["ids"].shape, np.float32)
         factor = np.where(valid, w * (inp["ids"] + 1), 0).sum(axis=1)
         return inp["x"] * factor[:, None]
+
+
+def align_up(n, a):
+    return (n + a - 1) // a * a
+
+
+class ExpertLayout:
+    """The expert layouts of docs/semantics.md §4 ("Receive layouts"), modelled
+    for rank `me` of a Case: which (source rank, source token, pick) lands in
+    which row, the counts, offsets and drops, and the combine that sums a
+    token's rows."""
+
+    def __init__(self, case, me, layout, capacity=0, alignment=0, expert_rows=0, scale_layout="row_major",
+                 weighted=False):
+        self.case, self.me, self.layout = case, me, layout
+        self.scale_layout, self.weighted = scale_layout, weighted
+        El, W, mtpr = case.experts_per_rank, case.world, case.max_tpr
+        self.El = El
+        # Every received pair per local expert, in ascending (source rank,
+        # source token, pick) order.
+        pairs = [[] for _ in range(El)]
+        for s, inp in enumerate(case.inputs):
+            ids = inp["ids"]
+            for t in range(ids.shape[0]):
+                for k in range(case.K):
+                    g = int(ids[t, k])
+                    if 0 <= g < case.E and g // El == me:
+                        pairs[g - me * El].append((s, t, k))
+        self.received = np.array([len(p) for p in pairs], np.int32)
+        self.row_of = {}  # (s, t, k) -> row, for the pairs written
+        if layout == "expert_major":
+            self.capacity = capacity or W * mtpr
+            self.rows = El * self.capacity
+            self.offsets = None
+            counts = [min(len(p), self.capacity) for p in pairs]
+            starts = [e * self.capacity for e in range(El)]
+        else:
+            a = alignment or 1
+            worst = (W * mtpr * min(case.K, El) + El * (a - 1)) // a * a
+            self.rows = expert_rows or worst
+            starts, counts, off = [], [], 0
+            for p in pairs:
+                starts.append(off)
+                counts.append(min(len(p), self.rows - off))
+                off = align_up(off + counts[-1], a)
+            self.offsets = np.array(starts + [off], np.int32)
+        self.counts = np.array(counts, np.int32)
+        self.dropped = int(self.received.sum() - self.counts.sum())
+        for e, p in enumerate(pairs):
+            for j, pair in enumerate(p[:counts[e]]):
+                self.row_of[pair] = starts[e] + j
+        self.expert_of_row = np.full(self.rows, -1, np.int64)
+        self.sources = np.full((self.rows, 3), -1, np.int32)
+        self.weights = np.zeros(self.rows, np.float32)
+        for (s, t, k), row in self.row_of.items():
+            inp = case.inputs[s]
+            self.expert_of_row[row] = int(inp["ids"][t, k])
+            self.sources[row] = (s, t, k)
+            self.weights[row] = inp["w"][t, k] if inp["w"] is not None else 1.0
+
+    def shape(self, width):
+        if self.layout == "expert_major":
+            return (self.El, self.capacity, width)
+        return (self.rows, width)
+
+    def hidden_rows(self):
+        """[rows, R] expected payload; padding rows NaN (unspecified)."""
+        out = np.full((self.rows, self.case.H), np.nan, np.float32)
+        for (s, t, _), row in self.row_of.items():
+            out[row] = self.case.inputs[s]["x"][t]
+        return out
+
+    def scale_rows(self):
+        """[rows, S] expected scales; padding NaN."""
+        S = self.case.scale_elems
+        out = np.full((self.rows, S), np.nan, np.float32)
+        for (s, t, _), row in self.row_of.items():
+            out[row] = self.case.inputs[s]["scale"][t]
+        return out
+
+    def scales_from_result(self, got):
+        """The library's hidden_states_scale as [rows, S], whichever scale layout."""
+        S = self.case.scale_elems
+        if self.scale_layout == "row_major":
+            return got.reshape(self.rows, S)
+        if self.layout == "expert_packed":
+            assert got.shape == (S, align_up(self.rows, 4))
+            return got[:, :self.rows].T
+        cap = self.capacity
+        assert got.shape == (self.El, S, align_up(cap, 4))
+        return got[:, :, :cap].transpose(0, 2, 1).reshape(self.rows, S)
+
+    def expert_output(self, hidden_rows):
+        """What the experts return in this layout: row i of expert g is
+        (g + 1) * x (weighted: times the pick's weight too, as a GEMM epilogue
+        would), in combine_dtype; padding rows NaN, so a combine that reads
+        one is caught."""
+        dt = self.case.combine_dtype
+        out = np.full((self.rows, self.case.H), np.nan, dt)
+        for row in np.nonzero(self.expert_of_row >= 0)[0]:
+            y = hidden_rows[row] * np.float32(self.expert_of_row[row] + 1)
+            if self.weighted:
+                y = y * self.weights[row]
+            out[row] = y.astype(dt)
+        return out
+
+    def partials(self, expert_output):
+        """Per (token, rank) partial sum, as combine forms it on the rank the
+        token went to: {(t, s): row}, `s` the token's source, for the tokens
+        of every source that this rank received.  Rows in ascending (local
+        expert, pick) order, each w * y rounded to fp32 before it is added,
+        from 0.0; rounded to combine_dtype."""
+        dt = self.case.combine_dtype
+        rows_of_token = {}
+        for (s, t, k), row in self.row_of.items():
+            rows_of_token.setdefault((s, t), []).append((int(self.expert_of_row[row]), k, row))
+        out = {}
+        for s, inp in enumerate(self.case.inputs):
+            for t in np.nonzero(self.case.goes_to(inp["ids"], self.me))[0]:
+                acc = np.zeros(self.case.H, np.float32)
+                for _, _, row in sorted(rows_of_token.get((s, int(t)), [])):
+                    y = expert_output[row].astype(np.float32)
+                    acc = acc + (y if self.weighted else (self.weights[row] * y).astype(np.float32))
+                out[(s, int(t))] = acc.astype(dt)
+        return out
+
+
+def expert_layout_combine(layouts, me):
+    """Expected combine output of rank `me` when every rank r's experts
+    returned layouts[r]'s expert_output(): the partials summed over ranks in
+    ascending order in fp32, rounded to combine_dtype."""
+    case = layouts[me].case
+    T = case.inputs[me]["ids"].shape[0]
+    acc = np.zeros((T, case.H), np.float32)
+    for r, lay in enumerate(layouts):
+        parts = lay.partials(lay.expert_output(lay.hidden_rows()))
+        for t in range(T):
+            if (me, t) in parts:
+                acc[t] = acc[t] + parts[(me, t)].astype(np.float32)
+    return acc.astype(case.combine_dtype)

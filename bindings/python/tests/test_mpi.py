@@ -12,6 +12,7 @@ MPI = pytest.importorskip("mpi4py.MPI")
 import moe_ep  # noqa: E402
 
 import checks  # noqa: E402
+import layout_checks  # noqa: E402
 import reference  # noqa: E402
 from conftest import host_kwargs  # noqa: E402
 
@@ -72,6 +73,17 @@ def test_two_micro_batches_in_flight_equal_the_fused_calls(bootstrap):
         checks.compare(c, RANK, f)
         for name, value in g.items():
             assert value.tobytes() == f[name].tobytes(), name
+
+
+@pytest.mark.parametrize("index", range(len(layout_checks.SPECS)), ids=[s[0] for s in layout_checks.SPECS])
+def test_expert_layouts_against_the_model_and_rank_major(bootstrap, index):
+    _, ep_kwargs, _, how = layout_checks.SPECS[index]
+    case = layout_checks.spec_case(index, WORLD)
+    models = [layout_checks.layout_model(case, r, ep_kwargs) for r in range(WORLD)]
+    with moe_ep.MoeEp(bootstrap, **host_kwargs(case, zero_copy_combine=how == "zero_copy", **ep_kwargs)) as ep, \
+         moe_ep.MoeEp(bootstrap, **host_kwargs(case)) as rank_major:
+        got = layout_checks.run_rank(ep, rank_major, case, RANK, models[RANK], how)
+    layout_checks.compare(case, RANK, got, models)
 
 
 def test_bad_ids_reported_on_the_rank_that_sent_them(bootstrap):

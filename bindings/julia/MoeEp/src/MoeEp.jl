@@ -36,6 +36,12 @@ const BACKEND_HOST = Int32(2)
 const BACKEND_NCCL = Int32(3)
 const PHASE_DISPATCH = Int32(0)
 const PHASE_COMBINE = Int32(1)
+# Params(receive_layout=..., scale_layout=...): docs/semantics.md, "Receive layouts".
+const LAYOUT_RANK_MAJOR = Int32(0)
+const LAYOUT_EXPERT_MAJOR = Int32(1)
+const LAYOUT_EXPERT_PACKED = Int32(2)
+const SCALES_ROW_MAJOR = Int32(0)
+const SCALES_COLUMN_MAJOR = Int32(1)
 
 struct MoeEpError <: Exception
     status::Int32

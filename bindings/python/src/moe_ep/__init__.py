@@ -13,7 +13,8 @@ from ._errors import MoeEpError, status_string
 from ._lib import (BACKEND_AUTO, BACKEND_HOST, BACKEND_NCCL, BACKEND_NVLINK_TWO_SIDED, DEVICE_CPU, DEVICE_CUDA,
                    DEVICE_CUDA_HOST, ERROR_BOOTSTRAP, ERROR_CUDA, ERROR_INTERNAL,
                    ERROR_INVALID_ARGUMENT, ERROR_INVALID_INPUT, ERROR_INVALID_STATE,
-                   ERROR_OUT_OF_MEMORY, ERROR_TIMEOUT, ERROR_UNSUPPORTED, SUCCESS)
+                   ERROR_OUT_OF_MEMORY, ERROR_TIMEOUT, ERROR_UNSUPPORTED, LAYOUT_EXPERT_MAJOR,
+                   LAYOUT_EXPERT_PACKED, LAYOUT_RANK_MAJOR, SCALES_COLUMN_MAJOR, SCALES_ROW_MAJOR, SUCCESS)
 from ._views import DispatchResult, View
 from .bootstrap import (Bootstrap, CallbackBootstrap, MpiBootstrap, SingleRankBootstrap, from_mpi4py,
                         from_torch_distributed)

@@ -43,6 +43,14 @@ BACKEND_NVLINK_TWO_SIDED = 1
 BACKEND_HOST = 2
 BACKEND_NCCL = 3
 
+# Receive layouts (params.receive_layout, MOE_EP_LAYOUT_*) and the scale
+# layouts of the expert layouts (params.scale_layout, MOE_EP_SCALES_*).
+LAYOUT_RANK_MAJOR = 0
+LAYOUT_EXPERT_MAJOR = 1
+LAYOUT_EXPERT_PACKED = 2
+SCALES_ROW_MAJOR = 0
+SCALES_COLUMN_MAJOR = 1
+
 # Phases of a call (MOE_EP_PHASE_*), for moe_ep_get_last_path.
 PHASE_DISPATCH = 0
 PHASE_COMBINE = 1

@@ -190,14 +190,20 @@ class View:
 class DispatchResult:
     """What moe_ep_dispatch returned.  Every field is a View or None (absent:
     no weights given, no scales, eplb stats off).  P = world_size *
-    tokens_per_rank receive rows, rank-major (see moe_ep_c.h)."""
+    tokens_per_rank receive rows, rank-major (see moe_ep_c.h).  In an expert
+    layout, expert_counts, expert_offsets (expert_packed), row_sources,
+    row_weights and dropped_pairs are Views too, topk_ids and topk_weights
+    None; in rank_major those five are None.  All expire together, when the
+    slot's combine (or combine_send) is issued."""
+
+    FIELDS = _lib.DISPATCH_RESULT_FIELDS + _lib.EXPERT_LAYOUT_RESULT_FIELDS
 
     def __init__(self, handle, raw, slot=0):
         self.tokens_per_rank = int(raw.tokens_per_rank)
-        for name in _lib.DISPATCH_RESULT_FIELDS:
+        for name in self.FIELDS:
             t = getattr(raw, name)
             setattr(self, name, View(handle, ("dispatch", slot), t) if t.data and t.ndim > 0 else None)
 
     def __repr__(self):
-        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in _lib.DISPATCH_RESULT_FIELDS)
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.FIELDS)
         return f"moe_ep.DispatchResult(tokens_per_rank={self.tokens_per_rank}, {fields})"

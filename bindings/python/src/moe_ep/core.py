@@ -23,6 +23,10 @@ _DTYPES = {
     "uint32": (_lib.DTYPE_UINT, 32, 1),
 }
 
+_LAYOUTS = {"rank_major": _lib.LAYOUT_RANK_MAJOR, "expert_major": _lib.LAYOUT_EXPERT_MAJOR,
+            "expert_packed": _lib.LAYOUT_EXPERT_PACKED}
+_SCALE_LAYOUTS = {"row_major": _lib.SCALES_ROW_MAJOR, "column_major": _lib.SCALES_COLUMN_MAJOR}
+
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "nvlink": _lib.BACKEND_NVLINK_TWO_SIDED,
              "nvlink_two_sided": _lib.BACKEND_NVLINK_TWO_SIDED, "host": _lib.BACKEND_HOST,
              "nccl": _lib.BACKEND_NCCL}
@@ -56,8 +60,12 @@ def _set_dtype(field, dtype):
 
 def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dtype=None,
                 hidden_row_elems=None, scale_row_elems=None, scale_dtype=None, invalid_expert_id=None,
-                enable_eplb_stats=None, combine_dtype=None):
-    """A moe_ep_params_t; arguments left as None keep moe_ep_params_init's defaults."""
+                enable_eplb_stats=None, combine_dtype=None, receive_layout=None, expert_capacity=None,
+                expert_alignment=None, expert_rows=None, expert_output_weighted=None, scale_layout=None):
+    """A moe_ep_params_t; arguments left as None keep moe_ep_params_init's defaults.
+    receive_layout: "rank_major", "expert_major", "expert_packed" or a
+    MOE_EP_LAYOUT_* int; scale_layout: "row_major", "column_major" or a
+    MOE_EP_SCALES_* int."""
     p = _lib.Params()
     check(_lib.lib().moe_ep_params_init(ctypes.byref(p), ctypes.sizeof(p)))
     p.num_experts, p.top_k = num_experts, top_k
@@ -76,7 +84,32 @@ def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dty
         p.enable_eplb_stats = int(bool(enable_eplb_stats))
     if combine_dtype is not None:
         _set_dtype(p.combine_dtype, combine_dtype)
+    if receive_layout is not None:
+        p.receive_layout = _enum_value(receive_layout, _LAYOUTS, "receive_layout", "MOE_EP_LAYOUT_*")
+    for name, value in (("expert_capacity", expert_capacity), ("expert_alignment", expert_alignment),
+                        ("expert_rows", expert_rows)):
+        if value is not None:
+            setattr(p, name, _int32(value, name))
+    if expert_output_weighted is not None:
+        p.expert_output_weighted = int(bool(expert_output_weighted))
+    if scale_layout is not None:
+        p.scale_layout = _enum_value(scale_layout, _SCALE_LAYOUTS, "scale_layout", "MOE_EP_SCALES_*")
     return p
+
+
+def _enum_value(value, names, what, c_names):
+    """A name of `names` (case-insensitive) or an int; the library checks the
+    int's range and names the field when it is out of it."""
+    if isinstance(value, str):
+        try:
+            return names[value.lower()]
+        except KeyError:
+            raise ValueError(f"moe_ep: unknown {what} {value!r}; expected one of "
+                             f"{', '.join(repr(k) for k in names)} or a {c_names} int") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"moe_ep: {what} must be a name ({', '.join(repr(k) for k in names)}) "
+                         f"or a {c_names} int, got {value!r}")
+    return _int32(value, what)
 
 
 def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None,
@@ -193,6 +226,25 @@ class MoeEp:
       invalid_expert_id    -- default -1
       enable_eplb_stats    -- default False
       combine_dtype        -- "bfloat16" (default), "float16" or "float32"
+      receive_layout       -- how dispatch lays out the received rows
+                              (docs/semantics.md, "Receive layouts"):
+                              "rank_major" (default), "expert_major" (one
+                              [capacity, R] segment per local expert) or
+                              "expert_packed" (experts' rows back to back at
+                              aligned offsets); the expert layouts are HOST-only
+                              for now (the GPU backends raise UNSUPPORTED)
+      expert_capacity      -- expert_major: rows per local expert, default
+                              world_size * max_tokens_per_rank
+      expert_alignment     -- expert_packed: row alignment of every expert's
+                              first row, 1..256, default 1
+      expert_rows          -- expert_packed: rows of the result, a multiple of
+                              expert_alignment, default the worst case
+      expert_output_weighted -- expert layouts: True if the expert output
+                              already carries the pick weights (combine then
+                              does not multiply by row_weights); default False
+      scale_layout         -- expert layouts with scales: "row_major" (default)
+                              or "column_major" (fp32 scales, the TMA-aligned
+                              layout of grouped FP8 GEMMs)
       backend              -- "auto" (default), "nvlink", "nccl" or "host"
       num_sms, timeout_ms, device -- see moe_ep_config_t in moe_ep_c.h
       zero_copy_combine    -- default False; True: every DispatchResult has
@@ -209,13 +261,17 @@ class MoeEp:
     def __init__(self, bootstrap, num_experts, top_k, max_tokens_per_rank, hidden_size, *,
                  hidden_dtype=None, hidden_row_elems=None, scale_row_elems=None, scale_dtype=None,
                  invalid_expert_id=None, enable_eplb_stats=None, combine_dtype=None,
-                 backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None,
+                 receive_layout=None, expert_capacity=None, expert_alignment=None, expert_rows=None,
+                 expert_output_weighted=None, scale_layout=None, backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None,
                  micro_batches=None):
         self._params = make_params(num_experts, top_k, max_tokens_per_rank, hidden_size,
                                    hidden_dtype=hidden_dtype, hidden_row_elems=hidden_row_elems,
                                    scale_row_elems=scale_row_elems, scale_dtype=scale_dtype,
                                    invalid_expert_id=invalid_expert_id,
-                                   enable_eplb_stats=enable_eplb_stats, combine_dtype=combine_dtype)
+                                   enable_eplb_stats=enable_eplb_stats, combine_dtype=combine_dtype,
+                                   receive_layout=receive_layout, expert_capacity=expert_capacity,
+                                   expert_alignment=expert_alignment, expert_rows=expert_rows,
+                                   expert_output_weighted=expert_output_weighted, scale_layout=scale_layout)
         self._config = make_config(backend=backend, num_sms=num_sms, timeout_ms=timeout_ms,
                                    device=device, zero_copy_combine=zero_copy_combine,
                                    micro_batches=micro_batches)
@@ -266,6 +322,11 @@ class MoeEp:
         return self._params.invalid_expert_id
 
     @property
+    def receive_layout(self):
+        """The receive layout: "rank_major", "expert_major" or "expert_packed"."""
+        return {v: k for k, v in _LAYOUTS.items()}[self._params.receive_layout]
+
+    @property
     def closed(self):
         return self._ptr.value is None
 
@@ -304,7 +365,22 @@ class MoeEp:
           combine_dtype (if zero_copy_combine): write the expert output into
           it (host: r.combine_input.write(y); CUDA: through
           torch.from_dlpack(r.combine_input)) and pass r.combine_input to
-          combine as expert_output."""
+          combine as expert_output.
+
+        In an expert layout (receive_layout "expert_major" or "expert_packed")
+        a row is one (source token, pick of a local expert), El = E / world_size:
+          hidden_states [El, capacity, R] or [expert_rows, R];
+          hidden_states_scale row-aligned ([El, capacity, S] / [expert_rows, S])
+          or, with scale_layout="column_major", [El, S, align4(capacity)] /
+          [S, align4(expert_rows)]; topk_ids and topk_weights are None;
+          expert_counts [El] int32 (rows written per local expert),
+          expert_offsets [El + 1] int32 (expert_packed: each expert's first
+          row, [El] the aligned total), row_sources [rows, 3] int32 (source
+          rank, source token, pick index; -1 on padding), row_weights [rows]
+          float32 (the pick's weight, 1.0 without topk_weights, 0 on padding),
+          dropped_pairs [1] int32 (pairs beyond the capacity or expert_rows:
+          counted, never written); combine_input has the layout's rows.  In
+          rank_major these five are None."""
         handle = self._live()
         s = _stream_int(stream)
         args, keep = self._dispatch_args(s, hidden_states, topk_ids, topk_weights, hidden_states_scale,
@@ -345,6 +421,13 @@ class MoeEp:
                          dispatch (already weighted and summed over this rank's
                          experts).  An integer array of the same width is read as
                          raw bits for bf16/fp16 (numpy), as are ml_dtypes arrays.
+                         In an expert layout: the dispatch's layout, [El,
+                         capacity, H] (or [El * capacity, H]) or [expert_rows, H],
+                         one row per expert row, unweighted: combine multiplies
+                         each by its row_weights entry and sums a token's rows in
+                         ascending (local expert, pick) order in fp32 (not with
+                         expert_output_weighted=True: then the rows are added
+                         as they are).
           output         [T, H] combine_dtype, writable, optional
           stream         as for dispatch
         Returns `output` if given, else a View [T, H] of library-owned memory

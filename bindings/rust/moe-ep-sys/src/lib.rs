@@ -43,6 +43,13 @@ pub const MOE_EP_BACKEND_NVLINK_TWO_SIDED: i32 = 1;
 pub const MOE_EP_BACKEND_HOST: i32 = 2;
 pub const MOE_EP_BACKEND_NCCL: i32 = 3;
 
+// moe_ep_params_t::receive_layout and ::scale_layout (docs/semantics.md, "Receive layouts").
+pub const MOE_EP_LAYOUT_RANK_MAJOR: i32 = 0;
+pub const MOE_EP_LAYOUT_EXPERT_MAJOR: i32 = 1;
+pub const MOE_EP_LAYOUT_EXPERT_PACKED: i32 = 2;
+pub const MOE_EP_SCALES_ROW_MAJOR: i32 = 0;
+pub const MOE_EP_SCALES_COLUMN_MAJOR: i32 = 1;
+
 /// Phases of a call, for `moe_ep_get_last_path`.
 pub const MOE_EP_PHASE_DISPATCH: i32 = 0;
 pub const MOE_EP_PHASE_COMBINE: i32 = 1;
