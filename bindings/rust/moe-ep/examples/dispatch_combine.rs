@@ -21,7 +21,7 @@ fn rank_main(bs: std::sync::Arc<ThreadRank>) -> Result<Vec<f32>> {
     let r = ep.dispatch(&args)?;
     // The "expert": each received row times the sum of its local picks' weights.
     let rows = r.hidden_states.as_slice::<f32>()?;
-    let ids_r = r.topk_ids.as_slice::<i32>()?;
+    let ids_r = r.topk_ids.as_ref().expect("rank-major rows carry their ids").as_slice::<i32>()?;
     let w_r = r.topk_weights.as_ref().expect("weights were given").as_slice::<f32>()?;
     let mut out = vec![0.0f32; rows.len()];
     for row in 0..(r.tokens_per_rank * ep_world(&r)) as usize {

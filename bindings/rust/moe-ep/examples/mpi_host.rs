@@ -35,7 +35,8 @@ fn run() -> Result<()> {
         let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[tokens as i64, hidden as i64])?,
                                                TensorRef::from_slice(&ids, &[tokens as i64, k as i64])?)
                             .weights(TensorRef::from_slice(&w, &[tokens as i64, k as i64])?))?;
-        let (rows, rids) = (r.hidden_states.as_slice::<f32>()?, r.topk_ids.as_slice::<i32>()?);
+        let rows = r.hidden_states.as_slice::<f32>()?;
+        let rids = r.topk_ids.as_ref().expect("rank-major rows carry their ids").as_slice::<i32>()?;
         let rw = r.topk_weights.as_ref().expect("weights were given").as_slice::<f32>()?;
         let mut out = vec![0.0f32; rows.len()];
         for p in 0..rows.len() / hidden {

@@ -93,8 +93,90 @@ impl Params {
         self.0.combine_dtype = d.raw();
         self
     }
+    /// How dispatch lays out the received rows (docs/semantics.md, "Receive
+    /// layouts"); the same on every rank.  The expert layouts run on the HOST
+    /// backend; the GPU backends refuse them at create (UNSUPPORTED).
+    pub fn receive_layout(mut self, l: ReceiveLayout) -> Self {
+        self.0.receive_layout = l.raw();
+        self
+    }
+    /// `ReceiveLayout::ExpertMajor`: rows per local expert; 0 (default) =
+    /// world_size * max_tokens_per_rank.  Pairs beyond it are counted in
+    /// `DispatchResult::dropped_pairs`, never written.
+    pub fn expert_capacity(mut self, rows: i32) -> Self {
+        self.0.expert_capacity = rows;
+        self
+    }
+    /// `ReceiveLayout::ExpertPacked`: every expert's first row is a multiple
+    /// of it, 1..256; 0 (default) = 1.
+    pub fn expert_alignment(mut self, rows: i32) -> Self {
+        self.0.expert_alignment = rows;
+        self
+    }
+    /// `ReceiveLayout::ExpertPacked`: rows of the result, a multiple of the
+    /// alignment; 0 (default) = the worst case.
+    pub fn expert_rows(mut self, rows: i32) -> Self {
+        self.0.expert_rows = rows;
+        self
+    }
+    /// Expert layouts: the expert output already carries the pick weights,
+    /// so combine adds the rows as they are instead of multiplying each by
+    /// its `row_weights` entry.
+    pub fn expert_output_weighted(mut self, on: bool) -> Self {
+        self.0.expert_output_weighted = on as i32;
+        self
+    }
+    /// Expert layouts with scales: how `hidden_states_scale` is laid out.
+    pub fn scale_layout(mut self, l: ScaleLayout) -> Self {
+        self.0.scale_layout = l.raw();
+        self
+    }
     pub fn raw(&self) -> &sys::moe_ep_params_t {
         &self.0
+    }
+}
+
+/// `MOE_EP_LAYOUT_*`: how dispatch lays out the received rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReceiveLayout {
+    /// `[world_size * tokens_per_rank, R]`, one row per received token, by
+    /// source rank (the default).
+    RankMajor,
+    /// `[E_local, capacity, R]`: one row per (token, local pick), a segment
+    /// per local expert, `expert_counts` rows of each written.
+    ExpertMajor,
+    /// `[expert_rows, R]`: expert e's rows at `[expert_offsets[e],
+    /// expert_offsets[e] + expert_counts[e])`, offsets aligned.
+    ExpertPacked,
+}
+
+impl ReceiveLayout {
+    fn raw(self) -> i32 {
+        match self {
+            ReceiveLayout::RankMajor => sys::MOE_EP_LAYOUT_RANK_MAJOR,
+            ReceiveLayout::ExpertMajor => sys::MOE_EP_LAYOUT_EXPERT_MAJOR,
+            ReceiveLayout::ExpertPacked => sys::MOE_EP_LAYOUT_EXPERT_PACKED,
+        }
+    }
+}
+
+/// `MOE_EP_SCALES_*`: the layout of `hidden_states_scale` in an expert layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScaleLayout {
+    /// Row-aligned with `hidden_states` (the default).
+    RowMajor,
+    /// fp32 scales only: `[S, align4(expert_rows)]` (ExpertPacked) or
+    /// `[E_local, S, align4(capacity)]` (ExpertMajor), the TMA-aligned layout
+    /// grouped FP8 GEMMs read.
+    ColumnMajor,
+}
+
+impl ScaleLayout {
+    fn raw(self) -> i32 {
+        match self {
+            ScaleLayout::RowMajor => sys::MOE_EP_SCALES_ROW_MAJOR,
+            ScaleLayout::ColumnMajor => sys::MOE_EP_SCALES_COLUMN_MAJOR,
+        }
     }
 }
 
@@ -216,12 +298,15 @@ impl<'a> DispatchArgs<'a> {
 }
 
 /// What dispatch returned: P = world_size * tokens_per_rank receive rows,
-/// rank-major.  Borrows the handle until dropped.
+/// rank-major, or in an expert layout (`Params::receive_layout`) one row per
+/// (source token, local pick).  Borrows the handle until dropped.
 #[derive(Debug)]
 pub struct DispatchResult<'h> {
     pub tokens_per_rank: i32,
+    /// `[P, R]`; expert layouts: `[E_local, capacity, R]` or `[expert_rows, R]`.
     pub hidden_states: View<'h>,
-    pub topk_ids: View<'h>,
+    /// `[P, K]` int32; None in the expert layouts (the rows carry their pick).
+    pub topk_ids: Option<View<'h>>,
     pub topk_weights: Option<View<'h>>,
     pub hidden_states_scale: Option<View<'h>>,
     pub recv_counts: View<'h>,
@@ -229,8 +314,21 @@ pub struct DispatchResult<'h> {
     pub eplb_gathered_stats: Option<View<'h>>,
     /// [P, hidden_size] combine_dtype, with `Config::zero_copy_combine`: write
     /// the expert output here (`as_mut_slice`), drop the result, then call
-    /// `MoeEp::combine_from_input`.
+    /// `MoeEp::combine_from_input`.  Expert layouts: the layout's rows.
     pub combine_input: Option<View<'h>>,
+    // The expert layouts' results; None in `ReceiveLayout::RankMajor`.
+    /// `[E_local]` int32: rows written per local expert.
+    pub expert_counts: Option<View<'h>>,
+    /// `[E_local + 1]` int32, ExpertPacked only: each expert's first row, the
+    /// last entry the aligned total.
+    pub expert_offsets: Option<View<'h>>,
+    /// `[rows, 3]` int32: source rank, source token, pick index; -1 on padding.
+    pub row_sources: Option<View<'h>>,
+    /// `[rows]` f32: the pick's weight (1.0 without `topk_weights`), 0 on padding.
+    pub row_weights: Option<View<'h>>,
+    /// `[1]` int32: pairs beyond the capacity (or `expert_rows`): counted,
+    /// never written, not an error.
+    pub dropped_pairs: Option<View<'h>>,
 }
 
 fn required<'h>(t: &sys::moe_ep_tensor_t, name: &str) -> Result<View<'h>> {
@@ -287,7 +385,8 @@ pub struct MoeEp {
     combine_input: Vec<Option<CombineInput>>,
 }
 
-type CombineInput = (*mut c_void, Device, DType, [i64; 2]);
+// [P, H], or an expert layout's [E_local, capacity, H] / [expert_rows, H].
+type CombineInput = (*mut c_void, Device, DType, Vec<i64>);
 
 // SAFETY: the library allows a handle to move between threads as long as one
 // thread uses it at a time, which &mut self guarantees; the bootstrap is
@@ -352,17 +451,22 @@ impl MoeEp {
     fn dispatch_result<'h>(&mut self, slot: i32, r: &sys::moe_ep_dispatch_result_t) -> Result<DispatchResult<'h>> {
         let combine_input = View::from_raw(&r.combine_input);
         self.set_combine_input(slot, combine_input.as_ref()
-            .map(|v| (v.data_ptr(), v.device(), v.dtype(), [v.shape()[0], v.shape()[1]])));
+            .map(|v| (v.data_ptr(), v.device(), v.dtype(), v.shape().to_vec())));
         Ok(DispatchResult {
             combine_input,
             tokens_per_rank: r.tokens_per_rank,
             hidden_states: required(&r.hidden_states, "hidden_states")?,
-            topk_ids: required(&r.topk_ids, "topk_ids")?,
+            topk_ids: View::from_raw(&r.topk_ids),
             topk_weights: View::from_raw(&r.topk_weights),
             hidden_states_scale: View::from_raw(&r.hidden_states_scale),
             recv_counts: required(&r.recv_counts, "recv_counts")?,
             local_expert_counts: required(&r.local_expert_counts, "local_expert_counts")?,
             eplb_gathered_stats: View::from_raw(&r.eplb_gathered_stats),
+            expert_counts: View::from_raw(&r.expert_counts),
+            expert_offsets: View::from_raw(&r.expert_offsets),
+            row_sources: View::from_raw(&r.row_sources),
+            row_weights: View::from_raw(&r.row_weights),
+            dropped_pairs: View::from_raw(&r.dropped_pairs),
         })
     }
 
@@ -395,7 +499,7 @@ impl MoeEp {
     }
 
     fn combine_input_of(&self, slot: i32) -> Result<TensorRef<'static>> {
-        let held = usize::try_from(slot).ok().and_then(|s| self.combine_input.get(s).copied().flatten());
+        let held = usize::try_from(slot).ok().and_then(|s| self.combine_input.get(s).cloned().flatten());
         let (data, device, dtype, shape) = held.ok_or_else(|| {
             Error::new(Status::INVALID_STATE,
                        format!("combine from combine_input: slot {slot} holds no combine_input view (the \

@@ -165,7 +165,8 @@ fn run_rank_with(case: &Case, me: usize, bs: Arc<dyn Bootstrap>, zero_copy: bool
         view.as_mut_slice::<f32>().unwrap().copy_from_slice(&case.expert_output(me));
     }
     let got = (r.tokens_per_rank, r.recv_counts.as_slice::<i32>().unwrap().to_vec(),
-               r.hidden_states.as_slice::<f32>().unwrap().to_vec(), r.topk_ids.as_slice::<i32>().unwrap().to_vec(),
+               r.hidden_states.as_slice::<f32>().unwrap().to_vec(),
+               r.topk_ids.as_ref().unwrap().as_slice::<i32>().unwrap().to_vec(),
                r.topk_weights.as_ref().unwrap().as_slice::<f32>().unwrap().to_vec(),
                r.local_expert_counts.as_slice::<i32>().unwrap().to_vec());
     drop(r);
@@ -418,7 +419,8 @@ type Got = (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>);
 
 fn copy_dispatch(r: &DispatchResult<'_>) -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>) {
     (r.tokens_per_rank, r.recv_counts.as_slice::<i32>().unwrap().to_vec(),
-     r.hidden_states.as_slice::<f32>().unwrap().to_vec(), r.topk_ids.as_slice::<i32>().unwrap().to_vec(),
+     r.hidden_states.as_slice::<f32>().unwrap().to_vec(),
+     r.topk_ids.as_ref().unwrap().as_slice::<i32>().unwrap().to_vec(),
      r.topk_weights.as_ref().unwrap().as_slice::<f32>().unwrap().to_vec(),
      r.local_expert_counts.as_slice::<i32>().unwrap().to_vec())
 }
