@@ -1,5 +1,6 @@
 //! The MPI adapter from Rust, on the HOST backend: every rank sends 3 tokens
-//! to 2 experts each and checks that combine returns them (weights sum to 1).
+//! to 2 experts each and checks that combine returns them (weights sum to 1),
+//! rank-major and then in the expert-packed receive layout.
 //!     cargo build --features mpi --example mpi_host && mpiexec -n 2 target/debug/examples/mpi_host
 //! Written for Open MPI without an MPI crate: MPI_Init and MPI_Finalize are
 //! declared here, and MPI_COMM_WORLD is reached through its Fortran handle,
@@ -50,7 +51,37 @@ fn run() -> Result<()> {
     let y = ep.combine(&TensorRef::from_slice(&out.0, &out.1)?)?.as_slice::<f32>()?.to_vec();
     assert_eq!(y, x, "rank {me}: combine did not return the tokens");
     ep.destroy()?;
-    println!("rank {me}/{world}: MPI adapter, HOST backend, {tokens} tokens back");
+    // EXPERT_PACKED: one row per (token, local pick), every row the token it
+    // names in row_sources; identity experts, combine weights and sums them.
+    let packed = params.receive_layout(ReceiveLayout::ExpertPacked).expert_alignment(2);
+    let mut ep = MoeEp::new(bs.clone(), &packed, Some(&Config::new()?.backend(Backend::Host)))?;
+    let rows = {
+        let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[tokens as i64, hidden as i64])?,
+                                               TensorRef::from_slice(&ids, &[tokens as i64, k as i64])?)
+                            .weights(TensorRef::from_slice(&w, &[tokens as i64, k as i64])?))?;
+        let rows = r.hidden_states.as_slice::<f32>()?.to_vec();
+        let sources = r.row_sources.as_ref().expect("expert layout").as_slice::<i32>()?;
+        let offsets = r.expert_offsets.as_ref().expect("expert_packed").as_slice::<i32>()?;
+        assert!(offsets.iter().all(|o| o % 2 == 0), "rank {me}: offsets {offsets:?} not aligned to 2");
+        let mut pairs = 0;
+        for (row, src) in sources.chunks(3).enumerate().filter(|(_, s)| s[0] >= 0) {
+            let t = src[1] as usize;
+            let want: Vec<f32> = (0..hidden).map(|c| ((t * hidden + c) as i32 + 100 * src[0]) as f32).collect();
+            assert_eq!(&rows[row * hidden..(row + 1) * hidden], &want[..], "rank {me}: row {row} from {src:?}");
+            pairs += 1;
+        }
+        // Every pick is valid and a token's picks are distinct: each pick of
+        // an expert here (2 per rank) is one row.
+        let mine = (0..world).flat_map(|s| (0..tokens * k).map(move |v| (s + v as i32) % experts))
+            .filter(|id| id / 2 == me).count();
+        assert_eq!(pairs, mine, "rank {me}: pairs received");
+        rows
+    };
+    let y = ep.combine(&TensorRef::from_slice(&rows, &[(rows.len() / hidden) as i64, hidden as i64])?)?
+        .as_slice::<f32>()?.to_vec();
+    assert_eq!(y, x, "rank {me}: expert-packed combine did not return the tokens");
+    ep.destroy()?;
+    println!("rank {me}/{world}: MPI adapter, HOST backend, {tokens} tokens back, rank-major and expert-packed");
     Ok(())
 }
 
