@@ -7,14 +7,17 @@ cannot be installed where the tests run.
   - every Julia struct that mirrors a C struct has the C struct's fields, in
     order, with matching types;
   - the calls of a handle's life (REQUIRED: create, the fused and the split
-    dispatch and combine, the async error query, destroy) are all wrapped.
+    dispatch and combine, the async error query, destroy) are all wrapped;
+  - every `const NAME = Int32(n)` is the header's MOE_EP_NAME with value n
+    (statuses, backends, phases, receive and scale layouts).
 
     check_julia_bindings.py MoeEp.jl HEADER...
 
 It first checks itself: a copy of the Julia source with one argument
-dropped, one argument type changed, one field type changed and one split
+dropped, one argument type changed, one field type changed, one split
 call replaced by the fused one (wrong argument 2, and the split call left
-unwrapped) must be reported five times; otherwise the check could not fail.
+unwrapped) and one constant's value changed must be reported six times;
+otherwise the check could not fail.
 """
 
 import re
@@ -101,6 +104,24 @@ def header_structs(texts):
     return structs
 
 
+def header_constants(texts):
+    """MOE_EP_* enumerators and integer #defines -> value."""
+    values = {}
+    for text in texts:
+        text = strip_comments(text)
+        for m in re.finditer(r"\bMOE_EP_(\w+)\s*=\s*(-?\d+)\s*[,}\n]", text):
+            values[m.group(1)] = int(m.group(2))
+        for m in re.finditer(r"#define\s+MOE_EP_(\w+)\s+(-?\d+)\s*$", text, re.M):
+            values[m.group(1)] = int(m.group(2))
+    return values
+
+
+def julia_constants(text):
+    """(line, NAME, value) of every `const NAME = Int32(value)`."""
+    return [(text.count("\n", 0, m.start()) + 1, m.group(1), int(m.group(2)))
+            for m in re.finditer(r"^const\s+(\w+)\s*=\s*Int32\((-?\d+)\)", text, re.M)]
+
+
 def split_top(s):
     """Split on commas outside braces and parentheses."""
     out, depth, cur = [], 0, ""
@@ -167,6 +188,12 @@ def problems(julia_text, header_texts):
     wrapped = {name for _, name, _, _ in julia_ccalls(julia_text)}
     for name in sorted(REQUIRED - wrapped):
         found.append(f"MoeEp.jl: no ccall of {name}" + ("" if name in protos else " (nor in the headers)"))
+    constants = header_constants(header_texts)
+    for line, name, value in julia_constants(julia_text):
+        if name not in constants:
+            found.append(f"MoeEp.jl:{line}: const {name} has no MOE_EP_{name} in the headers")
+        elif constants[name] != value:
+            found.append(f"MoeEp.jl:{line}: const {name} = {value}, the header's MOE_EP_{name} is {constants[name]}")
     jstructs = julia_structs(julia_text)
     for cname, fields in header_structs(header_texts).items():
         jname = STRUCTS.get(cname)
@@ -187,16 +214,18 @@ def problems(julia_text, header_texts):
 
 
 def self_test(julia_text, header_texts):
-    """Four planted mistakes must give five reports."""
+    """Five planted mistakes must give six reports."""
     broken = julia_text.replace("(Ref{Int32}, Ref{Int32}, Ref{Int32})", "(Ref{Int32}, Ref{Int32})", 1)
     broken = broken.replace("(:moe_ep_get_async_error, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int32})",
                             "(:moe_ep_get_async_error, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int64})", 1)
     broken = broken.replace("    top_k::Int32\n", "    top_k::Int64\n", 1)
     broken = broken.replace("(:moe_ep_combine_recv, libmoe_ep)", "(:moe_ep_combine, libmoe_ep)")
+    broken = broken.replace("const LAYOUT_EXPERT_PACKED = Int32(2)", "const LAYOUT_EXPERT_PACKED = Int32(3)", 1)
     assert broken.count("\n") == julia_text.count("\n")
     found, _ = problems(broken, header_texts)
-    if len(found) != 5 or not any("no ccall of moe_ep_combine_recv" in f for f in found):
-        print("FAIL: the checker's self-test expected 5 reports on planted mistakes, got:")
+    if (len(found) != 6 or not any("no ccall of moe_ep_combine_recv" in f for f in found)
+            or not any("LAYOUT_EXPERT_PACKED = 3" in f for f in found)):
+        print("FAIL: the checker's self-test expected 6 reports on planted mistakes, got:")
         print("\n".join(found) or "(none)")
         return False
     return True
@@ -210,8 +239,8 @@ def main():
         return 1
     found, protos = problems(julia_text, header_texts)
     calls = julia_ccalls(julia_text)
-    print(f"{len(calls)} ccalls, {len(julia_structs(julia_text))} structs checked against "
-          f"{len(protos)} prototypes")
+    print(f"{len(calls)} ccalls, {len(julia_structs(julia_text))} structs and "
+          f"{len(julia_constants(julia_text))} constants checked against {len(protos)} prototypes")
     unbound = sorted(set(protos) - {c[1] for c in calls})
     if unbound:
         print("not wrapped in Julia (fine, for information):", ", ".join(unbound))

@@ -170,12 +170,27 @@ function get_version()
     return (a[], b[], c[])
 end
 
-function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dtype=nothing, combine_dtype=nothing)
+"""Keywords left as `nothing` keep the library's defaults.  `receive_layout`
+(LAYOUT_RANK_MAJOR, LAYOUT_EXPERT_MAJOR or LAYOUT_EXPERT_PACKED) and the
+fields of the expert layouts (`expert_capacity`, `expert_alignment`,
+`expert_rows`, `expert_output_weighted`, `scale_layout` = SCALES_ROW_MAJOR or
+SCALES_COLUMN_MAJOR) are described in docs/semantics.md, "Receive layouts"."""
+function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dtype=nothing, combine_dtype=nothing,
+                scale_row_elems=nothing, scale_dtype=nothing, receive_layout=nothing, expert_capacity=nothing,
+                expert_alignment=nothing, expert_rows=nothing, expert_output_weighted=nothing, scale_layout=nothing)
     p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, 0, 0, 0, 0)
     check(ccall((:moe_ep_params_init, libmoe_ep), Int32, (Ref{Params}, Csize_t), p, sizeof(Params)))
     p.num_experts, p.top_k, p.max_tokens_per_rank, p.hidden_size = num_experts, top_k, max_tokens_per_rank, hidden_size
     hidden_dtype === nothing || (p.hidden_dtype = hidden_dtype)
     combine_dtype === nothing || (p.combine_dtype = combine_dtype)
+    scale_row_elems === nothing || (p.scale_row_elems = Int32(scale_row_elems))
+    scale_dtype === nothing || (p.scale_dtype = scale_dtype)
+    receive_layout === nothing || (p.receive_layout = Int32(receive_layout))
+    expert_capacity === nothing || (p.expert_capacity = Int32(expert_capacity))
+    expert_alignment === nothing || (p.expert_alignment = Int32(expert_alignment))
+    expert_rows === nothing || (p.expert_rows = Int32(expert_rows))
+    expert_output_weighted === nothing || (p.expert_output_weighted = Int32(expert_output_weighted))
+    scale_layout === nothing || (p.scale_layout = Int32(scale_layout))
     return p
 end
 
@@ -243,37 +258,51 @@ function host_view(t::Tensor, ::Type{T}) where {T}
     return unsafe_wrap(Array, Ptr{T}(t.data + t.byte_offset), dims)
 end
 
-"""Collective.  hidden: (R, T) array; ids: (K, T) Int32; weights: (K, T) Float32.
-Returns a NamedTuple of arrays aliasing library memory, valid until `combine`.
+"""Collective.  hidden: (R, T) array; ids: (K, T) Int32; weights: (K, T) Float32;
+scales: (S, T) array of the params' scale dtype (`scale_type`), when
+`scale_row_elems > 0`.  Returns a NamedTuple of arrays aliasing library
+memory, valid until `combine`.
 With `Config(zero_copy_combine=true)`, `combine_input` is an (H, P) array of
 `combine_type` (Float32 or Float16: the handle's combine dtype, as `combine`
 takes): write the expert output into it and pass it to `combine`, which then
-reads it in place."""
-function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing, hidden_type::Type=eltype(hidden),
-                  combine_type::Type=Float32)
+reads it in place.
+In an expert layout (`Params(receive_layout=LAYOUT_EXPERT_MAJOR)` or
+`LAYOUT_EXPERT_PACKED`), with El = num_experts / world_size: `hidden_states`
+is (R, capacity, El) or (R, expert_rows), one column per (token, local pick);
+`topk_ids` and `topk_weights` are `nothing`; `expert_counts` (El),
+`expert_offsets` (El + 1, EXPERT_PACKED: each expert's first row, 0-based, the
+last the aligned total), `row_sources` (3, rows: source rank, source token,
+pick index, 0-based; -1 on padding), `row_weights` (rows) and `dropped_pairs`
+(1) describe them (`nothing` in rank-major).  `combine` then takes the expert
+output in the same shape, unweighted unless `expert_output_weighted`."""
+function dispatch(h::Handle, hidden::Array, ids::Matrix{Int32}; weights=nothing, scales=nothing,
+                  hidden_type::Type=eltype(hidden), combine_type::Type=Float32,
+                  scale_type::Type=(scales === nothing ? Float32 : eltype(scales)))
     keep = Any[]
     th = host_tensor(hidden, keep)
     ti = host_tensor(ids, keep)
     tw = weights === nothing ? nothing : host_tensor(weights, keep)
+    ts = scales === nothing ? nothing : host_tensor(scales, keep)
     # The block's value is r: GC.@preserve may wrap its body in a new scope.
-    r = GC.@preserve keep th ti tw begin
-        args = _dispatch_args(th, ti, tw)
+    r = GC.@preserve keep th ti tw ts begin
+        args = _dispatch_args(th, ti, tw, ts)
         r = _dispatch_result()
         check(ccall((:moe_ep_dispatch, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{DispatchArgs}, Ref{DispatchResult}, Ptr{Cvoid}),
                     h.ptr, args, r, C_NULL))
         r
     end
     h.keep = keep
-    return _dispatch_views(r, hidden_type, combine_type)
+    return _dispatch_views(r, hidden_type, combine_type, scale_type)
 end
 
-# The caller preserves th, ti, tw (and what they point to) around the call.
-function _dispatch_args(th, ti, tw)
+# The caller preserves th, ti, tw, ts (and what they point to) around the call.
+function _dispatch_args(th, ti, tw, ts=nothing)
     args = DispatchArgs(0, C_NULL, C_NULL, C_NULL, C_NULL, 0, C_NULL)
     check(ccall((:moe_ep_dispatch_args_init, libmoe_ep), Int32, (Ref{DispatchArgs}, Csize_t), args, sizeof(DispatchArgs)))
     args.hidden_states = Base.unsafe_convert(Ptr{Tensor}, th)
     args.topk_ids = Base.unsafe_convert(Ptr{Tensor}, ti)
     tw === nothing || (args.topk_weights = Base.unsafe_convert(Ptr{Tensor}, tw))
+    ts === nothing || (args.hidden_states_scale = Base.unsafe_convert(Ptr{Tensor}, ts))
     return args
 end
 
@@ -284,18 +313,25 @@ function _dispatch_result()
     return r
 end
 
-function _dispatch_views(r::DispatchResult, hidden_type::Type, combine_type::Type)
+function _dispatch_views(r::DispatchResult, hidden_type::Type, combine_type::Type, scale_type::Type=Float32)
     return (tokens_per_rank=r.tokens_per_rank,
             hidden_states=host_view(r.hidden_states, hidden_type),
             topk_ids=host_view(r.topk_ids, Int32),
             topk_weights=host_view(r.topk_weights, Float32),
+            hidden_states_scale=host_view(r.hidden_states_scale, scale_type),
             recv_counts=host_view(r.recv_counts, Int32),
             local_expert_counts=host_view(r.local_expert_counts, Int32),
-            combine_input=host_view(r.combine_input, combine_type))
+            combine_input=host_view(r.combine_input, combine_type),
+            expert_counts=host_view(r.expert_counts, Int32),
+            expert_offsets=host_view(r.expert_offsets, Int32),
+            row_sources=host_view(r.row_sources, Int32),
+            row_weights=host_view(r.row_weights, Float32),
+            dropped_pairs=host_view(r.dropped_pairs, Int32))
 end
 
-"""Collective.  expert_output: (H, P) array.  Returns an (H, T) array aliasing
-library memory, valid until the next combine."""
+"""Collective.  expert_output: (H, P) array (expert layouts: the dispatch's
+shape, (H, capacity, El) or (H, expert_rows)).  Returns an (H, T) array
+aliasing library memory, valid until the next combine."""
 function combine(h::Handle, expert_output::Array{T}) where {T}
     keep = Any[]
     te = host_tensor(expert_output, keep)
@@ -318,13 +354,14 @@ end
 # combine_send + combine_recv on slot 0.
 
 """Collective: the send half of dispatch on `slot`; arguments as for `dispatch`."""
-function dispatch_send(h::Handle, slot::Integer, hidden::Array, ids::Matrix{Int32}; weights=nothing)
+function dispatch_send(h::Handle, slot::Integer, hidden::Array, ids::Matrix{Int32}; weights=nothing, scales=nothing)
     keep = Any[]
     th = host_tensor(hidden, keep)
     ti = host_tensor(ids, keep)
     tw = weights === nothing ? nothing : host_tensor(weights, keep)
-    GC.@preserve keep th ti tw begin
-        args = _dispatch_args(th, ti, tw)
+    ts = scales === nothing ? nothing : host_tensor(scales, keep)
+    GC.@preserve keep th ti tw ts begin
+        args = _dispatch_args(th, ti, tw, ts)
         check(ccall((:moe_ep_dispatch_send, libmoe_ep), Int32, (Ptr{Cvoid}, Int32, Ref{DispatchArgs}, Ptr{Cvoid}),
                     h.ptr, slot, args, C_NULL))
     end
@@ -335,11 +372,12 @@ end
 """Collective: the receive half of dispatch on `slot`: the same NamedTuple as
 `dispatch` (give `hidden_type`, the element type of the rows sent), valid until
 the slot's `combine_send`."""
-function dispatch_recv(h::Handle, slot::Integer; hidden_type::Type, combine_type::Type=Float32)
+function dispatch_recv(h::Handle, slot::Integer; hidden_type::Type, combine_type::Type=Float32,
+                       scale_type::Type=Float32)
     r = _dispatch_result()
     check(ccall((:moe_ep_dispatch_recv, libmoe_ep), Int32, (Ptr{Cvoid}, Int32, Ref{DispatchResult}, Ptr{Cvoid}),
                 h.ptr, slot, r, C_NULL))
-    return _dispatch_views(r, hidden_type, combine_type)
+    return _dispatch_views(r, hidden_type, combine_type, scale_type)
 end
 
 """Collective: the send half of combine on `slot`; expert_output as for
