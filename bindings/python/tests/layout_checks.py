@@ -37,17 +37,27 @@ def layout_model(case, rank, ep_kwargs):
                                   weighted=ep_kwargs.get("expert_output_weighted", False))
 
 
-def run_rank(ep, rank_major_ep, case, rank, model, how="plain"):
+def _host_copy(view):
+    return np.from_dlpack(view).copy()
+
+
+def _as_is(array):
+    return array
+
+
+def run_rank(ep, rank_major_ep, case, rank, model, how="plain", to_numpy=_host_copy, to_input=_as_is):
     """Collective: dispatch and combine on the expert-layout handle `ep`, then
     the same tokens on `rank_major_ep`, whose expert output is the model's
     per-rank partial sums (the weighted, locally reduced rows a rank-major
-    user computes).  Returns the copied results."""
-    inp = case.inputs[rank]
+    user computes).  Returns the copied results.  to_numpy copies a result
+    view into a numpy array, to_input makes a numpy array an input of the
+    handle's device (the defaults: host views and numpy inputs)."""
+    inp = {k: None if v is None else to_input(v) for k, v in case.inputs[rank].items()}
     r = ep.dispatch(inp["x"], inp["ids"], inp["w"], inp["scale"])
     got = {"tokens_per_rank": r.tokens_per_rank, "valid_before": r.row_sources.valid}
     for name in RESULTS:
         v = getattr(r, name)
-        got[name] = None if v is None else np.from_dlpack(v).copy()
+        got[name] = None if v is None else to_numpy(v)
     # The experts compute from the rows the library handed out.
     eo = model.expert_output(got["hidden_states"].reshape(model.rows, case.H))
     got["expert_output"] = eo
@@ -56,22 +66,22 @@ def run_rank(ep, rank_major_ep, case, rank, model, how="plain"):
         r.combine_input.write(eo.reshape(r.combine_input.shape))
         y = ep.combine(r.combine_input)
     elif how == "flat":
-        y = ep.combine(eo)  # EXPERT_MAJOR also takes [El * capacity, H]
+        y = ep.combine(to_input(eo))  # EXPERT_MAJOR also takes [El * capacity, H]
     else:
-        y = ep.combine(eo.reshape(model.shape(case.H)))
-    got["output"] = np.from_dlpack(y).copy()
+        y = ep.combine(to_input(np.ascontiguousarray(eo.reshape(model.shape(case.H)))))
+    got["output"] = to_numpy(y)
     got["valid_after"] = r.row_sources.valid
     # Rank-major: the same tokens, the expert output the partial sums.
     rm = rank_major_ep.dispatch(inp["x"], inp["ids"], inp["w"], inp["scale"])
     tpr = rm.tokens_per_rank
-    counts = np.from_dlpack(rm.recv_counts).copy()
+    counts = to_numpy(rm.recv_counts)
     parts = model.partials(eo)
     rm_eo = np.full((case.world * tpr, case.H), np.nan, case.combine_dtype)
     for s in range(case.world):
         sel = np.nonzero(case.goes_to(case.inputs[s]["ids"], rank))[0]
         for j, t in enumerate(sel[:counts[s]]):
             rm_eo[s * tpr + j] = parts[(s, int(t))]
-    got["rank_major_output"] = np.from_dlpack(rank_major_ep.combine(rm_eo)).copy()
+    got["rank_major_output"] = to_numpy(rank_major_ep.combine(to_input(rm_eo)))
     return got
 
 

@@ -13,7 +13,6 @@ import moe_ep
 from moe_ep import _lib
 
 import layout_checks
-import reference
 from conftest import host_kwargs
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -23,7 +22,8 @@ WORLDS = [1, 2, 3]
 
 
 @pytest.mark.parametrize("world", WORLDS)
-@pytest.mark.parametrize("index", range(len(layout_checks.SPECS)), ids=[s[0] for s in layout_checks.SPECS])
+@pytest.mark.parametrize("index", range(len(layout_checks.SPECS)),
+                         ids=[s[0] for s in layout_checks.SPECS])
 def test_expert_layouts_against_the_model_and_rank_major(thread_group, world, index):
     _, ep_kwargs, _, how = layout_checks.SPECS[index]
     case = layout_checks.spec_case(index, world)
@@ -46,7 +46,8 @@ def test_the_cases_cover_drops_and_tokens_with_several_rows():
     for index, (name, ep_kwargs, _, _) in enumerate(layout_checks.SPECS):
         bounded = "expert_capacity" in ep_kwargs or "expert_rows" in ep_kwargs
         for world in WORLDS:
-            models = [layout_checks.layout_model(layout_checks.spec_case(index, world), r, ep_kwargs) for r in range(world)]
+            case = layout_checks.spec_case(index, world)
+            models = [layout_checks.layout_model(case, r, ep_kwargs) for r in range(world)]
             assert any(m.dropped for m in models) == bounded, (name, world)
             several = [len(t) > len(set(t)) for t in
                        ([tuple(src[:2]) for src in m.sources.tolist() if src[0] >= 0] for m in models)]

@@ -5,6 +5,9 @@ Run as: MOE_EP_TEST_TMPDIR=$(mktemp -d) mpiexec -n 2 python -m pytest bindings/p
 - CPU: torch.distributed (gloo) bootstrap, HOST backend, bf16 CPU tensors.
 - GPU (skipped without CUDA): NVLINK_TWO_SIDED backend on CUDA tensors, with
   the torch.distributed NCCL bootstrap and with the mpi4py one.
+- The receive layouts with torch tensors: on CPU (HOST), and on the GPU
+  backends, which either refuse them (UNSUPPORTED) or are checked against
+  layout_checks' model.
 
 Rank and world size come from the launcher's environment and torch.distributed
 meets through a file in $MOE_EP_TEST_TMPDIR, so that only the mpi4py test
@@ -209,6 +212,54 @@ def test_gpu_nvlink_with_nccl_bootstrap(nccl_group):
         # whose data pointer may be NULL); seed 6 combines into a caller buffer.
         run_rounds(ep, [gpu_case(seed) for seed in (5, 6, 7)], stream=torch.cuda.current_stream(),
                    out_buffer_rounds=(1,))
+
+
+def _layout_run(bs, backend, device, index, **extra):
+    """SPECS[index] of layout_checks through torch tensors on `device`; None
+    when the backend refuses the layout (UNSUPPORTED, on every rank alike)."""
+    np = pytest.importorskip("numpy")
+    import layout_checks
+    from conftest import host_kwargs
+    _, ep_kwargs, _, how = layout_checks.SPECS[index]
+    case = layout_checks.spec_case(index, WORLD)
+    models = [layout_checks.layout_model(case, r, ep_kwargs) for r in range(WORLD)]
+    kw = host_kwargs(case, **extra)
+    kw["backend"] = backend
+    try:
+        ep = moe_ep.MoeEp(bs, **kw, **ep_kwargs)
+    except moe_ep.MoeEpError as e:
+        if e.status != moe_ep.ERROR_UNSUPPORTED:
+            raise
+        assert "receive_layout" in e.message, e.message
+        return None, e.message
+    with ep, moe_ep.MoeEp(bs, **kw) as rank_major:
+        # Zero-copy writes go through View.write, a host-only helper: plain here.
+        got = layout_checks.run_rank(ep, rank_major, case, RANK, models[RANK],
+                                     how="plain" if how == "zero_copy" else how,
+                                     to_numpy=lambda v: torch.from_dlpack(v).cpu().numpy().copy(),
+                                     to_input=lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device))
+    layout_checks.compare(case, RANK, got, models)
+    return got, None
+
+
+def test_cpu_expert_layouts_with_torch_tensors(world_group):
+    for index in (0, 4):  # expert_packed aligned with scales; expert_major with drops, weighted
+        got, _ = _layout_run(moe_ep.from_torch_distributed(world_group), "host", "cpu", index)
+        assert got is not None
+
+
+@needs_cuda
+def test_gpu_expert_layouts_or_unsupported(nccl_group):
+    # The GPU backends lay out rank-major only for now: create refuses the
+    # expert layouts with UNSUPPORTED naming receive_layout.  Once one has
+    # them, the same model checks its results.
+    for backend in ("nvlink", "nccl"):
+        for index in (0, 3):
+            got, why = _layout_run(moe_ep.from_torch_distributed(nccl_group), backend,
+                                   torch.device("cuda", torch.cuda.current_device()), index,
+                                   device=torch.cuda.current_device())
+            if got is None:
+                print(f"{backend}: {why}")
 
 
 @needs_cuda
