@@ -222,7 +222,35 @@ typedef struct moe_ep_params_t {
                                      multiplies each row by its pick's weight;
                                      1 = the expert output already carries them */
   int32_t scale_layout;           /* expert layouts with scales: MOE_EP_SCALES_*  */
+  /* Low-precision wire (docs/semantics.md, "A low-precision wire").  Every
+   * field below must be the same on every rank.  The HOST backend has every
+   * format; NVLINK_TWO_SIDED and NCCL refuse a format other than AS_IS at
+   * create (UNSUPPORTED).                                                    */
+  int32_t dispatch_wire;       /* MOE_EP_WIRE_*, default AS_IS; FP8 needs a
+                                  bf16, fp16 or fp32 hidden_dtype and
+                                  scale_row_elems 0 (the library makes the
+                                  scales)                                    */
+  int32_t combine_wire;        /* MOE_EP_WIRE_*, default AS_IS               */
+  int32_t wire_scale;          /* MOE_EP_WIRE_SCALE_*, with an FP8 wire only */
+  int32_t dispatch_dequantize; /* dispatch_wire FP8: 0 (default) = the result
+                                  holds e4m3 rows [P, R] and fp32 scales
+                                  [P, ceil(R / 128)]; 1 = rows dequantized
+                                  back to hidden_dtype, no scales           */
 } moe_ep_params_t;
+
+/* params->dispatch_wire and params->combine_wire: what crosses between ranks. */
+enum {
+  MOE_EP_WIRE_AS_IS = 0,            /* the rows as they are (default)            */
+  MOE_EP_WIRE_FP8_E4M3_BLOCK128 = 1 /* float8 e4m3fn values, one fp32 scale per
+                                       128 elements of a row (the last block of
+                                       a row may be shorter)                    */
+};
+
+/* params->wire_scale: how an FP8 wire picks a block's scale from its amax. */
+enum {
+  MOE_EP_WIRE_SCALE_FP32 = 0, /* amax / 448 in fp32 (default)                   */
+  MOE_EP_WIRE_SCALE_UE8M0 = 1 /* the power of two at or above amax / 448       */
+};
 
 /* params->receive_layout: how dispatch lays out the received rows. */
 enum {

@@ -34,11 +34,15 @@ struct BackendEntry {
   // Whether it lays the received rows out in the expert layouts
   // (params->receive_layout EXPERT_MAJOR and EXPERT_PACKED), not only RANK_MAJOR.
   bool expert_layouts;
+  // Whether it has the FP8 wire formats (params->dispatch_wire and
+  // combine_wire MOE_EP_WIRE_FP8_E4M3_BLOCK128), not only AS_IS.
+  bool fp8_wire;
 };
 
 // What create (and moe_ep_workspace_size) refuse before anything is
-// allocated: UNSUPPORTED when `backend` does not implement config->micro_batches
-// or params->receive_layout, with the reason.
+// allocated: UNSUPPORTED when `backend` does not implement config->micro_batches,
+// params->receive_layout or a wire format (params->dispatch_wire, combine_wire),
+// with the reason.
 void check_backend_capabilities(int32_t backend, const Layout& layout, int32_t micro_batches);
 
 // The entry of MOE_EP_BACKEND_NVLINK_TWO_SIDED, _NCCL or _HOST (not AUTO).

@@ -87,6 +87,48 @@ void require_footprint_fits(const Layout& l) {
   }
 }
 
+bool wire_makes_scales(const moe_ep_params_t& p) {
+  return p.dispatch_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128 && p.dispatch_dequantize == 0;
+}
+
+// The low-precision wire's rules (docs/semantics.md, "A low-precision wire").
+void read_wire(const moe_ep_params_t& p) {
+  const auto require_wire = [](const char* name, int32_t value) {
+    if (value != MOE_EP_WIRE_AS_IS && value != MOE_EP_WIRE_FP8_E4M3_BLOCK128) {
+      fail_argument(std::string("params->") + name, "MOE_EP_WIRE_AS_IS (0) or MOE_EP_WIRE_FP8_E4M3_BLOCK128 (1)",
+                    value);
+    }
+  };
+  require_wire("dispatch_wire", p.dispatch_wire);
+  require_wire("combine_wire", p.combine_wire);
+  const bool fp8_dispatch = p.dispatch_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  const bool any_fp8 = fp8_dispatch || p.combine_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  if (p.wire_scale != MOE_EP_WIRE_SCALE_FP32 && p.wire_scale != MOE_EP_WIRE_SCALE_UE8M0) {
+    fail_argument("params->wire_scale", "MOE_EP_WIRE_SCALE_FP32 (0) or MOE_EP_WIRE_SCALE_UE8M0 (1)", p.wire_scale);
+  }
+  if (!any_fp8 && p.wire_scale != MOE_EP_WIRE_SCALE_FP32) {
+    fail_argument("params->wire_scale", "0 (used with an FP8 dispatch_wire or combine_wire only)", p.wire_scale);
+  }
+  if (p.dispatch_dequantize != 0 && p.dispatch_dequantize != 1) {
+    fail_argument("params->dispatch_dequantize", "0 or 1", p.dispatch_dequantize);
+  }
+  if (!fp8_dispatch && p.dispatch_dequantize != 0) {
+    fail_argument("params->dispatch_dequantize", "0 (used with dispatch_wire MOE_EP_WIRE_FP8_E4M3_BLOCK128 only)",
+                  p.dispatch_dequantize);
+  }
+  if (!fp8_dispatch) return;
+  if (!is_combine_dtype(p.hidden_dtype)) {
+    fail_argument("params->hidden_dtype",
+                  "bf16, fp16 or fp32 (dispatch_wire MOE_EP_WIRE_FP8_E4M3_BLOCK128 quantizes it)",
+                  dtype_name(p.hidden_dtype));
+  }
+  if (p.scale_row_elems != 0) {
+    fail_argument("params->scale_row_elems",
+                  "0 with dispatch_wire MOE_EP_WIRE_FP8_E4M3_BLOCK128 (the library makes the scales)",
+                  p.scale_row_elems);
+  }
+}
+
 // The receive layout's own rules (those that need world_size are in make_layout).
 void read_receive_layout(moe_ep_params_t& p) {
   const int32_t layout = p.receive_layout;
@@ -126,7 +168,7 @@ void read_receive_layout(moe_ep_params_t& p) {
     fail_argument("params->scale_layout", "MOE_EP_SCALES_ROW_MAJOR (0) or MOE_EP_SCALES_COLUMN_MAJOR (1)",
                   p.scale_layout);
   }
-  if (p.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) {
+  if (p.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR && !wire_makes_scales(p)) {
     if (p.scale_row_elems == 0) {
       fail_argument("params->scale_layout", "MOE_EP_SCALES_ROW_MAJOR (0) without scales (scale_row_elems is 0)",
                     "MOE_EP_SCALES_COLUMN_MAJOR (1)");
@@ -218,6 +260,7 @@ moe_ep_params_t read_params(const moe_ep_params_t* user) {
   require_row_under_2gib("hidden_row_elems", p.hidden_dtype, row_elems);
   require_row_under_2gib("scale_row_elems", p.scale_dtype, p.scale_row_elems);
   require_row_under_2gib("hidden_size", p.combine_dtype, p.hidden_size);
+  read_wire(p);
   read_receive_layout(p);
   return p;
 }
@@ -263,6 +306,10 @@ Layout make_layout(const moe_ep_params_t& p, int32_t world_size, int32_t rank) {
   l.scale_row_elems = p.scale_row_elems;
   l.scale_dtype = p.scale_dtype;
   l.scale_row_bytes = p.scale_row_elems ? dtype_row_bytes(p.scale_dtype, p.scale_row_elems) : 0;
+  l.dispatch_wire = p.dispatch_wire;
+  l.combine_wire = p.combine_wire;
+  l.wire_scale = p.wire_scale;
+  l.dispatch_dequantize = p.dispatch_dequantize != 0;
   l.invalid_expert_id = p.invalid_expert_id;
   l.eplb_stats = p.enable_eplb_stats != 0;
   l.combine_dtype = p.combine_dtype;

@@ -65,6 +65,21 @@ struct Layout {
   int32_t expert_rows = 0;       // EXPERT_PACKED: rows of the result, padding included
   bool expert_output_weighted = false;
   int32_t scale_layout = MOE_EP_SCALES_ROW_MAJOR;
+  // The low-precision wire (docs/semantics.md, "A low-precision wire").  With
+  // an FP8 dispatch wire, hidden_* and scale_* above still describe the
+  // caller's input rows (scale_row_elems is 0); the received rows are e4m3
+  // with wire_scale_row_elems() fp32 scales each unless dispatch_dequantize.
+  int32_t dispatch_wire = MOE_EP_WIRE_AS_IS;
+  int32_t combine_wire = MOE_EP_WIRE_AS_IS;
+  int32_t wire_scale = MOE_EP_WIRE_SCALE_FP32;
+  bool dispatch_dequantize = false;
+
+  bool fp8_dispatch() const { return dispatch_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128; }
+  bool fp8_combine() const { return combine_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128; }
+  // Scales per row an FP8 wire makes: ceil(hidden_row_elems / 128).
+  int32_t wire_scale_row_elems() const { return (hidden_row_elems + 127) / 128; }
+  // Scales per combine row an FP8 combine wire makes: ceil(hidden_size / 128).
+  int32_t combine_wire_scale_row_elems() const { return (hidden_size + 127) / 128; }
 
   int32_t experts_per_rank() const { return num_experts / world_size; }
   // Rank owning a valid expert id (caller checks the id is in range).

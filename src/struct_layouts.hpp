@@ -55,9 +55,13 @@ struct StructLayout<moe_ep_params_t> {
       MOE_EP_FIELD_END(T, combine_dtype),       MOE_EP_FIELD_END(T, receive_layout),
       MOE_EP_FIELD_END(T, expert_capacity),     MOE_EP_FIELD_END(T, expert_alignment),
       MOE_EP_FIELD_END(T, expert_rows),         MOE_EP_FIELD_END(T, expert_output_weighted),
-      MOE_EP_FIELD_END(T, scale_layout)};
-  // 0.1 ended at combine_dtype; the receive layout fields were appended after 0.1.
-  static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, combine_dtype), sizeof(T)};
+      MOE_EP_FIELD_END(T, scale_layout),        MOE_EP_FIELD_END(T, dispatch_wire),
+      MOE_EP_FIELD_END(T, combine_wire),        MOE_EP_FIELD_END(T, wire_scale),
+      MOE_EP_FIELD_END(T, dispatch_dequantize)};
+  // 0.1 ended at combine_dtype; the receive layout fields, then the wire
+  // fields were appended after 0.1.
+  static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, combine_dtype), MOE_EP_FIELD_END(T, scale_layout),
+                                              sizeof(T)};
 };
 
 template <>

@@ -144,9 +144,11 @@ TEST_CASE("the released layouts are the ones the rule and the docs name", "[vers
   CHECK(first_released_size<moe_ep_dispatch_args_t>() == 56);
   CHECK(first_released_size<moe_ep_dispatch_result_t>() == 344);
   CHECK(sizeof(moe_ep_dispatch_result_t) == 632);
-  CHECK(sizeof(moe_ep_params_t) == 72);
+  CHECK(sizeof(moe_ep_params_t) == 88);
   CHECK(offsetof(moe_ep_params_t, receive_layout) == 48);
   CHECK(offsetof(moe_ep_params_t, scale_layout) == 68);
+  CHECK(offsetof(moe_ep_params_t, dispatch_wire) == 72);
+  CHECK(offsetof(moe_ep_params_t, dispatch_dequantize) == 84);
   CHECK(offsetof(moe_ep_dispatch_result_t, expert_counts) == 392);
   CHECK(offsetof(moe_ep_dispatch_result_t, dropped_pairs) == 584);
   CHECK(first_released_size<moe_ep_combine_result_t>() == 56);
@@ -182,6 +184,10 @@ TEST_CASE("init functions fill the documented defaults", "[versioning]") {
   CHECK(p.expert_rows == 0);
   CHECK(p.expert_output_weighted == 0);
   CHECK(p.scale_layout == MOE_EP_SCALES_ROW_MAJOR);
+  CHECK(p.dispatch_wire == MOE_EP_WIRE_AS_IS);
+  CHECK(p.combine_wire == MOE_EP_WIRE_AS_IS);
+  CHECK(p.wire_scale == MOE_EP_WIRE_SCALE_FP32);
+  CHECK(p.dispatch_dequantize == 0);
 
   moe_ep_config_t c;
   REQUIRE(moe_ep_config_init(&c, sizeof c) == MOE_EP_SUCCESS);
@@ -248,6 +254,31 @@ TEST_CASE("0.1 params (ending at combine_dtype) get the rank-major layout; the r
   CHECK(partial.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED);
   CHECK(partial.expert_capacity == 0);
   CHECK(partial.expert_alignment == 1);  // 0 = 1 for EXPERT_PACKED
+}
+
+TEST_CASE("params ending at scale_layout get the AS_IS wire; the wire fields are read past it", "[versioning][wire]") {
+  moe_ep_params_t p = valid_params();
+  p.dispatch_wire = 9;  // beyond that size: must be ignored
+  p.wire_scale = -1;
+  p.struct_size = static_cast<uint32_t>(offsetof(moe_ep_params_t, dispatch_wire));
+  const moe_ep_params_t merged = moe_ep::read_params(&p);
+  CHECK(merged.struct_size == sizeof(moe_ep_params_t));
+  CHECK(merged.dispatch_wire == MOE_EP_WIRE_AS_IS);
+  CHECK(merged.combine_wire == MOE_EP_WIRE_AS_IS);
+  CHECK(merged.wire_scale == MOE_EP_WIRE_SCALE_FP32);
+  CHECK(merged.dispatch_dequantize == 0);
+
+  // A size ending after combine_wire reads both wires, and the rest default.
+  p = valid_params();
+  p.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  p.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  p.wire_scale = 5;  // past the size: ignored
+  p.struct_size = static_cast<uint32_t>(offsetof(moe_ep_params_t, wire_scale));
+  const moe_ep_params_t partial = moe_ep::read_params(&p);
+  CHECK(partial.dispatch_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128);
+  CHECK(partial.combine_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128);
+  CHECK(partial.wire_scale == MOE_EP_WIRE_SCALE_FP32);
+  CHECK(partial.dispatch_dequantize == 0);
 }
 
 TEST_CASE("a newer, larger struct is accepted only if its unknown tail is zero", "[versioning]") {

@@ -118,6 +118,10 @@ mutable struct Params
     expert_rows::Int32
     expert_output_weighted::Int32
     scale_layout::Int32
+    dispatch_wire::Int32
+    combine_wire::Int32
+    wire_scale::Int32
+    dispatch_dequantize::Int32
 end
 
 mutable struct Config
@@ -178,7 +182,7 @@ SCALES_COLUMN_MAJOR) are described in docs/semantics.md, "Receive layouts"."""
 function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dtype=nothing, combine_dtype=nothing,
                 scale_row_elems=nothing, scale_dtype=nothing, receive_layout=nothing, expert_capacity=nothing,
                 expert_alignment=nothing, expert_rows=nothing, expert_output_weighted=nothing, scale_layout=nothing)
-    p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, 0, 0, 0, 0)
+    p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     check(ccall((:moe_ep_params_init, libmoe_ep), Int32, (Ref{Params}, Csize_t), p, sizeof(Params)))
     p.num_experts, p.top_k, p.max_tokens_per_rank, p.hidden_size = num_experts, top_k, max_tokens_per_rank, hidden_size
     hidden_dtype === nothing || (p.hidden_dtype = hidden_dtype)

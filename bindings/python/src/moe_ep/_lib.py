@@ -135,6 +135,10 @@ class Params(Structure):
         ("expert_rows", c_int32),
         ("expert_output_weighted", c_int32),
         ("scale_layout", c_int32),
+        ("dispatch_wire", c_int32),
+        ("combine_wire", c_int32),
+        ("wire_scale", c_int32),
+        ("dispatch_dequantize", c_int32),
     ]
 
 

@@ -158,6 +158,10 @@ pub struct moe_ep_params_t {
     pub expert_rows: i32,
     pub expert_output_weighted: i32,
     pub scale_layout: i32,
+    pub dispatch_wire: i32,
+    pub combine_wire: i32,
+    pub wire_scale: i32,
+    pub dispatch_dequantize: i32,
 }
 
 #[repr(C)]
