@@ -84,7 +84,7 @@ const BackendEntry kHost{
     },
     kMaxMicroBatches,
     /*expert_layouts=*/true,
-    /*fp8_wire=*/false,
+    /*fp8_wire=*/true,
 };
 
 // What one rank can run, for AUTO: the NVLink backend, NCCL, and where it is.

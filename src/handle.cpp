@@ -336,7 +336,7 @@ void write_expert_layout_views(const Layout& l, const moe_ep_device_t& dev, Pair
 // The slot's results as views, written to the caller's struct.
 void write_dispatch_result(moe_ep_handle_s& h, PairSlot& s, const DispatchBuffers& out,
                            moe_ep_dispatch_result_t* result_arg) {
-  const Layout& l = h.layout;
+  const Layout l = received_layout(h.layout);  // an FP8 wire's rows and scales, or the caller's dtype
   const moe_ep_device_t dev = h.backend->device();
   const int64_t P = l.receive_rows(s.dispatch.tokens_per_rank);
   moe_ep_dispatch_result_t result{};

@@ -6,10 +6,12 @@
 
 #include "checked_math.hpp"
 #include "common/region_planner.hpp"
+#include "dtype.hpp"
 #include "error.hpp"
 #include "expert_layout.hpp"
 #include "input_errors.hpp"
 #include "reference_model.hpp"
+#include "wire_format.hpp"
 
 namespace moe_ep {
 
@@ -59,6 +61,21 @@ struct RecordLayout {
 
 std::string peer(int32_t rank) { return "rank " + std::to_string(rank); }
 
+// An FP8 combine wire's bytes for `rows` rows of hidden_size elements: the
+// e4m3 codes of every row, then (from a 16-byte boundary) their fp32 scales.
+struct CombineWire {
+  uint64_t rows, codes_bytes, scales_offset, size;
+  int32_t blocks;
+
+  CombineWire(const Layout& l, uint64_t rows_) : rows(rows_), blocks(wire_blocks(l.hidden_size)) {
+    codes_bytes = checked_mul(rows, static_cast<uint64_t>(l.hidden_size), "combine wire codes");
+    scales_offset =
+        checked_add(codes_bytes, kRecordAlignment - 1, "combine wire") / kRecordAlignment * kRecordAlignment;
+    size = checked_add(scales_offset, checked_mul(rows, uint64_t{sizeof(float)} * blocks, "combine wire scales"),
+                       "combine wire");
+  }
+};
+
 // One buffer slot (config->micro_batches): the results of one dispatch/combine
 // pair, and what its halves hand each other.
 struct HostSlot {
@@ -71,6 +88,7 @@ struct HostSlot {
   std::vector<int32_t> eplb_gathered;
   std::vector<uint8_t> combine_output;
   std::vector<uint8_t> combine_input;  // the zero-copy combine input region (config->zero_copy_combine)
+  std::vector<uint8_t> dequantized;    // dispatch_dequantize: the result rows back in hidden_dtype
   std::vector<int32_t> my_ids;         // this rank's routing of the slot's dispatch, for its combine
   // Expert layouts: the results, and each rank-major receive row's source
   // token (the rank-major buffers above are then the expansion's input).
@@ -92,14 +110,22 @@ struct HostSlot {
 class HostBackend final : public Backend {
  public:
   HostBackend(const Layout& layout, int32_t slots, std::shared_ptr<BoundedExchange> exchange)
-      : layout_(layout), exchange_(std::move(exchange)), slots_(static_cast<size_t>(slots)) {
+      : layout_(layout),
+        wire_(wire_layout(layout)),
+        exchange_(std::move(exchange)),
+        slots_(static_cast<size_t>(slots)) {
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(layout_.max_tokens_per_rank));
     const uint64_t picks = checked_mul(rows, static_cast<uint64_t>(layout_.top_k), "receive picks");
     for (HostSlot& slot : slots_) {
-      slot.recv_hidden.resize(bytes(checked_mul(rows, layout_.hidden_row_bytes, "receive hidden rows")));
+      slot.recv_hidden.resize(bytes(checked_mul(rows, wire_.hidden_row_bytes, "receive hidden rows")));
       slot.recv_ids.resize(bytes(picks));
       slot.recv_weights.resize(bytes(picks));
-      slot.recv_scales.resize(bytes(checked_mul(rows, layout_.scale_row_bytes, "receive scale rows")));
+      slot.recv_scales.resize(bytes(checked_mul(rows, wire_.scale_row_bytes, "receive scale rows")));
+      if (layout_.fp8_dispatch() && layout_.dispatch_dequantize) {
+        const uint64_t result_rows =
+            layout_.expert_layout() ? static_cast<uint64_t>(layout_.expert_layout_rows()) : rows;
+        slot.dequantized.resize(bytes(checked_mul(result_rows, layout_.hidden_row_bytes, "dequantized rows")));
+      }
       slot.recv_counts.resize(layout_.world_size);
       slot.local_expert_counts.resize(layout_.experts_per_rank());
       if (layout_.eplb_stats) {
@@ -110,7 +136,7 @@ class HostBackend final : public Backend {
                                                    layout_.combine_row_bytes, "combine output")));
       slot.combine_input.resize(bytes(combine_input_region_bytes(layout_)));  // empty unless zero_copy_combine
       if (layout_.expert_layout()) {
-        allocate_expert_rows(layout_, slot.expert);
+        allocate_expert_rows(wire_, slot.expert);
         slot.source_tokens.resize(bytes(rows));
       }
     }
@@ -137,7 +163,7 @@ class HostBackend final : public Backend {
   void dispatch_send(int32_t slot_index, const DispatchCall& call, void* /*stream*/) override {
     paths.note(MOE_EP_PHASE_DISPATCH, MOE_EP_PATH_HOST, layout_.rank);
     HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
-    const RecordLayout rec(layout_, call.tokens_per_rank);
+    const RecordLayout rec(wire_, call.tokens_per_rank);
     std::vector<DispatchHeader> headers = exchange_headers(slot_index, call, rec);
     record_bad_ids(call);
     std::vector<uint8_t> record = pack_record(call, rec);
@@ -155,7 +181,7 @@ class HostBackend final : public Backend {
   DispatchBuffers dispatch_recv(int32_t slot_index, void* /*stream*/) override {
     HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
     const int32_t world = layout_.world_size;
-    const RecordLayout rec(layout_, slot.tokens_per_rank);
+    const RecordLayout rec(wire_, slot.tokens_per_rank);
     std::vector<uint8_t> all(bytes(checked_mul(rec.size, static_cast<uint64_t>(world), "dispatch records")));
     const std::vector<DispatchHeader> headers = std::move(slot.headers);
     const std::vector<uint8_t> mine = std::move(slot.record);
@@ -172,7 +198,7 @@ class HostBackend final : public Backend {
       sources[s].topk_weights =
           headers[s].has_weights ? reinterpret_cast<const float*>(r + rec.weights_offset) : nullptr;
       sources[s].hidden = r + rec.hidden_offset;
-      sources[s].scales = layout_.scale_row_bytes ? r + rec.scales_offset : nullptr;
+      sources[s].scales = wire_.scale_row_bytes ? r + rec.scales_offset : nullptr;
       if (layout_.eplb_stats) {
         std::memcpy(slot.eplb_gathered.data() + static_cast<size_t>(s) * layout_.num_experts, r + rec.eplb_offset,
                     layout_.num_experts * sizeof(int32_t));
@@ -184,10 +210,10 @@ class HostBackend final : public Backend {
     out.topk_ids = slot.recv_ids.data();
     // An expert layout reads every pick's weight (0 when none were passed; the expansion then uses 1).
     out.topk_weights = slot.has_weights || layout_.expert_layout() ? slot.recv_weights.data() : nullptr;
-    out.scales = layout_.scale_row_bytes ? slot.recv_scales.data() : nullptr;
+    out.scales = wire_.scale_row_bytes ? slot.recv_scales.data() : nullptr;
     out.recv_counts = slot.recv_counts.data();
     out.local_expert_counts = slot.local_expert_counts.data();
-    reference_receive(layout_, slot.tokens_per_rank, sources, out);
+    reference_receive(wire_, slot.tokens_per_rank, sources, out);
 
     DispatchBuffers result;
     result.hidden = out.hidden;
@@ -199,6 +225,7 @@ class HostBackend final : public Backend {
     result.eplb_gathered = layout_.eplb_stats ? slot.eplb_gathered.data() : nullptr;
     result.combine_input = layout_.zero_copy_combine ? slot.combine_input.data() : nullptr;
     if (layout_.expert_layout()) expand(slot, sources, result);
+    if (layout_.fp8_dispatch() && layout_.dispatch_dequantize) dequantize_result(slot, result);
     return result;
   }
 
@@ -225,6 +252,7 @@ class HostBackend final : public Backend {
       slot.staged_rows.assign(src, src + per_rank);
       slot.combine_rows = slot.staged_rows.data();
     }
+    if (layout_.fp8_combine()) quantize_combine_rows(slot, rows);
     slot.tokens_per_rank = call.tokens_per_rank;
     slot.num_tokens = call.num_tokens;
   }
@@ -233,7 +261,9 @@ class HostBackend final : public Backend {
   void* combine_recv(int32_t slot_index, void* output, void* /*stream*/) override {
     HostSlot& slot = slots_[static_cast<size_t>(slot_index)];
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(slot.tokens_per_rank));
-    const uint64_t per_rank = checked_mul(rows, layout_.combine_row_bytes, "combine rows");
+    const CombineWire wire(layout_, rows);
+    const uint64_t per_rank =
+        layout_.fp8_combine() ? wire.size : checked_mul(rows, layout_.combine_row_bytes, "combine rows");
     std::vector<uint8_t> all(
         bytes(checked_mul(per_rank, static_cast<uint64_t>(layout_.world_size), "combine rows of every rank")));
     const std::vector<uint8_t> staged = std::move(slot.staged_rows);
@@ -244,7 +274,35 @@ class HostBackend final : public Backend {
     std::vector<const uint8_t*> outputs(layout_.world_size);
     for (int32_t r = 0; r < layout_.world_size; ++r) outputs[r] = all.data() + per_rank * r;
     uint8_t* out = output ? static_cast<uint8_t*>(output) : slot.combine_output.data();
-    reference_combine(layout_, slot.tokens_per_rank, slot.num_tokens, slot.my_ids.data(), outputs, out);
+    if (!layout_.fp8_combine()) {
+      reference_combine(layout_, slot.tokens_per_rank, slot.num_tokens, slot.my_ids.data(), outputs, out);
+      return out;
+    }
+    // FP8 combine wire: every rank's rows dequantized to fp32, then the same
+    // ordered fp32 sum, rounded once to combine_dtype.
+    Layout fp32 = layout_;
+    fp32.combine_dtype = dtype_fp32();
+    fp32.combine_row_bytes = static_cast<uint64_t>(layout_.hidden_size) * sizeof(float);
+    const int64_t H = layout_.hidden_size;
+    std::vector<std::vector<float>> dequantized(layout_.world_size);
+    std::vector<const uint8_t*> fp32_outputs(layout_.world_size);
+    for (int32_t r = 0; r < layout_.world_size; ++r) {
+      std::vector<float>& d = dequantized[static_cast<size_t>(r)];
+      d.resize(bytes(checked_mul(rows, static_cast<uint64_t>(H), "dequantized combine rows")));
+      const uint8_t* codes = outputs[r];
+      const auto* scales = reinterpret_cast<const float*>(outputs[r] + wire.scales_offset);
+      for (uint64_t i = 0; i < rows; ++i) {
+        dequantize_row_fp32(codes + i * H, scales + i * wire.blocks, H, d.data() + i * H);
+      }
+      fp32_outputs[r] = reinterpret_cast<const uint8_t*>(d.data());
+    }
+    std::vector<float> sum(
+        bytes(checked_mul(static_cast<uint64_t>(slot.num_tokens), static_cast<uint64_t>(H), "combine sum")));
+    reference_combine(fp32, slot.tokens_per_rank, slot.num_tokens, slot.my_ids.data(), fp32_outputs,
+                      reinterpret_cast<uint8_t*>(sum.data()));
+    for (int64_t i = 0; i < static_cast<int64_t>(sum.size()); ++i) {
+      store_from_float(layout_.combine_dtype, out, i, sum[static_cast<size_t>(i)]);
+    }
     return out;
   }
 
@@ -324,14 +382,59 @@ class HostBackend final : public Backend {
     const uint64_t picks = T * static_cast<uint64_t>(layout_.top_k);  // <= tokens_per_rank * top_k: fits
     copy_in(record, rec.ids_offset, call.topk_ids, picks * sizeof(int32_t));
     copy_in(record, rec.weights_offset, call.topk_weights, picks * sizeof(float));
-    copy_in(record, rec.hidden_offset, call.hidden, T * layout_.hidden_row_bytes);
-    copy_in(record, rec.scales_offset, call.scales, T * layout_.scale_row_bytes);
+    if (layout_.fp8_dispatch()) {
+      quantize_into(record, call, rec);
+    } else {
+      copy_in(record, rec.hidden_offset, call.hidden, T * layout_.hidden_row_bytes);
+      copy_in(record, rec.scales_offset, call.scales, T * layout_.scale_row_bytes);
+    }
     if (layout_.eplb_stats) {
       const std::vector<int32_t> counted = count_picks_per_expert(layout_, call.num_tokens, call.topk_ids);
       const int32_t* stats = call.eplb_local ? call.eplb_local : counted.data();
       copy_in(record, rec.eplb_offset, stats, layout_.num_experts * sizeof(int32_t));
     }
     return record;
+  }
+
+  // FP8 dispatch wire: this rank's rows, quantized into the record's payload and scale regions.
+  void quantize_into(std::vector<uint8_t>& record, const DispatchCall& call, const RecordLayout& rec) const {
+    const int64_t R = layout_.hidden_row_elems;
+    const auto* src = static_cast<const uint8_t*>(call.hidden);
+    auto* scales = reinterpret_cast<float*>(record.data() + rec.scales_offset);
+    for (int64_t t = 0; t < call.num_tokens; ++t) {
+      quantize_row(layout_.hidden_dtype, src + t * layout_.hidden_row_bytes, R, layout_.wire_scale,
+                   record.data() + rec.hidden_offset + t * R, scales + t * wire_.scale_row_elems);
+    }
+  }
+
+  // dispatch_dequantize: the result rows (rank-major or expert rows) back in hidden_dtype.
+  void dequantize_result(HostSlot& slot, DispatchBuffers& result) const {
+    const int64_t rows =
+        layout_.expert_layout() ? layout_.expert_layout_rows() : layout_.receive_rows(slot.tokens_per_rank);
+    const int64_t R = layout_.hidden_row_elems;
+    const auto* scales = static_cast<const float*>(result.scales);
+    for (int64_t i = 0; i < rows; ++i) {
+      dequantize_row(static_cast<const uint8_t*>(result.hidden) + i * R, scales + i * wire_.scale_row_elems, R,
+                     layout_.hidden_dtype, slot.dequantized.data() + i * layout_.hidden_row_bytes);
+    }
+    result.hidden = slot.dequantized.data();
+    result.scales = nullptr;
+  }
+
+  // FP8 combine wire: the slot's staged (or zero-copy) rows, quantized into the
+  // staged buffer that combine_recv exchanges.
+  void quantize_combine_rows(HostSlot& slot, uint64_t rows) const {
+    const CombineWire wire(layout_, rows);
+    std::vector<uint8_t> quantized(bytes(wire.size), 0);
+    const auto* src = static_cast<const uint8_t*>(slot.combine_rows);
+    auto* scales = reinterpret_cast<float*>(quantized.data() + wire.scales_offset);
+    const int64_t H = layout_.hidden_size;
+    for (uint64_t i = 0; i < rows; ++i) {
+      quantize_row(layout_.combine_dtype, src + i * layout_.combine_row_bytes, H, layout_.wire_scale,
+                   quantized.data() + i * H, scales + i * wire.blocks);
+    }
+    slot.staged_rows = std::move(quantized);
+    slot.combine_rows = slot.staged_rows.data();
   }
 
   static void copy_in(std::vector<uint8_t>& record, uint64_t offset, const void* src, uint64_t n) {
@@ -343,7 +446,7 @@ class HostBackend final : public Backend {
     RankMajorReceive in;
     in.tokens_per_rank = slot.tokens_per_rank;
     in.hidden = slot.recv_hidden.data();
-    in.scales = layout_.scale_row_bytes ? slot.recv_scales.data() : nullptr;
+    in.scales = wire_.scale_row_bytes ? slot.recv_scales.data() : nullptr;
     in.topk_ids = slot.recv_ids.data();
     in.topk_weights = slot.has_weights ? slot.recv_weights.data() : nullptr;
     in.recv_counts = slot.recv_counts.data();
@@ -363,9 +466,9 @@ class HostBackend final : public Backend {
       }
     }
     ExpertRows& x = slot.expert;
-    expand_to_expert_rows(layout_, rank_major_receive(slot), x);
+    expand_to_expert_rows(wire_, rank_major_receive(slot), x);
     result.hidden = x.hidden.data();
-    result.scales = layout_.scale_row_bytes ? x.scales.data() : nullptr;
+    result.scales = wire_.scale_row_bytes ? x.scales.data() : nullptr;
     result.topk_ids = nullptr;
     result.topk_weights = nullptr;
     result.expert_counts = x.counts.data();
@@ -386,6 +489,7 @@ class HostBackend final : public Backend {
   }
 
   Layout layout_;
+  Layout wire_;  // the rows as they cross: wire_layout(layout_)
   std::shared_ptr<BoundedExchange> exchange_;
   uint64_t dispatch_sequence_ = 0;
   std::vector<HostSlot> slots_;
@@ -425,7 +529,13 @@ uint64_t host_slot_bytes(const Layout& l) {
 }  // namespace
 
 uint64_t host_workspace_bytes(const Layout& l, int32_t slots) {
-  return checked_mul(host_slot_bytes(l), static_cast<uint64_t>(slots), "HOST workspace size");
+  uint64_t slot = host_slot_bytes(wire_layout(l));  // the received rows as the wire carries them
+  if (l.fp8_dispatch() && l.dispatch_dequantize) {  // and dequantized
+    const uint64_t rows = l.expert_layout() ? static_cast<uint64_t>(l.expert_layout_rows())
+                                            : static_cast<uint64_t>(l.receive_rows(l.max_tokens_per_rank));
+    slot = checked_add(slot, checked_mul(rows, l.hidden_row_bytes, "HOST workspace size"), "HOST workspace size");
+  }
+  return checked_mul(slot, static_cast<uint64_t>(slots), "HOST workspace size");
 }
 
 std::unique_ptr<Backend> make_host_backend(const Layout& layout, int32_t slots,

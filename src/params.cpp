@@ -351,6 +351,20 @@ Layout make_layout(const moe_ep_params_t& p, int32_t world_size, int32_t rank) {
   return l;
 }
 
+Layout wire_layout(const Layout& l) {
+  if (!l.fp8_dispatch()) return l;
+  Layout w = l;
+  w.hidden_dtype = make_dtype(MOE_EP_DTYPE_FLOAT8_E4M3FN, 8);
+  w.hidden_row_bytes = static_cast<uint64_t>(l.hidden_row_elems);
+  w.scale_row_elems = l.wire_scale_row_elems();
+  w.scale_dtype = dtype_fp32();
+  w.scale_row_bytes = static_cast<uint64_t>(w.scale_row_elems) * sizeof(float);
+  if (l.dispatch_dequantize) w.scale_layout = MOE_EP_SCALES_ROW_MAJOR;
+  return w;
+}
+
+Layout received_layout(const Layout& l) { return l.dispatch_dequantize ? l : wire_layout(l); }
+
 uint64_t combine_input_region_bytes(const Layout& l) {
   if (!l.zero_copy_combine) return 0;
   const uint64_t rows = static_cast<uint64_t>(l.combine_rows(l.max_tokens_per_rank));

@@ -118,6 +118,14 @@ inline int64_t scale_column_rows(int64_t rows) {
 int64_t worst_case_expert_rows(int32_t world_size, int32_t max_tokens_per_rank, int32_t top_k, int32_t experts_per_rank,
                                int32_t alignment);
 
+// The layout of the rows as an FP8 dispatch wire carries them: e4m3fn rows of
+// hidden_row_elems bytes with wire_scale_row_elems() fp32 scales each, as if
+// the caller had passed them (`l` itself when dispatch_wire is AS_IS).
+Layout wire_layout(const Layout& l);
+// The layout of dispatch's result rows: wire_layout(l), or `l` with
+// dispatch_dequantize (rows back in hidden_dtype, no scales).
+Layout received_layout(const Layout& l);
+
 // Validates the group-dependent rules (world_size > 0, num_experts % world_size == 0).
 Layout make_layout(const moe_ep_params_t& params, int32_t world_size, int32_t rank);
 

@@ -9,6 +9,7 @@
 
 #include "dtypes.hpp"
 #include "expert_oracle.hpp"
+#include "wire_oracle.hpp"
 
 namespace moe_ep_verify {
 
@@ -31,9 +32,9 @@ float rounded_product(float a, float b) {
 
 // Bytes of the expert layout's scale tensor.
 uint64_t scale_bytes(const WorkloadSpec& s) {
-  if (!s.scale_row_elems) return 0;
+  if (!s.recv_scale_row_elems()) return 0;
   if (s.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) return uint64_t(column_scale_elems(s)) * sizeof(float);
-  return uint64_t(s.expert_layout_rows()) * s.scale_row_bytes();
+  return uint64_t(s.expert_layout_rows()) * s.recv_scale_row_bytes();
 }
 
 void compare_int_vectors(Verdict& v, const char* name, const std::vector<int32_t>& expected,
@@ -77,11 +78,11 @@ void compare_float_bits(Verdict& v, const char* name, const std::vector<float>& 
 void scale_of_row(const WorkloadSpec& s, const std::vector<uint8_t>& scales, int64_t row, std::vector<uint8_t>& out) {
   out.clear();
   if (s.scale_layout == MOE_EP_SCALES_ROW_MAJOR) {
-    const uint64_t sb = s.scale_row_bytes();
+    const uint64_t sb = s.recv_scale_row_bytes();
     out.insert(out.end(), scales.begin() + row * sb, scales.begin() + (row + 1) * sb);
     return;
   }
-  for (int j = 0; j < s.scale_row_elems; ++j) {
+  for (int j = 0; j < s.recv_scale_row_elems(); ++j) {
     const int64_t at = column_scale_index(s, row, j);
     out.insert(out.end(), scales.begin() + at * 4, scales.begin() + at * 4 + 4);
   }
@@ -91,15 +92,15 @@ void scale_of_row(const WorkloadSpec& s, const std::vector<uint8_t>& scales, int
 
 int64_t column_scale_elems(const WorkloadSpec& s) {
   if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) {
-    return int64_t(s.experts_per_rank()) * s.scale_row_elems * align_up(s.capacity(), 4);
+    return int64_t(s.experts_per_rank()) * s.recv_scale_row_elems() * align_up(s.capacity(), 4);
   }
-  return int64_t(s.scale_row_elems) * align_up(s.packed_rows(), 4);
+  return int64_t(s.recv_scale_row_elems()) * align_up(s.packed_rows(), 4);
 }
 
 int64_t column_scale_index(const WorkloadSpec& s, int64_t row, int j) {
   if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) {
     const int64_t e = row / s.capacity(), within = row % s.capacity();
-    return (e * s.scale_row_elems + j) * align_up(s.capacity(), 4) + within;
+    return (e * s.recv_scale_row_elems() + j) * align_up(s.capacity(), 4) + within;
   }
   return int64_t(j) * align_up(s.packed_rows(), 4) + row;
 }
@@ -168,14 +169,14 @@ void check_expert_fields(Verdict& v, const WorkloadSpec& s, const ExpertPlacemen
 
 void compare_expert_payload(Verdict& v, const WorkloadSpec& s, const std::vector<int32_t>& sources,
                             const ExpertRowBytes& expected_row, const ReceivedDispatch& got) {
-  const uint64_t hb = s.hidden_row_bytes();
+  const uint64_t hb = s.recv_hidden_row_bytes();
   const int64_t rows = s.expert_layout_rows();
   if (got.hidden.size() != uint64_t(rows) * hb) {
     v.add(std::max<int64_t>(rows, 1),
           "hidden_states: expected " + str(uint64_t(rows) * hb) + " bytes, got " + str(got.hidden.size()));
     return;
   }
-  if (s.scale_row_elems && got.scales.size() != scale_bytes(s)) {
+  if (s.recv_scale_row_elems() && got.scales.size() != scale_bytes(s)) {
     v.add(std::max<int64_t>(rows, 1),
           "hidden_states_scale: expected " + str(scale_bytes(s)) + " bytes, got " + str(got.scales.size()));
     return;
@@ -186,7 +187,7 @@ void compare_expert_payload(Verdict& v, const WorkloadSpec& s, const std::vector
     if (sources[size_t(row) * 3] < 0) continue;  // padding: unspecified payload
     expected_row(row, sources[size_t(row) * 3], sources[size_t(row) * 3 + 1], hidden, scales);
     int64_t bad = std::memcmp(hidden.data(), &got.hidden[size_t(row) * hb], hb) != 0;
-    if (s.scale_row_elems) {
+    if (s.recv_scale_row_elems()) {
       scale_of_row(s, got.scales, row, got_scales);
       bad += scales != got_scales;
     }
@@ -207,10 +208,9 @@ Verdict check_expert_dispatch(const WorkloadSpec& s, const std::vector<RankRouti
   compare_expert_payload(
       v, s, p.sources,
       [&](int64_t, int src, int token, std::vector<uint8_t>& hidden, std::vector<uint8_t>& scales) {
-        fill_hidden_row(s, src, token, hidden.data());
-        if (!s.scale_row_elems) return;
-        std::vector<uint8_t> row(s.scale_row_bytes());
-        fill_scale_row(s, src, token, row.data());
+        std::vector<uint8_t> row(s.recv_scale_row_bytes());
+        fill_received_row(s, src, token, hidden.data(), row.data());
+        if (!s.recv_scale_row_elems()) return;
         scales = row;  // row-major: the row; column-major fp32: the same S elements in order
       },
       got);
@@ -225,16 +225,16 @@ Verdict compare_expert_dispatch(const WorkloadSpec& s, const ReceivedDispatch& r
   compare_float_bits(v, "row_weights", ref.row_weights, got.row_weights);
   compare_int_vectors(v, "dropped_pairs", ref.dropped_pairs, got.dropped_pairs);
   if (ref.row_sources.size() != size_t(s.expert_layout_rows()) * 3 ||
-      ref.hidden.size() != size_t(s.expert_layout_rows()) * s.hidden_row_bytes()) {
+      ref.hidden.size() != size_t(s.expert_layout_rows()) * s.recv_hidden_row_bytes()) {
     v.add(1, "reference expert rows of the wrong size");
     return v;
   }
-  const uint64_t hb = s.hidden_row_bytes();
+  const uint64_t hb = s.recv_hidden_row_bytes();
   compare_expert_payload(
       v, s, ref.row_sources,
       [&](int64_t row, int, int, std::vector<uint8_t>& hidden, std::vector<uint8_t>& scales) {
         std::memcpy(hidden.data(), &ref.hidden[size_t(row) * hb], hb);
-        if (s.scale_row_elems) scale_of_row(s, ref.scales, row, scales);
+        if (s.recv_scale_row_elems()) scale_of_row(s, ref.scales, row, scales);
       },
       got);
   return v;
@@ -273,8 +273,12 @@ Verdict check_expert_combine(const WorkloadSpec& s, const std::vector<RankRoutin
       for (int h = 0; h < H; ++h) {  // the partial travels as one combine_dtype row
         uint32_t bits[1];
         store_float(s.combine_dtype, bits, 0, partial[h]);
-        acc[h] += load_float(s.combine_dtype, bits, 0);
+        partial[h] = load_float(s.combine_dtype, bits, 0);
       }
+      if (s.fp8_combine()) {  // ... quantized on the wire, dequantized to fp32
+        oracle_wire_round_trip(s.combine_dtype, partial.data(), H, static_cast<WireScale>(s.wire_scale));
+      }
+      for (int h = 0; h < H; ++h) acc[h] += partial[h];
     }
     int64_t bad = 0;
     int first = -1;

@@ -8,6 +8,7 @@
 
 #include "dtypes.hpp"
 #include "expert_oracle.hpp"
+#include "wire_oracle.hpp"
 
 namespace moe_ep_verify {
 
@@ -87,7 +88,7 @@ Expected expect_receive(const WorkloadSpec& s, const std::vector<RankRouting>& a
   ReceivedDispatch& r = e.result;
   r.tokens_per_rank = tpr;
   r.has_weights = s.weights;
-  r.has_scales = s.scale_row_elems != 0;
+  r.has_scales = s.recv_scale_row_elems() != 0;
   r.has_eplb = s.eplb_stats;
   r.recv_counts.assign(s.world, 0);
   r.topk_ids.assign(P * K, s.invalid_expert_id);
@@ -165,7 +166,7 @@ using ExpectedRow = std::function<bool(int64_t row, uint8_t* hidden, uint8_t* sc
 // Payload rows (hidden, scales) on the rows that carry a token; padding
 // content is unspecified.
 void compare_payload(Verdict& v, const WorkloadSpec& s, const ExpectedRow& expected_row, const ReceivedDispatch& got) {
-  const uint64_t hb = s.hidden_row_bytes(), sb = s.scale_row_bytes();
+  const uint64_t hb = s.recv_hidden_row_bytes(), sb = s.recv_scale_row_bytes();
   const int64_t P = s.receive_rows();
   if (got.hidden.size() != P * hb) {
     v.add(P, "hidden_states: expected " + str(P * hb) + " bytes, got " + str(got.hidden.size()));
@@ -179,8 +180,8 @@ void compare_payload(Verdict& v, const WorkloadSpec& s, const ExpectedRow& expec
   int64_t bad_rows = 0;
   for (int64_t row = 0; row < P; ++row) {
     if (!expected_row(row, hidden.data(), scales.data())) continue;
-    int64_t bad = differing_units(hidden.data(), &got.hidden[row * hb], hb, compare_unit_bytes(s.hidden_dtype));
-    if (sb) bad += differing_units(scales.data(), &got.scales[row * sb], sb, compare_unit_bytes(s.scale_dtype));
+    int64_t bad = differing_units(hidden.data(), &got.hidden[row * hb], hb, compare_unit_bytes(s.recv_hidden_dtype()));
+    if (sb) bad += differing_units(scales.data(), &got.scales[row * sb], sb, compare_unit_bytes(s.recv_scale_dtype()));
     if (bad && bad_rows++ < 2) {
       v.add(bad, "payload of receive row " + str(row) + " (source rank " + str(row / s.tokens_per_rank()) +
                      "): " + str(bad) + " elements wrong");
@@ -222,8 +223,7 @@ Verdict check_dispatch(const WorkloadSpec& s, const std::vector<RankRouting>& al
         const int t = e.source_token[row];
         if (t < 0) return false;
         const int src = static_cast<int>(row / s.tokens_per_rank());
-        fill_hidden_row(s, src, t, hidden);
-        if (s.scale_row_elems) fill_scale_row(s, src, t, scales);
+        fill_received_row(s, src, t, hidden, scales);
         return true;
       },
       got);
@@ -239,7 +239,7 @@ Verdict compare_dispatch(const WorkloadSpec& s, const ReceivedDispatch& referenc
     return v;
   }
   compare_fields(v, s, reference, got);
-  const uint64_t hb = s.hidden_row_bytes(), sb = s.scale_row_bytes();
+  const uint64_t hb = s.recv_hidden_row_bytes(), sb = s.recv_scale_row_bytes();
   const int64_t tpr = s.tokens_per_rank();
   if (reference.hidden.size() != uint64_t(s.receive_rows()) * hb ||
       reference.scales.size() != uint64_t(s.receive_rows()) * sb) {
@@ -288,6 +288,9 @@ Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all
       if (at == sent[r].end() || *at != t) continue;
       const int64_t row = int64_t(me) * s.tokens_per_rank() + (at - sent[r].begin());
       expert_rows(r, row, t, row_values.data());
+      if (s.fp8_combine()) {
+        oracle_wire_round_trip(s.combine_dtype, row_values.data(), H, static_cast<WireScale>(s.wire_scale));
+      }
       for (int h = 0; h < H; ++h) acc[h] += row_values[h];
     }
     int64_t bad = 0;

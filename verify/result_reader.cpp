@@ -66,19 +66,23 @@ bool absent(const moe_ep_tensor_t& t) { return t.data == nullptr && t.ndim == 0;
 void read_expert_layout(const WorkloadSpec& s, const moe_ep_dispatch_result_t& r, const moe_ep_device_t& device,
                         const MemoryReader& read, Verdict& v, ReceivedDispatch& got) {
   const bool major = s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR;
-  const int64_t E = s.experts_per_rank(), cap = s.capacity(), rows = s.expert_layout_rows(), S = s.scale_row_elems;
+  const int64_t E = s.experts_per_rank(), cap = s.capacity(), rows = s.expert_layout_rows(),
+                S = s.recv_scale_row_elems();
   const auto up4 = [](int64_t n) { return (n + 3) / 4 * 4; };
-  got.hidden = major ? take("hidden_states", r.hidden_states, s.hidden_dtype, {E, cap, s.row_elems()}, device, read, v)
-                     : take("hidden_states", r.hidden_states, s.hidden_dtype, {rows, s.row_elems()}, device, read, v);
+  got.hidden =
+      major ? take("hidden_states", r.hidden_states, s.recv_hidden_dtype(), {E, cap, s.row_elems()}, device, read, v)
+            : take("hidden_states", r.hidden_states, s.recv_hidden_dtype(), {rows, s.row_elems()}, device, read, v);
   if (!absent(r.topk_ids) || !absent(r.topk_weights)) v.add(1, "topk_ids/topk_weights: present in an expert layout");
   got.has_scales = !absent(r.hidden_states_scale);
   if (S && s.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) {
-    got.scales =
-        major ? take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {E, S, up4(cap)}, device, read, v)
-              : take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {S, up4(rows)}, device, read, v);
+    got.scales = major ? take("hidden_states_scale", r.hidden_states_scale, s.recv_scale_dtype(), {E, S, up4(cap)},
+                              device, read, v)
+                       : take("hidden_states_scale", r.hidden_states_scale, s.recv_scale_dtype(), {S, up4(rows)},
+                              device, read, v);
   } else if (S) {
-    got.scales = major ? take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {E, cap, S}, device, read, v)
-                       : take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {rows, S}, device, read, v);
+    got.scales =
+        major ? take("hidden_states_scale", r.hidden_states_scale, s.recv_scale_dtype(), {E, cap, S}, device, read, v)
+              : take("hidden_states_scale", r.hidden_states_scale, s.recv_scale_dtype(), {rows, S}, device, read, v);
   } else if (got.has_scales) {
     v.add(1, "hidden_states_scale: returned although params have no scales");
   }
@@ -114,7 +118,7 @@ ReceivedDispatch read_dispatch(const WorkloadSpec& s, const moe_ep_dispatch_resu
     }
     return got;
   }
-  got.hidden = take("hidden_states", r.hidden_states, s.hidden_dtype, {P, s.row_elems()}, device, read, v);
+  got.hidden = take("hidden_states", r.hidden_states, s.recv_hidden_dtype(), {P, s.row_elems()}, device, read, v);
   got.topk_ids = as<int32_t>(take("topk_ids", r.topk_ids, int32_dtype(), {P, K}, device, read, v));
   got.recv_counts = as<int32_t>(take("recv_counts", r.recv_counts, int32_dtype(), {s.world}, device, read, v));
   got.local_expert_counts = as<int32_t>(
@@ -124,9 +128,9 @@ ReceivedDispatch read_dispatch(const WorkloadSpec& s, const moe_ep_dispatch_resu
     got.topk_weights = as<float>(take("topk_weights", r.topk_weights, fp32_dtype(), {P, K}, device, read, v));
   }
   got.has_scales = !absent(r.hidden_states_scale);
-  if (s.scale_row_elems) {
-    got.scales =
-        take("hidden_states_scale", r.hidden_states_scale, s.scale_dtype, {P, s.scale_row_elems}, device, read, v);
+  if (s.recv_scale_row_elems()) {
+    got.scales = take("hidden_states_scale", r.hidden_states_scale, s.recv_scale_dtype(), {P, s.recv_scale_row_elems()},
+                      device, read, v);
   } else if (got.has_scales) {
     v.add(1, "hidden_states_scale: returned although params have no scales");
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "dtypes.hpp"
 
@@ -73,6 +74,15 @@ void oracle_quantize_row(const moe_ep_dtype_t& dtype, const void* row, int64_t e
 
 float oracle_dequantize(uint8_t code, float scale) {
   return static_cast<float>(e4m3_value(code) * static_cast<double>(scale));
+}
+
+void oracle_wire_round_trip(const moe_ep_dtype_t& dtype, float* values, int64_t n, WireScale rule) {
+  std::vector<uint8_t> row(static_cast<size_t>(n) * 4);
+  for (int64_t i = 0; i < n; ++i) store_float(dtype, row.data(), i, values[i]);
+  std::vector<uint8_t> codes(static_cast<size_t>(n));
+  std::vector<float> scales(static_cast<size_t>(oracle_wire_blocks(n)));
+  oracle_quantize_row(dtype, row.data(), n, rule, codes.data(), scales.data());
+  for (int64_t i = 0; i < n; ++i) values[i] = oracle_dequantize(codes[i], scales[i / kOracleWireBlock]);
 }
 
 }  // namespace moe_ep_verify

@@ -30,5 +30,8 @@ void oracle_quantize_row(const moe_ep_dtype_t& dtype, const void* row, int64_t e
                          float* scales);
 // code * scale in fp32.
 float oracle_dequantize(uint8_t code, float scale);
+// An FP8 combine wire's effect on one row: `values` (n values of `dtype`,
+// already rounded to it) quantized per block and dequantized back to fp32.
+void oracle_wire_round_trip(const moe_ep_dtype_t& dtype, float* values, int64_t n, WireScale rule);
 
 }  // namespace moe_ep_verify

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
 
 #include "counter_rng.hpp"
 #include "dtypes.hpp"
+#include "wire_oracle.hpp"
 
 namespace moe_ep_verify {
 
@@ -91,6 +93,15 @@ std::string routing_name(RoutingKind kind) {
 uint64_t WorkloadSpec::hidden_row_bytes() const { return row_bytes(hidden_dtype, row_elems()); }
 uint64_t WorkloadSpec::scale_row_bytes() const { return scale_row_elems ? row_bytes(scale_dtype, scale_row_elems) : 0; }
 uint64_t WorkloadSpec::combine_row_bytes() const { return row_bytes(combine_dtype, hidden_size); }
+moe_ep_dtype_t WorkloadSpec::recv_hidden_dtype() const { return wire_scales() ? fp8_e4m3_dtype() : hidden_dtype; }
+uint64_t WorkloadSpec::recv_hidden_row_bytes() const { return row_bytes(recv_hidden_dtype(), row_elems()); }
+int WorkloadSpec::recv_scale_row_elems() const {
+  return wire_scales() ? oracle_wire_blocks(row_elems()) : fp8_dispatch() ? 0 : scale_row_elems;
+}
+moe_ep_dtype_t WorkloadSpec::recv_scale_dtype() const { return wire_scales() ? fp32_dtype() : scale_dtype; }
+uint64_t WorkloadSpec::recv_scale_row_bytes() const {
+  return recv_scale_row_elems() ? row_bytes(recv_scale_dtype(), recv_scale_row_elems()) : 0;
+}
 
 int WorkloadSpec::owner(int32_t id) const {
   for (int r = 0; r < world; ++r) {
@@ -129,6 +140,10 @@ moe_ep_params_t WorkloadSpec::params() const {
   p.expert_rows = expert_rows;
   p.expert_output_weighted = expert_output_weighted ? 1 : 0;
   p.scale_layout = scale_layout;
+  p.dispatch_wire = dispatch_wire;
+  p.combine_wire = combine_wire;
+  p.wire_scale = wire_scale;
+  p.dispatch_dequantize = dispatch_dequantize ? 1 : 0;
   return p;
 }
 
@@ -165,7 +180,9 @@ std::string WorkloadSpec::describe() const {
      << " invalid=" << invalid_expert_id << " routing=" << routing_name(routing.kind)
      << " mask=" << routing.mask_fraction << " bad=" << routing.bad_fraction << " layout=" << receive_layout
      << " cap=" << expert_capacity << " align=" << expert_alignment << " rows=" << expert_rows
-     << " weighted=" << expert_output_weighted << " scale_layout=" << scale_layout << " seed=" << seed << " tokens=[";
+     << " weighted=" << expert_output_weighted << " scale_layout=" << scale_layout << " dispatch_wire=" << dispatch_wire
+     << " combine_wire=" << combine_wire << " wire_scale=" << wire_scale << " dequantize=" << dispatch_dequantize
+     << " seed=" << seed << " tokens=[";
   for (int r = 0; r < world; ++r) os << (r ? "," : "") << num_tokens(r);
   os << "]";
   return os.str();
@@ -227,7 +244,49 @@ void fill_random_bytes(uint64_t key, uint8_t* out, uint64_t bytes) {
 }  // namespace
 
 void fill_hidden_row(const WorkloadSpec& s, int rank, int token, uint8_t* out) {
-  fill_random_bytes(derive(stream_key(s, rank, kHidden), static_cast<uint64_t>(token)), out, s.hidden_row_bytes());
+  const uint64_t key = derive(stream_key(s, rank, kHidden), static_cast<uint64_t>(token));
+  if (!s.fp8_dispatch()) {  // rows travel opaque: any bytes
+    fill_random_bytes(key, out, s.hidden_row_bytes());
+    return;
+  }
+  // Rows an FP8 wire quantizes: values in [-2, 2) times 2^[-8, 8), so that
+  // blocks mix magnitudes (small values become e4m3 subnormals), and one
+  // element in 256 NaN, +-Inf or -0.
+  const int n = s.row_elems();
+  std::vector<uint8_t> bits(size_t(n) * 4);
+  fill_random_bytes(key, bits.data(), bits.size());
+  for (int i = 0; i < n; ++i) {
+    uint32_t u = 0;
+    std::memcpy(&u, &bits[size_t(i) * 4], 4);
+    float x = std::ldexp(float(u & 0xFFFF) / 16384.0f - 2.0f, int((u >> 16) & 15) - 8);
+    if (((u >> 20) & 0xFF) == 0) {
+      const float specials[4] = {std::nanf(""), HUGE_VALF, -HUGE_VALF, -0.0f};
+      x = specials[(u >> 28) & 3];
+    }
+    store_float(s.hidden_dtype, out, i, x);
+  }
+}
+
+void fill_received_row(const WorkloadSpec& s, int rank, int token, uint8_t* hidden, uint8_t* scales) {
+  if (!s.fp8_dispatch()) {
+    fill_hidden_row(s, rank, token, hidden);
+    if (s.scale_row_elems) fill_scale_row(s, rank, token, scales);
+    return;
+  }
+  const int n = s.row_elems();
+  std::vector<uint8_t> row(s.hidden_row_bytes()), codes(static_cast<size_t>(n));
+  std::vector<float> block_scales(static_cast<size_t>(oracle_wire_blocks(n)));
+  fill_hidden_row(s, rank, token, row.data());
+  oracle_quantize_row(s.hidden_dtype, row.data(), n, static_cast<WireScale>(s.wire_scale), codes.data(),
+                      block_scales.data());
+  if (s.dispatch_dequantize) {
+    for (int i = 0; i < n; ++i) {
+      store_float(s.hidden_dtype, hidden, i, oracle_dequantize(codes[size_t(i)], block_scales[size_t(i) / 128]));
+    }
+    return;
+  }
+  std::memcpy(hidden, codes.data(), codes.size());
+  std::memcpy(scales, block_scales.data(), block_scales.size() * sizeof(float));
 }
 
 void fill_scale_row(const WorkloadSpec& s, int rank, int token, uint8_t* out) {

@@ -53,6 +53,11 @@ struct WorkloadSpec {
   int expert_rows = 0;
   bool expert_output_weighted = false;
   int scale_layout = MOE_EP_SCALES_ROW_MAJOR;
+  // The low-precision wire (params->dispatch_wire and its fields, as passed).
+  int dispatch_wire = MOE_EP_WIRE_AS_IS;
+  int combine_wire = MOE_EP_WIRE_AS_IS;
+  int wire_scale = MOE_EP_WIRE_SCALE_FP32;
+  bool dispatch_dequantize = false;
 
   int num_tokens(int rank) const;  // local_num_tokens of `rank`
   int tokens_per_rank() const { return runtime_max_tokens_per_rank ? runtime_max_tokens_per_rank : max_tokens_per_rank; }
@@ -71,6 +76,17 @@ struct WorkloadSpec {
   int64_t combine_rows() const { return expert_layout() ? expert_layout_rows() : receive_rows(); }
   uint64_t hidden_row_bytes() const;
   uint64_t scale_row_bytes() const;
+  // The rows and scales dispatch returns: the caller's, or with an FP8
+  // dispatch wire e4m3fn rows and ceil(row_elems / 128) fp32 scales (none
+  // with dispatch_dequantize, whose rows are of hidden_dtype again).
+  bool fp8_dispatch() const { return dispatch_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128; }
+  bool fp8_combine() const { return combine_wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128; }
+  bool wire_scales() const { return fp8_dispatch() && !dispatch_dequantize; }
+  moe_ep_dtype_t recv_hidden_dtype() const;
+  uint64_t recv_hidden_row_bytes() const;
+  int recv_scale_row_elems() const;
+  moe_ep_dtype_t recv_scale_dtype() const;
+  uint64_t recv_scale_row_bytes() const;
   uint64_t combine_row_bytes() const;
   // The rank that owns expert id, or -1 for the invalid id and bad ids; found
   // by scanning the ranks' ranges, not by the library's division.
@@ -103,6 +119,10 @@ bool goes_to(const WorkloadSpec& spec, const RankRouting& routing, int token, in
 // Payload of token `token` of rank `rank`: random bytes (rows travel opaque).
 void fill_hidden_row(const WorkloadSpec& spec, int rank, int token, uint8_t* out);
 void fill_scale_row(const WorkloadSpec& spec, int rank, int token, uint8_t* out);
+// What dispatch delivers for that token: the row and scales as passed, or
+// through the FP8 wire (verify/wire_oracle.cpp): recv_hidden_row_bytes() and
+// recv_scale_row_bytes().
+void fill_received_row(const WorkloadSpec& spec, int rank, int token, uint8_t* hidden, uint8_t* scales);
 std::vector<uint8_t> make_hidden(const WorkloadSpec& spec, int rank);  // [T, row bytes]
 std::vector<uint8_t> make_scales(const WorkloadSpec& spec, int rank);  // [T, scale row bytes]
 // The eplb_local_stats rank passes when spec.eplb_given.

@@ -616,3 +616,75 @@ TEST_CASE("expert layouts: a result struct that ends before the expert fields st
   });
   checks.assert_all();
 }
+
+// The FP8 wire (docs/semantics.md, "A low-precision wire") on the HOST backend
+// against the oracle's own quantizer: every receive layout, every way of
+// calling, both scale rules, dequantized or not, the combine wire alone and
+// with the dispatch wire.
+TEST_CASE("wire: HOST dispatch and combine with an FP8 wire equal the oracle bitwise", "[wire]") {
+  const uint64_t seed = fresh_seed();
+  INFO("seed " << seed);
+  std::vector<WorkloadSpec> specs;
+  for (int layout : {MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
+    auto add = [&](int world, auto&& edit) {
+      WorkloadSpec w = base_spec(world, layout, seed ^ (0x2000 + specs.size()));
+      edit(w);
+      specs.push_back(w);
+    };
+    for (int world : {1, 2, 3}) {
+      for (int rule : {MOE_EP_WIRE_SCALE_FP32, MOE_EP_WIRE_SCALE_UE8M0}) {
+        add(world, [rule](WorkloadSpec& w) {  // both wires, a short last block
+          w.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+          w.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+          w.wire_scale = rule;
+          w.hidden_size = 129;
+        });
+      }
+    }
+    add(2, [](WorkloadSpec& w) {  // dispatch wire only, dequantized to fp16
+      w.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+      w.dispatch_dequantize = true;
+      w.hidden_dtype = dt(MOE_EP_DTYPE_FLOAT, 16);
+      w.hidden_size = 100;
+    });
+    add(3, [](WorkloadSpec& w) {  // fp32 rows dequantized, UE8M0, runtime max
+      w.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+      w.dispatch_dequantize = true;
+      w.wire_scale = MOE_EP_WIRE_SCALE_UE8M0;
+      w.hidden_dtype = dt(MOE_EP_DTYPE_FLOAT, 32);
+      w.runtime_max_tokens_per_rank = 4;
+    });
+    add(2, [](WorkloadSpec& w) {  // combine wire only, fp32 and fp16 outputs
+      w.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+      w.combine_dtype = dt(MOE_EP_DTYPE_FLOAT, 32);
+      w.hidden_size = 256;
+    });
+    add(3, [](WorkloadSpec& w) {
+      w.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+      w.wire_scale = MOE_EP_WIRE_SCALE_UE8M0;
+      w.combine_dtype = dt(MOE_EP_DTYPE_FLOAT, 16);
+      w.routing.bad_fraction = 0.15;  // bad ids: dropped, reported
+      w.tokens = {9, 9, 9};
+    });
+    add(2, [](WorkloadSpec& w) {  // a 1-element row: one block of one
+      w.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+      w.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+      w.hidden_size = 1;
+      w.routing.mask_fraction = 0.3;
+    });
+    if (layout != MOE_EP_LAYOUT_RANK_MAJOR) {
+      add(2, [](WorkloadSpec& w) {  // the library's scales in the column-major (TMA-aligned) layout
+        w.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+        w.scale_layout = MOE_EP_SCALES_COLUMN_MAJOR;
+        w.hidden_size = 300;
+      });
+      add(3, [](WorkloadSpec& w) {
+        w.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+        w.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+        w.expert_output_weighted = true;
+        w.weights = false;
+      });
+    }
+  }
+  for (Calls calls : {Calls::fused, Calls::split, Calls::two_in_flight, Calls::zero_copy}) check_all(specs, calls);
+}
