@@ -34,12 +34,15 @@ struct CheckOptions {
                                       // (split: two micro-batches in flight through the halves)
   std::string layouts = "all";        // rank_major | expert_major | expert_packed | all: the receive
                                       // layouts every case runs in (a backend without one: SKIPPED)
+  std::string wires = "as_is";        // as_is | fp8 | all: the wire formats every case runs with
 };
 
 // The receive layouts named by --layouts (MOE_EP_LAYOUT_*); throws ToolError otherwise.
 std::vector<int> parse_layouts(const std::string& name);
 // "rank_major", "expert_major" or "expert_packed".
 const char* layout_name(int layout);
+// The wire formats named by --wire (MOE_EP_WIRE_*); throws ToolError otherwise.
+std::vector<int> parse_wires(const std::string& name);
 
 int run_check(const World& world, const CheckOptions& options);
 
@@ -70,6 +73,10 @@ struct CheckCase {
   bool expert_output_weighted = false;
   bool column_major_scales = false;  // expert layouts: MOE_EP_SCALES_COLUMN_MAJOR
   bool expert_layouts_only = false;  // a case about the expert layouts: not run in RANK_MAJOR
+  // The wire format (set per run from --wire): FP8 quantizes combine, and
+  // dispatch too where the case's rows are bf16, fp16 or fp32 without scales
+  // (rows already quantized by the caller keep the AS_IS dispatch wire).
+  int wire = MOE_EP_WIRE_AS_IS;
 };
 
 std::vector<CheckCase> check_cases();

@@ -209,6 +209,13 @@ const char* layout_name(int layout) {
   return "?";
 }
 
+std::vector<int> parse_wires(const std::string& name) {
+  if (name == "as_is") return {MOE_EP_WIRE_AS_IS};
+  if (name == "fp8") return {MOE_EP_WIRE_FP8_E4M3_BLOCK128};
+  if (name == "all") return {MOE_EP_WIRE_AS_IS, MOE_EP_WIRE_FP8_E4M3_BLOCK128};
+  fail("--wire must be as_is, fp8 or all, got '" + name + "'");
+}
+
 WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t count_seed) {
   WorkloadSpec s = c.shape;
   s.world = world;
@@ -227,6 +234,10 @@ WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t 
   if (c.layout != MOE_EP_LAYOUT_RANK_MAJOR) {
     s.expert_output_weighted = c.expert_output_weighted;
     s.scale_layout = c.column_major_scales ? MOE_EP_SCALES_COLUMN_MAJOR : MOE_EP_SCALES_ROW_MAJOR;
+  }
+  if (c.wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128) {
+    s.combine_wire = c.wire;
+    if (is_float_dtype(s.hidden_dtype) && s.scale_row_elems == 0) s.dispatch_wire = c.wire;
   }
   const int tpr = s.tokens_per_rank();
   s.tokens.resize(world);

@@ -288,7 +288,11 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
         o.phases.c_str());
   }
   std::printf("# receive layouts: %s\n", o.layouts.c_str());
-  std::printf("#\n# %-22s %-6s %-13s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "layout",
+  std::printf(
+      "# wire formats: %s (fp8: column layout \"+fp8\"; dispatch_wire FP8 where the rows are bf16, fp16 or fp32 "
+      "without scales, combine_wire FP8 always)\n",
+      o.wires.c_str());
+  std::printf("#\n# %-22s %-6s %-17s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "layout",
               "E", "K", "maxT", "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
   std::fflush(stdout);
 }
@@ -335,12 +339,16 @@ int run_check(const World& world, const CheckOptions& o) {
     fail("--modes " + o.modes + ": CUDA graphs need a GPU backend (this run uses " + session.backend_name() + ")");
   }
   const std::vector<int> layouts = parse_layouts(o.layouts);
-  std::vector<CheckCase> runs;  // every case in every layout it belongs to
+  const std::vector<int> wires = parse_wires(o.wires);
+  std::vector<CheckCase> runs;  // every case in every layout it belongs to, with every wire
   for (const CheckCase& c : cases) {
     for (int layout : layouts) {
       if (layout == MOE_EP_LAYOUT_RANK_MAJOR && c.expert_layouts_only) continue;
-      runs.push_back(c);
-      runs.back().layout = layout;
+      for (int wire : wires) {
+        runs.push_back(c);
+        runs.back().layout = layout;
+        runs.back().wire = wire;
+      }
     }
   }
   print_header(session, o, runs.size());
@@ -361,7 +369,8 @@ int run_check(const World& world, const CheckOptions& o) {
       } catch (const ToolError& e) {
         error = e.what();
       }
-      world.set_phase(std::string("check, case ") + c.name + " (" + mode + ", " + layout_name(c.layout) +
+      const std::string layout_text = std::string(layout_name(c.layout)) + (c.wire ? "+fp8" : "");
+      world.set_phase(std::string("check, case ") + c.name + " (" + mode + ", " + layout_text +
                       "): agreeing on its outcome");
       if (o.inject_fault == "stalled_rank" && world.rank == world.size - 1 && world.size > 1) {
         // Self-test of the tool's bounded collectives: this rank stops
@@ -390,8 +399,8 @@ int run_check(const World& world, const CheckOptions& o) {
       const bool graph_mode = mode[0] == 'g';
       const int first_round = graph_mode ? kFirstGraphRound : mode[0] == 's' ? kFirstSplitRound : 0;
       const WorkloadSpec w = case_spec(o.common.seed, c, world.size, first_round, graph_mode);
-      std::printf("  %-22s %-6s %-13s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
-                  layout_name(c.layout), w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(),
+      std::printf("  %-22s %-6s %-17s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
+                  layout_text.c_str(), w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(),
                   w.hidden_size, payload_text(w).c_str(), scales_text(w).c_str(), dtype_name(w.combine_dtype).c_str(),
                   tokens_text(w.tokens).c_str(), static_cast<long long>(wrong),
                   was_skipped ? "SKIPPED"

@@ -98,16 +98,16 @@ void* fill_combine_input(const WorkloadSpec& s, int rank, const Place& place, co
 void poison_dispatch_payload(const WorkloadSpec& s, const Place& place, const moe_ep_dispatch_result_t& r,
                              void* stream) {
   const uint64_t P = uint64_t(s.expert_layout() ? s.expert_layout_rows() : s.receive_rows());
-  fill_at(place, r.hidden_states.data, P * s.hidden_row_bytes(), 0xA5, stream);
-  uint64_t scale_bytes = P * s.scale_row_bytes();
+  fill_at(place, r.hidden_states.data, P * s.recv_hidden_row_bytes(), 0xA5, stream);  // as received (FP8 wire: e4m3)
+  uint64_t scale_bytes = P * s.recv_scale_row_bytes();
   if (s.expert_layout() && s.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR) {  // fp32 columns of rows rounded up to 4
     const uint64_t column = s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR ? (uint64_t(s.capacity()) + 3) / 4 * 4
                                                                            : (uint64_t(P) + 3) / 4 * 4;
-    const uint64_t columns = uint64_t(s.scale_row_elems) *
+    const uint64_t columns = uint64_t(s.recv_scale_row_elems()) *
                              (s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR ? uint64_t(s.experts_per_rank()) : 1);
     scale_bytes = columns * column * sizeof(float);
   }
-  if (s.scale_row_elems) fill_at(place, r.hidden_states_scale.data, scale_bytes, 0xA5, stream);
+  if (s.recv_scale_row_elems()) fill_at(place, r.hidden_states_scale.data, scale_bytes, 0xA5, stream);
 }
 
 }  // namespace moe_ep_tool

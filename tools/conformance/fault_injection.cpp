@@ -17,7 +17,7 @@ Fault parse_fault(const std::string& name) {
 }
 
 bool inject_fault(Fault fault, const WorkloadSpec& s, ReceivedDispatch& got) {
-  const uint64_t hb = s.hidden_row_bytes();
+  const uint64_t hb = s.recv_hidden_row_bytes();  // the rows as received
   switch (fault) {
     case Fault::dispatch_payload:  // one flipped bit in the first received row
       for (int src = 0; src < s.world && src < int(got.recv_counts.size()); ++src) {
