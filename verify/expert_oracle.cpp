@@ -37,42 +37,6 @@ uint64_t scale_bytes(const WorkloadSpec& s) {
   return uint64_t(s.expert_layout_rows()) * s.recv_scale_row_bytes();
 }
 
-void compare_int_vectors(Verdict& v, const char* name, const std::vector<int32_t>& expected,
-                         const std::vector<int32_t>& got) {
-  if (expected.size() != got.size()) {
-    v.add(int64_t(std::max<size_t>(expected.size(), 1)),
-          std::string(name) + ": expected " + str(expected.size()) + " entries, got " + str(got.size()));
-    return;
-  }
-  int64_t bad = 0;
-  size_t first = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    if (expected[i] != got[i] && bad++ == 0) first = i;
-  }
-  if (bad) {
-    v.add(bad, std::string(name) + ": " + str(bad) + " wrong, first [" + str(first) + "] expected " +
-                   str(expected[first]) + " got " + str(got[first]));
-  }
-}
-
-void compare_float_bits(Verdict& v, const char* name, const std::vector<float>& expected,
-                        const std::vector<float>& got) {
-  if (expected.size() != got.size()) {
-    v.add(int64_t(std::max<size_t>(expected.size(), 1)),
-          std::string(name) + ": expected " + str(expected.size()) + " entries, got " + str(got.size()));
-    return;
-  }
-  int64_t bad = 0;
-  size_t first = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    if (std::memcmp(&expected[i], &got[i], sizeof(float)) != 0 && bad++ == 0) first = i;
-  }
-  if (bad) {
-    v.add(bad, std::string(name) + ": " + str(bad) + " wrong, first [" + str(first) + "] expected " +
-                   str(expected[first]) + " got " + str(got[first]));
-  }
-}
-
 // Element j of expert row `row`'s scales, as the layout stores it (fp32
 // columns), or the row's bytes (row-major): appended to `out`.
 void scale_of_row(const WorkloadSpec& s, const std::vector<uint8_t>& scales, int64_t row, std::vector<uint8_t>& out) {
@@ -158,12 +122,12 @@ ExpertPlacement place_expert_rows(const WorkloadSpec& s, const std::vector<RankR
 }
 
 void check_expert_fields(Verdict& v, const WorkloadSpec& s, const ExpertPlacement& p, const ReceivedDispatch& got) {
-  compare_int_vectors(v, "expert_counts", p.counts, got.expert_counts);
+  compare_entries(v, "expert_counts", p.counts, got.expert_counts);
   if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED)
-    compare_int_vectors(v, "expert_offsets", p.offsets, got.expert_offsets);
-  compare_int_vectors(v, "row_sources", p.sources, got.row_sources);
-  compare_float_bits(v, "row_weights", p.weights, got.row_weights);
-  compare_int_vectors(v, "dropped_pairs", {int32_t(std::min<int64_t>(p.dropped, INT32_MAX))}, got.dropped_pairs);
+    compare_entries(v, "expert_offsets", p.offsets, got.expert_offsets);
+  compare_entries(v, "row_sources", p.sources, got.row_sources);
+  compare_entries(v, "row_weights", p.weights, got.row_weights);
+  compare_entries(v, "dropped_pairs", {int32_t(std::min<int64_t>(p.dropped, INT32_MAX))}, got.dropped_pairs);
   if (!got.topk_ids.empty() || got.has_weights) v.add(1, "topk_ids/topk_weights: returned in an expert layout");
 }
 
@@ -219,11 +183,11 @@ Verdict check_expert_dispatch(const WorkloadSpec& s, const std::vector<RankRouti
 
 Verdict compare_expert_dispatch(const WorkloadSpec& s, const ReceivedDispatch& ref, const ReceivedDispatch& got) {
   Verdict v;
-  compare_int_vectors(v, "expert_counts", ref.expert_counts, got.expert_counts);
-  compare_int_vectors(v, "expert_offsets", ref.expert_offsets, got.expert_offsets);
-  compare_int_vectors(v, "row_sources", ref.row_sources, got.row_sources);
-  compare_float_bits(v, "row_weights", ref.row_weights, got.row_weights);
-  compare_int_vectors(v, "dropped_pairs", ref.dropped_pairs, got.dropped_pairs);
+  compare_entries(v, "expert_counts", ref.expert_counts, got.expert_counts);
+  compare_entries(v, "expert_offsets", ref.expert_offsets, got.expert_offsets);
+  compare_entries(v, "row_sources", ref.row_sources, got.row_sources);
+  compare_entries(v, "row_weights", ref.row_weights, got.row_weights);
+  compare_entries(v, "dropped_pairs", ref.dropped_pairs, got.dropped_pairs);
   if (ref.row_sources.size() != size_t(s.expert_layout_rows()) * 3 ||
       ref.hidden.size() != size_t(s.expert_layout_rows()) * s.recv_hidden_row_bytes()) {
     v.add(1, "reference expert rows of the wrong size");

@@ -38,23 +38,36 @@ std::string str(const T& v) {
   return os.str();
 }
 
-// Counts differing entries of two equally sized int vectors.
-void compare_ints(Verdict& v, const char* name, const std::vector<int32_t>& expected, const std::vector<int32_t>& got) {
-  if (got.size() != expected.size()) {
-    v.add(int64_t(expected.size()), std::string(name) + ": expected " + str(expected.size()) + " entries, got " +
-                                        str(got.size()));
+template <typename T>
+void compare_entries_as_bits(Verdict& v, const char* name, const std::vector<T>& expected, const std::vector<T>& got) {
+  if (expected.size() != got.size()) {
+    v.add(int64_t(std::max<size_t>(expected.size(), 1)),
+          std::string(name) + ": expected " + str(expected.size()) + " entries, got " + str(got.size()));
     return;
   }
   int64_t bad = 0;
   size_t first = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
-    if (got[i] != expected[i] && bad++ == 0) first = i;
+    if (std::memcmp(&expected[i], &got[i], sizeof(T)) != 0 && bad++ == 0) first = i;
   }
   if (bad) {
     v.add(bad, std::string(name) + ": " + str(bad) + " wrong, first [" + str(first) + "] expected " +
                    str(expected[first]) + " got " + str(got[first]));
   }
 }
+
+}  // namespace
+
+void compare_entries(Verdict& v, const char* name, const std::vector<int32_t>& expected,
+                     const std::vector<int32_t>& got) {
+  compare_entries_as_bits(v, name, expected, got);
+}
+
+void compare_entries(Verdict& v, const char* name, const std::vector<float>& expected, const std::vector<float>& got) {
+  compare_entries_as_bits(v, name, expected, got);
+}
+
+namespace {
 
 // Units (elements, or bytes of sub-byte types) that differ between two rows.
 int64_t differing_units(const uint8_t* a, const uint8_t* b, uint64_t bytes, uint64_t unit) {
@@ -152,10 +165,10 @@ void compare_weights(Verdict& v, const WorkloadSpec& s, const ReceivedDispatch& 
 
 // Everything but the payload rows.
 void compare_fields(Verdict& v, const WorkloadSpec& s, const ReceivedDispatch& e, const ReceivedDispatch& got) {
-  compare_ints(v, "recv_counts", e.recv_counts, got.recv_counts);
-  compare_ints(v, "local_expert_counts", e.local_expert_counts, got.local_expert_counts);
-  compare_ints(v, "topk_ids", e.topk_ids, got.topk_ids);
-  if (e.has_eplb) compare_ints(v, "eplb_gathered_stats", e.eplb_gathered, got.eplb_gathered);
+  compare_entries(v, "recv_counts", e.recv_counts, got.recv_counts);
+  compare_entries(v, "local_expert_counts", e.local_expert_counts, got.local_expert_counts);
+  compare_entries(v, "topk_ids", e.topk_ids, got.topk_ids);
+  if (e.has_eplb) compare_entries(v, "eplb_gathered_stats", e.eplb_gathered, got.eplb_gathered);
   compare_weights(v, s, e, got);
 }
 
@@ -199,9 +212,9 @@ bool same_tokens_per_rank(Verdict& v, int expected, int got) {
 
 // The rank-major counts and statistics an expert layout keeps.
 void compare_counts(Verdict& v, const ReceivedDispatch& e, const ReceivedDispatch& got) {
-  compare_ints(v, "recv_counts", e.recv_counts, got.recv_counts);
-  compare_ints(v, "local_expert_counts", e.local_expert_counts, got.local_expert_counts);
-  if (e.has_eplb) compare_ints(v, "eplb_gathered_stats", e.eplb_gathered, got.eplb_gathered);
+  compare_entries(v, "recv_counts", e.recv_counts, got.recv_counts);
+  compare_entries(v, "local_expert_counts", e.local_expert_counts, got.local_expert_counts);
+  if (e.has_eplb) compare_entries(v, "eplb_gathered_stats", e.eplb_gathered, got.eplb_gathered);
 }
 
 }  // namespace
@@ -273,8 +286,8 @@ Verdict check_combine(const WorkloadSpec& s, const std::vector<RankRouting>& all
   const RankRouting& mine = all[me];
   const int H = s.hidden_size, T = mine.num_tokens;
   if (output.size() != size_t(T) * s.combine_row_bytes()) {
-    v.add(int64_t(T) * H, "output: expected " + str(size_t(T) * s.combine_row_bytes()) + " bytes, got " +
-                              str(output.size()));
+    v.add(int64_t(T) * H,
+          "output: expected " + str(size_t(T) * s.combine_row_bytes()) + " bytes, got " + str(output.size()));
     return v;
   }
   std::vector<std::vector<int>> sent(s.world);  // sent[r]: my tokens that rank r holds, in row order

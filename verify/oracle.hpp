@@ -27,6 +27,13 @@ struct Verdict {
   void merge(const Verdict& other);
 };
 
+// Adds to `v`, under `name`, the entries of `got` that differ from `expected`
+// (ints by value, floats by their bits), naming the first; sizes that differ
+// count as max(expected size, 1) wrong.
+void compare_entries(Verdict& v, const char* name, const std::vector<int32_t>& expected,
+                     const std::vector<int32_t>& got);
+void compare_entries(Verdict& v, const char* name, const std::vector<float>& expected, const std::vector<float>& got);
+
 // Host copies of one rank's dispatch result.
 struct ReceivedDispatch {
   int tokens_per_rank = 0;
