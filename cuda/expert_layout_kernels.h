@@ -18,8 +18,10 @@
 namespace moe_ep {
 namespace kernels {
 
-// Rank-major rows one warp ranks at a time (one routing tile).
+// Rank-major rows one warp ranks at a time (a warp tile), and warp tiles per
+// block tile (the warps of one block: kBlockThreads / 32).
 constexpr int32_t kExpertTileRows = 32;
+constexpr int32_t kExpertTileWarps = 16;
 
 // A group's expert layout: fixed at create, the same in every call.
 struct ExpertLayoutShape {
@@ -66,14 +68,23 @@ struct ExpertRowsBuffers {
   int32_t* dropped;  // [1]: pairs that did not fit
   // Private.
   int32_t* pick_ranks;   // [world * max_tpr, top_k]: a local pick's place among its tile's pairs of its expert
-  int32_t* tile_counts;  // [tiles, E_local]: pairs per (tile, expert), then each tile's first place
+  int32_t* tile_counts;  // [expert_layout_tiles, E_local]: a warp tile's first place per expert inside its
+                         // block tile, then a block tile's first place per expert
   int32_t* token_rows;   // [world * max_tpr, top_k]: a row's expert rows in combine's order, -1 after the last
   uint32_t* ticket;      // [1]: ranking blocks finished in this call (zero between calls)
 };
 
-// Tiles of `receive_rows` rank-major rows.
-MOE_EP_HOST_DEVICE int64_t expert_layout_tiles(int64_t receive_rows) {
+// The ranking's tiles of `receive_rows` rank-major rows: warp tiles of
+// kExpertTileRows rows, grouped into block tiles of kExpertTileWarps of them.
+MOE_EP_HOST_DEVICE int64_t expert_layout_warp_tiles(int64_t receive_rows) {
   return (receive_rows + kExpertTileRows - 1) / kExpertTileRows;
+}
+MOE_EP_HOST_DEVICE int64_t expert_layout_block_tiles(int64_t receive_rows) {
+  return (receive_rows + kExpertTileRows * kExpertTileWarps - 1) / (kExpertTileRows * kExpertTileWarps);
+}
+// Rows of ExpertRowsBuffers::tile_counts: one per warp tile, then one per block tile.
+MOE_EP_HOST_DEVICE int64_t expert_layout_tiles(int64_t receive_rows) {
+  return expert_layout_warp_tiles(receive_rows) + expert_layout_block_tiles(receive_rows);
 }
 
 // After a rank-major dispatch on the same stream: counts, offsets and

@@ -1,13 +1,14 @@
 // The expansion of a rank-major receive into expert rows
 // (expert_layout_kernels.h), in two launches:
-//  1. rank: each warp takes one tile of kExpertTileRows rank-major rows and
-//     walks them in order, giving each local pick its place among the tile's
-//     pairs of its expert (a warp match per row; the warp's counters per
-//     expert in shared memory, or in its tile_counts row when E_local is too
-//     large for shared memory).  The last block to finish turns the tiles'
-//     counts into each tile's first place per expert (a scan over tiles),
-//     then the counts, offsets and dropped pairs, exactly as the HOST backend
-//     places them.
+//  1. rank: each warp takes one warp tile of kExpertTileRows rank-major rows
+//     and walks them in order, giving each local pick its place among the
+//     tile's pairs of its expert (a warp match per row; the warp's counters
+//     per expert in shared memory, or in its tile_counts row when E_local is
+//     too large for shared memory).  Each block then scans its warps' counts
+//     (a block tile), and the last block to finish scans the block tiles'
+//     totals and places the experts (counts, offsets, dropped pairs) exactly
+//     as the HOST backend does.  A pick's place in its expert is then its
+//     block tile's first place + its warp tile's + its rank.
 //  2. fill: a warp per rank-major row places its kept picks (first place +
 //     rank < count), writes their sources and weights, lists them in
 //     combine's order (token_rows) and copies the row's payload and scales to
@@ -26,6 +27,7 @@ namespace kernels {
 namespace {
 
 constexpr int kWarps = kBlockThreads / 32;
+static_assert(kWarps == kExpertTileWarps, "a block tile is one block's warps");
 // Per-warp counters in shared memory up to this many local experts (48 KiB,
 // the default dynamic shared memory limit, for kWarps warps).
 constexpr int kSharedCounterExperts = 48 * 1024 / (kWarps * 4);
@@ -92,14 +94,14 @@ __device__ void rank_tile(const ExpandParams& p, const int32_t* recv_counts, int
 // The last block: each tile's counts become its first place per expert, then
 // the experts are placed as the HOST backend places them.  The pair totals
 // wait in `counts`, which thread 0 then overwrites expert by expert.
-__device__ void place_experts(const ExpandParams& p, int64_t tiles) {
+__device__ void place_experts(const ExpandParams& p, int32_t* block_counts, int64_t block_tiles) {
   int32_t* pairs = p.rows.counts;
   const ExpertLayoutShape& s = p.shape;
   const int E = s.experts_per_rank;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     int32_t running = 0;
-    for (int64_t t = 0; t < tiles; ++t) {
-      int32_t* at = p.rows.tile_counts + t * E + e;
+    for (int64_t t = 0; t < block_tiles; ++t) {
+      int32_t* at = block_counts + t * E + e;
       const int32_t c = __ldcg(at);
       __stcg(at, running);
       running += c;
@@ -138,15 +140,27 @@ __global__ void __launch_bounds__(kBlockThreads, 1) expert_rank_kernel(const Exp
   load_counts(p, recv_counts);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, E = p.shape.experts_per_rank;
   const bool shared_counters = E <= kSharedCounterExperts;
-  const int64_t tiles = expert_layout_tiles(receive_rows(p));
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp; t < tiles;
-       t += static_cast<int64_t>(gridDim.x) * kWarps) {
-    int32_t* counter = shared_counters ? counters + warp * E : p.rows.tile_counts + t * E;
-    rank_tile(p, recv_counts, t, counter, lane);
-    if (shared_counters) {
-      for (int e = lane; e < E; e += 32) p.rows.tile_counts[t * E + e] = counter[e];
+  const int64_t receive = receive_rows(p), warp_tiles = expert_layout_warp_tiles(receive);
+  const int64_t block_tiles = expert_layout_block_tiles(receive);
+  int32_t* block_counts = p.rows.tile_counts + warp_tiles * E;
+  for (int64_t b = blockIdx.x; b < block_tiles; b += gridDim.x) {
+    const int64_t t = b * kWarps + warp;
+    if (t < warp_tiles) {
+      rank_tile(p, recv_counts, t, shared_counters ? counters + warp * E : p.rows.tile_counts + t * E, lane);
     }
-    __syncwarp();
+    __syncthreads();
+    // The block tile's scan: each warp tile's first place inside it, and its totals.
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      int32_t running = 0;
+      for (int w = 0; w < kWarps && b * kWarps + w < warp_tiles; ++w) {
+        int32_t* own = p.rows.tile_counts + (b * kWarps + w) * E + e;
+        const int32_t c = shared_counters ? counters[w * E + e] : *own;
+        *own = running;
+        running += c;
+      }
+      block_counts[b * E + e] = running;
+    }
+    __syncthreads();  // the counters are reused by the next block tile
   }
   __threadfence();
   __syncthreads();
@@ -154,7 +168,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) expert_rank_kernel(const Exp
   __syncthreads();
   if (last == 0) return;
   __threadfence();
-  place_experts(p, tiles);
+  place_experts(p, block_counts, block_tiles);
   if (threadIdx.x == 0) *p.rows.ticket = 0;  // every block has counted in
 }
 
@@ -172,9 +186,11 @@ __device__ __forceinline__ Pick pick_of(const ExpandParams& p, int64_t i, int k)
   if (k >= s.top_k) return q;
   q.expert = local_expert(s, __ldg(p.in.ids + i * s.top_k + k));
   if (q.expert < 0) return q;
-  const int64_t tile = i / kExpertTileRows;
-  const int32_t place =
-      __ldg(p.rows.tile_counts + tile * s.experts_per_rank + q.expert) + __ldg(p.rows.pick_ranks + i * s.top_k + k);
+  const int64_t E = s.experts_per_rank, warp_tiles = expert_layout_warp_tiles(receive_rows(p));
+  const int64_t warp_tile = i / kExpertTileRows, block_tile = i / (kExpertTileRows * kWarps);
+  const int32_t place = __ldg(p.rows.tile_counts + (warp_tiles + block_tile) * E + q.expert) +
+                        __ldg(p.rows.tile_counts + warp_tile * E + q.expert) +
+                        __ldg(p.rows.pick_ranks + i * s.top_k + k);
   if (place < __ldg(p.rows.counts + q.expert)) q.row = __ldg(p.rows.offsets + q.expert) + place;
   return q;
 }
@@ -205,10 +221,24 @@ __device__ void copy_to_rows(const char* src, char* base, int64_t row_bytes, int
                              int n, int lane) {
   if (bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 &&
       row_bytes % 16 == 0) {
+    // kUnroll loads in flight per lane before the stores: one at a time
+    // leaves the HBM latency-bound.
+    constexpr int kUnroll = 4;
     const int64_t vectors = bytes / 16;
-    for (int64_t v = lane; v < vectors; v += 32) {
-      const uint4 x = __ldg(reinterpret_cast<const uint4*>(src) + v);
-      for (int j = 0; j < n; ++j) reinterpret_cast<uint4*>(base + dst_rows[j] * row_bytes)[v] = x;
+    const uint4* from = reinterpret_cast<const uint4*>(src);
+    for (int64_t v0 = lane; v0 < vectors; v0 += 32 * kUnroll) {
+      uint4 x[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (v0 + u * 32 < vectors) x[u] = __ldg(from + v0 + u * 32);
+      }
+      for (int j = 0; j < n; ++j) {
+        uint4* to = reinterpret_cast<uint4*>(base + dst_rows[j] * row_bytes);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (v0 + u * 32 < vectors) to[v0 + u * 32] = x[u];
+        }
+      }
     }
     return;
   }
@@ -339,7 +369,7 @@ cudaError_t launch_expand_to_expert_rows(const ExpertLayoutShape& shape, const R
   }
   const ExpandParams p{shape, in, rows};
   const int64_t receive = static_cast<int64_t>(shape.world_size) * in.tokens_per_rank;
-  const int32_t rank_blocks = blocks_for(kWarps, expert_layout_tiles(receive), max_blocks);
+  const int32_t rank_blocks = blocks_for(1, expert_layout_block_tiles(receive), max_blocks);
   const size_t shared = shape.experts_per_rank <= kSharedCounterExperts
                             ? static_cast<size_t>(kWarps) * shape.experts_per_rank * sizeof(int32_t)
                             : 0;  // the warps count in their tile_counts rows instead
