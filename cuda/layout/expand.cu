@@ -18,6 +18,8 @@
 // expert without a sort, and the only serial step is the scan over tiles.
 #include <stdint.h>
 
+#include <cub/block/block_scan.cuh>
+
 #include "common/kernel_launch.cuh"
 #include "expert_layout_kernels.h"
 #include "moe_ep_kernels.h"
@@ -91,44 +93,82 @@ __device__ void rank_tile(const ExpandParams& p, const int32_t* recv_counts, int
   }
 }
 
-// The last block: each tile's counts become its first place per expert, then
-// the experts are placed as the HOST backend places them.  The pair totals
-// wait in `counts`, which thread 0 then overwrites expert by expert.
-__device__ void place_experts(const ExpandParams& p, int32_t* block_counts, int64_t block_tiles) {
-  int32_t* pairs = p.rows.counts;
-  const ExpertLayoutShape& s = p.shape;
-  const int E = s.experts_per_rank;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+// The last block, step 1: each block tile's totals become its first place
+// per expert, and the pair totals go to `counts` (which step 2 overwrites).
+// Each expert's block tiles are cut into up to kBlockThreads / E_local
+// ranges, summed at once, so that the serial part is short at any world size.
+__device__ void scan_block_tiles(const ExpandParams& p, int32_t* block_counts, int64_t block_tiles) {
+  __shared__ int32_t partial[kBlockThreads];
+  const int E = p.shape.experts_per_rank, threads = static_cast<int>(blockDim.x);
+  int64_t parts = E >= threads ? 1 : threads / E;
+  if (parts > block_tiles) parts = block_tiles < 1 ? 1 : block_tiles;
+  const int items = static_cast<int>(E * parts);  // <= threads when parts > 1
+  auto range = [&](int part, int64_t* t0, int64_t* t1) {
+    *t0 = block_tiles * part / parts;
+    *t1 = block_tiles * (part + 1) / parts;
+  };
+  if (parts > 1) {
+    for (int x = threadIdx.x; x < items; x += threads) {
+      int64_t t0, t1;
+      range(x / E, &t0, &t1);
+      int32_t sum = 0;
+      for (int64_t t = t0; t < t1; ++t) sum += __ldcg(block_counts + t * E + x % E);
+      partial[x] = sum;
+    }
+    __syncthreads();
+  }
+  for (int x = threadIdx.x; x < items; x += threads) {
+    const int e = x % E, part = x / E;
     int32_t running = 0;
-    for (int64_t t = 0; t < block_tiles; ++t) {
+    for (int q = 0; q < part; ++q) running += partial[q * E + e];
+    int64_t t0, t1;
+    range(part, &t0, &t1);
+    for (int64_t t = t0; t < t1; ++t) {
       int32_t* at = block_counts + t * E + e;
       const int32_t c = __ldcg(at);
       __stcg(at, running);
       running += c;
     }
-    pairs[e] = running;
+    if (part == parts - 1) p.rows.counts[e] = running;
   }
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  int64_t dropped = 0, end = 0;
-  for (int e = 0; e < E; ++e) {
-    int64_t start = 0, room = 0;
-    if (s.packed) {
-      start = (end + s.alignment - 1) / s.alignment * s.alignment;  // <= rows, an aligned total
-      room = s.rows - start;
-    } else {
-      start = static_cast<int64_t>(e) * s.capacity;
-      room = s.capacity;
+}
+
+// The last block, step 2: the experts placed as the HOST backend places them.
+// EXPERT_PACKED with a row bound: expert e starts at min(S_e, rows), S_e the
+// sum of the aligned pair counts before it (once one expert reaches the
+// bound, every later one starts there and keeps nothing), which one block
+// scan gives.
+__device__ void place_experts(const ExpandParams& p) {
+  using Scan = cub::BlockScan<int64_t, kBlockThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  __shared__ unsigned long long dropped;
+  const ExpertLayoutShape& s = p.shape;
+  const int E = s.experts_per_rank;
+  if (threadIdx.x == 0) dropped = 0;
+  __syncthreads();
+  int64_t carry = 0;  // the same in every thread (the scans' aggregates)
+  for (int first = 0; first < E; first += kBlockThreads) {
+    const int e = first + static_cast<int>(threadIdx.x);
+    const int64_t received = e < E ? p.rows.counts[e] : 0;  // the pair totals, from step 1
+    const int64_t aligned = s.packed ? (received + s.alignment - 1) / s.alignment * s.alignment : 0;
+    int64_t before = 0, total = 0;
+    Scan(scan).ExclusiveSum(aligned, before, total);
+    if (e < E) {
+      const int64_t start = s.packed ? (carry + before < s.rows ? carry + before : s.rows) : int64_t{e} * s.capacity;
+      const int64_t room = s.packed ? s.rows - start : s.capacity;
+      const int64_t count = received < room ? received : room;
+      p.rows.offsets[e] = static_cast<int32_t>(start);
+      p.rows.counts[e] = static_cast<int32_t>(count);
+      if (received > count) atomicAdd(&dropped, static_cast<unsigned long long>(received - count));
     }
-    const int64_t received = pairs[e];
-    const int64_t count = received < room ? received : room;
-    p.rows.offsets[e] = static_cast<int32_t>(start);
-    p.rows.counts[e] = static_cast<int32_t>(count);
-    dropped += received - count;
-    end = start + count;
+    carry += total;
+    __syncthreads();  // the scan's storage is reused
   }
-  p.rows.offsets[E] = s.packed ? static_cast<int32_t>((end + s.alignment - 1) / s.alignment * s.alignment) : s.rows;
-  p.rows.dropped[0] = static_cast<int32_t>(dropped < INT32_MAX ? dropped : INT32_MAX);
+  if (threadIdx.x == 0) {
+    p.rows.offsets[E] = s.packed ? static_cast<int32_t>(carry < s.rows ? carry : s.rows) : s.rows;
+    p.rows.dropped[0] = static_cast<int32_t>(dropped < INT32_MAX ? dropped : INT32_MAX);
+  }
 }
 
 __global__ void __launch_bounds__(kBlockThreads, 1) expert_rank_kernel(const ExpandParams p) {
@@ -168,7 +208,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) expert_rank_kernel(const Exp
   __syncthreads();
   if (last == 0) return;
   __threadfence();
-  place_experts(p, block_counts, block_tiles);
+  scan_block_tiles(p, block_counts, block_tiles);
+  place_experts(p);
   if (threadIdx.x == 0) *p.rows.ticket = 0;  // every block has counted in
 }
 
