@@ -265,6 +265,8 @@ int main() {
       {"packed top_k 40", 1, 0, 64, 40, 16, 16, 32, P, 0, 8, 0, bf16, 0, 0, true, false},
       {"packed 1024 local experts", 2, 1, 2048, 8, 96, 96, 64, P, 0, 4, 0, bf16, 0, 0, true, false},
       {"major many sources", 8, 5, 64, 6, 24, 24, 48, M, 0, 0, 0, bf16, 0, 0, true, false},
+      {"packed many block tiles drop", 4, 3, 8, 2, 700, 650, 32, P, 0, 64, 1024, bf16, 0, 0, true, false},
+      {"major many block tiles", 4, 0, 16, 5, 600, 555, 16, M, 0, 0, 0, fp32, 0, 0, false, false},
       {"packed no rows", 2, 0, 8, 2, 16, 0, 64, P, 0, 4, 0, bf16, 0, 0, true, false},
   };
   std::mt19937_64 rng(std::random_device{}());
