@@ -1,0 +1,167 @@
+// Device helpers of the FP8 wire's kernels (wire_kernels.h): the e4m3fn
+// conversions and the block scale, bit for bit those of src/wire_format.cpp,
+// and the warp's walk over the rows of a WireRowSet.
+//
+// Every lane of a warp holds 8 consecutive elements of a 256-element chunk
+// of a row: lanes 0-15 one 128-element block, lanes 16-31 the next, so a
+// block's amax is a reduction over a half warp and no element of a lane
+// crosses a block.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/host_device.h"
+#include "moe_ep_kernels.h"
+#include "wire_kernels.h"
+
+// The wire's rounding needs IEEE division and subnormal fp32 values
+// (scales down to 2^-149, quotients in e4m3's subnormal range).
+#if defined(__CUDA_FTZ) && __CUDA_FTZ
+#error "the FP8 wire kernels need -ftz=false"
+#endif
+#if defined(__CUDA_PREC_DIV) && !__CUDA_PREC_DIV
+#error "the FP8 wire kernels need -prec-div=true"
+#endif
+
+namespace moe_ep {
+namespace kernels {
+namespace wire {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kLaneElems = 8;
+constexpr int kChunkElems = 32 * kLaneElems;
+constexpr uint32_t kE4m3MaxBits = 0x43E00000u;  // 448.0f
+constexpr uint8_t kE4m3NaN = 0x7F;
+
+// fp32 to e4m3fn: round to nearest even, saturated to +-448 (Inf included),
+// NaN to 0x7F (src/wire_format.cpp's float_to_e4m3).
+__device__ __forceinline__ uint32_t float_to_e4m3(float value) {
+  const uint32_t u = __float_as_uint(value);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return kE4m3NaN;
+  if (a >= kE4m3MaxBits) return sign | 0x7Eu;
+  if (a < 0x3C800000u) {  // below 2^-6: a multiple of 2^-9, |value| * 2^9 is exact
+    return sign | static_cast<uint32_t>(rintf(__fmul_rn(__uint_as_float(a), 512.0f)));
+  }
+  const uint32_t rounded = (a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;  // biased exponent << 3 | 3 mantissa bits
+  return sign | min(rounded - (120u << 3), 0x7Eu);
+}
+
+// The value of a code; 0x7F and 0xFF give the quiet NaN with the code's sign.
+__device__ __forceinline__ float e4m3_to_float(uint32_t code) {
+  const uint32_t exp = (code >> 3) & 0xFu, man = code & 7u, sign = (code & 0x80u) << 24;
+  if ((code & 0x7Fu) == 0x7Fu) return __uint_as_float(0x7FC00000u | sign);
+  const uint32_t mag = exp == 0 ? __float_as_uint(__fmul_rn(static_cast<float>(man), 1.0f / 512.0f))
+                                : ((exp + 120u) << 23) | (man << 20);
+  return __uint_as_float(mag | sign);
+}
+
+// 2^e for e in [-149, 127], from the bits.
+__device__ __forceinline__ float power_of_two(int32_t e) {
+  return e >= -126 ? __uint_as_float(static_cast<uint32_t>(e + 127) << 23) : __uint_as_float(1u << (e + 149));
+}
+
+// The scale of a block whose largest finite magnitude is amax (wire_block_scale).
+__device__ __forceinline__ float block_scale(float amax, int32_t rule) {
+  if (!(amax > 0.0f)) return 1.0f;
+  if (rule == kWireScaleUe8m0) {
+    // amax = 1.m * 2^k: the smallest e with 448 * 2^e >= amax is k - 8 when
+    // 1.m <= 1.75, else k - 7.
+    const uint32_t u = __float_as_uint(amax);
+    int32_t k = static_cast<int32_t>(u >> 23) - 127;
+    uint32_t man = u & 0x7FFFFFu;
+    if ((u >> 23) == 0) {  // subnormal: shift the leading one to bit 23
+      const int32_t shift = __clz(static_cast<int32_t>(man)) - 8;
+      man = (man << shift) & 0x7FFFFFu;
+      k = -126 - shift;
+    }
+    const int32_t e = man <= 0x600000u ? k - 8 : k - 7;
+    return power_of_two(max(e, -127));
+  }
+  const float s = __fdiv_rn(amax, 448.0f);
+  return s > 0.0f ? s : power_of_two(-149);
+}
+
+// Loads of 8 elements of a row as fp32 (exact), from a 16-byte vector or one
+// by one (elements at or past `elems` read as 0).
+__device__ __forceinline__ uint4 load_nc(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+
+template <int kDtype>
+struct Elements;
+
+template <>
+struct Elements<kCombineBf16> {
+  static constexpr int kBytes = 2;
+  static __device__ __forceinline__ void load_vector(const char* p, float (&v)[kLaneElems]) {
+    const uint4 x = load_nc(p);
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = __uint_as_float(w[k] << 16);
+      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+  static __device__ __forceinline__ float load(const char* p) {
+    return __uint_as_float(static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(p)) << 16);
+  }
+};
+
+template <>
+struct Elements<kCombineFp16> {
+  static constexpr int kBytes = 2;
+  static __device__ __forceinline__ void load_vector(const char* p, float (&v)[kLaneElems]) {
+    const uint4 x = load_nc(p);
+    const __half2* h = reinterpret_cast<const __half2*>(&x);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __half22float2(h[k]);
+      v[2 * k] = f.x;
+      v[2 * k + 1] = f.y;
+    }
+  }
+  static __device__ __forceinline__ float load(const char* p) {
+    return __half2float(*reinterpret_cast<const __half*>(p));
+  }
+};
+
+template <>
+struct Elements<kCombineFp32> {
+  static constexpr int kBytes = 4;
+  static __device__ __forceinline__ void load_vector(const char* p, float (&v)[kLaneElems]) {
+    const uint4 a = load_nc(p), b = load_nc(p + 16);
+    v[0] = __uint_as_float(a.x), v[1] = __uint_as_float(a.y), v[2] = __uint_as_float(a.z), v[3] = __uint_as_float(a.w);
+    v[4] = __uint_as_float(b.x), v[5] = __uint_as_float(b.y), v[6] = __uint_as_float(b.z), v[7] = __uint_as_float(b.w);
+  }
+  static __device__ __forceinline__ float load(const char* p) { return *reinterpret_cast<const float*>(p); }
+};
+
+// Whether row `row` of the set is taken.
+__device__ __forceinline__ bool row_taken(const WireRowSet& set, int64_t row) {
+  if (set.counts == nullptr) return true;
+  const int64_t source = row / set.per_source;
+  return row - source * set.per_source < __ldg(set.counts + source);
+}
+
+// The rows a warp walks: every row of the set, taken or not.
+MOE_EP_HOST_DEVICE int64_t set_rows(const WireRowSet& set) {
+  return set.counts == nullptr ? set.rows : static_cast<int64_t>(set.sources) * set.per_source;
+}
+
+// Host side: the set's checks and the grid for it.
+inline bool valid_row_set(const WireRowSet& set) {
+  if (set.counts == nullptr) return set.rows >= 0;
+  return set.sources >= 0 && set.per_source >= 0;
+}
+inline int wire_grid(const WireRowSet& set, int32_t max_blocks) {
+  int64_t blocks = (set_rows(set) + kWarps - 1) / kWarps;
+  if (blocks > max_blocks) blocks = max_blocks;
+  return blocks < 1 ? 1 : static_cast<int>(blocks);
+}
+
+}  // namespace wire
+}  // namespace kernels
+}  // namespace moe_ep
