@@ -21,6 +21,14 @@ namespace kernels {
 // Tokens per routing chunk (one block of the route kernel).
 constexpr int32_t kNcclRouteChunk = kBlockThreads;
 
+// The NCCL backend's view of a group: the shape every GPU kernel shares, and
+// whether each metadata block also carries its rows' source token indices
+// (the expert layouts read them when they expand the receive into expert rows;
+// a rank-major group sends none of those bytes).
+struct NcclShape : GroupShape {
+  int32_t source_tokens;  // nonzero: every metadata block holds [tpr] int32 token indices
+};
+
 // int32 fields of the header every rank sends every rank with a dispatch:
 // [0] kNcclHeaderTag, [1] the sender's tokens_per_rank, [2] its row count for
 // the receiver, [3, 3+epr) its picks per expert of the receiver, then (EPLB on)
@@ -28,7 +36,7 @@ constexpr int32_t kNcclRouteChunk = kBlockThreads;
 // (row data) that a mismatched transfer might leave where the receiver looks.
 constexpr int32_t kNcclHeaderFixed = 3;
 constexpr int32_t kNcclHeaderTag = 0x4E45504D;  // "MPEN"
-MOE_EP_HOST_DEVICE int32_t nccl_header_ints(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int32_t nccl_header_ints(const NcclShape& s) {
   return kNcclHeaderFixed + s.experts_per_rank + (s.eplb_enabled ? s.num_experts : 0);
 }
 
@@ -36,35 +44,40 @@ MOE_EP_HOST_DEVICE int64_t nccl_round_up(int64_t v, int64_t to) { return (v + to
 
 // The metadata of one segment of tpr rows, contiguous so that one NCCL send
 // moves it (every extra send or receive in a group costs NCCL a few us):
-//   [header][ids: tpr x top_k int32][weights: tpr x top_k float][scales: tpr rows]
-MOE_EP_HOST_DEVICE int64_t nccl_meta_ids_offset(const GroupShape& s) {
+//   [header][ids: tpr x top_k int32][weights: tpr x top_k float]
+//   [tokens: tpr int32, source_tokens only][scales: tpr rows]
+// (the tokens before the scales: scale rows need not be 4-byte multiples).
+MOE_EP_HOST_DEVICE int64_t nccl_meta_ids_offset(const NcclShape& s) {
   return static_cast<int64_t>(nccl_header_ints(s)) * 4;
 }
-MOE_EP_HOST_DEVICE int64_t nccl_meta_weights_offset(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_weights_offset(const NcclShape& s, int64_t tpr) {
   return nccl_meta_ids_offset(s) + tpr * s.top_k * 4;
 }
-MOE_EP_HOST_DEVICE int64_t nccl_meta_scales_offset(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_tokens_offset(const NcclShape& s, int64_t tpr) {
   return nccl_meta_ids_offset(s) + tpr * s.top_k * 8;
 }
-MOE_EP_HOST_DEVICE int64_t nccl_meta_bytes(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_scales_offset(const NcclShape& s, int64_t tpr) {
+  return nccl_meta_tokens_offset(s, tpr) + (s.source_tokens ? tpr * 4 : 0);
+}
+MOE_EP_HOST_DEVICE int64_t nccl_meta_bytes(const NcclShape& s, int64_t tpr) {
   return nccl_meta_scales_offset(s, tpr) + tpr * s.scale_row_bytes;
 }
 // The block rounded up to 16 bytes.
-MOE_EP_HOST_DEVICE int64_t nccl_meta_span(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_span(const NcclShape& s, int64_t tpr) {
   return nccl_round_up(nccl_meta_bytes(s, tpr), 16);
 }
 // What a block placed before rows occupies: rounded up to 256 bytes, so that
 // the [block | rows] operation starts as aligned as the rows (a start aligned
 // to 16 bytes only makes that rank's transfer slower).
-MOE_EP_HOST_DEVICE int64_t nccl_meta_lead(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_lead(const NcclShape& s, int64_t tpr) {
   return nccl_round_up(nccl_meta_bytes(s, tpr), 256);
 }
 // Distance between two ranks' blocks in recv_meta (16-byte multiple).  The
 // host checks every product here for overflow when it plans the workspace.
-MOE_EP_HOST_DEVICE int64_t nccl_meta_stride(const GroupShape& s) { return nccl_meta_span(s, s.max_tokens_per_rank); }
+MOE_EP_HOST_DEVICE int64_t nccl_meta_stride(const NcclShape& s) { return nccl_meta_span(s, s.max_tokens_per_rank); }
 // Room for one block at max_tokens_per_rank, 256-byte multiple: kept before
 // and after the receive rows and in every send segment.
-MOE_EP_HOST_DEVICE int64_t nccl_meta_gap(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int64_t nccl_meta_gap(const NcclShape& s) {
   return nccl_round_up(nccl_meta_bytes(s, s.max_tokens_per_rank), 256);
 }
 
@@ -77,24 +90,24 @@ MOE_EP_HOST_DEVICE int64_t nccl_meta_gap(const GroupShape& s) {
 // blocks of the other sources go to recv_meta in an operation of their own.
 // A send segment has the same shape as what its receiver expects: source
 // world-1 keeps its block after its rows, every other source before them.
-MOE_EP_HOST_DEVICE bool nccl_meta_after_rows(const GroupShape& s, int src) { return src == s.world_size - 1; }
+MOE_EP_HOST_DEVICE bool nccl_meta_after_rows(const NcclShape& s, int src) { return src == s.world_size - 1; }
 // Whether source src's block and rows are one operation: it borders the
 // receive rows, and rows are 16-byte multiples (a block after rows then
 // starts exactly at their end, aligned for its int32 fields).
-MOE_EP_HOST_DEVICE bool nccl_meta_joins_rows(const GroupShape& s, int src) {
+MOE_EP_HOST_DEVICE bool nccl_meta_joins_rows(const NcclShape& s, int src) {
   return s.hidden_row_bytes % 16 == 0 && (src == 0 || src == s.world_size - 1);
 }
 // Distance between two destinations' send segments: the gap and
 // max_tokens_per_rank rows (16-byte rounded), 256-byte multiple.
-MOE_EP_HOST_DEVICE int64_t nccl_send_segment_stride(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int64_t nccl_send_segment_stride(const NcclShape& s) {
   return nccl_round_up(
       nccl_round_up(static_cast<int64_t>(s.max_tokens_per_rank) * s.hidden_row_bytes, 16) + nccl_meta_gap(s), 256);
 }
 // Inside this rank's send segment (for any destination): its rows and its block.
-MOE_EP_HOST_DEVICE int64_t nccl_send_rows_offset(const GroupShape& s) {
+MOE_EP_HOST_DEVICE int64_t nccl_send_rows_offset(const NcclShape& s) {
   return nccl_meta_after_rows(s, s.rank) ? 0 : nccl_meta_gap(s);
 }
-MOE_EP_HOST_DEVICE int64_t nccl_send_meta_offset(const GroupShape& s, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_send_meta_offset(const NcclShape& s, int64_t tpr) {
   return nccl_meta_after_rows(s, s.rank) ? nccl_round_up(tpr * s.hidden_row_bytes, 16)
                                          : nccl_meta_gap(s) - nccl_meta_lead(s, tpr);
 }
@@ -102,7 +115,7 @@ MOE_EP_HOST_DEVICE int64_t nccl_send_meta_offset(const GroupShape& s, int64_t tp
 // (src 0: just before the rows; src world-1: just after the world x tpr
 // rows), or -1 when it lands in recv_meta (the other sources, and this
 // rank's own header).
-MOE_EP_HOST_DEVICE int64_t nccl_recv_meta_offset(const GroupShape& s, int src, int64_t tpr) {
+MOE_EP_HOST_DEVICE int64_t nccl_recv_meta_offset(const NcclShape& s, int src, int64_t tpr) {
   if (src == s.rank) return -1;
   if (src == 0) return -nccl_meta_lead(s, tpr);
   if (src == s.world_size - 1) return nccl_round_up(s.world_size * tpr * s.hidden_row_bytes, 16);
@@ -129,6 +142,8 @@ struct NcclBuffers {
   char* recv_scales;           // NULL without scales
   int32_t* recv_ids;
   float* recv_weights;
+  int32_t* recv_tokens;        // [world][max_tpr]: each received row's token index on its source (rows past
+                               // recv_counts are never read); NULL unless source_tokens
   char* recv_meta;             // [world][meta stride]: what each source sent (own: header only)
   int32_t* recv_counts;        // [world]
   int32_t* local_expert_counts;// [experts_per_rank]
@@ -178,27 +193,28 @@ struct NcclCombineLaunch {
 // Before the NCCL exchange, one launch: routing, and (its last block) the
 // scan of the chunk counts and the headers.  Stream-ordered, no host
 // synchronisation; leaves expert_hist and route_done zero for the next call.
-cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffers& buffers,
+cudaError_t launch_nccl_dispatch_route(const NcclShape& shape, const NcclBuffers& buffers,
                                        const NcclDispatchLaunch& args, cudaStream_t stream);
 // After route: the token slots (kept for combine), rows, rewritten ids,
-// weights, scales and padding rows into the send segments (peers) and the
-// result rows (own), as `rows` selects, for the slots [slot_begin, slot_end)
+// weights, source token indices (source_tokens), scales and padding rows into
+// the send segments (peers) and the result rows (own), as `rows` selects, for the slots [slot_begin, slot_end)
 // of every segment (0 <= slot_begin <= slot_end <= tokens_per_rank, else
 // cudaErrorInvalidValue and nothing launched): a pipelined dispatch packs one
 // row range while NCCL moves the previous one.
-cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
+cudaError_t launch_nccl_dispatch_pack(const NcclShape& shape, const NcclBuffers& buffers,
                                       const NcclDispatchLaunch& args, int32_t rows, int32_t slot_begin,
                                       int32_t slot_end, cudaStream_t stream);
 // After the NCCL exchange: checks every received header, then recv_counts,
 // local_expert_counts and the gathered EPLB statistics (block 0), and moves
-// the received ids, weights and scales into the result rows (every block).
-cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
+// the received ids, weights, source token indices and scales into the result
+// rows (every block).
+cudaError_t launch_nccl_dispatch_finish(const NcclShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
                                         int32_t max_blocks, cudaStream_t stream);
 // After combine's NCCL exchange of the slots the tokens [token_begin,
 // token_end) use (a token's slot on any rank is at most its index): the sum
 // over ranks in ascending rank order, fp32 accumulation (bitwise equal to the
 // HOST backend).
-cudaError_t launch_nccl_combine_reduce(const GroupShape& shape, const NcclBuffers& buffers,
+cudaError_t launch_nccl_combine_reduce(const NcclShape& shape, const NcclBuffers& buffers,
                                        const NcclCombineLaunch& args, cudaStream_t stream);
 
 }  // namespace kernels

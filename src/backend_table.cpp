@@ -63,7 +63,7 @@ const BackendEntry kNccl{
       return make_nccl_backend(layout, config, bootstrap);
     },
     kMaxMicroBatches,
-    /*expert_layouts=*/false,
+    /*expert_layouts=*/true,
     /*fp8_wire=*/false,
 };
 

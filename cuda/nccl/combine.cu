@@ -22,7 +22,7 @@ constexpr int kRowsAtOnce = 4;
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 template <typename Element, bool kVector>
-__global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, NcclBuffers b, NcclCombineLaunch a) {
+__global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(NcclShape s, NcclBuffers b, NcclCombineLaunch a) {
   using Bits = typename Element::Bits;
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * kWarpsPerBlock;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(GroupShape s, 
 }
 
 template <typename Element>
-cudaError_t launch_for(const GroupShape& s, const NcclBuffers& b, const NcclCombineLaunch& a, cudaStream_t stream) {
+cudaError_t launch_for(const NcclShape& s, const NcclBuffers& b, const NcclCombineLaunch& a, cudaStream_t stream) {
   int64_t blocks = (a.token_end - a.token_begin + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (a.max_blocks > 0 && blocks > 2 * a.max_blocks) blocks = 2 * a.max_blocks;  // two blocks fit an SM
   if (blocks < 1) return cudaSuccess;  // no token on this rank
@@ -116,7 +116,7 @@ cudaError_t launch_for(const GroupShape& s, const NcclBuffers& b, const NcclComb
 
 }  // namespace
 
-cudaError_t launch_nccl_combine_reduce(const GroupShape& shape, const NcclBuffers& buffers,
+cudaError_t launch_nccl_combine_reduce(const NcclShape& shape, const NcclBuffers& buffers,
                                        const NcclCombineLaunch& args, cudaStream_t stream) {
   switch (shape.combine_dtype) {
     case kCombineBf16: return launch_for<Bf16Element>(shape, buffers, args, stream);

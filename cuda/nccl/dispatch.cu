@@ -12,15 +12,17 @@
 //           [0, tokens_per_rank) unless dispatch is pipelined): the token's
 //           final slots (chunk prefix + slot in the chunk, kept for combine),
 //           then the row into the destination's send segment and the
-//           rewritten ids, the weights and the scales into its metadata block
+//           rewritten ids, the weights, the token's index (expert layouts)
+//           and the scales into its metadata block
 //           (or, for this rank, all into the result rows); padding rows of ids
 //           and weights (invalid id, 0) for the range's rows past each
 //           destination's count;
 //   finish  after NCCL: checks each received header against this rank's
 //           tokens_per_rank (a bad one is dropped and reported, never used
 //           as an index), then recv_counts, local_expert_counts, EPLB rows
-//           (block 0), and every block moves the received ids, weights and
-//           scales from the metadata blocks into the result rows.
+//           (block 0), and every block moves the received ids, weights,
+//           token indices and scales from the metadata blocks into the
+//           result rows.
 #include <stdint.h>
 
 #include "common/fast_division.h"
@@ -32,11 +34,11 @@ namespace moe_ep {
 namespace kernels {
 namespace {
 
-__device__ __forceinline__ bool valid_expert(const GroupShape& s, int32_t id) {
+__device__ __forceinline__ bool valid_expert(const NcclShape& s, int32_t id) {
   return static_cast<uint32_t>(id) < static_cast<uint32_t>(s.num_experts);
 }
 
-__device__ __forceinline__ int owner(const GroupShape& s, int32_t id) {
+__device__ __forceinline__ int owner(const NcclShape& s, int32_t id) {
   return static_cast<int>(divide_by_magic(static_cast<uint32_t>(id), s.owner_magic, s.owner_shift));
 }
 
@@ -49,7 +51,7 @@ constexpr int kSharedHistogram = 4096;
 constexpr int kPicksAtOnce = 16;
 
 // Ranks owning a valid pick of the token; counts the picks into `hist`, records bad ids.
-__device__ uint64_t route_token(const GroupShape& s, const NcclBuffers& b, const int32_t* ids, int32_t token,
+__device__ uint64_t route_token(const NcclShape& s, const NcclBuffers& b, const int32_t* ids, int32_t token,
                                 int32_t* hist) {
   uint64_t mask = 0;
   const int32_t* row = ids + static_cast<int64_t>(token) * s.top_k;
@@ -76,13 +78,13 @@ __device__ uint64_t route_token(const GroupShape& s, const NcclBuffers& b, const
 }
 
 // This rank's send segment for destination d.
-__device__ __forceinline__ char* send_segment(const GroupShape& s, const NcclBuffers& b, int d) {
+__device__ __forceinline__ char* send_segment(const NcclShape& s, const NcclBuffers& b, int d) {
   return b.send_segments + d * nccl_send_segment_stride(s);
 }
 
 // Where this rank's metadata block for destination d goes (d == rank: its own
 // receive block in recv_meta, which only ever holds the header).
-__device__ __forceinline__ char* meta_for(const GroupShape& s, const NcclBuffers& b, int d, int64_t tpr) {
+__device__ __forceinline__ char* meta_for(const NcclShape& s, const NcclBuffers& b, int d, int64_t tpr) {
   return d == s.rank ? b.recv_meta + d * nccl_meta_stride(s) : send_segment(s, b, d) + nccl_send_meta_offset(s, tpr);
 }
 
@@ -93,7 +95,7 @@ constexpr int kChunksAtOnce = 8;
 // chunk rows -> exclusive prefix per destination, rows per destination, and
 // the header of every destination; then the histogram and the counter are
 // cleared for the next call (stream order makes that visible to it).
-__device__ void scan_and_write_headers(const GroupShape& s, const NcclBuffers& b, const NcclDispatchLaunch& a,
+__device__ void scan_and_write_headers(const NcclShape& s, const NcclBuffers& b, const NcclDispatchLaunch& a,
                                        int chunks) {
   for (int d = threadIdx.x; d < s.world_size; d += blockDim.x) {
     int32_t running = 0;
@@ -136,7 +138,7 @@ __device__ void scan_and_write_headers(const GroupShape& s, const NcclBuffers& b
   if (threadIdx.x == 0) *b.route_done = 0u;
 }
 
-__global__ void __launch_bounds__(kBlockThreads) route_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a) {
+__global__ void __launch_bounds__(kBlockThreads) route_kernel(NcclShape s, NcclBuffers b, NcclDispatchLaunch a) {
   __shared__ uint32_t warp_counts[kWarpsPerBlock][kMaxWorldSize];
   __shared__ int32_t shared_hist[kSharedHistogram];
   __shared__ bool last_block;
@@ -200,7 +202,7 @@ struct SegmentRow {
   float* weights;
 };
 
-__device__ __forceinline__ SegmentRow segment_row(const GroupShape& s, const NcclBuffers& b, int tpr, int d,
+__device__ __forceinline__ SegmentRow segment_row(const NcclShape& s, const NcclBuffers& b, int tpr, int d,
                                                   int32_t slot) {
   const int64_t row = static_cast<int64_t>(d) * tpr + slot;
   SegmentRow r;
@@ -219,6 +221,16 @@ __device__ __forceinline__ SegmentRow segment_row(const GroupShape& s, const Ncc
   return r;
 }
 
+// Where the row of `r` (slot `slot` of destination d's segment) keeps its
+// source token index (source_tokens only): in the metadata block, just after
+// the block's weights (nccl_meta_tokens_offset), or (d == rank) in the
+// results.  Derived from r.weights: the pack kernel has no registers to spare.
+__device__ __forceinline__ int32_t* segment_token(const NcclShape& s, const NcclBuffers& b, const SegmentRow& r,
+                                                  int tpr, int d, int32_t slot) {
+  if (d == s.rank) return b.recv_tokens + static_cast<int64_t>(d) * tpr + slot;
+  return reinterpret_cast<int32_t*>(r.weights + static_cast<int64_t>(tpr - slot) * s.top_k) + slot;
+}
+
 __device__ __forceinline__ bool packs(int32_t rows, int d, int rank) {
   return rows == kPackAll || ((rows == kPackOwn) == (d == rank));
 }
@@ -226,7 +238,7 @@ __device__ __forceinline__ bool packs(int32_t rows, int d, int rank) {
 // The token's final slots (its chunk's prefix plus its slot in the chunk),
 // read by a warp; the entries of the destinations this launch packs are
 // stored for combine (two launches packing disjoint destinations may run at once).
-__device__ __forceinline__ TokenDestinations final_slots(const GroupShape& s, const NcclBuffers& b, int32_t t,
+__device__ __forceinline__ TokenDestinations final_slots(const NcclShape& s, const NcclBuffers& b, int32_t t,
                                                          int32_t which, int lane) {
   const int64_t row = static_cast<int64_t>(t) * s.world_size;
   const int64_t chunk = static_cast<int64_t>(t / kNcclRouteChunk) * s.world_size;
@@ -254,7 +266,10 @@ __device__ __forceinline__ TokenDestinations final_slots(const GroupShape& s, co
 // ascending source order), so tokens below slot_begin have nothing there and
 // are not visited (a pipelined dispatch's first range, from 0, stores every
 // token's slots); the others skip the destinations whose slot lies outside.
-__global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclBuffers b, NcclDispatchLaunch a,
+// kTokens (s.source_tokens) also stores each row's token index: a template
+// argument, so that the rank-major kernel spends no register on it.
+template <bool kTokens>
+__global__ void __launch_bounds__(kBlockThreads) pack_kernel(NcclShape s, NcclBuffers b, NcclDispatchLaunch a,
                                                              int32_t which, int32_t slot_begin, int32_t slot_end) {
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * kWarpsPerBlock;
@@ -279,10 +294,12 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
         const int32_t id = __ldg(ids + k);
         r.ids[k] = valid_expert(s, id) && owner(s, id) == d ? id : s.invalid_expert_id;
         r.weights[k] = weights ? __ldg(weights + k) : 0.0f;
+        if (kTokens && k == 0) *segment_token(s, b, r, tpr, d, slot) = t;
       }
     }
   }
-  // Padding rows of the range in every segment: ids invalid, weights 0.
+  // Padding rows of the range in every segment: ids invalid, weights 0 (their
+  // token indices are never read: the expansion reads received rows only).
   const int64_t span = slot_end - slot_begin;
   const int64_t rows = static_cast<int64_t>(s.world_size) * span;
   const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -299,11 +316,11 @@ __global__ void __launch_bounds__(kBlockThreads) pack_kernel(GroupShape s, NcclB
 }
 
 // The metadata block received from src (src == rank: this rank's own header).
-__device__ __forceinline__ const char* received_meta(const GroupShape& s, const NcclBuffers& b, int src, int64_t tpr) {
+__device__ __forceinline__ const char* received_meta(const NcclShape& s, const NcclBuffers& b, int src, int64_t tpr) {
   const int64_t at = nccl_recv_meta_offset(s, src, tpr);
   return at == -1 ? b.recv_meta + src * nccl_meta_stride(s) : b.recv_hidden + at;
 }
-__device__ __forceinline__ const int32_t* received_header(const GroupShape& s, const NcclBuffers& b, int src,
+__device__ __forceinline__ const int32_t* received_header(const NcclShape& s, const NcclBuffers& b, int src,
                                                           int64_t tpr) {
   return reinterpret_cast<const int32_t*>(received_meta(s, b, src, tpr));
 }
@@ -313,7 +330,7 @@ __device__ __forceinline__ bool header_fits(const int32_t* h, int32_t tpr) {
 }
 
 // Block 0: counts, errors, expert counts, EPLB rows.
-__device__ void finish_counts(const GroupShape& s, const NcclBuffers& b, int32_t tpr, const int32_t* valid_rows) {
+__device__ void finish_counts(const NcclShape& s, const NcclBuffers& b, int32_t tpr, const int32_t* valid_rows) {
   for (int src = threadIdx.x; src < s.world_size; src += blockDim.x) {
     b.recv_counts[src] = valid_rows[src] >= 0 ? valid_rows[src] : 0;
   }
@@ -355,7 +372,7 @@ __device__ void grid_copy(char* dst, const char* src, int64_t bytes, int64_t thr
   }
 }
 
-__global__ void __launch_bounds__(kBlockThreads) finish_kernel(GroupShape s, NcclBuffers b, int32_t tpr) {
+__global__ void __launch_bounds__(kBlockThreads) finish_kernel(NcclShape s, NcclBuffers b, int32_t tpr) {
   __shared__ int32_t valid_rows[kMaxWorldSize];
   for (int src = threadIdx.x; src < s.world_size; src += blockDim.x) {
     const int32_t* h = received_header(s, b, src, tpr);
@@ -380,6 +397,11 @@ __global__ void __launch_bounds__(kBlockThreads) finish_kernel(GroupShape s, Ncc
       out_ids[i] = valid ? ids[i] : s.invalid_expert_id;
       out_weights[i] = valid ? weights[i] : 0.0f;
     }
+    if (s.source_tokens) {
+      const int32_t* tokens = reinterpret_cast<const int32_t*>(meta + nccl_meta_tokens_offset(s, tpr));
+      int32_t* out_tokens = b.recv_tokens + static_cast<int64_t>(src) * tpr;
+      for (int64_t i = thread; i < tpr; i += threads) out_tokens[i] = valid ? tokens[i] : -1;
+    }
     if (valid && s.scale_row_bytes) {
       grid_copy(b.recv_scales + src * tpr * s.scale_row_bytes, meta + nccl_meta_scales_offset(s, tpr),
                 tpr * s.scale_row_bytes, thread, threads);
@@ -396,7 +418,7 @@ int32_t blocks_for(int64_t work, int64_t per_block, int32_t max_blocks) {
 
 }  // namespace
 
-cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffers& buffers,
+cudaError_t launch_nccl_dispatch_route(const NcclShape& shape, const NcclBuffers& buffers,
                                        const NcclDispatchLaunch& args, cudaStream_t stream) {
   // At least one block: the last block writes the headers even when no token is here.
   const int32_t chunks = blocks_for(args.num_tokens, kNcclRouteChunk, 0);
@@ -404,7 +426,7 @@ cudaError_t launch_nccl_dispatch_route(const GroupShape& shape, const NcclBuffer
   return cudaGetLastError();
 }
 
-cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers& buffers,
+cudaError_t launch_nccl_dispatch_pack(const NcclShape& shape, const NcclBuffers& buffers,
                                       const NcclDispatchLaunch& args, int32_t rows, int32_t slot_begin,
                                       int32_t slot_end, cudaStream_t stream) {
   if (slot_begin < 0 || slot_begin > slot_end || slot_end > args.tokens_per_rank) return cudaErrorInvalidValue;
@@ -415,16 +437,20 @@ cudaError_t launch_nccl_dispatch_pack(const GroupShape& shape, const NcclBuffers
   int32_t blocks = blocks_for(tokens, kWarpsPerBlock, args.max_blocks);
   const int32_t padding_blocks = blocks_for(padding, 4 * kBlockThreads, args.max_blocks);
   if (padding_blocks > blocks) blocks = padding_blocks;
-  pack_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, args, rows, slot_begin, slot_end);
+  if (shape.source_tokens) {
+    pack_kernel<true><<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, args, rows, slot_begin, slot_end);
+  } else {
+    pack_kernel<false><<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, args, rows, slot_begin, slot_end);
+  }
   return cudaGetLastError();
 }
 
-cudaError_t launch_nccl_dispatch_finish(const GroupShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
+cudaError_t launch_nccl_dispatch_finish(const NcclShape& shape, const NcclBuffers& buffers, int32_t tokens_per_rank,
                                         int32_t max_blocks, cudaStream_t stream) {
   // The received metadata of every peer: about one entry per thread (each
   // thread's loads wait behind its previous stores).
-  const int64_t entries =
-      static_cast<int64_t>(shape.world_size - 1) * tokens_per_rank * (shape.top_k + (shape.scale_row_bytes + 3) / 4);
+  const int64_t entries = static_cast<int64_t>(shape.world_size - 1) * tokens_per_rank *
+                          (shape.top_k + (shape.source_tokens ? 1 : 0) + (shape.scale_row_bytes + 3) / 4);
   const int32_t blocks = blocks_for(entries, kBlockThreads, max_blocks);
   finish_kernel<<<blocks, kBlockThreads, 0, stream>>>(shape, buffers, tokens_per_rank);
   return cudaGetLastError();

@@ -30,9 +30,13 @@
 #include <vector>
 
 #include "collective_step.hpp"
-#include "error.hpp"
-#include "gpu/device_copy.hpp"
+#include "common/cuda_check.hpp"
+#include "common/host_identity.hpp"
+#include "common/log.hpp"
 #include "common/tuning_registry.hpp"
+#include "error.hpp"
+#include "expert_layout_kernels.h"
+#include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
 #include "gpu/peer_segments_copy.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
@@ -42,9 +46,6 @@
 #include "nccl/nccl_workspace.hpp"
 #include "nccl/nccl_workspace_memory.hpp"
 #include "nccl_kernels.h"
-#include "common/cuda_check.hpp"
-#include "common/host_identity.hpp"
-#include "common/log.hpp"
 #include "nvlink/workspace_plan.hpp"
 
 namespace moe_ep {
@@ -102,6 +103,8 @@ unsigned long long capture_of(cudaStream_t stream) {
 // there is one, exactly the backend's state before it had slots.
 struct NcclSlot {
   kernels::NcclBuffers buffers{};
+  kernels::ExpertRowsBuffers expert{};            // the expert layout's results and state (all NULL for RANK_MAJOR)
+  char* expert_combine_rows = nullptr;            // expert layouts: the folded rank-major rows combine sends
   char* view = nullptr;                           // its combine_input view (zero_copy_combine), else NULL
   std::unique_ptr<OwnWork> own_work;              // its last eager call and graph replay
   cudaStream_t side_stream = nullptr;             // own-row packing (lowest priority)
@@ -180,7 +183,7 @@ class NcclBackend final : public Backend {
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     NcclSlot& slot = slots_[0];
     post_dispatch(slot, call, s);
-    finish_dispatch(slot, call.tokens_per_rank, s);
+    finish_dispatch(slot, call.tokens_per_rank, call.has_weights, s);
     slot.own_work->note(s);
     return dispatch_results(slot, call.has_weights);
   }
@@ -196,7 +199,8 @@ class NcclBackend final : public Backend {
     kernels::NcclCombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
-    a.expert_output = call.expert_output;  // the own rows, read in place
+    // The own rows, read in place (expert layouts: in the folded rows).
+    a.expert_output = layout_.expert_layout() ? expert_output : call.expert_output;
     a.output = call.output ? call.output : slot.buffers.combine_out;
     const NcclChunkPlan plan = plan_nccl_chunks(call.tokens_per_rank, layout_.world_size > 1 ? combine_chunks_ : 1);
     if (plan.count == 1) {
@@ -234,7 +238,7 @@ class NcclBackend final : public Backend {
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     NcclSlot& slot = slot_at(index);
     after_send(slot, s);
-    finish_dispatch(slot, slot.tokens_per_rank, s);
+    finish_dispatch(slot, slot.tokens_per_rank, slot.has_weights, s);
     slot.own_work->note(s);
     return dispatch_results(slot, slot.has_weights);
   }
@@ -251,7 +255,12 @@ class NcclBackend final : public Backend {
     NcclSlot& slot = slot_at(index);
     const int64_t tpr = call.tokens_per_rank;
     const char* expert_output = static_cast<const char*>(call.expert_output);
-    if (call.expert_output_is_workspace) {
+    if (layout_.expert_layout()) {
+      // Folded into the slot's own rank-major rows: the caller's tensor (or
+      // the view) is read by the fold only, and the folded rows stay put
+      // until the slot's next combine.
+      expert_output = slot.own_rows = fold_expert_rows(slot, call, s);
+    } else if (call.expert_output_is_workspace) {
       slot.own_rows = expert_output;  // the slot's view, read in place
     } else if (memory_->is_registered()) {
       // NCCL sends from the view: every segment, the own one included, goes
@@ -385,7 +394,8 @@ class NcclBackend final : public Backend {
            kernels::lowest_compiled_arch() % 10, " or newer");
     }
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sms ? config_.num_sms : sms;
-    shape_ = group_shape(layout_);
+    shape_ = nccl_shape(layout_);
+    if (layout_.expert_layout()) expert_shape_ = expert_layout_shape(layout_);
     plan_ = plan_nccl_workspace(layout_);
     if (plan_.meta_stride != static_cast<uint64_t>(kernels::nccl_meta_stride(shape_)) ||
         plan_.meta_gap != static_cast<uint64_t>(kernels::nccl_meta_gap(shape_)) ||
@@ -461,8 +471,11 @@ class NcclBackend final : public Backend {
     for (size_t k = 0; k < slots_.size(); ++k) {
       char* base = workspace() + k * plan_.total_bytes;
       slots_[k].buffers = nccl_buffers_at(base, plan_, layout_);
+      slots_[k].expert = nccl_expert_rows_at(base, plan_, layout_);
+      slots_[k].expert_combine_rows = layout_.expert_layout() ? base + plan_.expert_combine_rows : nullptr;
       slots_[k].view = layout_.zero_copy_combine ? base + plan_.combine_input : nullptr;
     }
+    // (This also leaves the expansion's ticket zero, as its first call needs.)
     check_cuda(cudaMemsetAsync(workspace(), 0, total_bytes_, private_stream_), "zeroing the workspace");
     for (NcclSlot& slot : slots_) reset_device_errors(slot);
   }
@@ -530,11 +543,32 @@ class NcclBackend final : public Backend {
   }
 
   // After the group, on `s`: the headers checked, the counts and the
-  // received metadata moved into the results.
-  void finish_dispatch(NcclSlot& slot, int32_t tpr, cudaStream_t s) {
+  // received metadata moved into the results; in an expert layout, the
+  // rank-major receive then expanded into the slot's expert rows (in the
+  // profile's last stage).
+  void finish_dispatch(NcclSlot& slot, int32_t tpr, bool has_weights, cudaStream_t s) {
     check_cuda(kernels::launch_nccl_dispatch_finish(shape_, slot.buffers, tpr, sm_budget_, s),
                "launching the NCCL dispatch finish");
+    if (layout_.expert_layout()) {
+      check_cuda(kernels::launch_expand_to_expert_rows(expert_shape_, rank_major_receive(slot, tpr, has_weights),
+                                                       slot.expert, sm_budget_, /*pdl=*/0, s),
+                 "launching the expansion into expert rows");
+    }
     if (dispatch_profile_) dispatch_profile_->mark(s);
+  }
+
+  // The slot's rank-major receive as the expert layouts' kernels read it:
+  // the weights only where the call passed them (every row weight 1.0 else).
+  kernels::RankMajorReceive rank_major_receive(const NcclSlot& slot, int32_t tpr, bool has_weights) const {
+    kernels::RankMajorReceive in{};
+    in.tokens_per_rank = tpr;
+    in.hidden = slot.buffers.recv_hidden;
+    in.scales = slot.buffers.recv_scales;
+    in.ids = slot.buffers.recv_ids;
+    in.weights = has_weights ? slot.buffers.recv_weights : nullptr;
+    in.recv_counts = slot.buffers.recv_counts;
+    in.source_tokens = slot.buffers.recv_tokens;
+    return in;
   }
 
   DispatchBuffers dispatch_results(const NcclSlot& slot, bool has_weights) const {
@@ -546,15 +580,43 @@ class NcclBackend final : public Backend {
     b.recv_counts = slot.buffers.recv_counts;
     b.local_expert_counts = slot.buffers.local_expert_counts;
     b.eplb_gathered = slot.buffers.eplb_gathered;
-    b.combine_input = slot.view;
+    b.combine_input = slot.view;    // combine_rows(max_tpr) rows: the expert layout's shape there
+    if (layout_.expert_layout()) {  // as the HOST backend returns them
+      const kernels::ExpertRowsBuffers& x = slot.expert;
+      b.hidden = x.hidden;
+      b.scales = x.scales;
+      b.topk_ids = nullptr;
+      b.topk_weights = nullptr;
+      b.expert_counts = x.counts;
+      b.expert_offsets = layout_.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED ? x.offsets : nullptr;
+      b.row_sources = x.sources;
+      b.row_weights = x.weights;
+      b.dropped_pairs = x.dropped;
+    }
     return b;
+  }
+
+  // Expert layouts, before combine's exchange: the weighted reduction of the
+  // caller's expert rows (call.expert_output, or the slot's view, read in
+  // place) into one rank-major row per received token, in the slot's
+  // expert_combine_rows, on `s`.  Those rows lie in the workspace, so
+  // combine's sends read them there, registered or not, and its reduction
+  // reads the own rows there too.
+  const char* fold_expert_rows(NcclSlot& slot, const CombineCall& call, cudaStream_t s) {
+    check_cuda(kernels::launch_reduce_expert_rows(expert_shape_, rank_major_receive(slot, call.tokens_per_rank, false),
+                                                  slot.expert, call.expert_output, slot.expert_combine_rows, sm_budget_,
+                                                  /*pdl=*/0, s),
+               "launching the reduction of expert rows");
+    return slot.expert_combine_rows;
   }
 
   // What combine's NCCL sends read: the caller's expert_output, or with
   // registered buffers always the slot's view (both sides of every NCCL
   // transfer must be registered), the peers' segments copied there first
-  // when the caller's expert_output is elsewhere.
+  // when the caller's expert_output is elsewhere.  Expert layouts: the
+  // folded rows (fold_expert_rows), in the workspace either way.
   const char* combine_source(NcclSlot& slot, const CombineCall& call, cudaStream_t s) {
+    if (layout_.expert_layout()) return fold_expert_rows(slot, call, s);
     const char* expert_output = static_cast<const char*>(call.expert_output);
     if (!memory_->is_registered()) return expert_output;
     if (!call.expert_output_is_workspace) {
@@ -869,7 +931,8 @@ class NcclBackend final : public Backend {
   const nccl::Api* api_ = nullptr;
   int device_ = 0;
   int sm_budget_ = 0;
-  kernels::GroupShape shape_{};
+  kernels::NcclShape shape_{};
+  kernels::ExpertLayoutShape expert_shape_{};    // expert layouts only
   NcclWorkspacePlan plan_{};                     // one slot's
   uint64_t total_bytes_ = 0;                     // every slot's: the allocation
   std::unique_ptr<NcclCommunicator> comm_;       // shared by the slots

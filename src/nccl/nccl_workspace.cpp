@@ -25,11 +25,12 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   const uint64_t K = static_cast<uint64_t>(l.top_k);
   const uint64_t E = static_cast<uint64_t>(l.num_experts);
   const uint64_t rows = times(W, M);
-  const uint64_t header = static_cast<uint64_t>(kernels::nccl_header_ints(group_shape(l))) * sizeof(int32_t);
+  const uint64_t header = static_cast<uint64_t>(kernels::nccl_header_ints(nccl_shape(l))) * sizeof(int32_t);
   const uint64_t chunks = (M + kernels::kNcclRouteChunk - 1) / kernels::kNcclRouteChunk;
   // One segment's metadata (kernels::nccl_meta_bytes), checked here so that
   // the kernels' int64 arithmetic on it cannot overflow.
-  const uint64_t meta_row = times(K, 2 * sizeof(int32_t)) + l.scale_row_bytes;
+  const uint64_t meta_row =
+      plus(plus(times(K, 2 * sizeof(int32_t)), l.scale_row_bytes), l.expert_layout() ? sizeof(int32_t) : 0);
   const uint64_t meta = times(M, meta_row) + header;
   RegionPlanner p(kWhat, kAlignment);
   NcclWorkspacePlan o{};
@@ -68,8 +69,19 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   o.errors = p.place(sizeof(kernels::NcclDeviceErrors));
   o.combine_out = p.place(times(M, l.combine_row_bytes));
   o.combine_input = p.place(combine_input_region_bytes(l));
+  const bool expert = l.expert_layout();
+  o.recv_tokens = p.place(expert ? times(rows, sizeof(int32_t)) : 0);
+  o.expert = place_expert_rows(l, p);
+  o.expert_combine_rows = p.place(expert ? times(rows, l.combine_row_bytes) : 0);
   o.total_bytes = p.end();
   return o;
+}
+
+kernels::NcclShape nccl_shape(const Layout& l) {
+  kernels::NcclShape s{};
+  static_cast<kernels::GroupShape&>(s) = group_shape(l);
+  s.source_tokens = l.expert_layout() ? 1 : 0;
+  return s;
 }
 
 uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots) {
@@ -83,6 +95,7 @@ kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, con
   b.recv_scales = l.scale_row_bytes ? at(o.recv_scales) : nullptr;
   b.recv_ids = reinterpret_cast<int32_t*>(at(o.recv_ids));
   b.recv_weights = reinterpret_cast<float*>(at(o.recv_weights));
+  b.recv_tokens = l.expert_layout() ? reinterpret_cast<int32_t*>(at(o.recv_tokens)) : nullptr;
   b.recv_meta = at(o.recv_meta);
   b.recv_counts = reinterpret_cast<int32_t*>(at(o.recv_counts));
   b.local_expert_counts = reinterpret_cast<int32_t*>(at(o.local_expert_counts));
@@ -98,6 +111,10 @@ kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, con
   b.combine_in = at(o.combine_in);
   b.combine_out = at(o.combine_out);
   return b;
+}
+
+kernels::ExpertRowsBuffers nccl_expert_rows_at(char* base, const NcclWorkspacePlan& o, const Layout& l) {
+  return expert_rows_buffers(l, base, o.expert);
 }
 
 }  // namespace moe_ep

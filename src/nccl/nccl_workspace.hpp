@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "gpu/expert_rows_plan.hpp"
 #include "nccl_kernels.h"
 #include "params.hpp"
 
@@ -15,9 +16,9 @@ namespace moe_ep {
 
 struct NcclWorkspacePlan {
   // Byte offsets of every kernels::NcclBuffers field, in field order.
-  uint64_t recv_hidden, recv_scales, recv_ids, recv_weights, recv_meta, recv_counts, local_expert_counts, eplb_gathered,
-      send_segments, local_slots, token_slots, chunk_offsets, dest_rows, expert_hist, route_done, errors, combine_in,
-      combine_out;
+  uint64_t recv_hidden, recv_scales, recv_ids, recv_weights, recv_tokens, recv_meta, recv_counts, local_expert_counts,
+      eplb_gathered, send_segments, local_slots, token_slots, chunk_offsets, dest_rows, expert_hist, route_done, errors,
+      combine_in, combine_out;
   // Bytes between two ranks' metadata blocks in recv_meta
   // (kernels::nccl_meta_stride), the room kept for one block before and after
   // the receive rows (kernels::nccl_meta_gap), and the distance between two
@@ -29,8 +30,21 @@ struct NcclWorkspacePlan {
   // caller's other expert_output is copied there first); unregistered, they
   // read the caller's expert_output wherever it is.
   uint64_t combine_input;
+  // The expert layouts (layout.expert_layout(); 0 bytes and unused for
+  // RANK_MAJOR, placed after combine_input so that a rank-major plan is what
+  // it was): recv_tokens above (each received row's source token index, which
+  // the expansion writes into row_sources), the expert layout's results and
+  // private state (gpu/expert_rows_plan.hpp), and the rank-major rows combine
+  // folds the caller's expert output into before sending them
+  // ([world x max_tpr][combine_row_bytes]).
+  ExpertRowsOffsets expert;
+  uint64_t expert_combine_rows;
   uint64_t total_bytes;
 };
+
+// The kernels' view of the group: group_shape, and source token indices in
+// the metadata blocks exactly for the expert layouts.
+kernels::NcclShape nccl_shape(const Layout& layout);
 
 // One slot's plan, placed by common/region_planner.hpp.  Throws
 // INVALID_ARGUMENT when a size overflows 64 bits.
@@ -43,5 +57,7 @@ uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots);
 
 // The buffers of an allocation at `base` (NULL for absent ones).
 kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& plan, const Layout& layout);
+// The expert layout's buffers of an allocation at `base` (all NULL for RANK_MAJOR).
+kernels::ExpertRowsBuffers nccl_expert_rows_at(char* base, const NcclWorkspacePlan& plan, const Layout& layout);
 
 }  // namespace moe_ep

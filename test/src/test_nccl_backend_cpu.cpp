@@ -168,45 +168,49 @@ TEST_CASE("NCCL buffer plan: the shared send / combine-input region holds the la
 // one NCCL send on one side and one receive on the other: the block must sit
 // at the same distance from the segment's rows on both sides, inside the
 // allocation, clear of every result row, and 4-byte aligned for its fields.
+// The expert layouts' blocks are longer (each row's source token index).
 TEST_CASE("NCCL metadata placement: sender and receiver agree, blocks stay clear of the rows", "[nccl]") {
-  for (const int32_t hidden : {7168, 7}) {  // rows of 14336 bytes (joined) and 14 bytes (separate)
-    for (const int32_t world : {2, 4, 8}) {
-      moe_ep_params_t params = moe_ep_test::make_params(256, 8, 512, hidden);
-      for (const int32_t tpr : {512, 100, 1}) {
-        for (int32_t src = 0; src < world; ++src) {
-          for (int32_t dst = 0; dst < world; ++dst) {
-            if (src == dst) continue;
-            const moe_ep::Layout ls = moe_ep::make_layout(moe_ep::read_params(&params), world, src);
-            const moe_ep::Layout lr = moe_ep::make_layout(moe_ep::read_params(&params), world, dst);
-            const moe_ep::kernels::GroupShape sender = moe_ep::group_shape(ls);
-            const moe_ep::kernels::GroupShape receiver = moe_ep::group_shape(lr);
-            const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(lr);
-            const int64_t row = static_cast<int64_t>(lr.hidden_row_bytes);
-            const int64_t meta = moe_ep::kernels::nccl_meta_bytes(receiver, tpr);
-            // Sender: block and rows inside its segment, not overlapping.
-            const int64_t s_rows = moe_ep::kernels::nccl_send_rows_offset(sender);
-            const int64_t s_meta = moe_ep::kernels::nccl_send_meta_offset(sender, tpr);
-            CHECK(s_meta % 16 == 0);
-            if (src != world - 1) CHECK(s_meta % 256 == 0);  // [block | rows] leaves the sender 256-byte aligned
-            CHECK((s_meta + meta <= s_rows || s_meta >= s_rows + tpr * row));
-            CHECK(s_rows + tpr * row <= moe_ep::kernels::nccl_send_segment_stride(sender));
-            CHECK(s_meta + meta <= moe_ep::kernels::nccl_send_segment_stride(sender));
-            // Receiver: the block of src, relative to recv_hidden.
-            const int64_t r_rows = static_cast<int64_t>(src) * tpr * row;
-            const int64_t r_meta = moe_ep::kernels::nccl_recv_meta_offset(receiver, src, tpr);
-            const bool edge = src == 0 || src == world - 1;
-            CHECK((r_meta != -1) == edge);
-            if (edge) {
-              CHECK(r_meta % 16 == 0);
-              if (src == 0) CHECK(r_meta % 256 == 0);  // the [block | rows] operation starts 256-byte aligned
-              CHECK((r_meta + meta <= 0 || r_meta >= static_cast<int64_t>(world) * tpr * row));  // clear of all rows
-              CHECK(r_meta >= -static_cast<int64_t>(plan.meta_gap));
-              CHECK(r_meta + meta <= static_cast<int64_t>(plan.recv_scales - plan.recv_hidden));
+  for (const int32_t receive_layout : {MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
+    for (const int32_t hidden : {7168, 7}) {  // rows of 14336 bytes (joined) and 14 bytes (separate)
+      for (const int32_t world : {2, 4, 8}) {
+        moe_ep_params_t params = moe_ep_test::make_params(256, 8, 512, hidden);
+        params.receive_layout = receive_layout;
+        for (const int32_t tpr : {512, 100, 1}) {
+          for (int32_t src = 0; src < world; ++src) {
+            for (int32_t dst = 0; dst < world; ++dst) {
+              if (src == dst) continue;
+              const moe_ep::Layout ls = moe_ep::make_layout(moe_ep::read_params(&params), world, src);
+              const moe_ep::Layout lr = moe_ep::make_layout(moe_ep::read_params(&params), world, dst);
+              const moe_ep::kernels::NcclShape sender = moe_ep::nccl_shape(ls);
+              const moe_ep::kernels::NcclShape receiver = moe_ep::nccl_shape(lr);
+              const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(lr);
+              const int64_t row = static_cast<int64_t>(lr.hidden_row_bytes);
+              const int64_t meta = moe_ep::kernels::nccl_meta_bytes(receiver, tpr);
+              // Sender: block and rows inside its segment, not overlapping.
+              const int64_t s_rows = moe_ep::kernels::nccl_send_rows_offset(sender);
+              const int64_t s_meta = moe_ep::kernels::nccl_send_meta_offset(sender, tpr);
+              CHECK(s_meta % 16 == 0);
+              if (src != world - 1) CHECK(s_meta % 256 == 0);  // [block | rows] leaves the sender 256-byte aligned
+              CHECK((s_meta + meta <= s_rows || s_meta >= s_rows + tpr * row));
+              CHECK(s_rows + tpr * row <= moe_ep::kernels::nccl_send_segment_stride(sender));
+              CHECK(s_meta + meta <= moe_ep::kernels::nccl_send_segment_stride(sender));
+              // Receiver: the block of src, relative to recv_hidden.
+              const int64_t r_rows = static_cast<int64_t>(src) * tpr * row;
+              const int64_t r_meta = moe_ep::kernels::nccl_recv_meta_offset(receiver, src, tpr);
+              const bool edge = src == 0 || src == world - 1;
+              CHECK((r_meta != -1) == edge);
+              if (edge) {
+                CHECK(r_meta % 16 == 0);
+                if (src == 0) CHECK(r_meta % 256 == 0);  // the [block | rows] operation starts 256-byte aligned
+                CHECK((r_meta + meta <= 0 || r_meta >= static_cast<int64_t>(world) * tpr * row));  // clear of all rows
+                CHECK(r_meta >= -static_cast<int64_t>(plan.meta_gap));
+                CHECK(r_meta + meta <= static_cast<int64_t>(plan.recv_scales - plan.recv_hidden));
+              }
+              const bool joined = moe_ep::kernels::nccl_meta_joins_rows(receiver, src);
+              CHECK(joined == moe_ep::kernels::nccl_meta_joins_rows(sender, src));
+              CHECK(joined == (edge && row % 16 == 0));
+              if (joined) CHECK(r_meta - r_rows == s_meta - s_rows);  // one contiguous operation on both sides
             }
-            const bool joined = moe_ep::kernels::nccl_meta_joins_rows(receiver, src);
-            CHECK(joined == moe_ep::kernels::nccl_meta_joins_rows(sender, src));
-            CHECK(joined == (edge && row % 16 == 0));
-            if (joined) CHECK(r_meta - r_rows == s_meta - s_rows);  // one contiguous operation on both sides
           }
         }
       }
@@ -231,7 +235,7 @@ TEST_CASE("NCCL buffer plan: aligned regions that hold every segment; overflow i
   CHECK(plan.total_bytes == moe_ep::nccl_workspace_bytes(l));
   // One metadata block per rank, as the kernels index it: header, then ids and
   // weights of every row (no scales here), on both sides.
-  const moe_ep::kernels::GroupShape shape = moe_ep::group_shape(l);
+  const moe_ep::kernels::NcclShape shape = moe_ep::nccl_shape(l);
   CHECK(plan.meta_stride == static_cast<uint64_t>(moe_ep::kernels::nccl_meta_stride(shape)));
   CHECK(plan.meta_stride % 16 == 0);
   CHECK(plan.meta_stride >= 4ull * moe_ep::kernels::nccl_header_ints(shape) + 4096ull * 8 * 8);
@@ -358,4 +362,143 @@ TEST_CASE("NCCL registration: wanted only with the zero-copy view, the NCCL call
   CHECK_FALSE(moe_ep::nccl_registration_wanted(api, true));
   setenv("MOE_EP_NCCL_REGISTER", "1", 1);
   CHECK(moe_ep::nccl_registration_wanted(api, true));
+}
+
+namespace {
+
+moe_ep::Layout expert_layout_of(int32_t receive_layout, int32_t scale_layout, int32_t world, int32_t rank) {
+  moe_ep_params_t params = moe_ep_test::make_params(64, 8, 512, 7168);
+  params.hidden_dtype = {MOE_EP_DTYPE_FLOAT8_E4M3FN, 8, 1};
+  params.scale_row_elems = 56;  // fp32 scales, one per 128 elements
+  params.receive_layout = receive_layout;
+  params.scale_layout = scale_layout;
+  if (receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) params.expert_alignment = 128;
+  return moe_ep::make_layout(moe_ep::read_params(&params), world, rank);
+}
+
+}  // namespace
+
+// The metadata block of an expert layout: [header][ids][weights][tokens][scales],
+// the tokens (tpr int32, one per row) before the scales; a rank-major block has none.
+TEST_CASE("NCCL metadata block: source token indices exactly in the expert layouts, before the scales", "[nccl]") {
+  const moe_ep::Layout rank_major = expert_layout_of(MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_SCALES_ROW_MAJOR, 4, 1);
+  const moe_ep::kernels::NcclShape r = moe_ep::nccl_shape(rank_major);
+  CHECK(r.source_tokens == 0);
+  for (const int32_t layout : {MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
+    const moe_ep::Layout l = expert_layout_of(layout, MOE_EP_SCALES_ROW_MAJOR, 4, 1);
+    const moe_ep::kernels::NcclShape s = moe_ep::nccl_shape(l);
+    CHECK(s.source_tokens == 1);
+    for (const int64_t tpr : {int64_t{512}, int64_t{33}, int64_t{1}}) {
+      INFO("layout " << layout << ", tokens_per_rank " << tpr);
+      const int64_t header = 4 * moe_ep::kernels::nccl_header_ints(s);
+      CHECK(moe_ep::kernels::nccl_meta_ids_offset(s) == header);
+      CHECK(moe_ep::kernels::nccl_meta_weights_offset(s, tpr) == header + tpr * 8 * 4);
+      CHECK(moe_ep::kernels::nccl_meta_tokens_offset(s, tpr) == header + tpr * 8 * 8);
+      CHECK(moe_ep::kernels::nccl_meta_scales_offset(s, tpr) == header + tpr * 8 * 8 + tpr * 4);
+      CHECK(moe_ep::kernels::nccl_meta_tokens_offset(s, tpr) % 4 == 0);
+      CHECK(moe_ep::kernels::nccl_meta_bytes(s, tpr) == header + tpr * (8 * 8 + 4 + 56 * 4));
+      // Exactly tpr int32 more than the rank-major block of the same rows.
+      CHECK(moe_ep::kernels::nccl_meta_bytes(s, tpr) - moe_ep::kernels::nccl_meta_bytes(r, tpr) == 4 * tpr);
+      CHECK(moe_ep::kernels::nccl_meta_scales_offset(r, tpr) == moe_ep::kernels::nccl_meta_tokens_offset(r, tpr));
+    }
+    // The plan sizes the blocks as the kernels lay them out.
+    const moe_ep::NcclWorkspacePlan plan = moe_ep::plan_nccl_workspace(l);
+    CHECK(plan.meta_stride == static_cast<uint64_t>(moe_ep::kernels::nccl_meta_stride(s)));
+    CHECK(plan.meta_gap == static_cast<uint64_t>(moe_ep::kernels::nccl_meta_gap(s)));
+    CHECK(plan.send_segment_stride == static_cast<uint64_t>(moe_ep::kernels::nccl_send_segment_stride(s)));
+    CHECK(plan.meta_stride >= static_cast<uint64_t>(moe_ep::kernels::nccl_meta_bytes(s, 512)));
+  }
+}
+
+// The expert layouts' regions come after every rank-major one (a rank-major
+// plan is what it was: the new regions take no bytes there), each aligned,
+// in order, without overlap, and counted in the workspace size.
+TEST_CASE("NCCL buffer plan: the expert layouts' regions, disjoint, aligned and counted; none for RANK_MAJOR",
+          "[nccl]") {
+  const moe_ep::Layout rank_major = expert_layout_of(MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_SCALES_ROW_MAJOR, 4, 1);
+  const moe_ep::NcclWorkspacePlan r = moe_ep::plan_nccl_workspace(rank_major);
+  CHECK(r.recv_tokens == r.total_bytes);
+  CHECK(r.expert.hidden == 0);  // not placed at all (gpu/expert_rows_plan.hpp)
+  CHECK(r.expert.ticket == 0);
+  CHECK(r.expert_combine_rows == r.total_bytes);
+  std::vector<char> fake(16);
+  CHECK(moe_ep::nccl_buffers_at(fake.data(), r, rank_major).recv_tokens == nullptr);
+  CHECK(moe_ep::nccl_expert_rows_at(fake.data(), r, rank_major).hidden == nullptr);
+  CHECK(moe_ep::nccl_expert_rows_at(fake.data(), r, rank_major).ticket == nullptr);
+
+  for (const int32_t layout : {MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
+    for (const int32_t scales : {MOE_EP_SCALES_ROW_MAJOR, MOE_EP_SCALES_COLUMN_MAJOR}) {
+      INFO("layout " << layout << ", scale layout " << scales);
+      const moe_ep::Layout l = expert_layout_of(layout, scales, 4, 1);
+      const moe_ep::NcclWorkspacePlan p = moe_ep::plan_nccl_workspace(l);
+      const uint64_t receive = 4 * 512, rows = static_cast<uint64_t>(l.expert_layout_rows());
+      const uint64_t scale_bytes = scales == MOE_EP_SCALES_COLUMN_MAJOR
+                                       ? static_cast<uint64_t>(l.expert_scale_elems()) * 4
+                                       : rows * l.scale_row_bytes;
+      const uint64_t E = static_cast<uint64_t>(l.experts_per_rank());
+      // The rank-major regions come first and are where a rank-major plan of
+      // the same rows puts them, but for the longer metadata blocks.
+      CHECK(p.recv_hidden % 256 == 0);
+      CHECK(p.recv_tokens >= p.combine_input);
+      // Each region after the one before, holding its bytes, 256-byte aligned.
+      const std::vector<std::pair<uint64_t, uint64_t>> regions = {
+          {p.recv_tokens, receive * 4},
+          {p.expert.hidden, rows * l.hidden_row_bytes},
+          {p.expert.scales, scale_bytes},
+          {p.expert.counts, E * 4},
+          {p.expert.offsets, (E + 1) * 4},
+          {p.expert.sources, rows * 3 * 4},
+          {p.expert.weights, rows * 4},
+          {p.expert.dropped, 4},
+          {p.expert.pick_ranks, receive * 8 * 4},
+          {p.expert.tile_counts,
+           static_cast<uint64_t>(moe_ep::kernels::expert_layout_tiles(static_cast<int64_t>(receive))) * E * 4},
+          {p.expert.token_rows, receive * 8 * 4},
+          {p.expert.ticket, 4},
+          {p.expert_combine_rows, receive * l.combine_row_bytes},
+      };
+      for (size_t i = 0; i < regions.size(); ++i) {
+        INFO("region " << i);
+        CHECK(regions[i].first % 256 == 0);
+        const uint64_t end = regions[i].first + regions[i].second;
+        CHECK(end <= (i + 1 < regions.size() ? regions[i + 1].first : p.total_bytes));
+      }
+      CHECK(p.total_bytes % 256 == 0);
+      // Counted: the workspace size is the plan, per slot.
+      CHECK(moe_ep::nccl_workspace_bytes(l) == p.total_bytes);
+      CHECK(moe_ep::nccl_workspace_bytes(l, 2) == 2 * p.total_bytes);
+      moe_ep_config_t c = moe_ep::read_config(nullptr);
+      c.micro_batches = 2;
+      CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).workspace_bytes(l, c) == 2 * p.total_bytes);
+      // The buffers the backend hands the kernels are those regions.
+      std::vector<char> base(16);
+      char* b = base.data();
+      const moe_ep::kernels::NcclBuffers nb = moe_ep::nccl_buffers_at(b, p, l);
+      const moe_ep::kernels::ExpertRowsBuffers x = moe_ep::nccl_expert_rows_at(b, p, l);
+      CHECK(reinterpret_cast<char*>(nb.recv_tokens) == b + p.recv_tokens);
+      CHECK(static_cast<char*>(x.hidden) == b + p.expert.hidden);
+      CHECK(static_cast<char*>(x.scales) == b + p.expert.scales);
+      CHECK(reinterpret_cast<char*>(x.counts) == b + p.expert.counts);
+      CHECK(reinterpret_cast<char*>(x.sources) == b + p.expert.sources);
+      CHECK(reinterpret_cast<char*>(x.token_rows) == b + p.expert.token_rows);
+      CHECK(reinterpret_cast<char*>(x.ticket) == b + p.expert.ticket);
+    }
+  }
+}
+
+TEST_CASE("NCCL backend table: the expert layouts are taken, the FP8 wire still refused", "[nccl]") {
+  CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).expert_layouts);
+  for (const int32_t layout : {MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
+    const moe_ep::Layout l = expert_layout_of(layout, MOE_EP_SCALES_COLUMN_MAJOR, 2, 0);
+    CHECK_NOTHROW(moe_ep::check_backend_capabilities(MOE_EP_BACKEND_NCCL, l, 2));
+    moe_ep::Layout fp8 = l;
+    fp8.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+    try {
+      moe_ep::check_backend_capabilities(MOE_EP_BACKEND_NCCL, fp8, 1);
+      FAIL("expected UNSUPPORTED");
+    } catch (const moe_ep::Error& e) {
+      CHECK(e.status() == MOE_EP_ERROR_UNSUPPORTED);
+      CHECK(contains(e.what(), "params->combine_wire"));
+    }
+  }
 }
