@@ -108,6 +108,9 @@ struct WorkspaceOffsets {
   uint64_t recv_scales;         // [world*max_tpr][scale_row_bytes]
   uint64_t recv_ids;            // [world*max_tpr][top_k] int32
   uint64_t recv_weights;        // [world*max_tpr][top_k] fp32
+  uint64_t recv_tokens;         // [world*max_tpr] int32: each row's token index on its source, for the
+                                // expansion into an expert layout (GroupShape::send_token_index; 0 bytes
+                                // in RANK_MAJOR)
   uint64_t combine_arrivals;    // [world] uint64, index = source: blocks' release-adds (serial combine)
   uint64_t combine_started;     // [world] uint64: epoch of the source's running combine
   uint64_t dispatch_ready;      // uint32: the peers' arrival weights of a split dispatch, taken back by
@@ -131,6 +134,12 @@ struct WorkspaceOffsets {
   uint64_t dispatch_lookback;   // [kMaxDispatchBlocks][world] uint64: each dispatch block's count per
                                 // destination, tagged with the call (dispatch/lookback.h)
   uint64_t combine_out;         // [max_tpr][combine_row_bytes] library-owned combine output
+  // Expert layouts only (0 bytes in RANK_MAJOR); the expansion's own regions
+  // (ExpertRowsOffsets, src/gpu/expert_rows_plan.hpp) follow these.
+  uint64_t expert_combine_input;  // [expert_layout_rows][combine_row_bytes]: the zero-copy combine input in
+                                  // the expert layout (config->zero_copy_combine), reduced into combine_input
+  uint64_t combine_staging;       // [world*max_tpr][combine_row_bytes]: the push combine's rank-major rows,
+                                  // reduced from the expert output (without zero_copy_combine)
   uint64_t total_bytes;         // end of the layout
 };
 
@@ -159,6 +168,8 @@ struct GroupShape {
   int32_t hidden_size;            // elements per combine row
   int32_t combine_dtype;          // CombineDtype
   int32_t eplb_enabled;
+  int32_t send_token_index;  // nonzero (expert layouts): dispatch also writes each row's token index
+                             // to the destination's recv_tokens
   int64_t hidden_row_bytes;
   int64_t scale_row_bytes;
   int64_t combine_row_bytes;

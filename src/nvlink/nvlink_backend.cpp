@@ -19,7 +19,9 @@
 #include "common/log.hpp"
 #include "common/tuning_registry.hpp"
 #include "error.hpp"
+#include "expert_layout_kernels.h"
 #include "gpu/device_copy.hpp"
+#include "gpu/expert_rows_plan.hpp"
 #include "gpu/own_work.hpp"
 #include "gpu/peer_segments_copy.hpp"
 #include "input_errors.hpp"
@@ -127,6 +129,8 @@ class NvlinkBackend final : public Backend {
     const kernels::DispatchLaunch a = dispatch_launch(call, kernels::kPartFused, &path);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, slot_state(0), a, s), "launching the dispatch kernel");
+    split_[0].has_weights = call.has_weights;  // the expert layouts' combine reads it too
+    expand_to_expert_rows(0, call.tokens_per_rank, call.has_weights, s);
     note_launch(0, s);
     paths.note(MOE_EP_PHASE_DISPATCH, path, layout_.rank);
     return dispatch_buffers(0, call.has_weights);
@@ -137,9 +141,10 @@ class NvlinkBackend final : public Backend {
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     int32_t path = 0;
-    kernels::CombineLaunch a = combine_launch(0, call, call.output, /*split=*/false, &path);
+    const CombineCall rank_major = fold_expert_rows(0, call, s);
+    kernels::CombineLaunch a = combine_launch(0, rank_major, call.output, /*split=*/false, &path);
     a.part = kernels::kPartFused;
-    if (a.pull && !call.expert_output_is_workspace) copy_into_view(0, call, s);
+    if (a.pull && !rank_major.expert_output_is_workspace) copy_into_view(0, rank_major, s);
     check_cuda(kernels::launch_combine(shape_, offsets_, slot_state(0), a, s), "launching the combine kernel");
     note_launch(0, s);
     paths.note(MOE_EP_PHASE_COMBINE, path, layout_.rank);
@@ -173,6 +178,7 @@ class NvlinkBackend final : public Backend {
     a.pdl = wait_for_ready(slot, slot_offsets_[slot].dispatch_ready, s) ? 0 : a.pdl;
     check_cuda(kernels::launch_dispatch_receive(shape_, slot_offsets_[slot], slot_state(slot), a, s),
                "launching the dispatch receive kernel");
+    expand_to_expert_rows(slot, a.tokens_per_rank, k.has_weights, s);
     note_launch(slot, s);
     paths.note(MOE_EP_PHASE_DISPATCH, k.dispatch_path, layout_.rank);
     return dispatch_buffers(slot, k.has_weights);
@@ -183,13 +189,13 @@ class NvlinkBackend final : public Backend {
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    k.combine_call = call;
+    k.combine_call = fold_expert_rows(slot, call, s);
     // The pull variant depends on the output, known only to the receive
     // half; every pull path's send half is the same announcement.
     int32_t path = 0;
-    kernels::CombineLaunch a = combine_launch(slot, call, nullptr, /*split=*/true, &path);
+    kernels::CombineLaunch a = combine_launch(slot, k.combine_call, nullptr, /*split=*/true, &path);
     a.part = kernels::kPartSend;
-    if (a.pull && !call.expert_output_is_workspace) copy_into_view(slot, call, s);
+    if (a.pull && !k.combine_call.expert_output_is_workspace) copy_into_view(slot, k.combine_call, s);
     check_cuda(kernels::launch_combine(shape_, slot_offsets_[slot], slot_state(slot), a, s),
                "launching the combine send kernel");
     note_launch(slot, s);
@@ -209,6 +215,59 @@ class NvlinkBackend final : public Backend {
     note_launch(slot, s);
     paths.note(MOE_EP_PHASE_COMBINE, path, layout_.rank);
     return a.output;
+  }
+
+  // ---- The expert layouts (docs/nvlink_backend.md, "Expert layouts") ----
+
+  // The slot's rank-major receive as the dispatch kernels left it.
+  kernels::RankMajorReceive rank_major_receive(int32_t slot, int32_t tokens_per_rank, bool has_weights) const {
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* base = memory_->local();
+    kernels::RankMajorReceive r{};
+    r.tokens_per_rank = tokens_per_rank;
+    r.hidden = base + o.recv_hidden;
+    r.scales = layout_.scale_row_bytes ? base + o.recv_scales : nullptr;
+    r.ids = reinterpret_cast<const int32_t*>(base + o.recv_ids);
+    r.weights = has_weights ? reinterpret_cast<const float*>(base + o.recv_weights) : nullptr;  // NULL: weight 1
+    r.recv_counts = reinterpret_cast<const int32_t*>(base + o.counts_private);
+    r.source_tokens = reinterpret_cast<const int32_t*>(base + o.recv_tokens);
+    return r;
+  }
+
+  kernels::ExpertRowsBuffers expert_rows(int32_t slot) const {
+    return expert_rows_buffers(layout_, memory_->local(), slot_expert_rows_[slot]);
+  }
+
+  // After the rank-major receive, on the same stream: the slot's expert rows
+  // (nothing in RANK_MAJOR).  Runs once every row has landed, so it does
+  // not overlap the transfer.
+  void expand_to_expert_rows(int32_t slot, int32_t tokens_per_rank, bool has_weights, cudaStream_t s) {
+    if (!layout_.expert_layout()) return;
+    check_cuda(
+        kernels::launch_expand_to_expert_rows(expert_shape_, rank_major_receive(slot, tokens_per_rank, has_weights),
+                                              expert_rows(slot), sm_budget_, paths_.pdl ? 1 : 0, s),
+        "launching the expansion into expert rows");
+  }
+
+  // Before a combine in an expert layout, on the same stream: the weighted
+  // reduction of the caller's expert rows into one rank-major row per
+  // received token, and the call the rank-major combine kernels then run.
+  // With zero_copy_combine the rows go to the shared combine_input view,
+  // which the peers pull from; otherwise to the slot's staging rows, which
+  // the push combine sends.  RANK_MAJOR: `call` as it is.
+  CombineCall fold_expert_rows(int32_t slot, const CombineCall& call, cudaStream_t s) {
+    if (!layout_.expert_layout()) return call;
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* rows = memory_->local() + (layout_.zero_copy_combine ? o.combine_input : o.combine_staging);
+    const bool has_weights = split_.at(static_cast<size_t>(slot)).has_weights;
+    check_cuda(kernels::launch_reduce_expert_rows(
+                   expert_shape_, rank_major_receive(slot, call.tokens_per_rank, has_weights), expert_rows(slot),
+                   call.expert_output, rows, sm_budget_, paths_.pdl ? 1 : 0, s),
+               "launching the reduction of the expert rows");
+    CombineCall rank_major = call;
+    rank_major.expert_output = rows;
+    rank_major.expert_output_is_workspace = layout_.zero_copy_combine;
+    return rank_major;
   }
 
   // Copies the rows of every peer's segment of expert_output into this rank's
@@ -352,6 +411,19 @@ class NvlinkBackend final : public Backend {
     b.local_expert_counts = reinterpret_cast<int32_t*>(base + o.local_expert_counts);
     b.eplb_gathered = layout_.eplb_stats ? reinterpret_cast<int32_t*>(base + o.eplb_gathered) : nullptr;
     b.combine_input = layout_.zero_copy_combine ? base + o.combine_input : nullptr;
+    if (layout_.expert_layout()) {  // the expert rows replace the rank-major rows, ids and weights
+      const kernels::ExpertRowsBuffers x = expert_rows(slot);
+      b.hidden = x.hidden;
+      b.scales = x.scales;
+      b.topk_ids = nullptr;
+      b.topk_weights = nullptr;
+      b.combine_input = layout_.zero_copy_combine ? base + o.expert_combine_input : nullptr;
+      b.expert_counts = x.counts;
+      b.expert_offsets = layout_.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED ? x.offsets : nullptr;
+      b.row_sources = x.sources;
+      b.row_weights = x.weights;
+      b.dropped_pairs = x.dropped;
+    }
     return b;
   }
 
@@ -481,9 +553,14 @@ class NvlinkBackend final : public Backend {
     sm_count_ = device_attribute(device_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT");
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sm_count_ ? config_.num_sms : sm_count_;
     shape_ = group_shape(layout_);
-    offsets_ = plan_workspace(layout_);
+    ExpertRowsOffsets expert_rows_first;
+    offsets_ = plan_workspace(layout_, &expert_rows_first);
+    if (layout_.expert_layout()) expert_shape_ = expert_layout_shape(layout_);
     slots_ = config_.micro_batches < 1 ? 1 : config_.micro_batches;
-    for (int32_t slot = 0; slot < slots_; ++slot) slot_offsets_.push_back(slot_offsets(offsets_, slot));
+    for (int32_t slot = 0; slot < slots_; ++slot) {
+      slot_offsets_.push_back(slot_offsets(offsets_, slot));
+      slot_expert_rows_.push_back(slot_expert_rows(expert_rows_first, offsets_.total_bytes, slot));
+    }
     split_.resize(static_cast<size_t>(slots_));
     stream_wait_ = knob_bool(Knob::kStreamWait) && driver_api().stream_wait_value32 != nullptr;
     paths_ = read_nvlink_path_settings(cc, sm_budget_);
@@ -495,8 +572,9 @@ class NvlinkBackend final : public Backend {
 #endif
   }
 
-  // Zeroes the workspace (flags at epoch 0), writes the peer table and the
-  // control block (epoch 1), and allocates the host-side helpers.
+  // Zeroes the workspace (flags at epoch 0; the expansion's tickets, which
+  // must start at zero), writes the peer table and the control block
+  // (epoch 1), and allocates the host-side helpers.
   void initialise_workspace() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -609,6 +687,8 @@ class NvlinkBackend final : public Backend {
   kernels::WorkspaceOffsets offsets_{};  // slot 0's
   int32_t slots_ = 1;                    // config.micro_batches
   std::vector<kernels::WorkspaceOffsets> slot_offsets_;
+  std::vector<ExpertRowsOffsets> slot_expert_rows_;  // per slot: the expansion's regions (expert layouts)
+  kernels::ExpertLayoutShape expert_shape_{};        // expert layouts only
   std::vector<SplitSlot> split_;
   bool stream_wait_ = false;  // receive halves wait with a stream memory operation (MOE_EP_STREAM_WAIT)
   std::unique_ptr<ReceiveWatchdog> watchdog_;

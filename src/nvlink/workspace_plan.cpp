@@ -17,7 +17,7 @@ constexpr const char* kWhat = "params: the NVLink workspace";
 
 }  // namespace
 
-kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
+kernels::WorkspaceOffsets plan_workspace(const Layout& l, ExpertRowsOffsets* expert_rows) {
   const uint64_t W = static_cast<uint64_t>(l.world_size);
   const uint64_t M = static_cast<uint64_t>(l.max_tokens_per_rank);
   const uint64_t K = static_cast<uint64_t>(l.top_k);
@@ -34,6 +34,7 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.recv_scales = p.place(W * M * l.scale_row_bytes);
   o.recv_ids = p.place(W * M * K * sizeof(int32_t));
   o.recv_weights = p.place(W * M * K * sizeof(float));
+  o.recv_tokens = p.place(l.expert_layout() ? W * M * sizeof(int32_t) : 0);
   o.combine_arrivals = p.place(W * sizeof(uint64_t));
   o.combine_started = p.place(W * sizeof(uint64_t));
   o.dispatch_ready = p.place(sizeof(uint32_t));
@@ -46,7 +47,9 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.combine_in = p.place(l.zero_copy_combine ? 0 : (W - 1) * M * l.combine_row_bytes);
   // Last of the shared regions and 0 bytes unless enabled: without
   // zero_copy_combine every offset and the total are what they were before it.
-  o.combine_input = p.place(combine_input_region_bytes(l));
+  // Rank-major in every layout: the peers pull their rows from it (in an
+  // expert layout the reduction of the expert rows writes it).
+  o.combine_input = p.place(l.zero_copy_combine ? W * M * l.combine_row_bytes : 0);
   // Private.
   o.peer_bases = p.place(W * sizeof(uint64_t));
   o.control = p.place(sizeof(kernels::ControlBlock));
@@ -57,8 +60,27 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l) {
   o.token_slots = p.place(M * W * sizeof(int32_t));
   o.dispatch_lookback = p.place(static_cast<uint64_t>(kernels::kMaxDispatchBlocks) * W * sizeof(uint64_t));
   o.combine_out = p.place(M * l.combine_row_bytes);
+  // Expert layouts: the caller's expert output in the layout's shape (the
+  // dispatch result's combine_input), or the push combine's rank-major rows.
+  const bool expert = l.expert_layout();
+  o.expert_combine_input = p.place(expert && l.zero_copy_combine ? combine_input_region_bytes(l) : 0);
+  o.combine_staging = p.place(expert && !l.zero_copy_combine ? W * M * l.combine_row_bytes : 0);
+  const ExpertRowsOffsets rows = place_expert_rows(l, p);
+  if (expert_rows != nullptr) *expert_rows = rows;
   o.total_bytes = p.end();
   return o;
+}
+
+ExpertRowsOffsets slot_expert_rows(const ExpertRowsOffsets& first, uint64_t slot_bytes, int32_t slot) {
+  static_assert(sizeof(ExpertRowsOffsets) % sizeof(uint64_t) == 0, "only uint64_t fields");
+  constexpr size_t kFields = sizeof(ExpertRowsOffsets) / sizeof(uint64_t);
+  uint64_t fields[kFields];
+  std::memcpy(fields, &first, sizeof first);
+  const uint64_t shift = slot_start(slot_bytes, slot, kWhat);
+  for (uint64_t& f : fields) f += shift;
+  ExpertRowsOffsets out;
+  std::memcpy(&out, fields, sizeof out);
+  return out;
 }
 
 kernels::WorkspaceOffsets slot_offsets(const kernels::WorkspaceOffsets& first, int32_t slot) {
@@ -94,6 +116,7 @@ kernels::GroupShape group_shape(const Layout& l) {
                     : l.combine_dtype == dtype_fp16() ? kernels::kCombineFp16
                                                       : kernels::kCombineFp32;
   s.eplb_enabled = l.eplb_stats ? 1 : 0;
+  s.send_token_index = l.expert_layout() ? 1 : 0;
   s.hidden_row_bytes = static_cast<int64_t>(l.hidden_row_bytes);
   s.scale_row_bytes = static_cast<int64_t>(l.scale_row_bytes);
   s.combine_row_bytes = static_cast<int64_t>(l.combine_row_bytes);
