@@ -46,7 +46,7 @@ const BackendEntry kNvlink{
       return make_nvlink_backend(layout, config, bootstrap);
     },
     kMaxMicroBatches,
-    /*expert_layouts=*/false,
+    /*expert_layouts=*/true,
     /*fp8_wire=*/false,
 };
 
