@@ -12,10 +12,12 @@
 #include "ep_calls.hpp"
 #include "errors.hpp"
 #include "graph_capture.hpp"
+#include "grouped_expert.hpp"
 #include "moe_ep_runner.hpp"
 #include "nccl_baseline.hpp"
 #include "peer_copy_ceiling.hpp"
 #include "stand_in_expert.hpp"
+#include "user_permute.hpp"
 
 namespace moe_ep_tool {
 
@@ -42,8 +44,21 @@ std::vector<int> no_sm_held_sizes(const BenchOptions& o) {
   return o.sizes_given ? bench_sizes(o) : std::vector<int>{128, 4096};
 }
 
+std::vector<std::string> bench_layouts(const std::string& layout) {
+  if (layout == "all") return {"rank_major", "expert_major", "expert_packed", "rank_major+user"};
+  return {layout};
+}
+
 namespace {
 
+int layout_code(const std::string& name) {
+  if (name == "expert_major") return MOE_EP_LAYOUT_EXPERT_MAJOR;
+  if (name == "expert_packed") return MOE_EP_LAYOUT_EXPERT_PACKED;
+  if (name == "rank_major" || name == "rank_major+user") return MOE_EP_LAYOUT_RANK_MAJOR;
+  fail("--layout must be rank_major, expert_major, expert_packed, rank_major+user or all, got '" + name + "'");
+}
+
+// o.layout is one layout here (the sweep runs each of "all" with its own copy).
 WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int tokens) {
   if (o.experts % world != 0) {
     fail("--experts " + std::to_string(o.experts) + " must be a multiple of the " + std::to_string(world) + " ranks");
@@ -71,7 +86,20 @@ WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int to
   s.routing.mask_fraction = o.mask_fraction;
   s.tokens.assign(world, tokens);
   s.seed = derive(o.common.seed, uint64_t(tokens));
+  s.receive_layout = layout_code(o.layout);
+  if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) s.expert_capacity = o.expert_capacity;
+  if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) {
+    s.expert_alignment = o.expert_alignment;
+    s.expert_rows = o.expert_packed_rows;
+  }
   return s;
+}
+
+// The options of one layout of the sweep, or of the grouped-GEMM expert (EXPERT_PACKED).
+BenchOptions with_layout(const BenchOptions& o, const std::string& layout) {
+  BenchOptions one = o;
+  one.layout = layout;
+  return one;
 }
 
 class Sweep {
@@ -102,9 +130,10 @@ class Sweep {
   const std::string& nccl_skipped() const { return nccl_skipped_; }  // why the NCCL baseline is absent
   const std::vector<int>& sizes() const { return sizes_; }
 
-  SizeResult measure(MoeEpRunner& moe, int tokens) {
+  SizeResult measure(MoeEpRunner& moe, int tokens, UserPermute* user = nullptr) {
     SizeResult r;
     r.tokens = tokens;
+    r.layout = o_.layout;
     const WorkloadSpec w = bench_spec(o_, s_.world().size, largest_.max_tokens_per_rank, tokens);
     const std::vector<RankRouting> all = make_all_routing(w);
     r.traffic = measure_traffic(w, all);
@@ -114,10 +143,19 @@ class Sweep {
       r.wrong_dispatch = s_.world().sum(d);
       r.wrong_combine = s_.world().sum(c);
     }
-    const LoopResult t = moe.time(loop_, graph_);
+    const LoopResult t = user ? time_with_user(moe, *user, w) : moe.time(loop_, graph_);
     moe.drop_graphs();
+    const size_t last = t.phase_us.size() - 1;  // combine: after the reference kernels with `user`
     r.dispatch = reduce_phase(s_.world(), t.phase_us[0]);
-    r.combine = reduce_phase(s_.world(), t.phase_us[1]);
+    r.combine = reduce_phase(s_.world(), t.phase_us[last]);
+    std::vector<double> pair = t.phase_us[0];
+    for (size_t p = 1; p <= last; ++p) pair = sum_each(pair, t.phase_us[p]);
+    r.pair = reduce_phase(s_.world(), pair);
+    if (user) {
+      r.has_user = true;
+      r.permute = reduce_phase(s_.world(), t.phase_us[1]);
+      r.unpermute = reduce_phase(s_.world(), t.phase_us[2]);
+    }
     r.gate_expired = t.gate_expired;
     moe_ep_get_last_path(moe.handle(), MOE_EP_PHASE_DISPATCH, &r.dispatch_path);
     moe_ep_get_last_path(moe.handle(), MOE_EP_PHASE_COMBINE, &r.combine_path);
@@ -157,6 +195,24 @@ class Sweep {
   }
 
  private:
+  // rank_major+user: dispatch, permute, unpermute (the expert's place between
+  // them is empty: the expert output is the reference's own buffer), combine.
+  LoopResult time_with_user(MoeEpRunner& moe, UserPermute& user, const WorkloadSpec& w) {
+    moe.prepare(graph_);
+    const auto stream = static_cast<cudaStream_t>(s_.stream());
+    return time_loop(s_, loop_, 4, [&](Marks& m) {
+      m.mark();
+      moe.launch_dispatch(graph_, s_.stream());
+      m.mark();
+      TOOL_CHECK_CUDA(user.permute(w, moe.dispatch_result(), stream));
+      m.mark();
+      TOOL_CHECK_CUDA(user.unpermute(w, moe.dispatch_result(), stream));
+      m.mark();
+      moe.launch_combine(graph_, s_.stream());
+      m.mark();
+    });
+  }
+
   void measure_ceiling(SizeResult& r) {
     const int me = s_.world().rank, W = s_.world().size;
     std::vector<uint64_t> dispatch_bytes(W), combine_bytes(W);
@@ -194,29 +250,77 @@ class Sweep {
 
 namespace {
 
-void run_sweep(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
-  Sweep sweep(session, o, bench_sizes(o), o.baselines);
-  if (!sweep.nccl_skipped().empty() && session.world().is_root()) {
-    std::printf("# NCCL baseline skipped: %s\n", sweep.nccl_skipped().c_str());
-  }
-  report.set_baselines(sweep.has_ceiling(), sweep.has_nccl());
-  report.print_sweep_columns();
-  {
-    MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
-    for (int tokens : sweep.sizes()) {
-      results.sweep.push_back(sweep.measure(moe, tokens));
-      report.print_row(results.sweep.back());
-    }
-  }
-  report.print_baselines(results.sweep);
+// Whether a handle of this layout can be created here ("" = it can; else the
+// library's UNSUPPORTED message).  Collective.
+std::string layout_refusal(const Session& session, const WorkloadSpec& largest, bool zero_copy) {
+  moe_ep_status_t status = MOE_EP_SUCCESS;
+  EpHandle probe(session.bootstrap(), largest.params(), with_zero_copy_combine(session.config(), zero_copy),
+                 MOE_EP_ERROR_UNSUPPORTED, &status);
+  return status == MOE_EP_ERROR_UNSUPPORTED ? std::string(moe_ep_last_error()) : std::string();
 }
 
-void run_decode_step(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+// Each layout's sweep, one after the other; the first one's with the baselines.
+void run_sweep(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+  const std::vector<std::string> layouts = bench_layouts(o.layout);
+  const bool several = layouts.size() > 1;
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    const BenchOptions one = with_layout(o, layouts[i]);
+    Sweep sweep(session, one, bench_sizes(one), o.baselines && i == 0);
+    if (!sweep.nccl_skipped().empty() && session.world().is_root()) {
+      std::printf("# NCCL baseline skipped: %s\n", sweep.nccl_skipped().c_str());
+    }
+    const bool user = layouts[i] == "rank_major+user";
+    std::string skipped = user ? user_permute_refusal(session.on_gpu(), sweep.largest()) : "";
+    if (skipped.empty() && sweep.largest().expert_layout()) {
+      skipped = layout_refusal(session, sweep.largest(), o.zero_copy_combine);
+    }
+    if (!skipped.empty()) {
+      results.layouts_skipped.emplace_back(layouts[i], skipped);
+      report.print_skipped("layout " + layouts[i], skipped);
+      continue;
+    }
+    if (i == 0) report.set_baselines(sweep.has_ceiling(), sweep.has_nccl());
+    if (several || layouts[i] != "rank_major") report.print_layout_heading(sweep.largest(), layouts[i]);
+    report.print_sweep_columns();
+    const size_t first = results.sweep.size();
+    {
+      MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
+      std::unique_ptr<UserPermute> reference;
+      if (user) {
+        const int alignment = o.expert_alignment ? o.expert_alignment : 1;
+        reference = std::make_unique<UserPermute>(session.place(), sweep.largest(), session.world().rank, alignment);
+      }
+      for (int tokens : sweep.sizes()) {
+        results.sweep.push_back(sweep.measure(moe, tokens, reference.get()));
+        report.print_row(results.sweep.back());
+      }
+    }
+    if (i == 0) {
+      report.print_baselines(std::vector<SizeResult>(results.sweep.begin() + long(first), results.sweep.end()));
+    }
+  }
+  if (several) report.print_layouts(results.sweep);
+}
+
+// The options of a mode with the grouped-GEMM expert: its rows in EXPERT_PACKED.
+BenchOptions expert_options(const BenchOptions& o) {
+  return o.expert_gemm == "grouped" ? with_layout(o, "expert_packed") : o;
+}
+
+void run_decode_step(const Session& session, const BenchOptions& options, BenchReport& report, BenchResults& results) {
+  const BenchOptions o = expert_options(options);
+  const bool grouped = o.expert_gemm == "grouped";
   Sweep sweep(session, o, decode_step_sizes(o), false);
-  const std::string refusal = stand_in_expert_refusal(sweep.largest());
+  const std::string refusal =
+      grouped ? grouped_expert_refusal(session.on_gpu(), sweep.largest()) : stand_in_expert_refusal(sweep.largest());
   if (!refusal.empty()) fail(refusal);
   MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
-  DecodeStep step(moe, sweep.graph());
+  std::unique_ptr<GroupedExpert> expert;
+  if (grouped) {
+    expert = std::make_unique<GroupedExpert>(sweep.largest(), o.expert_intermediate, 0,
+                                             derive(session.options().seed, 0x6e));
+  }
+  DecodeStep step(moe, sweep.graph(), expert.get());
   for (int tokens : sweep.sizes()) {
     DecodeStepResult r = sweep.measure_decode_step(step, tokens);
     if (results.decode_step.empty()) {
@@ -228,14 +332,19 @@ void run_decode_step(const Session& session, const BenchOptions& o, BenchReport&
   }
 }
 
-void run_micro_batch(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+void run_micro_batch(const Session& session, const BenchOptions& options, BenchReport& report, BenchResults& results) {
+  const BenchOptions o = expert_options(options);
   Sweep sweep(session, o, micro_batch_sizes(o), false);
   results.expert_intermediate = o.expert_intermediate;
   results.expert_rows = o.expert_rows;
   const WorkloadSpec largest = sweep.micro_batch_spec(sweep.largest().max_tokens_per_rank);
-  results.micro_batch_skipped = micro_batch_refusal(session, largest, o.expert_intermediate);
+  const bool grouped = o.expert_gemm == "grouped";
+  results.micro_batch_skipped = grouped ? grouped_expert_refusal(session.on_gpu(), largest) : "";
   if (results.micro_batch_skipped.empty()) {
-    MicroBatchOverlap overlap(session, largest, o.expert_intermediate, o.expert_rows == "rows", sweep.graph());
+    results.micro_batch_skipped = micro_batch_refusal(session, largest, o.expert_intermediate);
+  }
+  if (results.micro_batch_skipped.empty()) {
+    MicroBatchOverlap overlap(session, largest, o.expert_intermediate, o.expert_rows == "rows", sweep.graph(), grouped);
     results.micro_batch_skipped = overlap.probe(sweep.micro_batch_spec(sweep.sizes().front()));
     if (results.micro_batch_skipped.empty()) {
       report.print_micro_batch_columns(overlap.sm_target());
@@ -289,7 +398,8 @@ void run_overlap(const Session& session, const BenchOptions& o, BenchReport& rep
 }
 
 // The largest workload of every measurement this run makes (for the header).
-WorkloadSpec largest_shape(const BenchOptions& o, int world) {
+WorkloadSpec largest_shape(const BenchOptions& options, int world) {
+  const BenchOptions o = with_layout(expert_options(options), bench_layouts(expert_options(options).layout).front());
   std::vector<int> sizes;
   if (!o.special_mode()) sizes = bench_sizes(o);
   if (o.decode_step) sizes = decode_step_sizes(o);

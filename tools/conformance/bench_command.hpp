@@ -9,6 +9,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decode_step.hpp"
@@ -42,6 +43,17 @@ struct BenchOptions {
   int expert_intermediate = kDeepSeekExpertIntermediate;  // the micro-batches' expert GEMMs
   std::string expert_rows = "picks";  // their M: picks (of this rank's experts) | rows (received, once each)
   bool no_sm_held = false;            // a GEMM on every SM between a send half and its receive half
+  // The sweep's receive layouts: rank_major | expert_major | expert_packed |
+  // rank_major+user (RANK_MAJOR and the reference permute kernels,
+  // user_permute.hpp) | all (the four, one after the other).
+  std::string layout = "rank_major";
+  int expert_alignment = 0;    // params->expert_alignment (EXPERT_PACKED and the reference kernels; 0 = 1)
+  int expert_capacity = 0;     // params->expert_capacity (EXPERT_MAJOR; 0 = the worst case)
+  int expert_packed_rows = 0;  // params->expert_rows (EXPERT_PACKED; 0 = the worst case)
+  // The expert of --decode-step and --micro-batch-overlap: stand_in (the
+  // copy kernel, resp. one GEMM on random operands per projection) | grouped
+  // (grouped_expert.hpp: cuBLAS grouped GEMMs on the EXPERT_PACKED rows).
+  std::string expert_gemm = "stand_in";
   bool sizes_given = false;   // -t, -b, -e or -f was on the command line (main sets it)
   std::string json_path;
   // One of the modes that replace the sweep was asked for.
@@ -51,6 +63,7 @@ struct BenchOptions {
 // Everything measured at one size.
 struct SizeResult {
   int tokens = 0;
+  std::string layout = "rank_major";  // BenchOptions::layout's names, one layout
   Traffic traffic;
   int64_t wrong_dispatch = -1, wrong_combine = -1;  // -1: not checked
   PhaseTiming dispatch, combine;
@@ -61,12 +74,21 @@ struct SizeResult {
   bool has_nccl = false;
   PhaseTiming nccl_dispatch, nccl_counts, nccl_payload, nccl_combine;
   int64_t nccl_wrong_counts = 0;
+  // dispatch + combine per iteration; rank_major+user: dispatch + permute +
+  // unpermute + combine, with the reference kernels' own times.
+  PhaseTiming pair;
+  bool has_user = false;
+  PhaseTiming permute, unpermute;
 };
+
+// The layouts --layout names, in the order the sweep runs them.
+std::vector<std::string> bench_layouts(const std::string& layout);
 
 // Everything one run measured: the sweep's sizes, or the decode step's and
 // the overlap's.
 struct BenchResults {
-  std::vector<SizeResult> sweep;
+  std::vector<SizeResult> sweep;                                     // every layout's sizes, layout after layout
+  std::vector<std::pair<std::string, std::string>> layouts_skipped;  // (layout, why)
   std::vector<DecodeStepResult> decode_step;
   std::vector<OverlapResult> overlap;
   std::string overlap_skipped;  // why --overlap-gemm measured nothing ("" = it did, or was not asked)

@@ -209,6 +209,94 @@ void BenchReport::print_baselines(const std::vector<SizeResult>& results) const 
   std::fflush(stdout);
 }
 
+void BenchReport::print_note(const std::string& line) const {
+  if (!s_.world().is_root()) return;
+  std::printf("# %s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void BenchReport::print_layout_heading(const WorkloadSpec& w, const std::string& layout) const {
+  if (!s_.world().is_root()) return;
+  std::printf("#\n# layout %s", layout.c_str());
+  if (w.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) std::printf(": capacity %d rows per expert", w.capacity());
+  if (w.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) {
+    std::printf(": alignment %d, %lld rows", w.alignment(), static_cast<long long>(w.packed_rows()));
+  }
+  if (layout == "rank_major+user") {
+    std::printf(
+        ": RANK_MAJOR, then the reference permute and un-permute + weighted reduce (alignment %d); "
+        "dispatch + permute + unpermute + combine in the d+c column of the summary",
+        o_.expert_alignment ? o_.expert_alignment : 1);
+  }
+  std::printf("\n");
+  const Workspace ws = workspace_of(s_, w, o_.zero_copy_combine);
+  WorkloadSpec rank_major = w;
+  rank_major.receive_layout = MOE_EP_LAYOUT_RANK_MAJOR;
+  rank_major.expert_alignment = rank_major.expert_capacity = rank_major.expert_rows = 0;
+  const Workspace base = workspace_of(s_, rank_major, o_.zero_copy_combine);
+  if (ws.status == MOE_EP_SUCCESS && base.status == MOE_EP_SUCCESS && w.expert_layout()) {
+    const uint64_t row = w.hidden_row_bytes() + w.scale_row_bytes();
+    const double extra_rows = (double(ws.bytes) - double(base.bytes)) / double(row);
+    std::printf("# workspace per rank: %.1f MiB, RANK_MAJOR %.1f MiB: %+.0f rows of B_dispatch (E_local x 128 = %d)\n",
+                double(ws.bytes) / (1 << 20), double(base.bytes) / (1 << 20), extra_rows, w.experts_per_rank() * 128);
+  } else if (w.expert_layout()) {
+    std::printf("# workspace per rank: moe_ep_workspace_size returned %s (RANK_MAJOR: %s)\n",
+                moe_ep_status_string(ws.status), moe_ep_status_string(base.status));
+  }
+  std::fflush(stdout);
+}
+
+void BenchReport::print_layouts(const std::vector<SizeResult>& results) const {
+  if (!s_.world().is_root()) return;
+  const char* names[] = {"rank_major", "expert_major", "expert_packed", "rank_major+user"};
+  std::vector<int> sizes;
+  for (const SizeResult& r : results) {
+    if (std::find(sizes.begin(), sizes.end(), r.tokens) == sizes.end()) sizes.push_back(r.tokens);
+  }
+  auto find = [&](int tokens, const std::string& layout) -> const SizeResult* {
+    for (const SizeResult& r : results) {
+      if (r.tokens == tokens && r.layout == layout) return &r;
+    }
+    return nullptr;
+  };
+  std::printf(
+      "#\n# layouts side by side: d+c = dispatch + combine per iteration, avg over iterations (us);\n"
+      "#   rank_major+user adds the reference permute and un-permute/reduce between them (their own times "
+      "after it)\n");
+  std::printf("# %7s | %10s %10s %10s %10s %8s %8s | %8s %8s %8s\n", "tokens", "rank_d+c", "emajor_d+c", "epacked_d+c",
+              "user_d+c", "permute", "unperm", "EP/RM", "EP/user", "EP-RM");
+  for (int t : sizes) {
+    const SizeResult* r[4];
+    for (int i = 0; i < 4; ++i) r[i] = find(t, names[i]);
+    std::printf("  %7d |", t);
+    for (int i = 0; i < 4; ++i) {
+      if (r[i]) {
+        std::printf(" %10.2f", r[i]->pair.step.avg);
+      } else {
+        std::printf(" %10s", "-");
+      }
+    }
+    if (r[3] && r[3]->has_user) {
+      std::printf(" %8.2f %8.2f |", r[3]->permute.step.avg, r[3]->unpermute.step.avg);
+    } else {
+      std::printf(" %8s %8s |", "-", "-");
+    }
+    auto ratio = [](const SizeResult* a, const SizeResult* b) {
+      return a && b && b->pair.step.avg > 0 ? a->pair.step.avg / b->pair.step.avg : 0.0;
+    };
+    std::printf(" %8.3f %8.3f", ratio(r[2], r[0]), ratio(r[2], r[3]));
+    if (r[2] && r[0]) {
+      std::printf(" %8.2f\n", r[2]->pair.step.avg - r[0]->pair.step.avg);
+    } else {
+      std::printf(" %8s\n", "-");
+    }
+  }
+  std::printf(
+      "#   EP/RM = expert_packed / rank_major, EP/user = expert_packed / rank_major+user, EP-RM in us "
+      "(0.000 or -: a layout missing)\n");
+  std::fflush(stdout);
+}
+
 bool BenchReport::print_footer(const BenchResults& all) const {
   int64_t wrong = 0;
   double dispatch_bw = 0, combine_bw = 0;
@@ -274,6 +362,11 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
       .field("overlap_gemm", o_.overlap_gemm)
       .field("micro_batch_overlap", o_.micro_batch_overlap)
       .field("no_sm_held", o_.no_sm_held)
+      .field("layout", o_.layout)
+      .field("expert_alignment", o_.expert_alignment)
+      .field("expert_capacity", o_.expert_capacity)
+      .field("expert_packed_rows", o_.expert_packed_rows)
+      .field("expert_gemm", o_.expert_gemm)
       .field("launch_gate", o_.launch_gate)
       .field("num_sms", o_.common.num_sms)
       .field("warmup", o_.warmup)
@@ -302,6 +395,7 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
     const double cn = t.mean_remote_bytes(t.combine_row_bytes), ca = t.mean_alg_bytes(t.combine_row_bytes);
     j.begin_object();
     j.field("tokens_per_rank", r.tokens);
+    j.field("layout", r.layout);
     j.key("bytes").begin_object();
     j.field("dispatch_remote", dn)
         .field("dispatch_alg", da)
@@ -312,6 +406,11 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
     j.key("moe_ep").begin_object();
     write_phase_json(j, "dispatch", r.dispatch, dn, da);
     write_phase_json(j, "combine", r.combine, cn, ca);
+    write_phase_json(j, "dispatch_plus_combine", r.pair, -1, -1);  // with the reference kernels in rank_major+user
+    if (r.has_user) {
+      write_phase_json(j, "user_permute", r.permute, -1, -1);
+      write_phase_json(j, "user_unpermute", r.unpermute, -1, -1);
+    }
     j.field("wrong_dispatch", r.wrong_dispatch).field("wrong_combine", r.wrong_combine);
     j.field("launches_queued_ahead", !r.gate_expired);
     j.field("dispatch_path", std::string(moe_ep_path_name(r.dispatch_path)));
@@ -335,6 +434,11 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
     j.end_object();
   }
   j.end_array();
+  if (!all.layouts_skipped.empty()) {
+    j.key("layouts_skipped").begin_object();
+    for (const auto& [layout, why] : all.layouts_skipped) j.field(layout, why);
+    j.end_object();
+  }
   if (o_.decode_step) write_decode_step_json(j, all);
   if (o_.overlap_gemm) write_overlap_json(j, all);
   if (o_.micro_batch_overlap) write_micro_batch_json(j, all);

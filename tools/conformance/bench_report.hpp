@@ -23,6 +23,12 @@ class BenchReport {
   void print_sweep_columns() const;
   void print_row(const SizeResult& r) const;
   void print_baselines(const std::vector<SizeResult>& results) const;
+  // --layout: the heading of one layout's table (its workspace; largest: its
+  // largest workload), and the layouts side by side after the last one.
+  void print_layout_heading(const WorkloadSpec& largest, const std::string& layout) const;
+  void print_layouts(const std::vector<SizeResult>& results) const;
+  // One "# <line>" (root only).
+  void print_note(const std::string& line) const;
   // A mode that cannot run here: "# <what>: skipped: <why>".
   void print_skipped(const std::string& what, const std::string& why) const;
   // --decode-step (split_refusal: why the split step is not measured, "" = it is).

@@ -46,6 +46,12 @@ struct Blas {
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
   decltype(&::cublasGetStatusName) status_name;
   decltype(&::cublasGetStatusString) status_string;
+  // cuBLAS 12.5 and later; NULL before (only the grouped-GEMM expert needs it).
+  cublasStatus_t (*gemm_grouped_batched_ex)(cublasHandle_t, const cublasOperation_t[], const cublasOperation_t[],
+                                            const int[], const int[], const int[], const void*, const void* const[],
+                                            cudaDataType_t, const int[], const void* const[], cudaDataType_t,
+                                            const int[], const void*, void* const[], cudaDataType_t, const int[], int,
+                                            const int[], cublasComputeType_t) = nullptr;
 };
 
 template <typename Fn>
@@ -86,6 +92,8 @@ const Blas* load_blas(std::string* why) {
       dlclose(library);
       return;
     }
+    blas.gemm_grouped_batched_ex =
+        reinterpret_cast<decltype(blas.gemm_grouped_batched_ex)>(dlsym(library, "cublasGemmGroupedBatchedEx"));
     loaded = &blas;  // stays loaded for the life of the process
   });
   if (loaded == nullptr && why != nullptr) *why = failure;
@@ -164,7 +172,67 @@ void BlasGemm::run(cudaStream_t stream) {
                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
+bool GroupedBlas::available() { return unavailable_reason().empty(); }
+
+std::string GroupedBlas::unavailable_reason() {
+  std::string why;
+  const Blas* b = load_blas(&why);
+  if (b == nullptr) return why;
+  if (b->gemm_grouped_batched_ex == nullptr) {
+    return "the loaded cuBLAS (libcublas.so." + std::to_string(CUBLAS_VER_MAJOR) +
+           ") lacks cublasGemmGroupedBatchedEx (cuBLAS 12.5 or later is needed)";
+  }
+  return "";
+}
+
+GroupedBlas::GroupedBlas(int sm_target) {
+  const std::string why = unavailable_reason();
+  if (!why.empty()) fail("--expert-gemm grouped: " + why);
+  cublasHandle_t h = nullptr;
+  TOOL_CHECK_BLAS(blas().create(&h));
+  handle_ = h;
+  if (sm_target > 0) TOOL_CHECK_BLAS(blas().set_sm_count_target(h, sm_target));
+}
+
+GroupedBlas::~GroupedBlas() {
+  if (handle_) blas().destroy(static_cast<cublasHandle_t>(handle_));
+}
+
+void GroupedBlas::run(int m, int k, const std::vector<int>& n, const void* const* a, int lda, const void* const* b,
+                      int ldb, void* const* c, int ldc, cudaStream_t stream) {
+  const auto h = static_cast<cublasHandle_t>(handle_);
+  if (stream != stream_) {
+    TOOL_CHECK_BLAS(blas().set_stream(h, stream));
+    stream_ = stream;
+  }
+  const size_t g = n.size();
+  if (g == 0) return;
+  m_.assign(g, m);
+  k_.assign(g, k);
+  lda_.assign(g, lda);
+  ldb_.assign(g, ldb);
+  ldc_.assign(g, ldc);
+  group_size_.assign(g, 1);  // one GEMM per group: each has its own n
+  alpha_.assign(g, 1.0f);
+  beta_.assign(g, 0.0f);
+  static_assert(sizeof(cublasOperation_t) == sizeof(int), "cublasOperation_t is held as int");
+  trans_.assign(g, int(CUBLAS_OP_N));
+  const auto* op = reinterpret_cast<const cublasOperation_t*>(trans_.data());
+  TOOL_CHECK_BLAS(blas().gemm_grouped_batched_ex(
+      h, op, op, m_.data(), n.data(), k_.data(), alpha_.data(), a, CUDA_R_16BF, lda_.data(), b, CUDA_R_16BF,
+      ldb_.data(), beta_.data(), c, CUDA_R_16BF, ldc_.data(), int(g), group_size_.data(), CUBLAS_COMPUTE_32F));
+}
+
 #else  // built without cuBLAS
+
+bool GroupedBlas::available() { return false; }
+std::string GroupedBlas::unavailable_reason() { return BlasGemm::unavailable_reason(); }
+GroupedBlas::GroupedBlas(int) { fail("--expert-gemm grouped: " + unavailable_reason()); }
+GroupedBlas::~GroupedBlas() = default;
+void GroupedBlas::run(int, int, const std::vector<int>&, const void* const*, int, const void* const*, int, void* const*,
+                      int, cudaStream_t) {
+  fail("--expert-gemm grouped: " + unavailable_reason());
+}
 
 bool BlasGemm::available() { return false; }
 std::string BlasGemm::unavailable_reason() {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace moe_ep_tool {
 
@@ -40,6 +41,35 @@ class BlasGemm {
   void* handle_ = nullptr;  // cublasHandle_t
   void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
   cudaStream_t stream_ = nullptr;  // the stream the handle is bound to (cuBLAS's default: the legacy stream)
+};
+
+// One cublasGemmGroupedBatchedEx call (cuBLAS 12.5 and later), the grouped
+// GEMM of the grouped-GEMM stand-in expert (grouped_expert.hpp): group g is
+// one GEMM C_g[m, n_g] = A_g[m, k] * B_g[k, n_g], column-major, bf16 operands,
+// fp32 accumulation.  The pointer arrays are device memory (so that a kernel
+// can fill them from device offsets); the sizes are host values, as cuBLAS
+// takes them.  Loaded like BlasGemm; available() is false, with the reason,
+// where the loaded cuBLAS lacks the entry point.
+class GroupedBlas {
+ public:
+  static bool available();
+  static std::string unavailable_reason();  // "" when available
+
+  explicit GroupedBlas(int sm_target);  // sm_target as BlasGemm's
+  ~GroupedBlas();
+  GroupedBlas(const GroupedBlas&) = delete;
+  GroupedBlas& operator=(const GroupedBlas&) = delete;
+
+  // n.size() groups, each n[g] >= 1; a, b, c: device arrays of n.size() pointers.
+  void run(int m, int k, const std::vector<int>& n, const void* const* a, int lda, const void* const* b, int ldb,
+           void* const* c, int ldc, cudaStream_t stream);
+
+ private:
+  void* handle_ = nullptr;  // cublasHandle_t
+  cudaStream_t stream_ = nullptr;
+  std::vector<int> m_, k_, lda_, ldb_, ldc_, group_size_;
+  std::vector<float> alpha_, beta_;
+  std::vector<int> trans_;  // cublasOperation_t, CUBLAS_OP_N
 };
 
 }  // namespace moe_ep_tool

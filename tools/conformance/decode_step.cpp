@@ -15,6 +15,7 @@ DecodeStepResult DecodeStep::measure(const WorkloadSpec& w, const std::vector<Ra
   DecodeStepResult r;
   r.tokens = w.tokens_per_rank();
   runner_.load(w, all);
+  if (grouped_) grouped_->set_rows(local_expert_rows(w, all, s.world().rank));  // fixed for this size
   if (!asked_split_) {  // one untimed split pair, before any graph holds the slot
     split_refusal_ = runner_.probe_split();
     asked_split_ = true;
@@ -67,6 +68,10 @@ DecodeStepResult DecodeStep::measure(const WorkloadSpec& w, const std::vector<Ra
 }
 
 void DecodeStep::expert(void* stream) {
+  if (grouped_) {
+    grouped_->run(runner_.dispatch_result(), static_cast<cudaStream_t>(stream));
+    return;
+  }
   const StandInExpertArgs args =
       stand_in_expert_args(runner_.spec(), runner_.dispatch_result(), runner_.expert_target());
   if (runner_.session().on_gpu()) {
@@ -140,11 +145,15 @@ void DecodeStep::capture_step(bool split) {
 void DecodeStep::check_parts(DecodeStepResult& r) {
   const Session& s = runner_.session();
   runner_.launch_dispatch(graph_, s.stream());
-  const Verdict d = runner_.verify_dispatch();
+  Verdict d = runner_.verify_dispatch();
+  if (grouped_) {  // the group sizes the GEMMs take are the counts dispatch returned
+    d.add(grouped_->count_mismatches(runner_.dispatch_result(), static_cast<cudaStream_t>(s.stream())),
+          "grouped expert: group sizes differ from expert_counts");
+  }
   launch_expert(s.stream());
   runner_.launch_combine(graph_, s.stream());
   const ExpertRowModel model = stand_in_expert_model(runner_.spec(), s.world().rank);
-  const Verdict c = runner_.verify_combine(&model);
+  const Verdict c = runner_.verify_combine(grouped_ ? nullptr : &model);
   if (s.world().is_root() && (d.wrong || c.wrong)) {
     std::fprintf(stderr, "decode step parts, %d tokens:\n%s%s", r.tokens, d.details.c_str(), c.details.c_str());
   }
@@ -164,7 +173,7 @@ int64_t DecodeStep::check_step(const WorkloadSpec& fresh, const std::vector<Rank
     launch_step(s.stream());
   }
   const ExpertRowModel model = stand_in_expert_model(fresh, s.world().rank);
-  Verdict c = runner_.verify_combine(&model);
+  Verdict c = runner_.verify_combine(grouped_ ? nullptr : &model);
   c.merge(runner_.verify_async());
   if (s.world().is_root() && c.wrong) {
     std::fprintf(stderr, "decode step%s, %d tokens:\n%s", split ? " (split)" : "", tokens, c.details.c_str());

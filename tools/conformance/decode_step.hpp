@@ -5,7 +5,9 @@
 // backend has the split halves, the same step through them (dispatch_send;
 // dispatch_recv; the stand-in; combine_send; combine_recv on slot 0 of the
 // same handle) is a second graph in that loop.  The steps and the parts are
-// checked against the oracle with the stand-in modelled.  Without -G (and on
+// checked against the oracle with the stand-in modelled.  --expert-gemm
+// grouped puts the grouped-GEMM expert (grouped_expert.hpp) in the stand-in's
+// place, on EXPERT_PACKED rows.  Without -G (and on
 // the HOST backend) the same calls run eagerly.
 #pragma once
 
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "grouped_expert.hpp"
 #include "moe_ep_runner.hpp"
 #include "stats.hpp"
 #include "traffic.hpp"
@@ -36,7 +39,11 @@ struct DecodeStepResult {
 
 class DecodeStep {
  public:
-  DecodeStep(MoeEpRunner& runner, bool graph) : runner_(runner), graph_(graph) {}
+  // grouped: the grouped-GEMM expert on the runner's EXPERT_PACKED rows in
+  // place of the stand-in (NULL: the stand-in); combine then takes the
+  // tool's expert output, and the checks compare with the oracle's rows.
+  DecodeStep(MoeEpRunner& runner, bool graph, GroupedExpert* grouped = nullptr)
+      : runner_(runner), graph_(graph), grouped_(grouped) {}
 
   // Why the split step is not measured ("" = it is): asked once, at the first
   // size, from the library's answer to the first half.  Collective.
@@ -62,6 +69,7 @@ class DecodeStep {
 
   MoeEpRunner& runner_;
   bool graph_;
+  GroupedExpert* grouped_;
   bool asked_split_ = false;
   std::string split_refusal_;
   std::unique_ptr<CapturedCall> expert_graph_, step_graph_, split_graph_;

@@ -174,6 +174,30 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
                    "--micro-batch-overlap: the GEMMs' M, picks (each received row once per local expert it goes to: "
                    "a grouped GEMM over this rank's experts) | rows (each received row once)")
       ->check(CLI::IsMember({"picks", "rows"}));
+  bench
+      ->add_option("--layout", o.layout,
+                   "the sweep's receive layout: rank_major | expert_major | expert_packed | rank_major+user "
+                   "(RANK_MAJOR with the reference permute and un-permute/reduce kernels a user would write, GPU) | "
+                   "all (the four, then a table of them side by side)")
+      ->check(CLI::IsMember({"rank_major", "expert_major", "expert_packed", "rank_major+user", "all"}));
+  bench
+      ->add_option("--expert-alignment", o.expert_alignment,
+                   "params->expert_alignment of EXPERT_PACKED, and the reference kernels' alignment (0 = 1)")
+      ->check(integer_in(0, 256));
+  bench
+      ->add_option("--expert-capacity", o.expert_capacity,
+                   "params->expert_capacity of EXPERT_MAJOR, rows per expert (0 = the worst case, world x max tokens)")
+      ->check(integer_at_least(0));
+  bench
+      ->add_option("--expert-packed-rows", o.expert_packed_rows,
+                   "params->expert_rows of EXPERT_PACKED, rows of the result (0 = the worst case)")
+      ->check(integer_at_least(0));
+  bench
+      ->add_option("--expert-gemm", o.expert_gemm,
+                   "--decode-step and --micro-batch-overlap: the expert, stand_in (the copy kernel; one GEMM per "
+                   "projection on random operands) | grouped (cuBLAS grouped GEMMs, one per local expert, on the "
+                   "EXPERT_PACKED rows of dispatch, no permute; GPU, bf16)")
+      ->check(CLI::IsMember({"stand_in", "grouped"}));
   bench->add_flag("--no-sm-held", o.no_sm_held,
                   "instead of the sweep: a GEMM on every SM between a send half and its receive half, against the "
                   "same GEMM alone (GPU; default sizes 128,4096)");
@@ -205,6 +229,17 @@ std::string bad_combination(const CLI::App* bench_app, const BenchOptions& o) {
                std::to_string(t);
       }
     }
+  }
+  if (o.special_mode() && o.layout != "rank_major") {
+    return "--layout: expected rank_major (the default) with --decode-step, --overlap-gemm, --micro-batch-overlap "
+           "and --no-sm-held (--expert-gemm grouped runs them in EXPERT_PACKED), got " +
+           o.layout;
+  }
+  if (o.expert_gemm == "grouped" && !o.decode_step && !o.micro_batch_overlap) {
+    return "--expert-gemm grouped: expected with --decode-step or --micro-batch-overlap, got neither";
+  }
+  if (o.expert_gemm == "grouped" && o.expert_rows == "rows") {
+    return "--expert-rows rows: expected picks with --expert-gemm grouped (one row per local pick), got rows";
   }
   if (o.zero_copy_combine && (o.micro_batch_overlap || o.no_sm_held)) {
     return std::string("--zero-copy-combine: expected without ") +

@@ -83,6 +83,7 @@ struct MicroBatchOverlap::Batch {
   WorkloadSpec spec;
   std::vector<RankRouting> all;
   std::unique_ptr<Gemm> up, down;
+  std::unique_ptr<GroupedExpert> grouped;  // --expert-gemm grouped: both projections
 };
 
 std::string micro_batch_refusal(const Session& s, const WorkloadSpec& w, int intermediate) {
@@ -99,11 +100,12 @@ std::string micro_batch_refusal(const Session& s, const WorkloadSpec& w, int int
 }
 
 MicroBatchOverlap::MicroBatchOverlap(const Session& s, const WorkloadSpec& largest, int intermediate, bool m_rows,
-                                     bool graph)
+                                     bool graph, bool grouped)
     : s_(s),
       intermediate_(intermediate),
-      m_rows_(m_rows),
+      m_rows_(m_rows && !grouped),
       graph_(graph),
+      grouped_(grouped),
       sm_target_(s.on_gpu() ? gemm_sm_target(s) : 0),
       streams_(s) {
   moe_ep_config_t config = s.config();
@@ -111,6 +113,12 @@ MicroBatchOverlap::MicroBatchOverlap(const Session& s, const WorkloadSpec& large
   handle_ = std::make_unique<EpHandle>(s.bootstrap(), largest.params(), config, MOE_EP_ERROR_UNSUPPORTED, &created_);
   if (created_ == MOE_EP_ERROR_UNSUPPORTED) refusal_ = split_refusal(s, created_);
   for (auto& b : batches_) b = std::make_unique<Batch>(s, largest);
+  if (grouped_) {  // the weights once, for every size
+    for (int i = 0; i < 2; ++i) {
+      batches_[i]->grouped = std::make_unique<GroupedExpert>(largest, intermediate, sm_target_,
+                                                             derive(s.options().seed, 0x9e0 + uint64_t(i)));
+    }
+  }
 }
 
 MicroBatchOverlap::~MicroBatchOverlap() { drop(); }
@@ -141,6 +149,10 @@ void MicroBatchOverlap::load(const WorkloadSpec& w, uint64_t inputs) {
 
 void MicroBatchOverlap::run_gemms(int i, void* stream) {
   Batch& b = *batches_[i];
+  if (b.grouped) {
+    b.grouped->run(b.calls.dispatch_result(), static_cast<cudaStream_t>(stream));
+    return;
+  }
   b.up->run(stream);
   b.down->run(stream);
 }
@@ -292,13 +304,23 @@ MicroBatchResult MicroBatchOverlap::measure(const WorkloadSpec& w, bool check, c
     r.traffic[i] = measure_traffic(b.spec, b.all);
     const int m = int(m_rows_ ? received_rows(r.traffic[i], world.rank) : local_picks(b.spec, b.all, world.rank));
     r.m[i] = world.max(m);
+    if (b.grouped) {  // one GEMM per local expert, sized by its rows
+      b.grouped->set_rows(local_expert_rows(b.spec, b.all, world.rank));
+      continue;
+    }
     const uint64_t seed = derive(s_.options().seed, uint64_t(r.tokens) * 4 + uint64_t(i) * 2);
     b.up = std::make_unique<Gemm>(s_, GemmShape{m, 2 * intermediate_, w.hidden_size}, sm_target_, seed);
     b.down = std::make_unique<Gemm>(s_, GemmShape{m, w.hidden_size, intermediate_}, sm_target_, seed + 1);
   }
   // Each GEMM once on its stream before any capture: cuBLAS binds the stream
-  // and sets up its workspace outside the graphs.
-  for (int i = 0; i < 2; ++i) run_gemms(i, streams_.compute());
+  // and sets up its workspace outside the graphs.  The grouped expert reads
+  // a dispatch result: the fused calls give it one.
+  if (grouped_) {
+    fused(s_.stream());
+    TOOL_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s_.stream())));
+  } else {
+    for (int i = 0; i < 2; ++i) run_gemms(i, streams_.compute());
+  }
   if (s_.on_gpu()) TOOL_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(streams_.compute())));
   if (check) std::tie(r.wrong_dispatch, r.wrong_combine) = check_halves();
   capture();

@@ -12,6 +12,9 @@
 // (the step's calls without the GEMMs) and the compute alone (the GEMMs).
 // With -G each of the four is one CUDA graph.  On the HOST backend the GEMMs
 // run on the host (a plain loop), so the schedule and its check run there.
+// With --expert-gemm grouped (GPU) the GEMMs of a micro-batch are the
+// grouped-GEMM expert's two grouped calls on its EXPERT_PACKED rows
+// (grouped_expert.hpp), one GEMM per local expert.
 #pragma once
 
 #include <memory>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "blas_gemm.hpp"
+#include "grouped_expert.hpp"
 #include "moe_ep_runner.hpp"
 #include "side_streams.hpp"
 #include "stats.hpp"
@@ -51,8 +55,10 @@ std::string micro_batch_refusal(const Session& s, const WorkloadSpec& largest_mi
 class MicroBatchOverlap {
  public:
   // largest: the largest micro-batch's workload (T/2 tokens per rank).
-  // m_rows: M counts the received rows, not their local picks.
-  MicroBatchOverlap(const Session& s, const WorkloadSpec& largest, int intermediate, bool m_rows, bool graph);
+  // m_rows: M counts the received rows, not their local picks.  grouped:
+  // the grouped-GEMM expert (largest is then an EXPERT_PACKED workload).
+  MicroBatchOverlap(const Session& s, const WorkloadSpec& largest, int intermediate, bool m_rows, bool graph,
+                    bool grouped = false);
   ~MicroBatchOverlap();
 
   // Why the handle cannot run two micro-batches through the halves ("" = it
@@ -88,6 +94,7 @@ class MicroBatchOverlap {
   int intermediate_;
   bool m_rows_;
   bool graph_;
+  bool grouped_;
   int sm_target_ = 0;
   moe_ep_status_t created_ = MOE_EP_SUCCESS;
   std::string refusal_;

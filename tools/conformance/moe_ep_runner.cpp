@@ -10,7 +10,7 @@ MicroBatch::MicroBatch(const Session& s, const WorkloadSpec& largest, bool zero_
     : s_(s),
       zero_copy_(zero_copy),
       inputs_(largest, s.place()),
-      expert_output_(s.place(), uint64_t(largest.receive_rows()) * largest.combine_row_bytes()) {}
+      expert_output_(s.place(), uint64_t(largest.combine_rows()) * largest.combine_row_bytes()) {}
 
 void MicroBatch::load(const WorkloadSpec& w, const std::vector<RankRouting>& all) {
   spec_ = w;
