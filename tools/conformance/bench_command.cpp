@@ -139,7 +139,14 @@ class Sweep {
     r.traffic = measure_traffic(w, all);
     moe.load(w, all);
     if (o_.check) {
-      const auto [d, c] = moe.check(graph_);
+      auto [d, c] = moe.check(graph_);
+      if (user) {  // the reference permute on this dispatch, counted as dispatch's
+        const auto stream = static_cast<cudaStream_t>(s_.stream());
+        moe.launch_dispatch(graph_, s_.stream());  // the result views the timed loop reads
+        TOOL_CHECK_CUDA(user->permute(w, moe.dispatch_result(), stream));
+        d += user->check_permute(w, moe.dispatch_result(), stream);
+        moe.launch_combine(graph_, s_.stream());
+      }
       r.wrong_dispatch = s_.world().sum(d);
       r.wrong_combine = s_.world().sum(c);
     }
@@ -302,6 +309,14 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
   if (several) report.print_layouts(results.sweep);
 }
 
+std::string grouped_expert_note(const WorkloadSpec& w, int intermediate) {
+  return "expert: grouped GEMM (cuBLAS cublasGemmGroupedBatchedEx) on the EXPERT_PACKED rows (alignment " +
+         std::to_string(w.alignment()) + "), per local expert n_e x " + std::to_string(2 * intermediate) + " x " +
+         std::to_string(w.hidden_size) + " and n_e x " + std::to_string(w.hidden_size) + " x " +
+         std::to_string(intermediate) +
+         ", bf16, fp32 accumulation; group sizes from the tool's routing, fixed per size";
+}
+
 // The options of a mode with the grouped-GEMM expert: its rows in EXPERT_PACKED.
 BenchOptions expert_options(const BenchOptions& o) {
   return o.expert_gemm == "grouped" ? with_layout(o, "expert_packed") : o;
@@ -314,12 +329,20 @@ void run_decode_step(const Session& session, const BenchOptions& options, BenchR
   const std::string refusal =
       grouped ? grouped_expert_refusal(session.on_gpu(), sweep.largest()) : stand_in_expert_refusal(sweep.largest());
   if (!refusal.empty()) fail(refusal);
+  if (grouped) {  // a backend without EXPERT_PACKED: skipped with the library's reason
+    const std::string no_layout = layout_refusal(session, sweep.largest(), o.zero_copy_combine);
+    if (!no_layout.empty()) {
+      report.print_skipped("decode step with the grouped-GEMM expert", no_layout);
+      return;
+    }
+  }
   MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
   std::unique_ptr<GroupedExpert> expert;
   if (grouped) {
     expert = std::make_unique<GroupedExpert>(sweep.largest(), o.expert_intermediate, 0,
                                              derive(session.options().seed, 0x6e));
   }
+  if (grouped) report.print_note(grouped_expert_note(sweep.largest(), o.expert_intermediate));
   DecodeStep step(moe, sweep.graph(), expert.get());
   for (int tokens : sweep.sizes()) {
     DecodeStepResult r = sweep.measure_decode_step(step, tokens);
@@ -344,6 +367,7 @@ void run_micro_batch(const Session& session, const BenchOptions& options, BenchR
     results.micro_batch_skipped = micro_batch_refusal(session, largest, o.expert_intermediate);
   }
   if (results.micro_batch_skipped.empty()) {
+    if (grouped) report.print_note(grouped_expert_note(largest, o.expert_intermediate));
     MicroBatchOverlap overlap(session, largest, o.expert_intermediate, o.expert_rows == "rows", sweep.graph(), grouped);
     results.micro_batch_skipped = overlap.probe(sweep.micro_batch_spec(sweep.sizes().front()));
     if (results.micro_batch_skipped.empty()) {

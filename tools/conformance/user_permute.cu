@@ -3,6 +3,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "dtypes.hpp"
 #include "errors.hpp"
@@ -201,6 +203,54 @@ cudaError_t UserPermute::unpermute(const WorkloadSpec& w, const moe_ep_dispatch_
   }
   return launch_unpermute<float>(expert_out_.data(), slots, weights, w.top_k, counts, tpr, n, w.hidden_size,
                                  reduced_.data(), stream);
+}
+
+int64_t UserPermute::check_permute(const WorkloadSpec& w, const moe_ep_dispatch_result_t& r,
+                                   cudaStream_t stream) const {
+  const int experts = w.experts_per_rank(), K = w.top_k, tpr = w.tokens_per_rank();
+  const int64_t P = w.receive_rows();
+  auto copy = [&](void* dst, const void* src, uint64_t bytes) {
+    TOOL_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream));
+  };
+  std::vector<int32_t> counts(experts), offsets(experts + 1), recv(w.world), ids(P * K), slots(P * K);
+  copy(counts.data(), r.local_expert_counts.data, counts.size() * sizeof(int32_t));
+  copy(offsets.data(), offsets_.data(), offsets.size() * sizeof(int32_t));
+  copy(recv.data(), r.recv_counts.data, recv.size() * sizeof(int32_t));
+  copy(ids.data(), r.topk_ids.data, ids.size() * sizeof(int32_t));
+  copy(slots.data(), slots_.data(), slots.size() * sizeof(int32_t));
+  TOOL_CHECK_CUDA(cudaStreamSynchronize(stream));
+  int64_t wrong = 0, at = 0;
+  for (int e = 0; e < experts; ++e) {
+    wrong += offsets[e] != at ? 1 : 0;
+    at += (int64_t(counts[e]) + alignment_ - 1) / alignment_ * alignment_;
+  }
+  wrong += offsets[experts] != at ? 1 : 0;
+  std::vector<uint8_t> taken(size_t(std::max<int64_t>(at, 0)), 0);
+  const uint64_t row_bytes = w.recv_hidden_row_bytes();
+  std::vector<uint8_t> want(row_bytes), got(row_bytes);
+  int sampled = 0;
+  for (int64_t p = 0; p < P; ++p) {
+    if (p % tpr >= recv[p / tpr]) continue;
+    for (int k = 0; k < K; ++k) {
+      const int e = ids[p * K + k] - rank_ * experts;
+      const int32_t slot = slots[p * K + k];
+      if (e < 0 || e >= experts) {
+        wrong += slot != -1 ? 1 : 0;
+        continue;
+      }
+      if (slot < offsets[e] || slot >= offsets[e] + counts[e] || slot >= at || taken[slot]) {
+        ++wrong;
+        continue;
+      }
+      taken[slot] = 1;
+      if (sampled++ >= 64) continue;  // the bytes of the first rows only: the copy is the same code for all
+      copy(want.data(), static_cast<const uint8_t*>(r.hidden_states.data) + p * row_bytes, row_bytes);
+      copy(got.data(), static_cast<const uint8_t*>(packed_.data()) + int64_t(slot) * row_bytes, row_bytes);
+      TOOL_CHECK_CUDA(cudaStreamSynchronize(stream));
+      wrong += std::memcmp(want.data(), got.data(), row_bytes) != 0 ? 1 : 0;
+    }
+  }
+  return wrong;
 }
 
 }  // namespace moe_ep_tool

@@ -36,6 +36,12 @@ class UserPermute {
   cudaError_t permute(const moe_ep_verify::WorkloadSpec& w, const moe_ep_dispatch_result_t& r, cudaStream_t stream);
   cudaError_t unpermute(const moe_ep_verify::WorkloadSpec& w, const moe_ep_dispatch_result_t& r, cudaStream_t stream);
 
+  // After permute on `r` (read back, not in a capture): wrong (row, pick)
+  // destinations (outside their expert's aligned segment, or taken twice),
+  // wrong offsets, and wrong bytes in a sample of the packed rows.
+  int64_t check_permute(const moe_ep_verify::WorkloadSpec& w, const moe_ep_dispatch_result_t& r,
+                        cudaStream_t stream) const;
+
   int alignment() const { return alignment_; }
 
  private:
