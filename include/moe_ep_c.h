@@ -206,8 +206,7 @@ typedef struct moe_ep_params_t {
                                   bf16 (default), fp16 or fp32                 */
   /* Receive layout (docs/semantics.md, "Receive layouts").  Every field below
    * must be the same on every rank; a field of a layout not chosen must be 0.
-   * The HOST backend has every layout; NVLINK_TWO_SIDED and NCCL have
-   * RANK_MAJOR only and refuse the others at create (UNSUPPORTED).           */
+   * Every backend has every layout.                                          */
   int32_t receive_layout;         /* MOE_EP_LAYOUT_*, default RANK_MAJOR          */
   int32_t expert_capacity;        /* EXPERT_MAJOR: rows per local expert, 1 ..
                                      world_size * max_tokens_per_rank; 0 (default)
