@@ -231,8 +231,7 @@ class MoeEp:
                               "rank_major" (default), "expert_major" (one
                               [capacity, R] segment per local expert) or
                               "expert_packed" (experts' rows back to back at
-                              aligned offsets); the expert layouts are HOST-only
-                              for now (the GPU backends raise UNSUPPORTED)
+                              aligned offsets), on every backend
       expert_capacity      -- expert_major: rows per local expert, default
                               world_size * max_tokens_per_rank
       expert_alignment     -- expert_packed: row alignment of every expert's
