@@ -341,6 +341,7 @@ void run_decode_step(const Session& session, const BenchOptions& options, BenchR
   if (grouped) {
     expert = std::make_unique<GroupedExpert>(sweep.largest(), o.expert_intermediate, 0,
                                              derive(session.options().seed, 0x6e));
+    expert->bind(static_cast<cudaStream_t>(session.stream()));  // outside the captures
   }
   if (grouped) report.print_note(grouped_expert_note(sweep.largest(), o.expert_intermediate));
   DecodeStep step(moe, sweep.graph(), expert.get());

@@ -198,13 +198,16 @@ GroupedBlas::~GroupedBlas() {
   if (handle_) blas().destroy(static_cast<cublasHandle_t>(handle_));
 }
 
+void GroupedBlas::bind(cudaStream_t stream) {
+  if (stream == stream_) return;
+  TOOL_CHECK_BLAS(blas().set_stream(static_cast<cublasHandle_t>(handle_), stream));
+  stream_ = stream;
+}
+
 void GroupedBlas::run(int m, int k, const std::vector<int>& n, const void* const* a, int lda, const void* const* b,
                       int ldb, void* const* c, int ldc, cudaStream_t stream) {
   const auto h = static_cast<cublasHandle_t>(handle_);
-  if (stream != stream_) {
-    TOOL_CHECK_BLAS(blas().set_stream(h, stream));
-    stream_ = stream;
-  }
+  bind(stream);
   const size_t g = n.size();
   if (g == 0) return;
   m_.assign(g, m);
@@ -229,6 +232,7 @@ bool GroupedBlas::available() { return false; }
 std::string GroupedBlas::unavailable_reason() { return BlasGemm::unavailable_reason(); }
 GroupedBlas::GroupedBlas(int) { fail("--expert-gemm grouped: " + unavailable_reason()); }
 GroupedBlas::~GroupedBlas() = default;
+void GroupedBlas::bind(cudaStream_t) { fail("--expert-gemm grouped: " + unavailable_reason()); }
 void GroupedBlas::run(int, int, const std::vector<int>&, const void* const*, int, const void* const*, int, void* const*,
                       int, cudaStream_t) {
   fail("--expert-gemm grouped: " + unavailable_reason());

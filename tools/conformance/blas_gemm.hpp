@@ -60,6 +60,9 @@ class GroupedBlas {
   GroupedBlas(const GroupedBlas&) = delete;
   GroupedBlas& operator=(const GroupedBlas&) = delete;
 
+  // Binds the handle to `stream` (run does when the stream changes): call it
+  // before a capture, so that the capture records no rebinding.
+  void bind(cudaStream_t stream);
   // n.size() groups, each n[g] >= 1; a, b, c: device arrays of n.size() pointers.
   void run(int m, int k, const std::vector<int>& n, const void* const* a, int lda, const void* const* b, int ldb,
            void* const* c, int ldc, cudaStream_t stream);

@@ -15,7 +15,14 @@ DecodeStepResult DecodeStep::measure(const WorkloadSpec& w, const std::vector<Ra
   DecodeStepResult r;
   r.tokens = w.tokens_per_rank();
   runner_.load(w, all);
-  if (grouped_) grouped_->set_rows(local_expert_rows(w, all, s.world().rank));  // fixed for this size
+  if (grouped_) {
+    grouped_->set_rows(local_expert_rows(w, all, s.world().rank));  // fixed for this size
+    // One eager step first: cuBLAS sets itself up for these sizes outside the captures.
+    TOOL_CHECK_MOE(runner_.dispatch(s.stream()));
+    expert(s.stream());
+    TOOL_CHECK_MOE(runner_.combine(s.stream()));
+    TOOL_CHECK_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s.stream())));
+  }
   if (!asked_split_) {  // one untimed split pair, before any graph holds the slot
     split_refusal_ = runner_.probe_split();
     asked_split_ = true;

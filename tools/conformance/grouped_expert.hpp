@@ -55,6 +55,8 @@ class GroupedExpert {
   // Pairs whose count differs between set_rows and the result's expert_counts
   // (reads them back: not in a capture).
   int64_t count_mismatches(const moe_ep_dispatch_result_t& r, cudaStream_t stream) const;
+  // Binds cuBLAS to the stream the calls will use (before any capture).
+  void bind(cudaStream_t stream) { blas_->bind(stream); }
   // Both grouped GEMMs on the EXPERT_PACKED result `r`.
   void run(const moe_ep_dispatch_result_t& r, cudaStream_t stream);
 
