@@ -47,7 +47,8 @@ const BackendEntry kNvlink{
     },
     kMaxMicroBatches,
     /*expert_layouts=*/true,
-    /*fp8_wire=*/false,
+    /*fp8_dispatch_wire=*/false,
+    /*fp8_combine_wire=*/false,
 };
 
 const BackendEntry kNccl{
@@ -64,7 +65,8 @@ const BackendEntry kNccl{
     },
     kMaxMicroBatches,
     /*expert_layouts=*/true,
-    /*fp8_wire=*/false,
+    /*fp8_dispatch_wire=*/false,
+    /*fp8_combine_wire=*/false,
 };
 
 const BackendEntry kHost{
@@ -84,7 +86,8 @@ const BackendEntry kHost{
     },
     kMaxMicroBatches,
     /*expert_layouts=*/true,
-    /*fp8_wire=*/true,
+    /*fp8_dispatch_wire=*/true,
+    /*fp8_combine_wire=*/true,
 };
 
 // What one rank can run, for AUTO: the NVLink backend, NCCL, and where it is.
@@ -127,15 +130,15 @@ void check_backend_capabilities(int32_t backend, const Layout& layout, int32_t m
          " backend lays the received rows out in MOE_EP_LAYOUT_RANK_MAJOR only, got ",
          layout_name(layout.receive_layout), " (", layout.receive_layout, "); the HOST backend has every layout");
   }
-  const auto check_wire = [&](const char* field, int32_t wire) {
-    if (wire != MOE_EP_WIRE_AS_IS && !entry.fp8_wire) {
+  const auto check_wire = [&](const char* field, int32_t wire, bool has_fp8) {
+    if (wire != MOE_EP_WIRE_AS_IS && !has_fp8) {
       fail(MOE_EP_ERROR_UNSUPPORTED, field, ": the ", entry.name,
-           " backend moves rows in MOE_EP_WIRE_AS_IS (0) only, got MOE_EP_WIRE_FP8_E4M3_BLOCK128 (", wire, ")",
-           kHost.fp8_wire ? "; the HOST backend has every wire format" : "");
+           " backend moves these rows in MOE_EP_WIRE_AS_IS (0) only, got MOE_EP_WIRE_FP8_E4M3_BLOCK128 (", wire, ")",
+           "; the HOST backend has every wire format");
     }
   };
-  check_wire("params->dispatch_wire", layout.dispatch_wire);
-  check_wire("params->combine_wire", layout.combine_wire);
+  check_wire("params->dispatch_wire", layout.dispatch_wire, entry.fp8_dispatch_wire);
+  check_wire("params->combine_wire", layout.combine_wire, entry.fp8_combine_wire);
 }
 
 int32_t resolve_backend_locally(const moe_ep_config_t& config) {

@@ -34,9 +34,10 @@ struct BackendEntry {
   // Whether it lays the received rows out in the expert layouts
   // (params->receive_layout EXPERT_MAJOR and EXPERT_PACKED), not only RANK_MAJOR.
   bool expert_layouts;
-  // Whether it has the FP8 wire formats (params->dispatch_wire and
-  // combine_wire MOE_EP_WIRE_FP8_E4M3_BLOCK128), not only AS_IS.
-  bool fp8_wire;
+  // Whether it has the FP8 wire format (MOE_EP_WIRE_FP8_E4M3_BLOCK128), not
+  // only AS_IS, for params->dispatch_wire and for params->combine_wire.
+  bool fp8_dispatch_wire;
+  bool fp8_combine_wire;
 };
 
 // What create (and moe_ep_workspace_size) refuse before anything is
