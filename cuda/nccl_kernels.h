@@ -27,6 +27,7 @@ constexpr int32_t kNcclRouteChunk = kBlockThreads;
 // a rank-major group sends none of those bytes).
 struct NcclShape : GroupShape {
   int32_t source_tokens;  // nonzero: every metadata block holds [tpr] int32 token indices
+  int32_t fp8_combine;    // nonzero: combine moves FP8 wire rows (nccl_combine_wire_row_bytes)
 };
 
 // int32 fields of the header every rank sends every rank with a dispatch:
@@ -122,6 +123,21 @@ MOE_EP_HOST_DEVICE int64_t nccl_recv_meta_offset(const NcclShape& s, int src, in
   return -1;
 }
 
+// An FP8 combine wire's row (docs/nccl_backend.md, "The FP8 wire"): the
+// hidden_size e4m3fn codes, 16-byte rounded, then the ceil(hidden_size / 128)
+// fp32 block scales, 16-byte rounded, so that every row NCCL moves starts
+// 16-byte aligned in a rank-major [world][tpr] segment.
+MOE_EP_HOST_DEVICE int64_t nccl_combine_wire_scales_offset(const NcclShape& s) {
+  return nccl_round_up(s.hidden_size, 16);
+}
+MOE_EP_HOST_DEVICE int64_t nccl_combine_wire_row_bytes(const NcclShape& s) {
+  return nccl_combine_wire_scales_offset(s) + nccl_round_up((s.hidden_size + 127) / 128 * 4, 16);
+}
+// Bytes of one row as combine moves it: a wire row, or a combine_dtype row.
+MOE_EP_HOST_DEVICE int64_t nccl_combine_transfer_row_bytes(const NcclShape& s) {
+  return s.fp8_combine ? nccl_combine_wire_row_bytes(s) : s.combine_row_bytes;
+}
+
 // Errors the kernels record (device memory, atomics); the host reads and
 // clears them in poll_async_error.
 struct NcclDeviceErrors {
@@ -161,7 +177,7 @@ struct NcclBuffers {
   int32_t* expert_hist;        // [E]: this call's valid picks per expert (zero between calls)
   uint32_t* route_done;        // route blocks finished in this call (zero between calls)
   NcclDeviceErrors* errors;
-  char* combine_in;            // [world][max_tpr][combine_row_bytes]
+  char* combine_in;            // [world][max_tpr][nccl_combine_transfer_row_bytes]
   char* combine_out;           // [max_tpr][combine_row_bytes]: library-owned output
 };
 
@@ -185,7 +201,7 @@ struct NcclCombineLaunch {
   int32_t tokens_per_rank;
   int32_t token_begin;         // reduce tokens [token_begin, token_end) of [0, num_tokens)
   int32_t token_end;
-  const void* expert_output;   // [world*tpr, combine_row_bytes]
+  const void* expert_output;   // [world*tpr, nccl_combine_transfer_row_bytes]: the own rows
   void* output;                // [T, combine_row_bytes]
   int32_t max_blocks;
 };
@@ -213,7 +229,8 @@ cudaError_t launch_nccl_dispatch_finish(const NcclShape& shape, const NcclBuffer
 // After combine's NCCL exchange of the slots the tokens [token_begin,
 // token_end) use (a token's slot on any rank is at most its index): the sum
 // over ranks in ascending rank order, fp32 accumulation (bitwise equal to the
-// HOST backend).
+// HOST backend).  With shape.fp8_combine every row is an FP8 wire row, each
+// element its code times its block's scale in fp32 before it is added.
 cudaError_t launch_nccl_combine_reduce(const NcclShape& shape, const NcclBuffers& buffers,
                                        const NcclCombineLaunch& args, cudaStream_t stream);
 

@@ -3,11 +3,13 @@
 // token sums the token's rows over ranks in ascending rank order in fp32 (the
 // own rows read straight from expert_output) and stores combine_dtype, with the
 // same conversions as the HOST backend, so the output is bitwise equal to it.
+// With an FP8 combine wire the rows are wire rows, dequantized as they are summed.
 #include <stdint.h>
 
 #include "common/float_convert.cuh"
 #include "common/kernel_common.cuh"
 #include "nccl_kernels.h"
+#include "wire/wire_rows.cuh"
 
 namespace moe_ep {
 namespace kernels {
@@ -97,11 +99,107 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(NcclShape s, N
   }
 }
 
+// An FP8 combine wire (shape.fp8_combine): every row, the own ones
+// included, is a wire row of codes and block scales
+// (nccl_combine_wire_row_bytes).  A warp per token; each lane holds 8
+// consecutive elements (one block's scale) of every row of the token, each
+// dequantized to fp32 exactly as the wire's dequantize kernel does
+// (wire::dequantize_code) and added in ascending rank order from 0.0, the
+// sum rounded once to combine_dtype: the HOST backend's bits.  kVector: 8-byte
+// code loads and 16-byte stores (hidden_size a multiple of 8, output
+// 16-byte aligned), else element by element.
+constexpr int kWireLaneElems = 8;
+
+template <typename Element, bool kVector>
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    reduce_wire_kernel(NcclShape s, NcclBuffers b, NcclCombineLaunch a) {
+  using Bits = typename Element::Bits;
+  const int lane = threadIdx.x % 32;
+  const int warps = gridDim.x * kWarpsPerBlock;
+  const int64_t tpr = a.tokens_per_rank;
+  const int64_t row_bytes = nccl_combine_wire_row_bytes(s);
+  const int64_t scales_at = nccl_combine_wire_scales_offset(s);
+  const int32_t H = s.hidden_size;
+  const char* own = static_cast<const char*>(a.expert_output);
+  for (int32_t t = a.token_begin + blockIdx.x * kWarpsPerBlock + threadIdx.x / 32; t < a.token_end; t += warps) {
+    const TokenDestinations dests =
+        TokenDestinations::load(b.token_slots + static_cast<int64_t>(t) * s.world_size, s.world_size, lane);
+    const char* rows[kMaxWorldSize];
+    int n = 0;
+    for (uint64_t m = dests.mask; m != 0; m &= m - 1) {
+      const int r = lowest_rank(m);
+      const int64_t slot = dests.slot(r);
+      rows[n++] = (r == s.rank ? own : b.combine_in) + (r * tpr + slot) * row_bytes;
+    }
+    char* out = static_cast<char*>(a.output) + static_cast<int64_t>(t) * s.combine_row_bytes;
+    for (int32_t first = lane * kWireLaneElems; first < H; first += 32 * kWireLaneElems) {
+      float acc[kWireLaneElems];
+#pragma unroll
+      for (int k = 0; k < kWireLaneElems; ++k) acc[k] = 0.0f;
+      for (int i0 = 0; i0 < n; i0 += kRowsAtOnce) {
+        uint2 codes[kRowsAtOnce];  // 8 codes, one byte each
+        float scale[kRowsAtOnce];
+#pragma unroll
+        for (int i = 0; i < kRowsAtOnce; ++i) {
+          if (i0 + i >= n) break;
+          const char* row = rows[i0 + i];
+          scale[i] = __ldg(reinterpret_cast<const float*>(row + scales_at) + first / kWireBlockElems);
+          if (kVector) {
+            codes[i] = __ldg(reinterpret_cast<const uint2*>(row + first));
+          } else {
+            const uint8_t* c = reinterpret_cast<const uint8_t*>(row);
+            uint32_t w[2] = {0u, 0u};
+#pragma unroll
+            for (int k = 0; k < kWireLaneElems; ++k) {
+              if (first + k < H) w[k / 4] |= static_cast<uint32_t>(__ldg(c + first + k)) << (8 * (k % 4));
+            }
+            codes[i] = make_uint2(w[0], w[1]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kRowsAtOnce; ++i) {
+          if (i0 + i >= n) break;
+#pragma unroll
+          for (int k = 0; k < kWireLaneElems; ++k) {
+            const uint32_t word = k < 4 ? codes[i].x : codes[i].y;
+            acc[k] += wire::dequantize_code((word >> (8 * (k % 4))) & 0xFFu, scale[i]);
+          }
+        }
+      }
+      if (kVector) {
+        constexpr int V = kPerVector<Element>;
+#pragma unroll
+        for (int k = 0; k < kWireLaneElems; k += V) {
+          float part[V];
+#pragma unroll
+          for (int j = 0; j < V; ++j) part[j] = acc[k + j];
+          reinterpret_cast<uint4*>(out + static_cast<int64_t>(first + k) * sizeof(Bits))[0] =
+              Element::store_vector(part);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < kWireLaneElems; ++k) {
+          if (first + k < H) reinterpret_cast<Bits*>(out)[first + k] = Element::store(acc[k]);
+        }
+      }
+    }
+  }
+}
+
 template <typename Element>
 cudaError_t launch_for(const NcclShape& s, const NcclBuffers& b, const NcclCombineLaunch& a, cudaStream_t stream) {
   int64_t blocks = (a.token_end - a.token_begin + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (a.max_blocks > 0 && blocks > 2 * a.max_blocks) blocks = 2 * a.max_blocks;  // two blocks fit an SM
   if (blocks < 1) return cudaSuccess;  // no token on this rank
+  if (s.fp8_combine) {
+    const bool vector = s.hidden_size % kWireLaneElems == 0 && reinterpret_cast<uintptr_t>(a.output) % 16 == 0;
+    if (vector) {
+      reduce_wire_kernel<Element, true><<<static_cast<int>(blocks), kBlockThreads, 0, stream>>>(s, b, a);
+    } else {
+      reduce_wire_kernel<Element, false><<<static_cast<int>(blocks), kBlockThreads, 0, stream>>>(s, b, a);
+    }
+    return cudaGetLastError();
+  }
   // 16-byte vectors when every row of every source is 16-byte aligned.
   const uintptr_t bases = reinterpret_cast<uintptr_t>(a.expert_output) | reinterpret_cast<uintptr_t>(a.output) |
                           reinterpret_cast<uintptr_t>(b.combine_in);

@@ -21,11 +21,6 @@ struct DequantizeParams {
   int32_t vectors;  // nonzero: 8-byte code loads and 16-byte stores
 };
 
-__device__ __forceinline__ float dequantize_code(uint32_t code, float scale) {
-  const float x = e4m3_to_float(code);
-  return (code & 0x7Fu) == 0x7Fu ? x : __fmul_rn(x, scale);
-}
-
 template <int kDtype>
 struct Stores;
 

@@ -60,6 +60,16 @@ __device__ __forceinline__ float e4m3_to_float(uint32_t code) {
   return __uint_as_float(mag | sign);
 }
 
+// The fp32 value of a code in a block of `scale`: one multiplication rounded
+// to nearest even.  A NaN code does not go through the multiplication: the
+// hardware would return its one canonical NaN where the host keeps the
+// operand's quiet NaN.  The dequantize kernel and the NCCL combine's
+// reduction of FP8 rows both use it.
+__device__ __forceinline__ float dequantize_code(uint32_t code, float scale) {
+  const float x = e4m3_to_float(code);
+  return (code & 0x7Fu) == 0x7Fu ? x : __fmul_rn(x, scale);
+}
+
 // 2^e for e in [-149, 127], from the bits.
 __device__ __forceinline__ float power_of_two(int32_t e) {
   return e >= -126 ? __uint_as_float(static_cast<uint32_t>(e + 127) << 23) : __uint_as_float(1u << (e + 149));

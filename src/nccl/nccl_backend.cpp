@@ -34,6 +34,7 @@
 #include "common/host_identity.hpp"
 #include "common/log.hpp"
 #include "common/tuning_registry.hpp"
+#include "dtype.hpp"
 #include "error.hpp"
 #include "expert_layout_kernels.h"
 #include "gpu/device_copy.hpp"
@@ -47,6 +48,7 @@
 #include "nccl/nccl_workspace_memory.hpp"
 #include "nccl_kernels.h"
 #include "nvlink/workspace_plan.hpp"
+#include "wire_kernels.h"
 
 namespace moe_ep {
 
@@ -106,6 +108,7 @@ struct NcclSlot {
   kernels::ExpertRowsBuffers expert{};            // the expert layout's results and state (all NULL for RANK_MAJOR)
   char* expert_combine_rows = nullptr;            // expert layouts: the folded rank-major rows combine sends
   char* view = nullptr;                           // its combine_input view (zero_copy_combine), else NULL
+  NcclWireBuffers wire{};                         // the FP8 wire's buffers (NULL where AS_IS)
   std::unique_ptr<OwnWork> own_work;              // its last eager call and graph replay
   cudaStream_t side_stream = nullptr;             // own-row packing (lowest priority)
   cudaStream_t nccl_stream = nullptr;             // NCCL groups of a pipelined call (greatest priority)
@@ -199,8 +202,9 @@ class NcclBackend final : public Backend {
     kernels::NcclCombineLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
-    // The own rows, read in place (expert layouts: in the folded rows).
-    a.expert_output = layout_.expert_layout() ? expert_output : call.expert_output;
+    // The own rows, read in place (expert layouts: in the folded rows; an
+    // FP8 combine wire: in the quantized rows).
+    a.expert_output = layout_.expert_layout() || layout_.fp8_combine() ? expert_output : call.expert_output;
     a.output = call.output ? call.output : slot.buffers.combine_out;
     const NcclChunkPlan plan = plan_nccl_chunks(call.tokens_per_rank, layout_.world_size > 1 ? combine_chunks_ : 1);
     if (plan.count == 1) {
@@ -255,7 +259,12 @@ class NcclBackend final : public Backend {
     NcclSlot& slot = slot_at(index);
     const int64_t tpr = call.tokens_per_rank;
     const char* expert_output = static_cast<const char*>(call.expert_output);
-    if (layout_.expert_layout()) {
+    if (layout_.fp8_combine()) {
+      // Quantized into the slot's wire rows (after the fold in an expert
+      // layout), which stay put until the slot's next combine: the caller's
+      // tensor (or the view) is read by those kernels only.
+      expert_output = slot.own_rows = combine_source(slot, call, s);
+    } else if (layout_.expert_layout()) {
       // Folded into the slot's own rank-major rows: the caller's tensor (or
       // the view) is read by the fold only, and the folded rows stay put
       // until the slot's next combine.
@@ -474,6 +483,7 @@ class NcclBackend final : public Backend {
       slots_[k].expert = nccl_expert_rows_at(base, plan_, layout_);
       slots_[k].expert_combine_rows = layout_.expert_layout() ? base + plan_.expert_combine_rows : nullptr;
       slots_[k].view = layout_.zero_copy_combine ? base + plan_.combine_input : nullptr;
+      slots_[k].wire = nccl_wire_buffers_at(base, plan_, layout_);
     }
     // (This also leaves the expansion's ticket zero, as its first call needs.)
     check_cuda(cudaMemsetAsync(workspace(), 0, total_bytes_, private_stream_), "zeroing the workspace");
@@ -525,6 +535,13 @@ class NcclBackend final : public Backend {
     a.eplb_local = call.eplb_local;
     a.max_blocks = sm_budget_;
     if (dispatch_profile_) dispatch_profile_->begin(s);
+    if (layout_.fp8_dispatch()) {
+      // The caller's rows quantized into the slot's staging rows, which the
+      // pack then moves as the rows (codes) and the scales (the metadata).
+      quantize_dispatch_rows(slot, call, s);
+      a.hidden = slot.wire.codes;
+      a.scales = slot.wire.scales;
+    }
     check_cuda(kernels::launch_nccl_dispatch_route(shape_, slot.buffers, a, s), "launching the NCCL dispatch routing");
     if (dispatch_profile_) dispatch_profile_->mark(s);
     const NcclChunkPlan plan = plan_nccl_chunks(tpr, layout_.world_size > 1 ? dispatch_chunks_ : 1);
@@ -549,6 +566,7 @@ class NcclBackend final : public Backend {
   void finish_dispatch(NcclSlot& slot, int32_t tpr, bool has_weights, cudaStream_t s) {
     check_cuda(kernels::launch_nccl_dispatch_finish(shape_, slot.buffers, tpr, sm_budget_, s),
                "launching the NCCL dispatch finish");
+    if (slot.wire.dequantized != nullptr) dequantize_received_rows(slot, tpr, s);
     if (layout_.expert_layout()) {
       check_cuda(kernels::launch_expand_to_expert_rows(expert_shape_, rank_major_receive(slot, tpr, has_weights),
                                                        slot.expert, sm_budget_, /*pdl=*/0, s),
@@ -557,13 +575,99 @@ class NcclBackend final : public Backend {
     if (dispatch_profile_) dispatch_profile_->mark(s);
   }
 
+  // Bytes of a dispatch row as it crosses (an FP8 wire's codes: hidden_row_elems).
+  uint64_t wire_row_bytes() const { return static_cast<uint64_t>(shape_.hidden_row_bytes); }
+
+  // The rank-major result rows: an FP8 wire's codes and scales as they
+  // arrived, or with dispatch_dequantize the rows back in hidden_dtype
+  // without scales.
+  char* received_hidden(const NcclSlot& slot) const {
+    return slot.wire.dequantized != nullptr ? slot.wire.dequantized : slot.buffers.recv_hidden;
+  }
+  char* received_scales(const NcclSlot& slot) const {
+    return slot.wire.dequantized != nullptr ? nullptr : slot.buffers.recv_scales;
+  }
+
+  // FP8 dispatch wire, first on `s`: the caller's num_tokens rows into e4m3
+  // codes [T, R] and fp32 scales [T, ceil(R / 128)] in the slot's staging rows.
+  void quantize_dispatch_rows(const NcclSlot& slot, const DispatchCall& call, cudaStream_t s) const {
+    kernels::WireQuantizeRows q{};
+    q.elems = layout_.hidden_row_elems;
+    q.dtype = wire_dtype(layout_.hidden_dtype);
+    q.scale_rule = layout_.wire_scale;
+    q.in = call.hidden;
+    q.in_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
+    q.codes = slot.wire.codes;
+    q.codes_stride = layout_.hidden_row_elems;
+    q.scales = slot.wire.scales;
+    q.scales_stride = shape_.scale_row_bytes;
+    kernels::WireRowSet rows{};
+    rows.rows = call.num_tokens;
+    check_cuda(kernels::launch_quantize_rows(q, rows, sm_budget_, /*pdl=*/0, s),
+               "launching the FP8 quantization of the dispatch rows");
+  }
+
+  // FP8 dispatch wire with dispatch_dequantize, after the finish kernel on
+  // `s`: the received rows of every source (recv_counts of them) back in
+  // hidden_dtype, into the slot's dequantized rows.
+  void dequantize_received_rows(const NcclSlot& slot, int32_t tpr, cudaStream_t s) const {
+    kernels::WireDequantizeRows d{};
+    d.elems = layout_.hidden_row_elems;
+    d.dtype = wire_dtype(layout_.hidden_dtype);
+    d.codes = reinterpret_cast<const uint8_t*>(slot.buffers.recv_hidden);
+    d.codes_stride = layout_.hidden_row_elems;
+    d.scales = reinterpret_cast<const float*>(slot.buffers.recv_scales);
+    d.scales_stride = shape_.scale_row_bytes;
+    d.out = slot.wire.dequantized;
+    d.out_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
+    check_cuda(kernels::launch_dequantize_rows(d, received_row_set(slot, tpr), sm_budget_, /*pdl=*/0, s),
+               "launching the FP8 dequantization of the received rows");
+  }
+
+  // The rank-major rows of a dispatch's receive that are real: recv_counts
+  // of each source's tpr (on the device, so no host synchronisation).
+  kernels::WireRowSet received_row_set(const NcclSlot& slot, int32_t tpr) const {
+    kernels::WireRowSet rows{};
+    rows.counts = slot.buffers.recv_counts;
+    rows.sources = layout_.world_size;
+    rows.per_source = tpr;
+    return rows;
+  }
+
+  // FP8 combine wire, on `s`: the rank-major rows this rank sends (each
+  // source's recv_counts rows of `rows`, the own segment included, so that
+  // the sum does not depend on which rank is local) quantized over
+  // hidden_size into the slot's wire rows, which combine then moves and
+  // reduces instead.  Returns them.
+  const char* quantize_combine_rows(const NcclSlot& slot, const void* rows, int32_t tpr, cudaStream_t s) const {
+    const int64_t row_bytes = kernels::nccl_combine_wire_row_bytes(shape_);
+    kernels::WireQuantizeRows q{};
+    q.elems = layout_.hidden_size;
+    q.dtype = shape_.combine_dtype;
+    q.scale_rule = layout_.wire_scale;
+    q.in = rows;
+    q.in_stride = static_cast<int64_t>(layout_.combine_row_bytes);
+    q.codes = reinterpret_cast<uint8_t*>(slot.wire.combine_rows);
+    q.codes_stride = row_bytes;
+    q.scales = reinterpret_cast<float*>(slot.wire.combine_rows + kernels::nccl_combine_wire_scales_offset(shape_));
+    q.scales_stride = row_bytes;
+    check_cuda(kernels::launch_quantize_rows(q, received_row_set(slot, tpr), sm_budget_, /*pdl=*/0, s),
+               "launching the FP8 quantization of the combine rows");
+    return slot.wire.combine_rows;
+  }
+
+  static int32_t wire_dtype(const moe_ep_dtype_t& dtype) {
+    if (dtype == dtype_bf16()) return kernels::kCombineBf16;
+    return dtype == dtype_fp16() ? kernels::kCombineFp16 : kernels::kCombineFp32;
+  }
+
   // The slot's rank-major receive as the expert layouts' kernels read it:
   // the weights only where the call passed them (every row weight 1.0 else).
   kernels::RankMajorReceive rank_major_receive(const NcclSlot& slot, int32_t tpr, bool has_weights) const {
     kernels::RankMajorReceive in{};
     in.tokens_per_rank = tpr;
-    in.hidden = slot.buffers.recv_hidden;
-    in.scales = slot.buffers.recv_scales;
+    in.hidden = received_hidden(slot);
+    in.scales = received_scales(slot);
     in.ids = slot.buffers.recv_ids;
     in.weights = has_weights ? slot.buffers.recv_weights : nullptr;
     in.recv_counts = slot.buffers.recv_counts;
@@ -573,10 +677,10 @@ class NcclBackend final : public Backend {
 
   DispatchBuffers dispatch_results(const NcclSlot& slot, bool has_weights) const {
     DispatchBuffers b;
-    b.hidden = slot.buffers.recv_hidden;
+    b.hidden = received_hidden(slot);
     b.topk_ids = slot.buffers.recv_ids;
     b.topk_weights = has_weights ? slot.buffers.recv_weights : nullptr;
-    b.scales = slot.buffers.recv_scales;
+    b.scales = received_scales(slot);
     b.recv_counts = slot.buffers.recv_counts;
     b.local_expert_counts = slot.buffers.local_expert_counts;
     b.eplb_gathered = slot.buffers.eplb_gathered;
@@ -616,6 +720,11 @@ class NcclBackend final : public Backend {
   // when the caller's expert_output is elsewhere.  Expert layouts: the
   // folded rows (fold_expert_rows), in the workspace either way.
   const char* combine_source(NcclSlot& slot, const CombineCall& call, cudaStream_t s) {
+    if (layout_.fp8_combine()) {
+      // The quantized rows, in the workspace (registered or not).
+      const void* rows = layout_.expert_layout() ? fold_expert_rows(slot, call, s) : call.expert_output;
+      return quantize_combine_rows(slot, rows, call.tokens_per_rank, s);
+    }
     if (layout_.expert_layout()) return fold_expert_rows(slot, call, s);
     const char* expert_output = static_cast<const char*>(call.expert_output);
     if (!memory_->is_registered()) return expert_output;
@@ -743,7 +852,7 @@ class NcclBackend final : public Backend {
       const char* segment = b.send_segments + p * plan_.send_segment_stride;
       transfer_segment(layout_.rank, segment + kernels::nccl_send_rows_offset(shape_),
                        segment + kernels::nccl_send_meta_offset(shape_, tpr), tpr, r, with_metadata, p, true, s);
-      char* rows = b.recv_hidden + static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) * layout_.hidden_row_bytes;
+      char* rows = b.recv_hidden + static_cast<uint64_t>(p) * static_cast<uint64_t>(tpr) * wire_row_bytes();
       const int64_t at = kernels::nccl_recv_meta_offset(shape_, p, tpr);
       char* meta = at == -1 ? b.recv_meta + p * plan_.meta_stride : b.recv_hidden + at;
       transfer_segment(p, rows, meta, tpr, r, with_metadata, p, false, s);
@@ -761,7 +870,7 @@ class NcclBackend final : public Backend {
   // tells a header from row bytes.
   void transfer_segment(int32_t src, const char* rows, const char* meta, int32_t tpr, const NcclRowRange& r,
                         bool with_metadata, int32_t peer, bool sending, cudaStream_t s) {
-    const uint64_t row_bytes = layout_.hidden_row_bytes;
+    const uint64_t row_bytes = wire_row_bytes();
     const uint64_t first = static_cast<uint64_t>(r.first) * row_bytes,
                    bytes = static_cast<uint64_t>(r.rows) * row_bytes;
     const uint64_t meta_bytes = static_cast<uint64_t>(kernels::nccl_meta_bytes(shape_, tpr));
@@ -786,11 +895,12 @@ class NcclBackend final : public Backend {
   }
 
   // Combine rows [r.first, r.first + r.rows) of every peer's segment: the
-  // caller's expert_output is already rank-major, sent as it is; the peer's
-  // rows for this rank land in the slot's combine_in.  One NCCL group on `s`.
+  // caller's expert_output is already rank-major, sent as it is (an FP8
+  // combine wire: the slot's quantized rows); the peer's rows for this rank
+  // land in the slot's combine_in.  One NCCL group on `s`.
   void exchange_combine_rows(const NcclSlot& slot, const char* expert_output, int64_t tpr, const NcclRowRange& r,
                              cudaStream_t s) {
-    const uint64_t row_bytes = layout_.combine_row_bytes;
+    const uint64_t row_bytes = static_cast<uint64_t>(kernels::nccl_combine_transfer_row_bytes(shape_));
     in_call_order(s);
     group_start();
     for (int32_t p = 0; p < layout_.world_size; ++p) {

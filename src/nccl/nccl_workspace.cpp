@@ -19,13 +19,17 @@ uint64_t round_up(uint64_t v, uint64_t to) { return align_up(v, to, kWhat); }
 
 }  // namespace
 
-NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
+NcclWorkspacePlan plan_nccl_workspace(const Layout& caller) {
+  // Dispatch's buffers hold the rows as they cross (an FP8 wire's codes and
+  // scales); the caller's layout sizes the wire's own buffers.
+  const Layout l = wire_layout(caller);
+  const kernels::NcclShape shape = nccl_shape(caller);
   const uint64_t W = static_cast<uint64_t>(l.world_size);
   const uint64_t M = static_cast<uint64_t>(l.max_tokens_per_rank);
   const uint64_t K = static_cast<uint64_t>(l.top_k);
   const uint64_t E = static_cast<uint64_t>(l.num_experts);
   const uint64_t rows = times(W, M);
-  const uint64_t header = static_cast<uint64_t>(kernels::nccl_header_ints(nccl_shape(l))) * sizeof(int32_t);
+  const uint64_t header = static_cast<uint64_t>(kernels::nccl_header_ints(shape)) * sizeof(int32_t);
   const uint64_t chunks = (M + kernels::kNcclRouteChunk - 1) / kernels::kNcclRouteChunk;
   // One segment's metadata (kernels::nccl_meta_bytes), checked here so that
   // the kernels' int64 arithmetic on it cannot overflow.
@@ -57,7 +61,8 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   // reduction completes before dispatch N+1 packs).  This is what keeps the
   // workspace within 2 x W x M x row bytes + 64 MiB (docs/nccl_backend.md,
   // "Workspace").
-  const uint64_t segments = times(W, o.send_segment_stride), combine_rows = times(rows, l.combine_row_bytes);
+  const uint64_t combine_row = static_cast<uint64_t>(kernels::nccl_combine_transfer_row_bytes(shape));
+  const uint64_t segments = times(W, o.send_segment_stride), combine_rows = times(rows, combine_row);
   o.send_segments = p.place(segments > combine_rows ? segments : combine_rows);
   o.combine_in = o.send_segments;
   o.local_slots = p.place(times(rows, sizeof(int32_t)));
@@ -68,19 +73,25 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& l) {
   o.route_done = p.place(sizeof(uint32_t));
   o.errors = p.place(sizeof(kernels::NcclDeviceErrors));
   o.combine_out = p.place(times(M, l.combine_row_bytes));
-  o.combine_input = p.place(combine_input_region_bytes(l));
+  o.combine_input = p.place(combine_input_region_bytes(caller));
   const bool expert = l.expert_layout();
   o.recv_tokens = p.place(expert ? times(rows, sizeof(int32_t)) : 0);
-  o.expert = place_expert_rows(l, p);
+  o.expert = place_expert_rows(caller, p);
   o.expert_combine_rows = p.place(expert ? times(rows, l.combine_row_bytes) : 0);
+  const bool fp8_dispatch = caller.fp8_dispatch();
+  o.wire_codes = p.place(fp8_dispatch ? times(M, static_cast<uint64_t>(caller.hidden_row_elems)) : 0);
+  o.wire_scales = p.place(fp8_dispatch ? times(M, l.scale_row_bytes) : 0);
+  o.dequantized = p.place(fp8_dispatch && caller.dispatch_dequantize ? times(rows, caller.hidden_row_bytes) : 0);
+  o.combine_wire = p.place(caller.fp8_combine() ? combine_rows : 0);
   o.total_bytes = p.end();
   return o;
 }
 
 kernels::NcclShape nccl_shape(const Layout& l) {
   kernels::NcclShape s{};
-  static_cast<kernels::GroupShape&>(s) = group_shape(l);
+  static_cast<kernels::GroupShape&>(s) = group_shape(wire_layout(l));
   s.source_tokens = l.expert_layout() ? 1 : 0;
+  s.fp8_combine = l.fp8_combine() ? 1 : 0;
   return s;
 }
 
@@ -88,7 +99,8 @@ uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots) {
   return slots_bytes(plan.total_bytes, slots, kWhat);
 }
 
-kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, const Layout& l) {
+kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, const Layout& caller) {
+  const Layout l = wire_layout(caller);  // recv_scales: an FP8 dispatch wire's scales
   kernels::NcclBuffers b{};
   auto at = [base](uint64_t offset) { return base + offset; };
   b.recv_hidden = at(o.recv_hidden);
@@ -115,6 +127,17 @@ kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, con
 
 kernels::ExpertRowsBuffers nccl_expert_rows_at(char* base, const NcclWorkspacePlan& o, const Layout& l) {
   return expert_rows_buffers(l, base, o.expert);
+}
+
+NcclWireBuffers nccl_wire_buffers_at(char* base, const NcclWorkspacePlan& o, const Layout& l) {
+  NcclWireBuffers w{};
+  if (l.fp8_dispatch()) {
+    w.codes = reinterpret_cast<uint8_t*>(base + o.wire_codes);
+    w.scales = reinterpret_cast<float*>(base + o.wire_scales);
+    if (l.dispatch_dequantize) w.dequantized = base + o.dequantized;
+  }
+  if (l.fp8_combine()) w.combine_rows = base + o.combine_wire;
+  return w;
 }
 
 }  // namespace moe_ep

@@ -39,11 +39,30 @@ struct NcclWorkspacePlan {
   // ([world x max_tpr][combine_row_bytes]).
   ExpertRowsOffsets expert;
   uint64_t expert_combine_rows;
+  // The FP8 wire (0 bytes each where its wire is AS_IS, placed last so that
+  // an AS_IS plan is what it was).  Dispatch: the caller's rows quantized
+  // before they are packed, codes [max_tpr][hidden_row_elems] and scales
+  // [max_tpr][wire_scale_row_elems] fp32 (wire_codes, wire_scales), and with
+  // dispatch_dequantize the received rows back in hidden_dtype
+  // ([world x max_tpr][hidden_row_bytes], dequantized).  Combine: the
+  // quantized rows this rank sends, its own included
+  // ([world x max_tpr][kernels::nccl_combine_wire_row_bytes], combine_wire).
+  uint64_t wire_codes, wire_scales, dequantized, combine_wire;
   uint64_t total_bytes;
 };
 
-// The kernels' view of the group: group_shape, and source token indices in
-// the metadata blocks exactly for the expert layouts.
+// The FP8 wire's buffers of one slot (NULL where the wire is AS_IS).
+struct NcclWireBuffers {
+  uint8_t* codes;
+  float* scales;
+  char* dequantized;
+  char* combine_rows;
+};
+
+// The kernels' view of the group: group_shape of the rows as dispatch moves
+// them (wire_layout: an FP8 dispatch wire's codes and fp32 scales), source
+// token indices in the metadata blocks exactly for the expert layouts, and
+// the combine wire.
 kernels::NcclShape nccl_shape(const Layout& layout);
 
 // One slot's plan, placed by common/region_planner.hpp.  Throws
@@ -59,5 +78,7 @@ uint64_t nccl_workspace_total(const NcclWorkspacePlan& plan, int32_t slots);
 kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& plan, const Layout& layout);
 // The expert layout's buffers of an allocation at `base` (all NULL for RANK_MAJOR).
 kernels::ExpertRowsBuffers nccl_expert_rows_at(char* base, const NcclWorkspacePlan& plan, const Layout& layout);
+// The FP8 wire's buffers of an allocation at `base`.
+NcclWireBuffers nccl_wire_buffers_at(char* base, const NcclWorkspacePlan& plan, const Layout& layout);
 
 }  // namespace moe_ep

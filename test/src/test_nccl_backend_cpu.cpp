@@ -486,19 +486,121 @@ TEST_CASE("NCCL buffer plan: the expert layouts' regions, disjoint, aligned and 
   }
 }
 
-TEST_CASE("NCCL backend table: the expert layouts are taken, the FP8 wire still refused", "[nccl]") {
+TEST_CASE("NCCL backend table: the expert layouts and both FP8 wires are taken", "[nccl]") {
   CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).expert_layouts);
+  CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).fp8_dispatch_wire);
+  CHECK(moe_ep::backend_entry(MOE_EP_BACKEND_NCCL).fp8_combine_wire);
   for (const int32_t layout : {MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
     const moe_ep::Layout l = expert_layout_of(layout, MOE_EP_SCALES_COLUMN_MAJOR, 2, 0);
     CHECK_NOTHROW(moe_ep::check_backend_capabilities(MOE_EP_BACKEND_NCCL, l, 2));
     moe_ep::Layout fp8 = l;
     fp8.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
-    try {
-      moe_ep::check_backend_capabilities(MOE_EP_BACKEND_NCCL, fp8, 1);
-      FAIL("expected UNSUPPORTED");
-    } catch (const moe_ep::Error& e) {
-      CHECK(e.status() == MOE_EP_ERROR_UNSUPPORTED);
-      CHECK(contains(e.what(), "params->combine_wire"));
+    CHECK_NOTHROW(moe_ep::check_backend_capabilities(MOE_EP_BACKEND_NCCL, fp8, 1));
+  }
+}
+
+namespace {
+
+// A bf16 layout of hidden size `hidden` with the FP8 wires asked for.
+moe_ep::Layout wire_layout_of(int32_t hidden, bool dispatch, bool dequantize, bool combine, int32_t receive_layout,
+                              int32_t world, int32_t rank) {
+  moe_ep_params_t params = moe_ep_test::make_params(64, 8, 512, hidden);
+  params.receive_layout = receive_layout;
+  if (receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) params.expert_alignment = 128;
+  if (dispatch) params.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  params.dispatch_dequantize = dequantize ? 1 : 0;
+  if (combine) params.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  return moe_ep::make_layout(moe_ep::read_params(&params), world, rank);
+}
+
+}  // namespace
+
+// The combine wire's row: codes, then fp32 scales, each 16-byte rounded.
+TEST_CASE("NCCL FP8 combine wire: a row is the codes then the scales, 16-byte aligned", "[nccl]") {
+  for (const int32_t hidden : {7168, 100, 1, 129}) {
+    INFO("hidden " << hidden);
+    const moe_ep::kernels::NcclShape s =
+        moe_ep::nccl_shape(wire_layout_of(hidden, false, false, true, MOE_EP_LAYOUT_RANK_MAJOR, 4, 1));
+    CHECK(s.fp8_combine == 1);
+    const int64_t codes = (hidden + 15) / 16 * 16, scales = ((hidden + 127) / 128 * 4 + 15) / 16 * 16;
+    CHECK(moe_ep::kernels::nccl_combine_wire_scales_offset(s) == codes);
+    CHECK(moe_ep::kernels::nccl_combine_wire_row_bytes(s) == codes + scales);
+    CHECK(moe_ep::kernels::nccl_combine_transfer_row_bytes(s) == codes + scales);
+    const moe_ep::kernels::NcclShape as_is =
+        moe_ep::nccl_shape(wire_layout_of(hidden, false, false, false, MOE_EP_LAYOUT_RANK_MAJOR, 4, 1));
+    CHECK(as_is.fp8_combine == 0);
+    CHECK(moe_ep::kernels::nccl_combine_transfer_row_bytes(as_is) == 2 * hidden);
+  }
+  // DeepSeek's rows: 7168 codes and 56 scales, 7392 bytes against 14336 of bf16.
+  const moe_ep::kernels::NcclShape d =
+      moe_ep::nccl_shape(wire_layout_of(7168, false, false, true, MOE_EP_LAYOUT_RANK_MAJOR, 2, 0));
+  CHECK(moe_ep::kernels::nccl_combine_wire_row_bytes(d) == 7392);
+}
+
+// With an FP8 dispatch wire the rows cross as wire_layout says (R bytes of
+// codes, ceil(R / 128) fp32 scales in the metadata), and the wire's own
+// buffers come last, each holding its bytes, disjoint, aligned and counted.
+TEST_CASE("NCCL buffer plan: the FP8 wire's rows and buffers, disjoint, aligned and counted", "[nccl]") {
+  const moe_ep::Layout as_is = wire_layout_of(7168, false, false, false, MOE_EP_LAYOUT_RANK_MAJOR, 4, 1);
+  const moe_ep::NcclWorkspacePlan a = moe_ep::plan_nccl_workspace(as_is);
+  CHECK(a.wire_codes == a.total_bytes);
+  CHECK(a.combine_wire == a.total_bytes);
+  std::vector<char> fake(16);
+  const moe_ep::NcclWireBuffers none = moe_ep::nccl_wire_buffers_at(fake.data(), a, as_is);
+  CHECK(none.codes == nullptr);
+  CHECK(none.scales == nullptr);
+  CHECK(none.dequantized == nullptr);
+  CHECK(none.combine_rows == nullptr);
+
+  for (const int32_t layout : {MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
+    for (const bool dequantize : {false, true}) {
+      INFO("layout " << layout << ", dequantize " << dequantize);
+      const moe_ep::Layout l = wire_layout_of(7168, true, dequantize, true, layout, 4, 1);
+      const moe_ep::NcclWorkspacePlan p = moe_ep::plan_nccl_workspace(l);
+      const moe_ep::kernels::NcclShape s = moe_ep::nccl_shape(l);
+      // The rows cross as e4m3 codes with 56 fp32 scales each.
+      CHECK(s.hidden_row_bytes == 7168);
+      CHECK(s.scale_row_bytes == 56 * 4);
+      CHECK(s.fp8_combine == 1);
+      CHECK(p.meta_stride == static_cast<uint64_t>(moe_ep::kernels::nccl_meta_stride(s)));
+      CHECK(p.send_segment_stride == static_cast<uint64_t>(moe_ep::kernels::nccl_send_segment_stride(s)));
+      const uint64_t receive = 4 * 512;
+      CHECK(p.recv_scales - p.recv_hidden >= receive * 7168);
+      CHECK(p.recv_ids - p.recv_scales >= receive * 56 * 4);
+      // The shared send / combine-input region holds the wire rows combine receives.
+      CHECK(p.local_slots - p.combine_in >= receive * 7392);
+      const std::vector<std::pair<uint64_t, uint64_t>> regions = {
+          {p.expert_combine_rows, layout == MOE_EP_LAYOUT_RANK_MAJOR ? 0 : receive * l.combine_row_bytes},
+          {p.wire_codes, 512 * 7168},
+          {p.wire_scales, 512 * 56 * 4},
+          {p.dequantized, dequantize ? receive * 7168 * 2 : 0},
+          {p.combine_wire, receive * 7392},
+      };
+      for (size_t i = 0; i < regions.size(); ++i) {
+        INFO("region " << i);
+        CHECK(regions[i].first % 256 == 0);
+        CHECK(regions[i].first + regions[i].second <= (i + 1 < regions.size() ? regions[i + 1].first : p.total_bytes));
+      }
+      if (dequantize) CHECK(p.dequantized > p.wire_scales);
+      CHECK(moe_ep::nccl_workspace_bytes(l) == p.total_bytes);
+      CHECK(moe_ep::nccl_workspace_bytes(l, 2) == 2 * p.total_bytes);
+      // The buffers the backend hands the kernels are those regions.
+      std::vector<char> base(16);
+      char* b = base.data();
+      const moe_ep::NcclWireBuffers w = moe_ep::nccl_wire_buffers_at(b, p, l);
+      CHECK(reinterpret_cast<char*>(w.codes) == b + p.wire_codes);
+      CHECK(reinterpret_cast<char*>(w.scales) == b + p.wire_scales);
+      CHECK(w.dequantized == (dequantize ? b + p.dequantized : nullptr));
+      CHECK(w.combine_rows == b + p.combine_wire);
+      CHECK(moe_ep::nccl_buffers_at(b, p, l).recv_scales == b + p.recv_scales);
+      // An expert layout's results have the received rows' shape: codes and
+      // scales, or with dispatch_dequantize bf16 rows without scales.
+      if (layout != MOE_EP_LAYOUT_RANK_MAJOR) {
+        const moe_ep::kernels::ExpertRowsBuffers x = moe_ep::nccl_expert_rows_at(b, p, l);
+        CHECK((x.scales == nullptr) == dequantize);
+        CHECK(p.expert.scales - p.expert.hidden >=
+              static_cast<uint64_t>(l.expert_layout_rows()) * (dequantize ? 7168 * 2 : 7168));
+      }
     }
   }
 }
