@@ -47,7 +47,7 @@ const BackendEntry kNvlink{
     },
     kMaxMicroBatches,
     /*expert_layouts=*/true,
-    /*fp8_dispatch_wire=*/false,
+    /*fp8_dispatch_wire=*/true,
     /*fp8_combine_wire=*/false,
 };
 
@@ -65,8 +65,8 @@ const BackendEntry kNccl{
     },
     kMaxMicroBatches,
     /*expert_layouts=*/true,
-    /*fp8_dispatch_wire=*/false,
-    /*fp8_combine_wire=*/false,
+    /*fp8_dispatch_wire=*/true,
+    /*fp8_combine_wire=*/true,
 };
 
 const BackendEntry kHost{
