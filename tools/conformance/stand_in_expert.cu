@@ -6,36 +6,14 @@
 
 #include <algorithm>
 
+#include "device_elements.cuh"
 #include "stand_in_expert.hpp"
 
 namespace moe_ep_tool {
 
 namespace {
 
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_float(__half x) { return __half2float(x); }
-__device__ inline float to_float(float x) { return x; }
-template <typename T>
-__device__ inline T from_float(float x);
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ inline __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ inline float from_float<float>(float x) {
-  return x;
-}
-
-// kRun consecutive elements, aligned so that they load as one access (or a
-// few 16-byte ones).
-template <typename T, int kRun>
-struct alignas(sizeof(T) * kRun) Run {
-  T v[kRun];
-};
+using namespace device_elements;
 
 template <typename In, typename Out, int kRun>
 __global__ void stand_in_expert_kernel(const In* rows, Out* out, const int32_t* recv_counts, int tokens_per_rank,

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "device_elements.cuh"
 #include "dtypes.hpp"
 #include "errors.hpp"
 #include "user_permute.hpp"
@@ -61,28 +62,7 @@ __global__ void permute_kernel(const uint4* rows, int64_t row_words, const int32
   }
 }
 
-__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ inline float to_float(__half x) { return __half2float(x); }
-__device__ inline float to_float(float x) { return x; }
-template <typename T>
-__device__ inline T from_float(float x);
-template <>
-__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ inline __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ inline float from_float<float>(float x) {
-  return x;
-}
-
-template <typename T, int kRun>
-struct alignas(sizeof(T) * kRun) Run {
-  T v[kRun];
-};
+using namespace device_elements;
 
 // One block per received row: out = sum over its local picks, in pick order,
 // of weight * expert output row, accumulated in fp32.
