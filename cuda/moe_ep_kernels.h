@@ -140,6 +140,12 @@ struct WorkspaceOffsets {
                                   // the expert layout (config->zero_copy_combine), reduced into combine_input
   uint64_t combine_staging;       // [world*max_tpr][combine_row_bytes]: the push combine's rank-major rows,
                                   // reduced from the expert output (without zero_copy_combine)
+  // The FP8 dispatch wire only (params->dispatch_wire; 0 bytes otherwise): the
+  // caller's rows quantized before the dispatch kernel sends them, and with
+  // dispatch_dequantize the received rows back in hidden_dtype.
+  uint64_t wire_codes;          // [max_tpr][hidden_row_elems] e4m3fn codes
+  uint64_t wire_scales;         // [max_tpr][ceil(hidden_row_elems / 128)] fp32 scales
+  uint64_t wire_rows;           // [world*max_tpr][hidden_row_elems] hidden_dtype (dispatch_dequantize)
   uint64_t total_bytes;         // end of the layout
 };
 
@@ -170,8 +176,8 @@ struct GroupShape {
   int32_t eplb_enabled;
   int32_t send_token_index;  // nonzero (expert layouts): dispatch also writes each row's token index
                              // to the destination's recv_tokens
-  int64_t hidden_row_bytes;
-  int64_t scale_row_bytes;
+  int64_t hidden_row_bytes;  // of the rows dispatch moves: with an FP8 wire the codes (wire_layout)
+  int64_t scale_row_bytes;   // the same: with an FP8 wire the wire's fp32 scales
   int64_t combine_row_bytes;
 };
 

@@ -18,6 +18,7 @@
 #include "common/cuda_check.hpp"
 #include "common/log.hpp"
 #include "common/tuning_registry.hpp"
+#include "dtype.hpp"
 #include "error.hpp"
 #include "expert_layout_kernels.h"
 #include "gpu/device_copy.hpp"
@@ -32,12 +33,16 @@
 #include "nvlink/receive_watchdog.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/workspace_plan.hpp"
+#include "wire_kernels.h"
 
 namespace moe_ep {
 
 static_assert(kMaxMicroBatches <= kernels::kMaxSlots, "every slot has its receive watch in the mirror");
 static_assert(kernels::kCombineSerial == 0 && kernels::kCombineOverlapped == 1 && kernels::kCombineAuto == 2,
               "MOE_EP_COMBINE_SCHEDULE's words are serial|overlapped|auto, in the order of CombineSchedule");
+static_assert(int32_t{kernels::kWireScaleFp32} == int32_t{MOE_EP_WIRE_SCALE_FP32} &&
+                  int32_t{kernels::kWireScaleUe8m0} == int32_t{MOE_EP_WIRE_SCALE_UE8M0},
+              "params->wire_scale is passed to the wire kernels as it is");
 
 namespace {
 
@@ -64,6 +69,14 @@ class TeardownClock {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
   std::string summary_;
 };
+
+// The kernels' code (CombineDtype) of a row dtype the FP8 wire takes: bf16,
+// fp16 or fp32 (create checked it).
+int32_t kernel_dtype(const moe_ep_dtype_t& d) {
+  if (d == dtype_bf16()) return kernels::kCombineBf16;
+  if (d == dtype_fp16()) return kernels::kCombineFp16;
+  return kernels::kCombineFp32;
+}
 
 std::string phase_name(uint32_t phase) {
   return phase == kernels::kPhaseCombine ? "combine" : "dispatch";
@@ -104,19 +117,22 @@ class NvlinkBackend final : public Backend {
     }
     // No peer writes here before this rank is ready.
     run_then_agree(bootstrap, [&] { initialise_workspace(); });
-    log_info("rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
-             " SMs, workspace ", memory_->size(), " bytes (", slots_total_bytes(offsets_, slots_), " used, ", slots_,
-             " slot", slots_ > 1 ? "s" : "", "), timeout ", config_.timeout_ms, " ms, combine schedule ",
-             paths_.combine_schedule == kernels::kCombineOverlapped ? "overlapped"
-             : paths_.combine_schedule == kernels::kCombineAuto     ? "auto"
-                                                                    : "serial",
-             ", small-batch kernels ", paths_.small_batch ? "on" : "off", " (dispatch to ",
-             paths_.small_dispatch_tokens, " tokens, combine to ", paths_.small_combine_tokens, "), PDL ",
-             paths_.pdl ? "on" : "off", ", dispatch rows ", paths_.dispatch_bulk ? "bulk copies" : "registers",
-             ", dispatch routing ",
-             !paths_.dispatch_lookback.has_value() ? "auto"
-             : *paths_.dispatch_lookback           ? "look-back"
-                                                   : "scan");
+    log_info(
+        "rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
+        " SMs, workspace ", memory_->size(), " bytes (", slots_total_bytes(offsets_, slots_), " used, ", slots_,
+        " slot", slots_ > 1 ? "s" : "", "), timeout ", config_.timeout_ms, " ms, combine schedule ",
+        paths_.combine_schedule == kernels::kCombineOverlapped ? "overlapped"
+        : paths_.combine_schedule == kernels::kCombineAuto     ? "auto"
+                                                               : "serial",
+        ", small-batch kernels ", paths_.small_batch ? "on" : "off", " (dispatch to ", paths_.small_dispatch_tokens,
+        " tokens, combine to ", paths_.small_combine_tokens, "), PDL ", paths_.pdl ? "on" : "off", ", dispatch rows ",
+        paths_.dispatch_bulk ? "bulk copies" : "registers", ", dispatch routing ",
+        !paths_.dispatch_lookback.has_value() ? "auto"
+        : *paths_.dispatch_lookback           ? "look-back"
+                                              : "scan",
+        layout_.fp8_dispatch()
+            ? (layout_.dispatch_dequantize ? ", dispatch wire FP8 (dequantized on receipt)" : ", dispatch wire FP8")
+            : "");
   }
 
   const char* name() const override { return "nvlink_two_sided"; }
@@ -126,10 +142,11 @@ class NvlinkBackend final : public Backend {
     refuse_after_timeout();
     const DeviceGuard guard(device_);
     int32_t path = 0;
-    const kernels::DispatchLaunch a = dispatch_launch(call, kernels::kPartFused, &path);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const kernels::DispatchLaunch a = dispatch_launch(quantize_for_wire(0, call, s), kernels::kPartFused, &path);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, slot_state(0), a, s), "launching the dispatch kernel");
     split_[0].has_weights = call.has_weights;  // the expert layouts' combine reads it too
+    dequantize_received(0, call.tokens_per_rank, s);
     expand_to_expert_rows(0, call.tokens_per_rank, call.has_weights, s);
     note_launch(0, s);
     paths.note(MOE_EP_PHASE_DISPATCH, path, layout_.rank);
@@ -161,9 +178,9 @@ class NvlinkBackend final : public Backend {
     refuse_after_timeout();
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
-    k.dispatch = dispatch_launch(call, kernels::kPartSend, &k.dispatch_path);
-    k.has_weights = call.has_weights;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    k.dispatch = dispatch_launch(quantize_for_wire(slot, call, s), kernels::kPartSend, &k.dispatch_path);
+    k.has_weights = call.has_weights;
     check_cuda(kernels::launch_dispatch(shape_, slot_offsets_[slot], slot_state(slot), k.dispatch, s),
                "launching the dispatch send kernel");
     note_launch(slot, s);
@@ -178,6 +195,7 @@ class NvlinkBackend final : public Backend {
     a.pdl = wait_for_ready(slot, slot_offsets_[slot].dispatch_ready, s) ? 0 : a.pdl;
     check_cuda(kernels::launch_dispatch_receive(shape_, slot_offsets_[slot], slot_state(slot), a, s),
                "launching the dispatch receive kernel");
+    dequantize_received(slot, a.tokens_per_rank, s);
     expand_to_expert_rows(slot, a.tokens_per_rank, k.has_weights, s);
     note_launch(slot, s);
     paths.note(MOE_EP_PHASE_DISPATCH, k.dispatch_path, layout_.rank);
@@ -217,16 +235,85 @@ class NvlinkBackend final : public Backend {
     return a.output;
   }
 
+  // ---- The FP8 dispatch wire (docs/nvlink_backend.md, "The FP8 dispatch wire") ----
+
+  // Before the dispatch kernel, on the same stream: the caller's [T, R] rows
+  // quantized into the slot's private codes and scales, and the call the
+  // dispatch kernels then send (AS_IS: `call` as it is).
+  DispatchCall quantize_for_wire(int32_t slot, const DispatchCall& call, cudaStream_t s) {
+    if (!layout_.fp8_dispatch()) return call;
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* base = memory_->local();
+    kernels::WireQuantizeRows q{};
+    q.elems = layout_.hidden_row_elems;
+    q.dtype = kernel_dtype(layout_.hidden_dtype);
+    q.scale_rule = layout_.wire_scale;
+    q.in = call.hidden;
+    q.in_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
+    q.codes = reinterpret_cast<uint8_t*>(base + o.wire_codes);
+    q.codes_stride = shape_.hidden_row_bytes;
+    q.scales = reinterpret_cast<float*>(base + o.wire_scales);
+    q.scales_stride = shape_.scale_row_bytes;
+    kernels::WireRowSet rows{};
+    rows.rows = call.num_tokens;
+    check_cuda(kernels::launch_quantize_rows(q, rows, sm_budget_, paths_.pdl ? 1 : 0, s),
+               "launching the FP8 wire's quantization of the dispatch rows");
+    DispatchCall wire = call;
+    wire.hidden = q.codes;
+    wire.scales = q.scales;
+    return wire;
+  }
+
+  // After the receive, on the same stream, with dispatch_dequantize: the
+  // slot's received codes of the rank-major rows that arrived (the device
+  // counts) back in hidden_dtype, in the slot's private result rows.
+  void dequantize_received(int32_t slot, int32_t tokens_per_rank, cudaStream_t s) {
+    if (!layout_.fp8_dispatch() || !layout_.dispatch_dequantize) return;
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* base = memory_->local();
+    kernels::WireDequantizeRows d{};
+    d.elems = layout_.hidden_row_elems;
+    d.dtype = kernel_dtype(layout_.hidden_dtype);
+    d.codes = reinterpret_cast<const uint8_t*>(base + o.recv_hidden);
+    d.codes_stride = shape_.hidden_row_bytes;
+    d.scales = reinterpret_cast<const float*>(base + o.recv_scales);
+    d.scales_stride = shape_.scale_row_bytes;
+    d.out = base + o.wire_rows;
+    d.out_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
+    kernels::WireRowSet rows{};
+    rows.counts = reinterpret_cast<const int32_t*>(base + o.counts_private);
+    rows.sources = layout_.world_size;
+    rows.per_source = tokens_per_rank;
+    check_cuda(kernels::launch_dequantize_rows(d, rows, sm_budget_, paths_.pdl ? 1 : 0, s),
+               "launching the FP8 wire's dequantization of the received rows");
+  }
+
+  // Where the slot's rank-major result rows and scales are: the received rows
+  // (with an FP8 wire its codes and scales), or with dispatch_dequantize the
+  // rows dequantized from them (no scales).
+  struct ReceivedRows {
+    void* hidden;
+    void* scales;
+  };
+  ReceivedRows received_rows(int32_t slot) const {
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* base = memory_->local();
+    if (layout_.fp8_dispatch() && layout_.dispatch_dequantize) return {base + o.wire_rows, nullptr};
+    return {base + o.recv_hidden, shape_.scale_row_bytes ? base + o.recv_scales : nullptr};
+  }
+
   // ---- The expert layouts (docs/nvlink_backend.md, "Expert layouts") ----
 
-  // The slot's rank-major receive as the dispatch kernels left it.
+  // The slot's rank-major receive as the dispatch kernels left it (FP8 wire:
+  // as received_rows has it).
   kernels::RankMajorReceive rank_major_receive(int32_t slot, int32_t tokens_per_rank, bool has_weights) const {
     const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
     char* base = memory_->local();
     kernels::RankMajorReceive r{};
     r.tokens_per_rank = tokens_per_rank;
-    r.hidden = base + o.recv_hidden;
-    r.scales = layout_.scale_row_bytes ? base + o.recv_scales : nullptr;
+    const ReceivedRows rows = received_rows(slot);
+    r.hidden = rows.hidden;
+    r.scales = rows.scales;
     r.ids = reinterpret_cast<const int32_t*>(base + o.recv_ids);
     r.weights = has_weights ? reinterpret_cast<const float*>(base + o.recv_weights) : nullptr;  // NULL: weight 1
     r.recv_counts = reinterpret_cast<const int32_t*>(base + o.counts_private);
@@ -403,10 +490,11 @@ class NvlinkBackend final : public Backend {
     const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
     char* base = memory_->local();
     DispatchBuffers b;
-    b.hidden = base + o.recv_hidden;
+    const ReceivedRows rows = received_rows(slot);
+    b.hidden = rows.hidden;
     b.topk_ids = reinterpret_cast<int32_t*>(base + o.recv_ids);
     b.topk_weights = has_weights ? reinterpret_cast<float*>(base + o.recv_weights) : nullptr;
-    b.scales = layout_.scale_row_bytes ? base + o.recv_scales : nullptr;
+    b.scales = rows.scales;
     b.recv_counts = reinterpret_cast<int32_t*>(base + o.recv_counts);
     b.local_expert_counts = reinterpret_cast<int32_t*>(base + o.local_expert_counts);
     b.eplb_gathered = layout_.eplb_stats ? reinterpret_cast<int32_t*>(base + o.eplb_gathered) : nullptr;
@@ -552,7 +640,7 @@ class NvlinkBackend final : public Backend {
     }
     sm_count_ = device_attribute(device_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "MULTIPROCESSOR_COUNT");
     sm_budget_ = config_.num_sms > 0 && config_.num_sms < sm_count_ ? config_.num_sms : sm_count_;
-    shape_ = group_shape(layout_);
+    shape_ = group_shape(wire_layout(layout_));  // the rows as dispatch moves them
     ExpertRowsOffsets expert_rows_first;
     offsets_ = plan_workspace(layout_, &expert_rows_first);
     if (layout_.expert_layout()) expert_shape_ = expert_layout_shape(layout_);

@@ -30,8 +30,10 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l, ExpertRowsOffsets* exp
   o.dispatch_counts_in = p.place(W * sizeof(uint64_t));
   o.expert_counts_in = p.place(W * epr * sizeof(int32_t));
   o.eplb_gathered = p.place(l.eplb_stats ? W * E * sizeof(int32_t) : 0);
-  o.recv_hidden = p.place(W * M * l.hidden_row_bytes);
-  o.recv_scales = p.place(W * M * l.scale_row_bytes);
+  // The rows as they cross: with an FP8 dispatch wire its codes and scales.
+  const Layout wire = wire_layout(l);
+  o.recv_hidden = p.place(W * M * wire.hidden_row_bytes);
+  o.recv_scales = p.place(W * M * wire.scale_row_bytes);
   o.recv_ids = p.place(W * M * K * sizeof(int32_t));
   o.recv_weights = p.place(W * M * K * sizeof(float));
   o.recv_tokens = p.place(l.expert_layout() ? W * M * sizeof(int32_t) : 0);
@@ -65,6 +67,12 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l, ExpertRowsOffsets* exp
   const bool expert = l.expert_layout();
   o.expert_combine_input = p.place(expert && l.zero_copy_combine ? combine_input_region_bytes(l) : 0);
   o.combine_staging = p.place(expert && !l.zero_copy_combine ? W * M * l.combine_row_bytes : 0);
+  // The FP8 dispatch wire's private rows, 0 bytes without it (so every offset
+  // and the total of an AS_IS layout are what they were before the wire).
+  const bool fp8 = l.fp8_dispatch();
+  o.wire_codes = p.place(fp8 ? M * wire.hidden_row_bytes : 0);
+  o.wire_scales = p.place(fp8 ? M * wire.scale_row_bytes : 0);
+  o.wire_rows = p.place(fp8 && l.dispatch_dequantize ? W * M * l.hidden_row_bytes : 0);
   const ExpertRowsOffsets rows = place_expert_rows(l, p);
   if (expert_rows != nullptr) *expert_rows = rows;
   o.total_bytes = p.end();

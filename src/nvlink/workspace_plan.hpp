@@ -34,7 +34,9 @@ ExpertRowsOffsets slot_expert_rows(const ExpertRowsOffsets& first, uint64_t slot
 // The workspace of `slots` slots (fewer than 1 counts as 1).
 uint64_t slots_total_bytes(const kernels::WorkspaceOffsets& first, int32_t slots);
 
-// The kernels' view of the layout.
+// The kernels' view of the layout: its row sizes are those of `layout` as
+// given, so a backend with an FP8 dispatch wire passes wire_layout(layout)
+// for the rows its dispatch moves (the combine fields do not depend on it).
 kernels::GroupShape group_shape(const Layout& layout);
 
 }  // namespace moe_ep

@@ -34,7 +34,8 @@ struct CheckOptions {
                                       // (split: two micro-batches in flight through the halves)
   std::string layouts = "all";        // rank_major | expert_major | expert_packed | all: the receive
                                       // layouts every case runs in (a backend without one: SKIPPED)
-  std::string wires = "as_is";        // as_is | fp8 | all: the wire formats every case runs with
+  std::string wires =
+      "as_is";  // as_is | fp8 | fp8_dispatch | fp8_dequantize | all: the wire formats every case runs with
 };
 
 // The receive layouts named by --layouts (MOE_EP_LAYOUT_*); throws ToolError otherwise.
@@ -75,9 +76,16 @@ struct CheckCase {
   bool expert_layouts_only = false;  // a case about the expert layouts: not run in RANK_MAJOR
   // The wire format (set per run from --wire): FP8 quantizes combine, and
   // dispatch too where the case's rows are bf16, fp16 or fp32 without scales
-  // (rows already quantized by the caller keep the AS_IS dispatch wire).
+  // (rows already quantized by the caller keep the AS_IS dispatch wire);
+  // kWireFp8DispatchOnly, kWireFp8Dequantize: that dispatch wire alone, combine AS_IS.
   int wire = MOE_EP_WIRE_AS_IS;
 };
+
+// --wire fp8_dispatch's and fp8_dequantize's values of CheckCase::wire (the
+// tool's own, not MOE_EP_WIRE_* values): the FP8 dispatch wire alone, its rows
+// received as they crossed or (params->dispatch_dequantize) in hidden_dtype again.
+constexpr int kWireFp8DispatchOnly = 2;
+constexpr int kWireFp8Dequantize = 3;
 
 std::vector<CheckCase> check_cases();
 

@@ -212,8 +212,10 @@ const char* layout_name(int layout) {
 std::vector<int> parse_wires(const std::string& name) {
   if (name == "as_is") return {MOE_EP_WIRE_AS_IS};
   if (name == "fp8") return {MOE_EP_WIRE_FP8_E4M3_BLOCK128};
+  if (name == "fp8_dispatch") return {kWireFp8DispatchOnly};
+  if (name == "fp8_dequantize") return {kWireFp8Dequantize};
   if (name == "all") return {MOE_EP_WIRE_AS_IS, MOE_EP_WIRE_FP8_E4M3_BLOCK128};
-  fail("--wire must be as_is, fp8 or all, got '" + name + "'");
+  fail("--wire must be as_is, fp8, fp8_dispatch, fp8_dequantize or all, got '" + name + "'");
 }
 
 WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t count_seed) {
@@ -235,9 +237,13 @@ WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t 
     s.expert_output_weighted = c.expert_output_weighted;
     s.scale_layout = c.column_major_scales ? MOE_EP_SCALES_COLUMN_MAJOR : MOE_EP_SCALES_ROW_MAJOR;
   }
-  if (c.wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128) {
-    s.combine_wire = c.wire;
-    if (is_float_dtype(s.hidden_dtype) && s.scale_row_elems == 0) s.dispatch_wire = c.wire;
+  if (c.wire != MOE_EP_WIRE_AS_IS) {
+    if (c.wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128) s.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+    if (is_float_dtype(s.hidden_dtype) && s.scale_row_elems == 0) s.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+    if (s.dispatch_wire != MOE_EP_WIRE_AS_IS && c.wire == kWireFp8Dequantize) {
+      s.dispatch_dequantize = true;
+      s.scale_layout = MOE_EP_SCALES_ROW_MAJOR;  // dequantized rows have no scales
+    }
   }
   const int tpr = s.tokens_per_rank();
   s.tokens.resize(world);

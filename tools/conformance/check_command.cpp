@@ -273,6 +273,13 @@ std::string scales_text(const WorkloadSpec& w) {
   return w.scale_row_elems ? dtype_name(w.scale_dtype) + "x" + std::to_string(w.scale_row_elems) : "-";
 }
 
+// The layout column's suffix for a run's wire (--wire).
+const char* wire_suffix(int wire) {
+  if (wire == kWireFp8Dequantize) return "+fp8dq";
+  if (wire == kWireFp8DispatchOnly) return "+fp8d";
+  return wire == MOE_EP_WIRE_AS_IS ? "" : "+fp8";
+}
+
 void print_header(const Session& s, const CheckOptions& o, size_t cases) {
   const std::vector<std::string> lines = s.rank_lines();
   if (!s.world().is_root()) return;
@@ -290,7 +297,9 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
   std::printf("# receive layouts: %s\n", o.layouts.c_str());
   std::printf(
       "# wire formats: %s (fp8: column layout \"+fp8\"; dispatch_wire FP8 where the rows are bf16, fp16 or fp32 "
-      "without scales, combine_wire FP8 always)\n",
+      "without scales, combine_wire FP8 always; fp8_dispatch: \"+fp8d\", that dispatch_wire only; fp8_dequantize: "
+      "\"+fp8dq\", "
+      "that dispatch_wire with dispatch_dequantize)\n",
       o.wires.c_str());
   std::printf("#\n# %-22s %-6s %-17s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "layout",
               "E", "K", "maxT", "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
@@ -369,7 +378,7 @@ int run_check(const World& world, const CheckOptions& o) {
       } catch (const ToolError& e) {
         error = e.what();
       }
-      const std::string layout_text = std::string(layout_name(c.layout)) + (c.wire ? "+fp8" : "");
+      const std::string layout_text = std::string(layout_name(c.layout)) + wire_suffix(c.wire);
       world.set_phase(std::string("check, case ") + c.name + " (" + mode + ", " + layout_text +
                       "): agreeing on its outcome");
       if (o.inject_fault == "stalled_rank" && world.rank == world.size - 1 && world.size > 1) {

@@ -103,9 +103,11 @@ void add_check(CLI::App& app, CheckOptions& o) {
       ->check(CLI::IsMember({"rank_major", "expert_major", "expert_packed", "all"}));
   check
       ->add_option("--wire", o.wires,
-                   "as_is | fp8 | all: the wire formats every case runs with (fp8: an FP8 combine wire, and an FP8 "
-                   "dispatch wire where the rows are bf16, fp16 or fp32; a backend without it: those runs are skipped)")
-      ->check(CLI::IsMember({"as_is", "fp8", "all"}));
+                   "as_is | fp8 | fp8_dispatch | fp8_dequantize | all: the wire formats every case runs with (fp8: "
+                   "an FP8 combine wire, and an FP8 dispatch wire where the rows are bf16, fp16 or fp32; "
+                   "fp8_dispatch: that dispatch wire only; fp8_dequantize: that dispatch wire, rows dequantized "
+                   "on receipt; a backend without it: those runs are skipped)")
+      ->check(CLI::IsMember({"as_is", "fp8", "fp8_dispatch", "fp8_dequantize", "all"}));
   check->add_flag("!--no-poison-results", o.poison_results,
                   "do not overwrite dispatch payload results before combine");
   check->add_flag("--list", o.list, "print the case names and exit");
