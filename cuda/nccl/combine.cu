@@ -166,6 +166,11 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
           }
         }
       }
+      // A NaN sum: the hardware's addition returns its one canonical NaN
+      // where the host's keeps the NaN operand, here always the positive quiet
+      // NaN that dequantize_code gives a NaN code; the sum stores that one.
+#pragma unroll
+      for (int k = 0; k < kWireLaneElems; ++k) acc[k] = acc[k] == acc[k] ? acc[k] : __uint_as_float(0x7FC00000u);
       if (kVector) {
         constexpr int V = kPerVector<Element>;
 #pragma unroll
