@@ -1,0 +1,112 @@
+// Where the NVLink backend places the regions of the expert layouts and of
+// the FP8 dispatch wire: pure host maths of its workspace plan, so it runs
+// without a GPU.  RANK_MAJOR with AS_IS rows must keep every offset it had
+// without them; each new region has the size docs/nvlink_backend.md gives.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+
+#include "nvlink/workspace_plan.hpp"
+#include "params.hpp"
+#include "test_params.hpp"
+
+namespace {
+
+constexpr uint64_t W = 2, M = 4096, H = 7168, K = 8, E_LOCAL = 128;
+constexpr uint64_t kRow = H * 2;  // bf16
+
+moe_ep_params_t deepseek() { return moe_ep_test::make_params(256, int32_t(K), int32_t(M), int32_t(H)); }
+
+moe_ep::Layout layout_of(const moe_ep_params_t& p, bool zero_copy = false) {
+  moe_ep::Layout l = moe_ep::make_layout(moe_ep::read_params(&p), int32_t(W), 1);
+  l.zero_copy_combine = zero_copy;
+  return l;
+}
+
+// Bytes of the region that starts at `a` and ends where `b` starts.
+uint64_t span(uint64_t a, uint64_t b) { return b - a; }
+
+}  // namespace
+
+TEST_CASE("NVLink plan: RANK_MAJOR AS_IS has no expert-layout or wire region", "[nvlink][layouts][wire]") {
+  const moe_ep_params_t p = deepseek();
+  for (bool zero_copy : {false, true}) {
+    moe_ep::ExpertRowsOffsets rows;
+    rows.hidden = 1;  // overwritten
+    const moe_ep::kernels::WorkspaceOffsets o = moe_ep::plan_workspace(layout_of(p, zero_copy), &rows);
+    CHECK(o.recv_tokens == o.combine_arrivals);  // 0 bytes
+    CHECK(o.expert_combine_input == o.combine_staging);
+    CHECK(o.combine_staging == o.wire_codes);
+    CHECK(o.wire_codes == o.wire_scales);
+    CHECK(o.wire_scales == o.wire_rows);
+    CHECK(o.wire_rows == o.total_bytes);
+    CHECK(rows.hidden == 0);  // no expansion regions
+    CHECK(span(o.recv_hidden, o.recv_scales) == W * M * kRow);
+  }
+}
+
+TEST_CASE("NVLink plan: EXPERT_PACKED regions at the DeepSeek shape", "[nvlink][layouts]") {
+  moe_ep_params_t p = deepseek();
+  const moe_ep::kernels::WorkspaceOffsets rank_major = moe_ep::plan_workspace(layout_of(p));
+  p.receive_layout = MOE_EP_LAYOUT_EXPERT_PACKED;
+  p.expert_alignment = 128;
+  p.expert_rows = 40960;  // a server's bound: the average 32,768 pairs and room for imbalance
+  const moe_ep::Layout l = layout_of(p);
+  moe_ep::ExpertRowsOffsets rows;
+  const moe_ep::kernels::WorkspaceOffsets o = moe_ep::plan_workspace(l, &rows);
+  // The token index per received row crosses with the row's ids.
+  CHECK(span(o.recv_tokens, o.combine_arrivals) == moe_ep::align_up(W * M * 4, 256, "test"));
+  // The push combine's rank-major rows, written by the weighted reduction.
+  CHECK(span(o.combine_staging, o.wire_codes) == W * M * kRow);
+  CHECK(o.expert_combine_input == o.combine_staging);  // no zero-copy view
+  // The expansion's regions come last: expert rows first.
+  CHECK(rows.hidden >= o.wire_rows);
+  CHECK(span(rows.hidden, rows.scales) == 40960 * kRow);
+  CHECK(rows.counts - rows.scales == 0);  // no scales
+  CHECK(span(rows.sources, rows.weights) == moe_ep::align_up(40960 * 12, 256, "test"));
+  CHECK(span(rows.pick_ranks, rows.tile_counts) == moe_ep::align_up(W * M * K * 4, 256, "test"));
+  CHECK(o.total_bytes > rows.ticket);
+  // Every offset before the new regions is where RANK_MAJOR has it.
+  CHECK(o.recv_hidden == rank_major.recv_hidden);
+  CHECK(o.recv_ids == rank_major.recv_ids);
+  CHECK(o.recv_weights == rank_major.recv_weights);
+  // What the layout costs over RANK_MAJOR: the expert rows, the staging rows
+  // and small bookkeeping (under 8 MiB here).
+  const uint64_t extra = o.total_bytes - rank_major.total_bytes;
+  CHECK(extra >= (40960 + W * M) * kRow);
+  CHECK(extra <= (40960 + W * M) * kRow + (8ull << 20));
+}
+
+TEST_CASE("NVLink plan: expert-layout regions move with their slot", "[nvlink][layouts]") {
+  moe_ep_params_t p = moe_ep_test::make_params(16, 4, 64, 128);
+  p.receive_layout = MOE_EP_LAYOUT_EXPERT_MAJOR;
+  const moe_ep::Layout l = layout_of(p, true);
+  moe_ep::ExpertRowsOffsets rows;
+  const moe_ep::kernels::WorkspaceOffsets o = moe_ep::plan_workspace(l, &rows);
+  CHECK(span(o.expert_combine_input, o.combine_staging) ==
+        moe_ep::align_up(uint64_t(l.expert_layout_rows()) * l.combine_row_bytes, 256, "test"));
+  CHECK(o.combine_staging == o.wire_codes);  // the zero-copy view replaces the staging rows
+  const moe_ep::ExpertRowsOffsets second = moe_ep::slot_expert_rows(rows, o.total_bytes, 1);
+  CHECK(second.hidden == rows.hidden + o.total_bytes);
+  CHECK(second.ticket == rows.ticket + o.total_bytes);
+  CHECK(moe_ep::slot_offsets(o, 1).total_bytes == 2 * o.total_bytes);
+}
+
+TEST_CASE("NVLink plan: the FP8 dispatch wire's rows", "[nvlink][wire]") {
+  moe_ep_params_t p = deepseek();
+  const moe_ep::kernels::WorkspaceOffsets as_is = moe_ep::plan_workspace(layout_of(p));
+  p.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  const moe_ep::kernels::WorkspaceOffsets fp8 = moe_ep::plan_workspace(layout_of(p));
+  const uint64_t scales = (H + 127) / 128 * 4;  // 56 fp32 scales per row
+  // What lands: e4m3 codes and fp32 scales instead of bf16 rows.
+  CHECK(span(fp8.recv_hidden, fp8.recv_scales) == W * M * H);
+  CHECK(span(fp8.recv_scales, fp8.recv_ids) == W * M * scales);
+  // The sender's quantized rows; no dequantized rows without dispatch_dequantize.
+  CHECK(span(fp8.wire_codes, fp8.wire_scales) == M * H);
+  CHECK(span(fp8.wire_scales, fp8.wire_rows) == M * scales);
+  CHECK(fp8.wire_rows == fp8.total_bytes);
+  CHECK(fp8.recv_hidden == as_is.recv_hidden);
+  p.dispatch_dequantize = 1;
+  const moe_ep::kernels::WorkspaceOffsets dq = moe_ep::plan_workspace(layout_of(p));
+  CHECK(span(dq.wire_rows, dq.total_bytes) == W * M * kRow);
+}
