@@ -51,6 +51,13 @@ LAYOUT_EXPERT_PACKED = 2
 SCALES_ROW_MAJOR = 0
 SCALES_COLUMN_MAJOR = 1
 
+# The low-precision wire (params.dispatch_wire / combine_wire, MOE_EP_WIRE_*;
+# params.wire_scale, MOE_EP_WIRE_SCALE_*): docs/semantics.md, "A low-precision wire".
+WIRE_AS_IS = 0
+WIRE_FP8_E4M3_BLOCK128 = 1
+WIRE_SCALE_FP32 = 0
+WIRE_SCALE_UE8M0 = 1
+
 # Phases of a call (MOE_EP_PHASE_*), for moe_ep_get_last_path.
 PHASE_DISPATCH = 0
 PHASE_COMBINE = 1

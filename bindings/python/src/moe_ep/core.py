@@ -26,6 +26,8 @@ _DTYPES = {
 _LAYOUTS = {"rank_major": _lib.LAYOUT_RANK_MAJOR, "expert_major": _lib.LAYOUT_EXPERT_MAJOR,
             "expert_packed": _lib.LAYOUT_EXPERT_PACKED}
 _SCALE_LAYOUTS = {"row_major": _lib.SCALES_ROW_MAJOR, "column_major": _lib.SCALES_COLUMN_MAJOR}
+_WIRES = {"as_is": _lib.WIRE_AS_IS, "fp8_e4m3_block128": _lib.WIRE_FP8_E4M3_BLOCK128}
+_WIRE_SCALES = {"fp32": _lib.WIRE_SCALE_FP32, "ue8m0": _lib.WIRE_SCALE_UE8M0}
 
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "nvlink": _lib.BACKEND_NVLINK_TWO_SIDED,
              "nvlink_two_sided": _lib.BACKEND_NVLINK_TWO_SIDED, "host": _lib.BACKEND_HOST,
@@ -61,11 +63,14 @@ def _set_dtype(field, dtype):
 def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dtype=None,
                 hidden_row_elems=None, scale_row_elems=None, scale_dtype=None, invalid_expert_id=None,
                 enable_eplb_stats=None, combine_dtype=None, receive_layout=None, expert_capacity=None,
-                expert_alignment=None, expert_rows=None, expert_output_weighted=None, scale_layout=None):
+                expert_alignment=None, expert_rows=None, expert_output_weighted=None, scale_layout=None,
+                dispatch_wire=None, combine_wire=None, wire_scale=None, dispatch_dequantize=None):
     """A moe_ep_params_t; arguments left as None keep moe_ep_params_init's defaults.
     receive_layout: "rank_major", "expert_major", "expert_packed" or a
     MOE_EP_LAYOUT_* int; scale_layout: "row_major", "column_major" or a
-    MOE_EP_SCALES_* int."""
+    MOE_EP_SCALES_* int; dispatch_wire, combine_wire: "as_is",
+    "fp8_e4m3_block128" or a MOE_EP_WIRE_* int; wire_scale: "fp32", "ue8m0" or
+    a MOE_EP_WIRE_SCALE_* int."""
     p = _lib.Params()
     check(_lib.lib().moe_ep_params_init(ctypes.byref(p), ctypes.sizeof(p)))
     p.num_experts, p.top_k = num_experts, top_k
@@ -94,6 +99,14 @@ def make_params(num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dty
         p.expert_output_weighted = int(bool(expert_output_weighted))
     if scale_layout is not None:
         p.scale_layout = _enum_value(scale_layout, _SCALE_LAYOUTS, "scale_layout", "MOE_EP_SCALES_*")
+    if dispatch_wire is not None:
+        p.dispatch_wire = _enum_value(dispatch_wire, _WIRES, "dispatch_wire", "MOE_EP_WIRE_*")
+    if combine_wire is not None:
+        p.combine_wire = _enum_value(combine_wire, _WIRES, "combine_wire", "MOE_EP_WIRE_*")
+    if wire_scale is not None:
+        p.wire_scale = _enum_value(wire_scale, _WIRE_SCALES, "wire_scale", "MOE_EP_WIRE_SCALE_*")
+    if dispatch_dequantize is not None:
+        p.dispatch_dequantize = int(bool(dispatch_dequantize))
     return p
 
 
@@ -244,6 +257,24 @@ class MoeEp:
       scale_layout         -- expert layouts with scales: "row_major" (default)
                               or "column_major" (fp32 scales, the TMA-aligned
                               layout of grouped FP8 GEMMs)
+      dispatch_wire        -- what dispatch moves between ranks (docs/semantics.md,
+                              "A low-precision wire"): "as_is" (default: the rows
+                              as given) or "fp8_e4m3_block128" (the library
+                              quantizes bf16/fp16/fp32 rows to e4m3 with one
+                              scale per 128 elements; scale_row_elems must be
+                              0).  The result's hidden_states are then
+                              float8_e4m3fn [P, R] and hidden_states_scale
+                              float32 [P, ceil(R / 128)] (expert layouts: their
+                              shapes), unless dispatch_dequantize
+      combine_wire         -- "as_is" (default) or "fp8_e4m3_block128": each
+                              rank's rows cross as e4m3 and are dequantized to
+                              fp32 before the ordered sum; combine's tensors
+                              do not change
+      wire_scale           -- with an FP8 wire: "fp32" (default, amax / 448) or
+                              "ue8m0" (the power of two at or above it)
+      dispatch_dequantize  -- with an FP8 dispatch wire: True gives the rows
+                              dequantized back to hidden_dtype, no scales;
+                              default False
       backend              -- "auto" (default), "nvlink", "nccl" or "host"
       num_sms, timeout_ms, device -- see moe_ep_config_t in moe_ep_c.h
       zero_copy_combine    -- default False; True: every DispatchResult has
@@ -261,8 +292,9 @@ class MoeEp:
                  hidden_dtype=None, hidden_row_elems=None, scale_row_elems=None, scale_dtype=None,
                  invalid_expert_id=None, enable_eplb_stats=None, combine_dtype=None,
                  receive_layout=None, expert_capacity=None, expert_alignment=None, expert_rows=None,
-                 expert_output_weighted=None, scale_layout=None, backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None,
-                 micro_batches=None):
+                 expert_output_weighted=None, scale_layout=None, dispatch_wire=None, combine_wire=None,
+                 wire_scale=None, dispatch_dequantize=None, backend=None, num_sms=None, timeout_ms=None,
+                 device=None, zero_copy_combine=None, micro_batches=None):
         self._params = make_params(num_experts, top_k, max_tokens_per_rank, hidden_size,
                                    hidden_dtype=hidden_dtype, hidden_row_elems=hidden_row_elems,
                                    scale_row_elems=scale_row_elems, scale_dtype=scale_dtype,
@@ -270,7 +302,9 @@ class MoeEp:
                                    enable_eplb_stats=enable_eplb_stats, combine_dtype=combine_dtype,
                                    receive_layout=receive_layout, expert_capacity=expert_capacity,
                                    expert_alignment=expert_alignment, expert_rows=expert_rows,
-                                   expert_output_weighted=expert_output_weighted, scale_layout=scale_layout)
+                                   expert_output_weighted=expert_output_weighted, scale_layout=scale_layout,
+                                   dispatch_wire=dispatch_wire, combine_wire=combine_wire,
+                                   wire_scale=wire_scale, dispatch_dequantize=dispatch_dequantize)
         self._config = make_config(backend=backend, num_sms=num_sms, timeout_ms=timeout_ms,
                                    device=device, zero_copy_combine=zero_copy_combine,
                                    micro_batches=micro_batches)
@@ -379,7 +413,14 @@ class MoeEp:
           float32 (the pick's weight, 1.0 without topk_weights, 0 on padding),
           dropped_pairs [1] int32 (pairs beyond the capacity or expert_rows:
           counted, never written); combine_input has the layout's rows.  In
-          rank_major these five are None."""
+          rank_major these five are None.
+
+        With dispatch_wire="fp8_e4m3_block128" (and dispatch_dequantize
+        False) hidden_states is float8_e4m3fn (e4m3 codes) and
+        hidden_states_scale float32 with ceil(R / 128) scales per row in
+        place of S.  numpy reads the codes with view.numpy() (an
+        ml_dtypes.float8_e4m3fn array) or np.from_dlpack(view.view_as("uint8"))
+        (raw bits); hidden_states_scale must then not be given."""
         handle = self._live()
         s = _stream_int(stream)
         args, keep = self._dispatch_args(s, hidden_states, topk_ids, topk_weights, hidden_states_scale,
