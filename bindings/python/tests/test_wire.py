@@ -125,6 +125,7 @@ def test_known_values():
     R = BLOCK + 2  # the second block holds 2 elements
     x = np.zeros((3, R), np.float32)
     x[0, :6] = [1.0, 448.0, 0.0, -0.0, 0.5, -448.0]
+    x[0, 6:11] = [1.0625, 1.1875, 2.0 ** -10, 3 * 2.0 ** -10, 432.0]  # ties go to the even code
     x[0, BLOCK:] = [3.0, -1.5]
     # row 1: all zeros
     x[2, :5] = [np.nan, np.inf, -np.inf, 2.0, 1e-3]
@@ -133,8 +134,8 @@ def test_known_values():
     assert scales.dtype == np.float32 and scales.shape == (3, 2)
     # Block 0 of row 0: amax 448 gives scale 1.0, and the values are their own codes.
     assert scales[0, 0] == 1.0
-    assert list(codes[0, :6]) == [0x38, 0x7E, 0x00, 0x80, 0x30, 0xFE]
-    assert not codes[0, 6:BLOCK].any()
+    assert list(codes[0, :11]) == [0x38, 0x7E, 0x00, 0x80, 0x30, 0xFE, 0x38, 0x3A, 0x00, 0x02, 0x7E]
+    assert not codes[0, 11:BLOCK].any()
     assert scales[0, 1] == np.float32(3.0) / np.float32(448.0)
     assert list(codes[0, BLOCK:]) == [0x7E, encode(np.float32(-1.5) / scales[0, 1])]
     # A block of zeros: scale 1.0, codes 0.

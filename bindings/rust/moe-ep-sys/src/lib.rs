@@ -50,6 +50,13 @@ pub const MOE_EP_LAYOUT_EXPERT_PACKED: i32 = 2;
 pub const MOE_EP_SCALES_ROW_MAJOR: i32 = 0;
 pub const MOE_EP_SCALES_COLUMN_MAJOR: i32 = 1;
 
+// moe_ep_params_t::dispatch_wire, ::combine_wire and ::wire_scale
+// (docs/semantics.md, "A low-precision wire").
+pub const MOE_EP_WIRE_AS_IS: i32 = 0;
+pub const MOE_EP_WIRE_FP8_E4M3_BLOCK128: i32 = 1;
+pub const MOE_EP_WIRE_SCALE_FP32: i32 = 0;
+pub const MOE_EP_WIRE_SCALE_UE8M0: i32 = 1;
+
 /// Phases of a call, for `moe_ep_get_last_path`.
 pub const MOE_EP_PHASE_DISPATCH: i32 = 0;
 pub const MOE_EP_PHASE_COMBINE: i32 = 1;

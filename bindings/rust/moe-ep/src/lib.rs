@@ -131,6 +131,35 @@ impl Params {
         self.0.scale_layout = l.raw();
         self
     }
+    /// What dispatch moves between ranks (docs/semantics.md, "A low-precision
+    /// wire"); the same on every rank.  `WireFormat::Fp8E4m3Block128` needs a
+    /// BF16, F16 or F32 `hidden_dtype` and no `scales` (the library makes
+    /// them): the result's `hidden_states` are then `DType::FP8_E4M3FN`
+    /// `[P, R]` (read them with `View::as_bits::<u8>`) and
+    /// `hidden_states_scale` F32 `[P, ceil(R / 128)]` (expert layouts: their
+    /// shapes), unless `dispatch_dequantize`.
+    pub fn dispatch_wire(mut self, w: WireFormat) -> Self {
+        self.0.dispatch_wire = w.raw();
+        self
+    }
+    /// What combine moves between ranks: with `WireFormat::Fp8E4m3Block128`
+    /// each rank's rows cross as e4m3 and are dequantized to f32 before the
+    /// ordered sum.  Combine's tensors do not change.
+    pub fn combine_wire(mut self, w: WireFormat) -> Self {
+        self.0.combine_wire = w.raw();
+        self
+    }
+    /// The scale rule of the FP8 wires (only with one of them).
+    pub fn wire_scale(mut self, s: WireScale) -> Self {
+        self.0.wire_scale = s.raw();
+        self
+    }
+    /// With an FP8 dispatch wire: the receiver dequantizes, so
+    /// `hidden_states` has `hidden_dtype` again and there are no scales.
+    pub fn dispatch_dequantize(mut self, on: bool) -> Self {
+        self.0.dispatch_dequantize = on as i32;
+        self
+    }
     pub fn raw(&self) -> &sys::moe_ep_params_t {
         &self.0
     }
@@ -176,6 +205,44 @@ impl ScaleLayout {
         match self {
             ScaleLayout::RowMajor => sys::MOE_EP_SCALES_ROW_MAJOR,
             ScaleLayout::ColumnMajor => sys::MOE_EP_SCALES_COLUMN_MAJOR,
+        }
+    }
+}
+
+/// `MOE_EP_WIRE_*`: what crosses between ranks in dispatch or combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireFormat {
+    /// The rows as they are (the default).
+    AsIs,
+    /// float8 e4m3fn values with one f32 scale per 128 elements of a row (the
+    /// last block of a row may be shorter), quantized by the library.
+    Fp8E4m3Block128,
+}
+
+impl WireFormat {
+    fn raw(self) -> i32 {
+        match self {
+            WireFormat::AsIs => sys::MOE_EP_WIRE_AS_IS,
+            WireFormat::Fp8E4m3Block128 => sys::MOE_EP_WIRE_FP8_E4M3_BLOCK128,
+        }
+    }
+}
+
+/// `MOE_EP_WIRE_SCALE_*`: how an FP8 wire picks a block's scale from its amax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireScale {
+    /// `amax / 448` in f32 (the default).
+    Fp32,
+    /// The power of two at or above `amax / 448` (one exponent byte, as
+    /// DeepSeek-style GEMMs consume them), still stored as f32.
+    Ue8m0,
+}
+
+impl WireScale {
+    fn raw(self) -> i32 {
+        match self {
+            WireScale::Fp32 => sys::MOE_EP_WIRE_SCALE_FP32,
+            WireScale::Ue8m0 => sys::MOE_EP_WIRE_SCALE_UE8M0,
         }
     }
 }

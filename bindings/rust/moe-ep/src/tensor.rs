@@ -254,6 +254,17 @@ impl<'h> View<'h> {
         Ok(unsafe { std::slice::from_raw_parts_mut(self.data as *mut T, n) })
     }
 
+    /// The raw bits of a host view whose elements are as wide as `T` (u8 for
+    /// an FP8 view, u16 for BF16 or F16), whatever its dtype code.
+    pub fn as_bits<T: Element>(&self) -> Result<&[T]> {
+        if self.dtype.lanes != 1 || self.dtype.bits != T::DTYPE.bits {
+            return Err(Error::new(Status::INVALID_ARGUMENT,
+                                  format!("as_bits: the view holds {:?}, elements of {} bits, asked for {:?}",
+                                          self.dtype, self.dtype.bits as u32 * self.dtype.lanes as u32, T::DTYPE)));
+        }
+        self.host_slice()
+    }
+
     /// The elements, for host views of dtype `T::DTYPE`.
     pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
         if !self.device.is_host() {
@@ -263,6 +274,14 @@ impl<'h> View<'h> {
         if T::DTYPE != self.dtype {
             return Err(Error::new(Status::INVALID_ARGUMENT,
                                   format!("as_slice: the view holds {:?}, asked for {:?}", self.dtype, T::DTYPE)));
+        }
+        self.host_slice()
+    }
+
+    fn host_slice<T: Element>(&self) -> Result<&[T]> {
+        if !self.device.is_host() {
+            return Err(Error::new(Status::INVALID_ARGUMENT,
+                                  format!("the view lives on {:?}, not in host memory", self.device)));
         }
         let n = self.numel();
         if n == 0 {
