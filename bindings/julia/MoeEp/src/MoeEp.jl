@@ -42,6 +42,12 @@ const LAYOUT_EXPERT_MAJOR = Int32(1)
 const LAYOUT_EXPERT_PACKED = Int32(2)
 const SCALES_ROW_MAJOR = Int32(0)
 const SCALES_COLUMN_MAJOR = Int32(1)
+# Params(dispatch_wire=..., combine_wire=..., wire_scale=...): docs/semantics.md,
+# "A low-precision wire".
+const WIRE_AS_IS = Int32(0)
+const WIRE_FP8_E4M3_BLOCK128 = Int32(1)
+const WIRE_SCALE_FP32 = Int32(0)
+const WIRE_SCALE_UE8M0 = Int32(1)
 
 struct MoeEpError <: Exception
     status::Int32
@@ -74,6 +80,7 @@ const F32 = DType(2, 32, 1)
 const F16 = DType(2, 16, 1)
 const BF16 = DType(4, 16, 1)
 const I32 = DType(0, 32, 1)
+const FP8_E4M3FN = DType(10, 8, 1)   # rows of an FP8 dispatch wire, held as UInt8 codes
 
 dtype_of(::Type{Float32}) = F32
 dtype_of(::Type{Float16}) = F16
@@ -178,10 +185,17 @@ end
 (LAYOUT_RANK_MAJOR, LAYOUT_EXPERT_MAJOR or LAYOUT_EXPERT_PACKED) and the
 fields of the expert layouts (`expert_capacity`, `expert_alignment`,
 `expert_rows`, `expert_output_weighted`, `scale_layout` = SCALES_ROW_MAJOR or
-SCALES_COLUMN_MAJOR) are described in docs/semantics.md, "Receive layouts"."""
+SCALES_COLUMN_MAJOR) are described in docs/semantics.md, "Receive layouts".
+`dispatch_wire` and `combine_wire` (WIRE_AS_IS or WIRE_FP8_E4M3_BLOCK128),
+`wire_scale` (WIRE_SCALE_FP32 or WIRE_SCALE_UE8M0) and `dispatch_dequantize`
+choose the low-precision wire (docs/semantics.md, "A low-precision wire"):
+with an FP8 dispatch wire `dispatch` returns `hidden_states` as UInt8 e4m3fn
+codes (R, P) and `hidden_states_scale` as Float32 (ceil(R / 128), P), unless
+`dispatch_dequantize`."""
 function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dtype=nothing, combine_dtype=nothing,
                 scale_row_elems=nothing, scale_dtype=nothing, receive_layout=nothing, expert_capacity=nothing,
-                expert_alignment=nothing, expert_rows=nothing, expert_output_weighted=nothing, scale_layout=nothing)
+                expert_alignment=nothing, expert_rows=nothing, expert_output_weighted=nothing, scale_layout=nothing,
+                dispatch_wire=nothing, combine_wire=nothing, wire_scale=nothing, dispatch_dequantize=nothing)
     p = Params(0, 0, 0, 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, DType(0, 0, 0), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     check(ccall((:moe_ep_params_init, libmoe_ep), Int32, (Ref{Params}, Csize_t), p, sizeof(Params)))
     p.num_experts, p.top_k, p.max_tokens_per_rank, p.hidden_size = num_experts, top_k, max_tokens_per_rank, hidden_size
@@ -195,6 +209,10 @@ function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dty
     expert_rows === nothing || (p.expert_rows = Int32(expert_rows))
     expert_output_weighted === nothing || (p.expert_output_weighted = Int32(expert_output_weighted))
     scale_layout === nothing || (p.scale_layout = Int32(scale_layout))
+    dispatch_wire === nothing || (p.dispatch_wire = Int32(dispatch_wire))
+    combine_wire === nothing || (p.combine_wire = Int32(combine_wire))
+    wire_scale === nothing || (p.wire_scale = Int32(wire_scale))
+    dispatch_dequantize === nothing || (p.dispatch_dequantize = Int32(dispatch_dequantize))
     return p
 end
 
@@ -318,11 +336,14 @@ function _dispatch_result()
 end
 
 function _dispatch_views(r::DispatchResult, hidden_type::Type, combine_type::Type, scale_type::Type=Float32)
+    # An FP8 dispatch wire's rows are e4m3fn codes whatever was sent, and its
+    # scales Float32: the result's dtype says which.
+    fp8 = r.hidden_states.dtype == FP8_E4M3FN
     return (tokens_per_rank=r.tokens_per_rank,
-            hidden_states=host_view(r.hidden_states, hidden_type),
+            hidden_states=host_view(r.hidden_states, fp8 ? UInt8 : hidden_type),
             topk_ids=host_view(r.topk_ids, Int32),
             topk_weights=host_view(r.topk_weights, Float32),
-            hidden_states_scale=host_view(r.hidden_states_scale, scale_type),
+            hidden_states_scale=host_view(r.hidden_states_scale, fp8 ? Float32 : scale_type),
             recv_counts=host_view(r.recv_counts, Int32),
             local_expert_counts=host_view(r.local_expert_counts, Int32),
             combine_input=host_view(r.combine_input, combine_type),
