@@ -357,3 +357,38 @@ def test_constants_and_workspace():
     # Names and ints are the same parameter.
     assert moe_ep.workspace_size(2, dispatch_wire="fp8_e4m3_block128", **kw) == \
         moe_ep.workspace_size(2, dispatch_wire=moe_ep.WIRE_FP8_E4M3_BLOCK128, **kw)
+
+
+def test_split_phases_and_zero_copy_input(thread_group):
+    """Both FP8 wires with micro_batches=2 and zero_copy_combine: the split
+    halves give the fused calls' bits, and a combine of combine_input (written
+    in place) the bits of a combine of the same rows passed as an array."""
+    world, H, tpr = 2, BLOCK + 9, 3
+    case = Case(seed=91, world=world, num_experts=4, top_k=2, hidden=H, tokens_per_rank=tpr)
+
+    def rank_main(rank, bs):
+        inp = case.inputs[rank]
+        eo = case.expert_output(rank)
+        with moe_ep.MoeEp(bs, **host_kwargs(case, dispatch_wire="fp8_e4m3_block128",
+                                            combine_wire="fp8_e4m3_block128", wire_scale="ue8m0",
+                                            micro_batches=2, zero_copy_combine=True)) as ep:
+            r = ep.dispatch(inp["x"], inp["ids"], inp["w"])
+            fused = (np.from_dlpack(r.hidden_states.view_as("uint8")).copy(),
+                     np.from_dlpack(r.hidden_states_scale).copy())
+            y_fused = np.from_dlpack(ep.combine(eo)).copy()
+            ep.dispatch_send(inp["x"], inp["ids"], inp["w"], slot=1)
+            r = ep.dispatch_recv(slot=1)
+            assert r.hidden_states.dtype == "float8_e4m3fn"
+            split = (np.from_dlpack(r.hidden_states.view_as("uint8")), np.from_dlpack(r.hidden_states_scale))
+            counts = np.from_dlpack(r.recv_counts)
+            for s in range(world):  # rows past the counts are padding, unspecified
+                rows = slice(s * tpr, s * tpr + counts[s])
+                np.testing.assert_array_equal(split[0][rows], fused[0][rows])
+                np.testing.assert_array_equal(split[1][rows], fused[1][rows])
+            r.combine_input.write(eo)
+            ep.combine_send(r.combine_input, slot=1)
+            y_split = np.from_dlpack(ep.combine_recv(slot=1))
+            np.testing.assert_array_equal(y_split.view(np.uint32), y_fused.view(np.uint32))
+        return True
+
+    assert all(thread_group(world).run(rank_main))
