@@ -16,6 +16,7 @@
 #include "moe_ep_runner.hpp"
 #include "nccl_baseline.hpp"
 #include "peer_copy_ceiling.hpp"
+#include "reference_quantize.hpp"
 #include "stand_in_expert.hpp"
 #include "user_permute.hpp"
 
@@ -49,6 +50,11 @@ std::vector<std::string> bench_layouts(const std::string& layout) {
   return {layout};
 }
 
+std::vector<std::string> bench_wires(const std::string& wire) {
+  if (wire == "all") return {"as_is", "fp8", "fp8_dispatch", "quantize+as_is"};
+  return {wire};
+}
+
 namespace {
 
 int layout_code(const std::string& name) {
@@ -58,7 +64,48 @@ int layout_code(const std::string& name) {
   fail("--layout must be rank_major, expert_major, expert_packed, rank_major+user or all, got '" + name + "'");
 }
 
-// o.layout is one layout here (the sweep runs each of "all" with its own copy).
+int wire_scale_code(const std::string& name) {
+  if (name == "fp32") return MOE_EP_WIRE_SCALE_FP32;
+  if (name == "ue8m0") return MOE_EP_WIRE_SCALE_UE8M0;
+  fail("--wire-scale must be fp32 or ue8m0, got '" + name + "'");
+}
+
+// o.wire (one wire) on the workload s: the FP8 wire's parameters, or for
+// quantize+as_is the rows as the reference quantize kernel leaves them
+// (e4m3fn, one fp32 scale per 128 elements) moved AS_IS, combine unchanged.
+void apply_wire(const BenchOptions& o, WorkloadSpec& s) {
+  if (o.wire == "as_is") return;
+  if (o.wire != "fp8" && o.wire != "fp8_dispatch" && o.wire != "quantize+as_is") {
+    fail("--wire must be as_is, fp8, fp8_dispatch, quantize+as_is or all, got '" + o.wire + "'");
+  }
+  if (o.dtype == "fp8") {
+    fail("--wire " + o.wire + ": expected --dtype bf16, fp16 or fp32 (the rows the wire quantizes), got fp8");
+  }
+  if (o.wire == "quantize+as_is") {
+    s.hidden_dtype = parse_dtype("fp8_e4m3");
+    s.scale_row_elems = (s.row_elems() + 127) / 128;
+    s.scale_dtype = parse_dtype("fp32");
+    return;
+  }
+  s.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  s.wire_scale = wire_scale_code(o.wire_scale);
+  s.dispatch_dequantize = o.dispatch_dequantize;
+  if (o.wire == "fp8") s.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+}
+
+// quantize+as_is: the rows of workload w before the reference kernel
+// quantizes them (--dtype rows, the FP8 dispatch wire's values and scale rule).
+WorkloadSpec quantize_source(const BenchOptions& o, const WorkloadSpec& w) {
+  WorkloadSpec s = w;
+  s.hidden_dtype = parse_dtype(o.dtype);
+  s.scale_row_elems = 0;
+  s.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  s.wire_scale = wire_scale_code(o.wire_scale);
+  s.dispatch_dequantize = false;
+  return s;
+}
+
+// o.layout and o.wire are one layout and one wire here (the sweep runs each of "all" with its own copy).
 WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int tokens) {
   if (o.experts % world != 0) {
     fail("--experts " + std::to_string(o.experts) + " must be a multiple of the " + std::to_string(world) + " ranks");
@@ -92,6 +139,7 @@ WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int to
     s.expert_alignment = o.expert_alignment;
     s.expert_rows = o.expert_packed_rows;
   }
+  apply_wire(o, s);
   return s;
 }
 
@@ -99,6 +147,12 @@ WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int to
 BenchOptions with_layout(const BenchOptions& o, const std::string& layout) {
   BenchOptions one = o;
   one.layout = layout;
+  return one;
+}
+
+BenchOptions with_wire(const BenchOptions& o, const std::string& wire) {
+  BenchOptions one = o;
+  one.wire = wire;
   return one;
 }
 
@@ -130,10 +184,12 @@ class Sweep {
   const std::string& nccl_skipped() const { return nccl_skipped_; }  // why the NCCL baseline is absent
   const std::vector<int>& sizes() const { return sizes_; }
 
-  SizeResult measure(MoeEpRunner& moe, int tokens, UserPermute* user = nullptr) {
+  // user: rank_major+user's reference kernels; quantize: quantize+as_is's.
+  SizeResult measure(MoeEpRunner& moe, int tokens, UserPermute* user = nullptr, ReferenceQuantize* quantize = nullptr) {
     SizeResult r;
     r.tokens = tokens;
     r.layout = o_.layout;
+    r.wire = o_.wire;
     const WorkloadSpec w = bench_spec(o_, s_.world().size, largest_.max_tokens_per_rank, tokens);
     const std::vector<RankRouting> all = make_all_routing(w);
     r.traffic = measure_traffic(w, all);
@@ -150,10 +206,21 @@ class Sweep {
       r.wrong_dispatch = s_.world().sum(d);
       r.wrong_combine = s_.world().sum(c);
     }
-    const LoopResult t = user ? time_with_user(moe, *user, w) : moe.time(loop_, graph_);
+    if (quantize) {  // the kernel's output, written where dispatch reads its rows, checked once
+      const auto stream = static_cast<cudaStream_t>(s_.stream());
+      quantize->load(quantize_source(o_, w), s_.world().rank, s_.stream());
+      if (o_.check) {
+        TOOL_CHECK_CUDA(quantize->quantize(moe.inputs().hidden(), moe.inputs().scales(), stream));
+        r.wrong_dispatch += s_.world().sum(quantize->check(moe.inputs().hidden(), moe.inputs().scales(), stream));
+      }
+    }
+    const LoopResult t = user       ? time_with_user(moe, *user, w)
+                         : quantize ? time_with_quantize(moe, *quantize)
+                                    : moe.time(loop_, graph_);
     moe.drop_graphs();
+    const size_t first = quantize ? 1 : 0;      // dispatch: after the reference quantize with `quantize`
     const size_t last = t.phase_us.size() - 1;  // combine: after the reference kernels with `user`
-    r.dispatch = reduce_phase(s_.world(), t.phase_us[0]);
+    r.dispatch = reduce_phase(s_.world(), t.phase_us[first]);
     r.combine = reduce_phase(s_.world(), t.phase_us[last]);
     std::vector<double> pair = t.phase_us[0];
     for (size_t p = 1; p <= last; ++p) pair = sum_each(pair, t.phase_us[p]);
@@ -162,6 +229,11 @@ class Sweep {
       r.has_user = true;
       r.permute = reduce_phase(s_.world(), t.phase_us[1]);
       r.unpermute = reduce_phase(s_.world(), t.phase_us[2]);
+    }
+    if (quantize) {
+      r.has_quantize = true;
+      r.quantize = reduce_phase(s_.world(), t.phase_us[0]);
+      r.quantize_dispatch = reduce_phase(s_.world(), sum_each(t.phase_us[0], t.phase_us[1]));
     }
     r.gate_expired = t.gate_expired;
     moe_ep_get_last_path(moe.handle(), MOE_EP_PHASE_DISPATCH, &r.dispatch_path);
@@ -220,6 +292,22 @@ class Sweep {
     });
   }
 
+  // quantize+as_is: the reference quantize kernel into the rows dispatch
+  // reads, the AS_IS dispatch of them, combine.
+  LoopResult time_with_quantize(MoeEpRunner& moe, const ReferenceQuantize& quantize) {
+    moe.prepare(graph_);
+    const auto stream = static_cast<cudaStream_t>(s_.stream());
+    return time_loop(s_, loop_, 3, [&](Marks& m) {
+      m.mark();
+      TOOL_CHECK_CUDA(quantize.quantize(moe.inputs().hidden(), moe.inputs().scales(), stream));
+      m.mark();
+      moe.launch_dispatch(graph_, s_.stream());
+      m.mark();
+      moe.launch_combine(graph_, s_.stream());
+      m.mark();
+    });
+  }
+
   void measure_ceiling(SizeResult& r) {
     const int me = s_.world().rank, W = s_.world().size;
     std::vector<uint64_t> dispatch_bytes(W), combine_bytes(W);
@@ -257,7 +345,7 @@ class Sweep {
 
 namespace {
 
-// Whether a handle of this layout can be created here ("" = it can; else the
+// Whether a handle of this layout and wire can be created here ("" = it can; else the
 // library's UNSUPPORTED message).  Collective.
 std::string layout_refusal(const Session& session, const WorkloadSpec& largest, bool zero_copy) {
   moe_ep_status_t status = MOE_EP_SUCCESS;
@@ -266,28 +354,46 @@ std::string layout_refusal(const Session& session, const WorkloadSpec& largest, 
   return status == MOE_EP_ERROR_UNSUPPORTED ? std::string(moe_ep_last_error()) : std::string();
 }
 
-// Each layout's sweep, one after the other; the first one's with the baselines.
+// Each (wire, layout)'s sweep, one after the other; the first one's with the baselines.
 void run_sweep(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
-  const std::vector<std::string> layouts = bench_layouts(o.layout);
-  const bool several = layouts.size() > 1;
-  for (size_t i = 0; i < layouts.size(); ++i) {
-    const BenchOptions one = with_layout(o, layouts[i]);
+  const std::vector<std::string> wires = bench_wires(o.wire);
+  const std::vector<std::string> layout_names = bench_layouts(o.layout);
+  std::vector<std::pair<std::string, std::string>> variants;  // (wire, layout)
+  for (const std::string& wire : wires) {
+    for (const std::string& layout : layout_names) variants.emplace_back(wire, layout);
+  }
+  const bool several = layout_names.size() > 1, several_wires = wires.size() > 1;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const std::string& wire = variants[i].first;
+    const std::string& layout = variants[i].second;
+    const BenchOptions one = with_wire(with_layout(o, layout), wire);
     Sweep sweep(session, one, bench_sizes(one), o.baselines && i == 0);
     if (!sweep.nccl_skipped().empty() && session.world().is_root()) {
       std::printf("# NCCL baseline skipped: %s\n", sweep.nccl_skipped().c_str());
     }
-    const bool user = layouts[i] == "rank_major+user";
+    const bool user = layout == "rank_major+user";
     std::string skipped = user ? user_permute_refusal(session.on_gpu(), sweep.largest()) : "";
-    if (skipped.empty() && sweep.largest().expert_layout()) {
-      skipped = layout_refusal(session, sweep.largest(), o.zero_copy_combine);
+    const bool separate = wire == "quantize+as_is";
+    if (skipped.empty() && separate) {
+      skipped = reference_quantize_refusal(session.on_gpu(), quantize_source(one, sweep.largest()));
+    }
+    const WorkloadSpec& largest = sweep.largest();
+    if (skipped.empty() && (largest.expert_layout() || largest.fp8_dispatch() || largest.fp8_combine())) {
+      skipped = layout_refusal(session, largest, o.zero_copy_combine);  // the library's UNSUPPORTED message
     }
     if (!skipped.empty()) {
-      results.layouts_skipped.emplace_back(layouts[i], skipped);
-      report.print_skipped("layout " + layouts[i], skipped);
+      if (wire != "as_is") {
+        results.wires_skipped.emplace_back(several ? wire + " " + layout : wire, skipped);
+        report.print_skipped("wire " + wire + (several ? " in layout " + layout : ""), skipped);
+      } else {
+        results.layouts_skipped.emplace_back(layout, skipped);
+        report.print_skipped("layout " + layout, skipped);
+      }
       continue;
     }
     if (i == 0) report.set_baselines(sweep.has_ceiling(), sweep.has_nccl());
-    if (several || layouts[i] != "rank_major") report.print_layout_heading(sweep.largest(), layouts[i]);
+    if (several || layout != "rank_major") report.print_layout_heading(sweep.largest(), layout);
+    if (several_wires || wire != "as_is") report.print_wire_heading(sweep.largest(), wire);
     report.print_sweep_columns();
     const size_t first = results.sweep.size();
     {
@@ -297,8 +403,10 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
         const int alignment = o.expert_alignment ? o.expert_alignment : 1;
         reference = std::make_unique<UserPermute>(session.place(), sweep.largest(), session.world().rank, alignment);
       }
+      std::unique_ptr<ReferenceQuantize> quantize;
+      if (separate) quantize = std::make_unique<ReferenceQuantize>(session.place(), quantize_source(one, largest));
       for (int tokens : sweep.sizes()) {
-        results.sweep.push_back(sweep.measure(moe, tokens, reference.get()));
+        results.sweep.push_back(sweep.measure(moe, tokens, reference.get(), quantize.get()));
         report.print_row(results.sweep.back());
       }
     }
@@ -307,6 +415,7 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
     }
   }
   if (several) report.print_layouts(results.sweep);
+  if (several_wires) report.print_wires(results.sweep);
 }
 
 std::string grouped_expert_note(const WorkloadSpec& w, int intermediate) {
@@ -424,7 +533,9 @@ void run_overlap(const Session& session, const BenchOptions& o, BenchReport& rep
 
 // The largest workload of every measurement this run makes (for the header).
 WorkloadSpec largest_shape(const BenchOptions& options, int world) {
-  const BenchOptions o = with_layout(expert_options(options), bench_layouts(expert_options(options).layout).front());
+  const BenchOptions o =
+      with_wire(with_layout(expert_options(options), bench_layouts(expert_options(options).layout).front()),
+                bench_wires(options.wire).front());
   std::vector<int> sizes;
   if (!o.special_mode()) sizes = bench_sizes(o);
   if (o.decode_step) sizes = decode_step_sizes(o);

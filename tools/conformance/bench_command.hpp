@@ -54,6 +54,13 @@ struct BenchOptions {
   // copy kernel, resp. one GEMM on random operands per projection) | grouped
   // (grouped_expert.hpp: cuBLAS grouped GEMMs on the EXPERT_PACKED rows).
   std::string expert_gemm = "stand_in";
+  // The sweep's wire formats: as_is | fp8 (params->dispatch_wire and
+  // combine_wire FP8_E4M3_BLOCK128) | fp8_dispatch (dispatch_wire only) |
+  // quantize+as_is (reference_quantize.hpp, then an AS_IS dispatch of the
+  // e4m3 rows and fp32 scales; GPU) | all (the four, one after the other).
+  std::string wire = "as_is";
+  std::string wire_scale = "fp32";   // params->wire_scale: fp32 | ue8m0
+  bool dispatch_dequantize = false;  // params->dispatch_dequantize with an FP8 dispatch wire
   bool sizes_given = false;   // -t, -b, -e or -f was on the command line (main sets it)
   std::string json_path;
   // One of the modes that replace the sweep was asked for.
@@ -64,6 +71,7 @@ struct BenchOptions {
 struct SizeResult {
   int tokens = 0;
   std::string layout = "rank_major";  // BenchOptions::layout's names, one layout
+  std::string wire = "as_is";         // BenchOptions::wire's names, one wire
   Traffic traffic;
   int64_t wrong_dispatch = -1, wrong_combine = -1;  // -1: not checked
   PhaseTiming dispatch, combine;
@@ -79,16 +87,22 @@ struct SizeResult {
   PhaseTiming pair;
   bool has_user = false;
   PhaseTiming permute, unpermute;
+  // quantize+as_is: the reference quantize kernel, and it + the dispatch.
+  bool has_quantize = false;
+  PhaseTiming quantize, quantize_dispatch;
 };
 
 // The layouts --layout names, in the order the sweep runs them.
 std::vector<std::string> bench_layouts(const std::string& layout);
+// The wires --wire names, likewise.
+std::vector<std::string> bench_wires(const std::string& wire);
 
 // Everything one run measured: the sweep's sizes, or the decode step's and
 // the overlap's.
 struct BenchResults {
   std::vector<SizeResult> sweep;                                     // every layout's sizes, layout after layout
   std::vector<std::pair<std::string, std::string>> layouts_skipped;  // (layout, why)
+  std::vector<std::pair<std::string, std::string>> wires_skipped;    // (wire, why)
   std::vector<DecodeStepResult> decode_step;
   std::vector<OverlapResult> overlap;
   std::string overlap_skipped;  // why --overlap-gemm measured nothing ("" = it did, or was not asked)

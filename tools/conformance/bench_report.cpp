@@ -297,6 +297,101 @@ void BenchReport::print_layouts(const std::vector<SizeResult>& results) const {
   std::fflush(stdout);
 }
 
+void BenchReport::print_wire_heading(const WorkloadSpec& w, const std::string& wire) const {
+  if (!s_.world().is_root()) return;
+  const char* scale = w.wire_scale == MOE_EP_WIRE_SCALE_UE8M0 ? "UE8M0" : "FP32";
+  std::printf("#\n# wire %s: ", wire.c_str());
+  if (wire == "quantize+as_is") {
+    std::printf(
+        "the reference quantize kernel (%s rows -> e4m3fn + fp32 scale per 128 elements, FP32 or UE8M0 as "
+        "--wire-scale) into the rows dispatch reads, then an AS_IS dispatch of %s x%d + fp32 x%d; the dispatch "
+        "columns time the dispatch alone, the summary adds the kernel\n",
+        o_.dtype.c_str(), dtype_name(w.hidden_dtype).c_str(), w.row_elems(), w.scale_row_elems);
+  } else if (wire == "as_is") {
+    std::printf("dispatch_wire and combine_wire AS_IS (rows move as they are)\n");
+  } else {
+    std::printf("dispatch_wire FP8_E4M3_BLOCK128 (%s scales%s), combine_wire %s\n", scale,
+                w.dispatch_dequantize ? ", dispatch_dequantize: rows arrive dequantized" : "",
+                w.fp8_combine() ? "FP8_E4M3_BLOCK128" : "AS_IS");
+  }
+  const uint64_t d = w.fp8_dispatch() ? fp8_wire_row_bytes(w.row_elems()) : w.hidden_row_bytes() + w.scale_row_bytes();
+  const uint64_t c = w.fp8_combine() ? fp8_wire_row_bytes(w.hidden_size) : w.combine_row_bytes();
+  std::printf("# bytes that cross per row: B_dispatch %llu, B_combine %llu\n", static_cast<unsigned long long>(d),
+              static_cast<unsigned long long>(c));
+  std::fflush(stdout);
+}
+
+void BenchReport::print_wires(const std::vector<SizeResult>& results) const {
+  if (!s_.world().is_root()) return;
+  std::vector<int> sizes;
+  for (const SizeResult& r : results) {
+    if (std::find(sizes.begin(), sizes.end(), r.tokens) == sizes.end()) sizes.push_back(r.tokens);
+  }
+  auto find = [&](int tokens, const std::string& wire) -> const SizeResult* {
+    for (const SizeResult& r : results) {
+      if (r.tokens == tokens && r.wire == wire) return &r;
+    }
+    return nullptr;
+  };
+  std::printf(
+      "#\n# wires side by side: avg over iterations (us); fp8 dispatch = the fp8 wire's, or fp8_dispatch's where "
+      "fp8 was skipped;\n#   q+disp = the reference quantize kernel + the AS_IS dispatch of its FP8 rows\n");
+  std::printf("# %7s | %9s %9s %9s %9s %9s %9s %9s | %7s %7s %8s %8s %7s\n", "tokens", "as_is_d", "as_is_c", "fp8_d",
+              "fp8_c", "quantize", "q+disp", "fp8d_d", "D/as_is", "C/as_is", "D-as_is", "C-as_is", "fp8/sep");
+  auto cell = [](const SizeResult* r, const PhaseTiming SizeResult::*phase) {
+    if (r) {
+      std::printf(" %9.2f", (r->*phase).step.avg);
+    } else {
+      std::printf(" %9s", "-");
+    }
+  };
+  for (int t : sizes) {
+    const SizeResult* as_is = find(t, "as_is");
+    const SizeResult* fp8 = find(t, "fp8");
+    const SizeResult* fp8d = find(t, "fp8_dispatch");
+    const SizeResult* sep = find(t, "quantize+as_is");
+    const SizeResult* in_kernel = fp8 ? fp8 : fp8d;  // the in-kernel quantizing dispatch
+    std::printf("  %7d |", t);
+    cell(as_is, &SizeResult::dispatch);
+    cell(as_is, &SizeResult::combine);
+    cell(fp8, &SizeResult::dispatch);
+    cell(fp8, &SizeResult::combine);
+    cell(sep, &SizeResult::quantize);
+    cell(sep, &SizeResult::quantize_dispatch);
+    cell(fp8d, &SizeResult::dispatch);
+    std::printf(" |");
+    auto ratio = [](double a, double b) {
+      if (b > 0) {
+        std::printf(" %7.3f", a / b);
+      } else {
+        std::printf(" %7s", "-");
+      }
+    };
+    auto diff = [](bool have, double a, double b) {
+      if (have) {
+        std::printf(" %+8.2f", a - b);
+      } else {
+        std::printf(" %8s", "-");
+      }
+    };
+    const bool d = in_kernel && as_is, c = fp8 && as_is;
+    ratio(d ? in_kernel->dispatch.step.avg : 0, d ? as_is->dispatch.step.avg : 0);
+    ratio(c ? fp8->combine.step.avg : 0, c ? as_is->combine.step.avg : 0);
+    diff(d, d ? in_kernel->dispatch.step.avg : 0, d ? as_is->dispatch.step.avg : 0);
+    diff(c, c ? fp8->combine.step.avg : 0, c ? as_is->combine.step.avg : 0);
+    const bool q = in_kernel && sep && sep->has_quantize;
+    ratio(q ? in_kernel->dispatch.step.avg : 0, q ? sep->quantize_dispatch.step.avg : 0);
+    std::printf("\n");
+  }
+  std::printf(
+      "#   D/as_is, C/as_is: fp8 dispatch and combine time over AS_IS's; D-as_is, C-as_is: the same as differences "
+      "(us);\n#   fp8/sep: in-kernel quantizing dispatch over q+disp (-: a wire missing)\n");
+  std::printf(
+      "#   targets (DeepSeek shape, bf16 rows, 2 GPUs): D/as_is <= 0.60 and C/as_is <= 0.65 at 4096 tokens, "
+      "D-as_is and C-as_is <= +1 us at 128 tokens, fp8/sep <= 0.85 at 4096 tokens\n");
+  std::fflush(stdout);
+}
+
 bool BenchReport::print_footer(const BenchResults& all) const {
   int64_t wrong = 0;
   double dispatch_bw = 0, combine_bw = 0;
@@ -363,6 +458,9 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
       .field("micro_batch_overlap", o_.micro_batch_overlap)
       .field("no_sm_held", o_.no_sm_held)
       .field("layout", o_.layout)
+      .field("wire", o_.wire)
+      .field("wire_scale", o_.wire_scale)
+      .field("dispatch_dequantize", o_.dispatch_dequantize)
       .field("expert_alignment", o_.expert_alignment)
       .field("expert_capacity", o_.expert_capacity)
       .field("expert_packed_rows", o_.expert_packed_rows)
@@ -396,11 +494,13 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
     j.begin_object();
     j.field("tokens_per_rank", r.tokens);
     j.field("layout", r.layout);
+    j.field("wire", r.wire);
     j.key("bytes").begin_object();
     j.field("dispatch_remote", dn)
         .field("dispatch_alg", da)
         .field("dispatch_sel", t.mean_sel_bytes(t.dispatch_row_bytes));
     j.field("combine_remote", cn).field("combine_alg", ca).field("combine_sel", t.mean_sel_bytes(t.combine_row_bytes));
+    j.field("dispatch_row", int64_t(t.dispatch_row_bytes)).field("combine_row", int64_t(t.combine_row_bytes));
     j.key("rows").values(t.rows).key("valid_picks").values(t.picks);
     j.end_object();
     j.key("moe_ep").begin_object();
@@ -410,6 +510,10 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
     if (r.has_user) {
       write_phase_json(j, "user_permute", r.permute, -1, -1);
       write_phase_json(j, "user_unpermute", r.unpermute, -1, -1);
+    }
+    if (r.has_quantize) {  // quantize+as_is: the reference quantize kernel, and it + the dispatch
+      write_phase_json(j, "reference_quantize", r.quantize, -1, -1);
+      write_phase_json(j, "quantize_plus_dispatch", r.quantize_dispatch, -1, -1);
     }
     j.field("wrong_dispatch", r.wrong_dispatch).field("wrong_combine", r.wrong_combine);
     j.field("launches_queued_ahead", !r.gate_expired);
@@ -437,6 +541,11 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
   if (!all.layouts_skipped.empty()) {
     j.key("layouts_skipped").begin_object();
     for (const auto& [layout, why] : all.layouts_skipped) j.field(layout, why);
+    j.end_object();
+  }
+  if (!all.wires_skipped.empty()) {
+    j.key("wires_skipped").begin_object();
+    for (const auto& [wire, why] : all.wires_skipped) j.field(wire, why);
     j.end_object();
   }
   if (o_.decode_step) write_decode_step_json(j, all);

@@ -27,6 +27,10 @@ class BenchReport {
   // largest workload), and the layouts side by side after the last one.
   void print_layout_heading(const WorkloadSpec& largest, const std::string& layout) const;
   void print_layouts(const std::vector<SizeResult>& results) const;
+  // --wire: the heading of one wire's table (what crosses per row; largest:
+  // its largest workload), and the wires side by side after the last one.
+  void print_wire_heading(const WorkloadSpec& largest, const std::string& wire) const;
+  void print_wires(const std::vector<SizeResult>& results) const;
   // One "# <line>" (root only).
   void print_note(const std::string& line) const;
   // A mode that cannot run here: "# <what>: skipped: <why>".

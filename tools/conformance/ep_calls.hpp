@@ -42,6 +42,9 @@ class DispatchInputs {
   // The send half on buffer slot `slot` (docs/overlap.md).
   moe_ep_status_t dispatch_send(moe_ep_handle_t handle, int32_t slot, const WorkloadSpec& spec, void* stream);
   int num_tokens() const { return num_tokens_; }
+  // The payload buffers dispatch reads (bench --wire quantize+as_is writes its rows there).
+  void* hidden() const { return hidden_.data(); }
+  void* scales() const { return scales_.data(); }
 
  private:
   Place place_;

@@ -183,6 +183,17 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
                    "all (the four, then a table of them side by side)")
       ->check(CLI::IsMember({"rank_major", "expert_major", "expert_packed", "rank_major+user", "all"}));
   bench
+      ->add_option("--wire", o.wire,
+                   "the sweep's wire format: as_is | fp8 (dispatch_wire and combine_wire FP8_E4M3_BLOCK128) | "
+                   "fp8_dispatch (dispatch_wire only) | quantize+as_is (a reference quantize kernel, then an AS_IS "
+                   "dispatch of the e4m3 rows and fp32 scales; GPU) | all (the four, then a table of them side by "
+                   "side); bytes counted as they cross")
+      ->check(CLI::IsMember({"as_is", "fp8", "fp8_dispatch", "quantize+as_is", "all"}));
+  bench->add_option("--wire-scale", o.wire_scale, "params->wire_scale of an FP8 wire: fp32 | ue8m0")
+      ->check(CLI::IsMember({"fp32", "ue8m0"}));
+  bench->add_flag("--dispatch-dequantize", o.dispatch_dequantize,
+                  "params->dispatch_dequantize with an FP8 dispatch wire (rows arrive dequantized to --dtype)");
+  bench
       ->add_option("--expert-alignment", o.expert_alignment,
                    "params->expert_alignment of EXPERT_PACKED, and the reference kernels' alignment (0 = 1)")
       ->check(integer_in(0, 256));
@@ -236,6 +247,17 @@ std::string bad_combination(const CLI::App* bench_app, const BenchOptions& o) {
     return "--layout: expected rank_major (the default) with --decode-step, --overlap-gemm, --micro-batch-overlap "
            "and --no-sm-held (--expert-gemm grouped runs them in EXPERT_PACKED), got " +
            o.layout;
+  }
+  if (o.special_mode() && o.wire != "as_is") {
+    return "--wire: expected as_is (the default) with --decode-step, --overlap-gemm, --micro-batch-overlap and "
+           "--no-sm-held, got " +
+           o.wire;
+  }
+  if (o.wire == "all" && o.layout == "all") {
+    return "--wire all: expected one --layout with it (each table side by side varies one of them), got --layout all";
+  }
+  if (o.wire != "as_is" && o.dtype == "fp8") {
+    return "--wire " + o.wire + ": expected --dtype bf16, fp16 or fp32 (the rows the wire quantizes), got fp8";
   }
   if (o.expert_gemm == "grouped" && !o.decode_step && !o.micro_batch_overlap) {
     return "--expert-gemm grouped: expected with --decode-step or --micro-batch-overlap, got neither";

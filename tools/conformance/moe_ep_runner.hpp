@@ -50,6 +50,7 @@ class MicroBatch {
   void* expert_target() const;
   const WorkloadSpec& spec() const { return spec_; }
   const std::vector<RankRouting>& routing() const { return *all_; }
+  const DispatchInputs& inputs() const { return inputs_; }
 
  private:
   int me() const { return s_.world().rank; }
@@ -115,6 +116,7 @@ class MoeEpRunner {
   const moe_ep_dispatch_result_t& dispatch_result() const { return batch_.dispatch_result(); }
   void* expert_target() const { return batch_.expert_target(); }
   const WorkloadSpec& spec() const { return batch_.spec(); }
+  const DispatchInputs& inputs() const { return batch_.inputs(); }
   const Session& session() const { return s_; }
   moe_ep_handle_t handle() const { return handle_.get(); }
 

@@ -1,6 +1,10 @@
 #include "traffic.hpp"
 
+#include "wire_oracle.hpp"
+
 namespace moe_ep_tool {
+
+uint64_t fp8_wire_row_bytes(int64_t elems) { return uint64_t(elems) + uint64_t(oracle_wire_blocks(elems)) * 4; }
 
 int64_t Traffic::remote_rows(int s) const {
   int64_t n = 0;
@@ -37,8 +41,9 @@ Traffic measure_traffic(const WorkloadSpec& spec, const std::vector<RankRouting>
   t.world = spec.world;
   t.rows.assign(size_t(spec.world) * spec.world, 0);
   t.picks.assign(spec.world, 0);
-  t.dispatch_row_bytes = spec.hidden_row_bytes() + spec.scale_row_bytes();
-  t.combine_row_bytes = spec.combine_row_bytes();
+  t.dispatch_row_bytes =
+      spec.fp8_dispatch() ? fp8_wire_row_bytes(spec.row_elems()) : spec.hidden_row_bytes() + spec.scale_row_bytes();
+  t.combine_row_bytes = spec.fp8_combine() ? fp8_wire_row_bytes(spec.hidden_size) : spec.combine_row_bytes();
   for (int s = 0; s < spec.world; ++s) {
     const RankRouting& r = all[s];
     for (int tok = 0; tok < r.num_tokens; ++tok) {
@@ -54,6 +59,8 @@ std::vector<std::string> traffic_formulas(const std::string& link, const std::st
       "rows(s->d) = tokens of rank s with >= 1 valid pick owned by rank d (sent once per rank, not per expert)",
       "B_dispatch = hidden_row_bytes + scale_row_bytes (ids and weights, 8*top_k B per row, not counted)",
       "B_combine = hidden_size * sizeof(combine dtype)",
+      "FP8 wire (--wire): B of an FP8 direction = n + ceil(n / 128) * 4 (e4m3 codes and fp32 scales of an n-element "
+      "row: n = hidden_row_elems in dispatch, hidden_size in combine) instead of the row's own bytes",
       link + "_bytes = mean over ranks s of sum_{d != s} rows(s->d) * B  (bytes that " + crossing + ", each direction)",
       "alg_bytes = mean over ranks s of sum_{d} rows(s->d) * B  (local rows included)",
       "sel_bytes = mean over ranks s of valid_picks(s) * B  (per expert, not deduplicated)",

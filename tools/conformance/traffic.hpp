@@ -4,6 +4,9 @@
 //   B_dispatch   hidden_row_bytes + scale_row_bytes (payload; the 8*top_k
 //                bytes of ids and weights per row are not counted)
 //   B_combine    hidden_size * sizeof(combine dtype)
+//   FP8 wire     a direction with an FP8 wire moves n + ceil(n / 128) * 4 bytes
+//                per row of n elements (e4m3 codes, fp32 scales) instead
+//                (what crosses, not what the caller passes or receives)
 //   remote bytes of rank s: sum over d != s of rows(s->d) * B   (leave the
 //                rank: cross NVLink on the nvlink backend)
 //   alg bytes    of rank s: sum over all d of rows(s->d) * B    (local rows too;
@@ -38,6 +41,9 @@ struct Traffic {
   double mean_alg_bytes(uint64_t row_bytes) const;
   double mean_sel_bytes(uint64_t row_bytes) const;
 };
+
+// The bytes an FP8_E4M3_BLOCK128 wire moves for a row of `elems` elements.
+uint64_t fp8_wire_row_bytes(int64_t elems);
 
 Traffic measure_traffic(const WorkloadSpec& spec, const std::vector<RankRouting>& all);
 
