@@ -23,11 +23,11 @@ constexpr float kE4m3Max = 448.0f;
 __device__ inline float bf16_bits_to_float(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
 
 // The block's scale from its amax over the finite elements (docs/semantics.md).
-__device__ inline float block_scale(float amax, bool ue8m0) {
+__host__ __device__ inline float block_scale(float amax, bool ue8m0) {
   if (amax == 0.0f) return 1.0f;
   if (!ue8m0) {
     const float s = amax / kE4m3Max;
-    return s == 0.0f ? __uint_as_float(1u) : s;  // underflow: the smallest positive fp32
+    return s == 0.0f ? 0x1p-149f : s;  // underflow: the smallest positive fp32
   }
   // The smallest e >= -127 with 448 * 2^e >= amax: amax = f * 2^x, f in
   // [0.5, 1), and 448 = 0.875 * 2^9, so e = x - 9 when f <= 0.875, else x - 8.
@@ -37,7 +37,7 @@ __device__ inline float block_scale(float amax, bool ue8m0) {
   return ldexpf(1.0f, e);
 }
 
-__device__ inline uint8_t e4m3_code(float x, float scale) {
+__host__ __device__ inline uint8_t e4m3_code(float x, float scale) {
   if (isnan(x)) return 0x7F;
   const float q = x / scale;  // one fp32 division, round to nearest even
   if (isinf(q)) return q < 0 ? 0xFE : 0x7E;
@@ -69,7 +69,7 @@ __global__ void quantize_kernel(const uint16_t* rows, int64_t num_rows, int row_
       for (int j = 0; j < 4; ++j) present[j] = true;
     } else {
       for (int j = 0; j < 4; ++j) {
-        present[j] = first + j < row_elems && first + j < (block + 1) * 128;
+        present[j] = first + j < row_elems;  // the last block may be short
         x[j] = present[j] ? bf16_bits_to_float(src[first + j]) : 0.0f;
       }
     }
