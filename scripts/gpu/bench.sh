@@ -14,6 +14,13 @@
 #       $OUT/latency.json and $OUT/latency_same_gpu.json (docs/latency_budget.md).
 #   bash scripts/gpu/bench.sh bw [ARG...]   moe_ep_latency_probe --only bw: GB/s
 #       per GPU and per SM ($OUT/bw.json).
+#   bash scripts/gpu/bench.sh formats   the receive layouts and the wire formats
+#       in the DeepSeek shape at 128 and 4096 tokens per rank, CUDA-graph
+#       replays: bench --layout all (alignment 128, expert_rows 40960) into
+#       $OUT/layouts.json, bench --wire all into $OUT/wire.json (the side-by-side
+#       tables hold every ratio the targets name), the decode step with the
+#       grouped-GEMM expert ($OUT/decode_grouped.json), and the NCCL backend's
+#       --wire all ($OUT/wire_nccl.json).
 # Settings: OUT, BUILD, DEPS, CUDA_ARCH, JOBS, BUDGET (scripts/gpu/steps.sh);
 # TOKENS (default 1,128,512,4096), SMS (default "24 16 8", empty for none).
 set -uo pipefail
@@ -34,7 +41,20 @@ if [ "$what" = latency ] || [ "$what" = bw ]; then
   fi
   finish
 fi
-[ "$what" = bench ] || { echo "usage: bench.sh [bench | latency | bw] [ARG...]" >&2; exit 2; }
+if [ "$what" = formats ]; then
+  build_step moe_ep_conformance
+  TOOL=$BUILD/tools/moe_ep_conformance
+  MPI2="mpirun -np 2 --bind-to none"
+  F="bench --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform --graph -t 128,4096 -w 10 -n 40 --no-baselines"
+  NPICK=12 PICK="^ +[0-9]+ " step layouts 240 $MPI2 $TOOL $F --backend nvlink --layout all --expert-alignment 128 \
+    --expert-packed-rows 40960 --json "$OUT/layouts.json"
+  NPICK=12 PICK="^ +[0-9]+ " step wire 240 $MPI2 $TOOL $F --backend nvlink --wire all --json "$OUT/wire.json"
+  NPICK=8 PICK="^ +[0-9]+ " step decode_grouped 180 $MPI2 $TOOL bench --backend nvlink --decode-step \
+    --expert-gemm grouped --expert-alignment 128 -G --json "$OUT/decode_grouped.json"
+  NPICK=12 PICK="^ +[0-9]+ " step wire_nccl 240 $MPI2 $TOOL $F --backend nccl --wire all --json "$OUT/wire_nccl.json"
+  finish
+fi
+[ "$what" = bench ] || { echo "usage: bench.sh [bench | latency | bw | formats] [ARG...]" >&2; exit 2; }
 
 build_step moe_ep_conformance
 TOOL=$BUILD/tools/moe_ep_conformance
