@@ -373,6 +373,9 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
     }
     const bool user = layout == "rank_major+user";
     std::string skipped = user ? user_permute_refusal(session.on_gpu(), sweep.largest()) : "";
+    if (skipped.empty() && user && wire != "as_is") {
+      skipped = "the reference permute kernels move the rows of an AS_IS wire (--wire as_is), without scales";
+    }
     const bool separate = wire == "quantize+as_is";
     if (skipped.empty() && separate) {
       skipped = reference_quantize_refusal(session.on_gpu(), quantize_source(one, sweep.largest()));
