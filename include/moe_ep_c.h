@@ -552,6 +552,51 @@ MOE_EP_API const char* moe_ep_path_name(int32_t path);
 MOE_EP_API moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle,
                                                   moe_ep_status_t* status);
 
+/* ------------------------------------------------------------------------ */
+/* Health and the active-rank mask (docs/semantics.md, "Active ranks")       */
+/* ------------------------------------------------------------------------ */
+
+/* What moe_ep_poll_health reports. */
+typedef struct moe_ep_health_t {
+  uint32_t struct_size;
+  moe_ep_status_t status; /* the handle's error state: SUCCESS, or the sticky
+                             status that broke it (TIMEOUT, CUDA, INTERNAL),
+                             its message in moe_ep_last_error()            */
+  int32_t failed_rank;    /* the peer a timeout named; -1 when none is known */
+  int32_t active_count;   /* ranks active in the current mask             */
+  uint64_t mask_epoch;    /* 0 at create, +1 per moe_ep_set_active_ranks   */
+} moe_ep_health_t;
+
+/* Zeroes the struct (failed_rank = -1); struct_size: sizeof(moe_ep_health_t)
+ * of the caller's header. */
+MOE_EP_API moe_ep_status_t moe_ep_health_init(moe_ep_health_t* health, size_t struct_size);
+
+/* The handle's health, from host memory only: never synchronises with the
+ * device, never waits for a peer, never blocks (a few loads; a server may call
+ * it every step).  Reads the handle's sticky error and, on NVLINK_TWO_SIDED,
+ * the host-mapped word the device's timeout watch writes, so a timeout a
+ * kernel found is reported before any query synchronises; elsewhere it reports
+ * what the host knows.  Device errors that only a synchronising query finds
+ * (bad expert ids) are left to moe_ep_get_async_error.  Writes health up to
+ * its struct_size.  Local; follows the handle's threading rule. */
+MOE_EP_API moe_ep_status_t moe_ep_poll_health(moe_ep_handle_t handle, moe_ep_health_t* health);
+
+/* Copies the current mask: active[r] = 1 if rank r is active, 0 if not.
+ * world_size must be the handle's.  Local, non-blocking. */
+MOE_EP_API moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8_t* active, int32_t world_size);
+
+/* Replaces the mask (active[r] != 0: rank r active).  Collective over every
+ * rank of the group, each passing the same mask (a disagreement fails on every
+ * rank with INVALID_ARGUMENT naming the first differing rank); at least one
+ * rank stays active; no pair in flight on any slot (INVALID_STATE otherwise).
+ * Takes effect from the next dispatch; mask_epoch increments.  On HOST an
+ * inactive rank still makes every collective call, in the same order (the
+ * bootstrap's allgather gathers from the whole group): its dispatch sends and
+ * receives nothing, its combine output is zeros.  Only the HOST
+ * backend has masks other than all-active yet: NVLINK_TWO_SIDED and NCCL
+ * answer UNSUPPORTED for them (all-active is accepted). */
+MOE_EP_API moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* active, int32_t world_size);
+
 /* Collective when the group is healthy; releases everything and sets *handle
  * to NULL.  *handle == NULL (or handle == NULL) is a no-op.  Never hangs: after
  * a timeout it releases local resources without waiting for peers (a bootstrap

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/call_path.hpp"
 #include "moe_ep_c.h"
@@ -59,6 +60,14 @@ struct CombineCall {
   bool expert_output_is_workspace = false;
 };
 
+// What a backend's host memory says about the group, without touching the
+// device or a peer (moe_ep_poll_health).
+struct HostHealth {
+  moe_ep_status_t status = MOE_EP_SUCCESS;  // a sticky failure the host can see, SUCCESS if none
+  int32_t failed_rank = -1;                 // the peer it names, -1 if none
+  std::string message;                      // set when status is not SUCCESS
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -86,6 +95,16 @@ class Backend {
   virtual void* combine_recv(int32_t slot, void* output, void* stream);
   // First error found on the device since the last poll (SUCCESS if none).
   virtual moe_ep_status_t poll_async_error(std::string* message) = 0;
+  // Host-visible device state only: never synchronises, never blocks.  The
+  // default, for backends with no host-mapped device state, knows nothing.
+  virtual HostHealth host_health() const { return HostHealth{}; }
+  // The active-rank mask from the next dispatch on (docs/semantics.md,
+  // "Active ranks").  Collective over the group: `local_status` is this
+  // rank's outcome of the handle's checks, agreed before anything is
+  // exchanged, so a rank that refused fails every rank instead of hanging them.
+  // The default accepts only the all-active mask (UNSUPPORTED otherwise).
+  virtual void set_active_ranks(const std::vector<uint8_t>& active, moe_ep_status_t local_status,
+                                const std::string& local_message);
   // Release everything; collective when the group is healthy, never hangs.
   virtual void shutdown() noexcept = 0;
 

@@ -197,6 +197,41 @@ moe_ep_status_t moe_ep_get_async_error(moe_ep_handle_t handle, moe_ep_status_t* 
   return rc;
 }
 
+moe_ep_status_t moe_ep_health_init(moe_ep_health_t* health, size_t struct_size) {
+  moe_ep_health_t defaults{};
+  defaults.struct_size = sizeof(defaults);
+  defaults.failed_rank = -1;
+  return guarded([&] { moe_ep::init_versioned(health, struct_size, defaults, "health"); });
+}
+
+moe_ep_status_t moe_ep_poll_health(moe_ep_handle_t handle, moe_ep_health_t* health) {
+  std::string message;
+  const moe_ep_status_t rc = guarded([&] {
+    require_handle(handle);
+    require_out(health, "health");
+    moe_ep::check_output_struct(health, "health");
+    const moe_ep_health_t found = moe_ep::poll_health(*handle);
+    message = moe_ep::last_error();
+    moe_ep::write_versioned(health, found, "health");
+  });
+  if (rc == MOE_EP_SUCCESS) moe_ep::set_last_error(message);  // the failure's message, readable after the call
+  return rc;
+}
+
+moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8_t* active, int32_t world_size) {
+  return guarded([&] {
+    require_handle(handle);
+    moe_ep::get_active_ranks(*handle, active, world_size);
+  });
+}
+
+moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* active, int32_t world_size) {
+  return guarded([&] {
+    require_handle(handle);
+    moe_ep::set_active_ranks(*handle, active, world_size);
+  });
+}
+
 moe_ep_status_t moe_ep_destroy(moe_ep_handle_t* handle) {
   return guarded([&] {
     if (handle == nullptr || *handle == nullptr) return;  // idempotent

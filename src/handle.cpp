@@ -110,6 +110,7 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   // rank once the backend and the parameters are agreed.
   check_backend_capabilities(handle->config.backend, handle->layout, handle->config.micro_batches);
   handle->slots.resize(static_cast<size_t>(handle->config.micro_batches));
+  handle->active.assign(static_cast<size_t>(handle->layout.world_size), 1);
 
   handle->backend =
       backend_entry(handle->config.backend).create(handle->layout, handle->config, bootstrap, std::move(exchange));
@@ -552,6 +553,93 @@ moe_ep_status_t poll_async_error(moe_ep_handle_s& h) {
 }
 
 int32_t backend_of(const moe_ep_handle_s& h) { return h.config.backend; }
+
+// Only what the host already holds: the handle's sticky state and the
+// backend's host-visible device state (a host-mapped word), nothing that waits.
+moe_ep_health_t poll_health(moe_ep_handle_s& h) {
+  moe_ep_health_t out{};
+  out.struct_size = sizeof(out);
+  if (!h.health.broken()) {
+    HostHealth seen = h.backend->host_health();
+    if (seen.status != MOE_EP_SUCCESS) h.health.record(seen.status, seen.message, seen.failed_rank);
+  }
+  out.status = h.health.status();
+  out.failed_rank = h.health.failed_rank();
+  int32_t count = 0;
+  for (uint8_t a : h.active) count += a ? 1 : 0;
+  out.active_count = count;
+  out.mask_epoch = h.mask_epoch;
+  if (h.health.broken()) set_last_error(h.health.message());
+  return out;
+}
+
+namespace {
+
+void check_mask_size(const moe_ep_handle_s& h, const char* call, const void* active, int32_t world_size) {
+  if (active == nullptr) fail_argument(std::string(call) + ": active", "a non-NULL pointer", "NULL");
+  if (world_size != h.layout.world_size) {
+    fail_argument(std::string(call) + ": world_size", "the handle's world_size " + std::to_string(h.layout.world_size),
+                  world_size);
+  }
+}
+
+// This rank's half of moe_ep_set_active_ranks, before anything is exchanged.
+std::vector<uint8_t> local_mask(const moe_ep_handle_s& h, const uint8_t* active, int32_t world_size) {
+  constexpr const char* call = "moe_ep_set_active_ranks";
+  check_mask_size(h, call, active, world_size);
+  std::vector<uint8_t> mask(static_cast<size_t>(world_size));
+  int32_t count = 0;
+  for (int32_t r = 0; r < world_size; ++r) {
+    mask[static_cast<size_t>(r)] = active[r] ? 1 : 0;
+    count += mask[static_cast<size_t>(r)];
+  }
+  if (count == 0) fail_argument(std::string(call) + ": active", "at least one rank active", "every rank inactive");
+  for (size_t i = 0; i < h.slots.size(); ++i) {
+    const SlotState st = h.slots[i].state;
+    if (st != SlotState::idle) {
+      fail(MOE_EP_ERROR_INVALID_STATE, call, ": expected every slot IDLE (a mask changes between pairs, from the ",
+           "next dispatch on), got slot ", i, " in state ", state_name(st), " (", state_advice(st),
+           "); nothing was done, the handle stays usable");
+    }
+  }
+  return mask;
+}
+
+}  // namespace
+
+void get_active_ranks(const moe_ep_handle_s& h, uint8_t* active, int32_t world_size) {
+  check_mask_size(h, "moe_ep_get_active_ranks", active, world_size);
+  std::memcpy(active, h.active.data(), h.active.size());
+}
+
+void set_active_ranks(moe_ep_handle_s& h, const uint8_t* active, int32_t world_size) {
+  h.health.guard([&] {
+    std::vector<uint8_t> mask(h.active.size(), 1);
+    moe_ep_status_t local = MOE_EP_SUCCESS;
+    std::string message;
+    try {
+      mask = local_mask(h, active, world_size);
+    } catch (...) {
+      local = status_of_current_exception(&message);
+    }
+    h.backend->set_active_ranks(mask, local, message);  // agreed over the group: fails on every rank or none
+    h.active = std::move(mask);
+    ++h.mask_epoch;
+  });
+}
+
+// Backends without masks: a local refusal as it is, the all-active mask
+// accepted (nothing changes), any other UNSUPPORTED.
+void Backend::set_active_ranks(const std::vector<uint8_t>& active, moe_ep_status_t local_status,
+                               const std::string& local_message) {
+  if (local_status != MOE_EP_SUCCESS) throw Error(local_status, local_message);
+  for (size_t r = 0; r < active.size(); ++r) {
+    if (!active[r]) {
+      fail(MOE_EP_ERROR_UNSUPPORTED, "moe_ep_set_active_ranks: the ", name(),
+           " backend has no active-rank mask yet (only the all-active mask); got rank ", r, " inactive");
+    }
+  }
+}
 
 int32_t last_path_of(const moe_ep_handle_s& h, int32_t phase) { return h.backend->paths.last(phase); }
 

@@ -47,6 +47,11 @@ struct moe_ep_handle_s {
   // A timeout, a CUDA failure or an internal error makes the handle unusable;
   // later calls return it (handle_health.hpp).
   moe_ep::HandleHealth health;
+
+  // The active-rank mask (docs/semantics.md, "Active ranks"): 1 active, 0 not;
+  // all ranks active at create.  mask_epoch counts the updates.
+  std::vector<uint8_t> active;
+  uint64_t mask_epoch = 0;
 };
 
 namespace moe_ep {
@@ -75,6 +80,12 @@ void combine_recv(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* outpu
                   void* stream);
 moe_ep_status_t poll_async_error(moe_ep_handle_s& h);
 int32_t backend_of(const moe_ep_handle_s& h);
+// moe_ep_poll_health: host state only, never blocks; the message of a
+// failure goes to the thread's last error.
+moe_ep_health_t poll_health(moe_ep_handle_s& h);
+// moe_ep_get_active_ranks / moe_ep_set_active_ranks (the latter collective).
+void get_active_ranks(const moe_ep_handle_s& h, uint8_t* active, int32_t world_size);
+void set_active_ranks(moe_ep_handle_s& h, const uint8_t* active, int32_t world_size);
 // The path of the last call of `phase` (MOE_EP_PHASE_*, checked by the caller).
 int32_t last_path_of(const moe_ep_handle_s& h, int32_t phase);
 void destroy_handle(moe_ep_handle_s* h) noexcept;

@@ -25,6 +25,8 @@ class HandleHealth {
 
   bool broken() const noexcept { return status_ != MOE_EP_SUCCESS; }
   moe_ep_status_t status() const noexcept { return status_; }
+  // The peer the recorded failure named (a timeout the device watch found), -1 if none.
+  int32_t failed_rank() const noexcept { return failed_rank_; }
   const std::string& message() const noexcept { return message_; }
 
   // Throws the recorded failure, if any.
@@ -33,9 +35,10 @@ class HandleHealth {
   }
 
   // Keeps the first sticky failure; any other status, or a later failure, is ignored.
-  void record(moe_ep_status_t status, const std::string& message) noexcept {
+  void record(moe_ep_status_t status, const std::string& message, int32_t failed_rank = -1) noexcept {
     if (broken() || !is_sticky(status)) return;
     status_ = status;
+    failed_rank_ = failed_rank;
     try {
       message_ = message;
     } catch (...) {  // out of memory copying the message: the status alone
@@ -60,6 +63,7 @@ class HandleHealth {
 
  private:
   moe_ep_status_t status_ = MOE_EP_SUCCESS;
+  int32_t failed_rank_ = -1;
   std::string message_;
 };
 

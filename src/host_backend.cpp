@@ -37,7 +37,7 @@ struct DispatchHeader {
 struct RecordStamp {
   uint64_t sequence;
   int32_t num_tokens;
-  int32_t reserved;
+  uint32_t mask_epoch;  // the sender's active-rank mask updates (low 32 bits): the same mask on every rank
 };
 
 // What one rank contributes to a dispatch, packed into a fixed-size record so
@@ -113,7 +113,8 @@ class HostBackend final : public Backend {
       : layout_(layout),
         wire_(wire_layout(layout)),
         exchange_(std::move(exchange)),
-        slots_(static_cast<size_t>(slots)) {
+        slots_(static_cast<size_t>(slots)),
+        active_(static_cast<size_t>(layout.world_size), 1) {
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(layout_.max_tokens_per_rank));
     const uint64_t picks = checked_mul(rows, static_cast<uint64_t>(layout_.top_k), "receive picks");
     for (HostSlot& slot : slots_) {
@@ -166,8 +167,17 @@ class HostBackend final : public Backend {
     const RecordLayout rec(wire_, call.tokens_per_rank);
     std::vector<DispatchHeader> headers = exchange_headers(slot_index, call, rec);
     record_bad_ids(call);
-    std::vector<uint8_t> record = pack_record(call, rec);
-    std::vector<int32_t> my_ids(call.topk_ids, call.topk_ids + static_cast<size_t>(call.num_tokens) * layout_.top_k);
+    const size_t picks = static_cast<size_t>(call.num_tokens) * layout_.top_k;
+    // Under a mask this rank routes as if the inactive ranks' experts did not
+    // exist (and an inactive rank routes nothing): the record, the library's
+    // EPLB count and combine's routing all see the masked picks.
+    std::vector<int32_t> my_ids(call.topk_ids, call.topk_ids + picks);
+    DispatchCall routed = call;
+    if (!all_active_) {
+      mask_picks(my_ids.data(), static_cast<int64_t>(picks), active_[static_cast<size_t>(layout_.rank)] != 0);
+      routed.topk_ids = my_ids.data();
+    }
+    std::vector<uint8_t> record = pack_record(routed, rec);
     slot.headers = std::move(headers);
     slot.record = std::move(record);
     slot.my_ids = std::move(my_ids);  // combine needs this rank's routing after the caller reused its input
@@ -193,6 +203,10 @@ class HostBackend final : public Backend {
     for (int32_t s = 0; s < world; ++s) {
       const uint8_t* r = all.data() + rec.size * s;
       check_stamp(s, r, headers[s]);
+      if (!all_active_) {  // a peer's record is not trusted to be masked
+        mask_picks(reinterpret_cast<int32_t*>(all.data() + rec.size * s + rec.ids_offset),
+                   static_cast<int64_t>(headers[s].num_tokens) * layout_.top_k, active_[static_cast<size_t>(s)] != 0);
+      }
       sources[s].num_tokens = headers[s].num_tokens;  // checked against tokens_per_rank
       sources[s].topk_ids = reinterpret_cast<const int32_t*>(r + rec.ids_offset);
       sources[s].topk_weights =
@@ -314,6 +328,28 @@ class HostBackend final : public Backend {
     return s;
   }
 
+  // Agrees on the outcome of every rank's checks, then on the mask itself:
+  // every rank compares every rank's mask with rank 0's, so all of them fail
+  // (or succeed) with the same answer.
+  void set_active_ranks(const std::vector<uint8_t>& active, moe_ep_status_t local_status,
+                        const std::string& local_message) override {
+    exchange_->agree(local_status, local_message);
+    const size_t world = static_cast<size_t>(layout_.world_size);
+    std::vector<uint8_t> all(world * world);
+    exchange_->allgather(active.data(), all.data(), world, "HOST set_active_ranks: masks");
+    for (size_t s = 1; s < world; ++s) {
+      if (std::memcmp(all.data() + s * world, all.data(), world) != 0) {
+        fail(MOE_EP_ERROR_INVALID_ARGUMENT,
+             "moe_ep_set_active_ranks: active: every rank must pass the same mask; rank ", s, " passed ",
+             mask_text(all.data() + s * world), ", rank 0 ", mask_text(all.data()));
+      }
+    }
+    active_ = active;
+    all_active_ = true;
+    for (uint8_t a : active_) all_active_ = all_active_ && a != 0;
+    ++mask_epoch_;
+  }
+
   // Nothing to tell the peers; the exchange's destructor joins an idle worker
   // and leaves one stuck in a callback behind (see bounded_exchange.hpp).
   void shutdown() noexcept override {}
@@ -372,11 +408,16 @@ class HostBackend final : public Backend {
            "'s record (dispatch #", stamp.sequence, ", num_tokens ", stamp.num_tokens,
            ") does not match its header (dispatch #", h.sequence, ", num_tokens ", h.num_tokens, ")");
     }
+    if (stamp.mask_epoch != static_cast<uint32_t>(mask_epoch_)) {
+      fail(MOE_EP_ERROR_INVALID_INPUT, "dispatch on rank ", layout_.rank, ": ", peer(s), " is at active-rank mask #",
+           stamp.mask_epoch, ", this rank at #", static_cast<uint32_t>(mask_epoch_),
+           " (every rank must make the same moe_ep_set_active_ranks calls)");
+    }
   }
 
   std::vector<uint8_t> pack_record(const DispatchCall& call, const RecordLayout& rec) const {
     std::vector<uint8_t> record(bytes(rec.size), 0);
-    const RecordStamp stamp{dispatch_sequence_ - 1, call.num_tokens, 0};
+    const RecordStamp stamp{dispatch_sequence_ - 1, call.num_tokens, static_cast<uint32_t>(mask_epoch_)};
     std::memcpy(record.data(), &stamp, sizeof(stamp));
     const uint64_t T = static_cast<uint64_t>(call.num_tokens);
     const uint64_t picks = T * static_cast<uint64_t>(layout_.top_k);  // <= tokens_per_rank * top_k: fits
@@ -478,6 +519,24 @@ class HostBackend final : public Backend {
     result.dropped_pairs = x.dropped.data();
   }
 
+  // Drops the picks of experts owned by inactive ranks, and every pick of a
+  // token whose source rank is inactive: they read invalid_expert_id.  Bad ids
+  // stay as they are (the model drops them, record_bad_ids reports them).
+  void mask_picks(int32_t* ids, int64_t n, bool source_active) const {
+    const int32_t per_rank = layout_.experts_per_rank();
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t id = ids[i];
+      if (id < 0 || id >= layout_.num_experts) continue;
+      if (!source_active || !active_[static_cast<size_t>(id / per_rank)]) ids[i] = layout_.invalid_expert_id;
+    }
+  }
+
+  std::string mask_text(const uint8_t* mask) const {
+    std::string text = "{";
+    for (int32_t r = 0; r < layout_.world_size; ++r) text += (r ? "," : "") + std::to_string(mask[r]);
+    return text + "}";
+  }
+
   // Bad ids are dropped by the model (they match no rank); remember the first.
   void record_bad_ids(const DispatchCall& call) {
     int32_t token = 0, pick = 0;
@@ -493,6 +552,9 @@ class HostBackend final : public Backend {
   std::shared_ptr<BoundedExchange> exchange_;
   uint64_t dispatch_sequence_ = 0;
   std::vector<HostSlot> slots_;
+  std::vector<uint8_t> active_;  // the active-rank mask: 1 active, 0 not
+  bool all_active_ = true;
+  uint64_t mask_epoch_ = 0;
   moe_ep_status_t async_status_ = MOE_EP_SUCCESS;
   std::string async_message_;
 };

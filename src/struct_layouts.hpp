@@ -123,6 +123,16 @@ struct StructLayout<moe_ep_combine_result_t> {
   static constexpr size_t released_sizes[] = {sizeof(T)};  // 0.1
 };
 
+template <>
+struct StructLayout<moe_ep_health_t> {
+  using T = moe_ep_health_t;
+  static constexpr const char* c_name = "moe_ep_health_t";
+  static constexpr const char* init_name = "moe_ep_health_init";
+  static constexpr size_t field_ends[] = {MOE_EP_FIELD_END(T, status), MOE_EP_FIELD_END(T, failed_rank),
+                                          MOE_EP_FIELD_END(T, active_count), MOE_EP_FIELD_END(T, mask_epoch)};
+  static constexpr size_t released_sizes[] = {sizeof(T)};  // 0.1
+};
+
 #undef MOE_EP_FIELD_END
 
 }  // namespace moe_ep

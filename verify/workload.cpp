@@ -223,6 +223,18 @@ std::vector<RankRouting> make_all_routing(const WorkloadSpec& s) {
   return all;
 }
 
+std::vector<RankRouting> mask_routing(const WorkloadSpec& s, std::vector<RankRouting> all,
+                                      const std::vector<uint8_t>& active) {
+  for (int src = 0; src < s.world; ++src) {
+    for (int32_t& id : all[size_t(src)].topk_ids) {
+      const int dest = s.owner(id);  // -1 for an id outside [0, E)
+      if (dest < 0) continue;
+      if (!active[size_t(src)] || !active[size_t(dest)]) id = s.invalid_expert_id;
+    }
+  }
+  return all;
+}
+
 bool goes_to(const WorkloadSpec& s, const RankRouting& routing, int token, int dest) {
   const int32_t* ids = &routing.topk_ids[size_t(token) * s.top_k];
   for (int k = 0; k < s.top_k; ++k) {

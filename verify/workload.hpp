@@ -104,6 +104,13 @@ struct RankRouting {
 RankRouting make_routing(const WorkloadSpec& spec, int rank);
 std::vector<RankRouting> make_all_routing(const WorkloadSpec& spec);
 
+// The routing the model sees under an active-rank mask (docs/semantics.md,
+// "Active ranks"): every pick of an expert owned by an inactive rank, and
+// every pick of an inactive rank's tokens, becomes invalid_expert_id; token
+// counts and weights stay.  active[r] != 0: rank r active.
+std::vector<RankRouting> mask_routing(const WorkloadSpec& spec, std::vector<RankRouting> all,
+                                      const std::vector<uint8_t>& active);
+
 // Everything rank `rank` passes to dispatch, as host copies.
 struct RankInputs {
   RankRouting routing;

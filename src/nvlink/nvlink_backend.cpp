@@ -368,6 +368,18 @@ class NvlinkBackend final : public Backend {
                        s);
   }
 
+  // The host-mapped timeout mirror the device watch writes: no sync, no wait.
+  HostHealth host_health() const override {
+    HostHealth h;
+    if (mirror_ == nullptr) return h;
+    const uint32_t phase = mirror_->timeout_phase;
+    if (phase == kernels::kPhaseNone) return h;
+    h.status = MOE_EP_ERROR_TIMEOUT;
+    h.failed_rank = mirror_->timeout_peer;
+    h.message = timeout_message(phase, h.failed_rank);
+    return h;
+  }
+
   moe_ep_status_t poll_async_error(std::string* message) override {
     try {
       const DeviceGuard guard(device_);

@@ -37,12 +37,13 @@ void check_init_within(moe_ep_status_t (*init)(T*, size_t), size_t size) {
 void check_inits(FuzzedDataProvider& in) {
   const size_t size =
       in.ConsumeBool() ? in.ConsumeIntegralInRange<size_t>(0, 1024 + kSlack) : in.ConsumeIntegral<size_t>();
-  switch (in.ConsumeIntegralInRange<int>(0, 5)) {
+  switch (in.ConsumeIntegralInRange<int>(0, 6)) {
     case 0: check_init_within(moe_ep_bootstrap_init, size); break;
     case 1: check_init_within(moe_ep_params_init, size); break;
     case 2: check_init_within(moe_ep_config_init, size); break;
     case 3: check_init_within(moe_ep_dispatch_args_init, size); break;
     case 4: check_init_within(moe_ep_dispatch_result_init, size); break;
+    case 5: check_init_within(moe_ep_health_init, size); break;
     default: check_init_within(moe_ep_combine_result_init, size); break;
   }
 }
@@ -211,7 +212,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   int32_t tpr = static_cast<int32_t>(M);
   for (int op = 0; op < 6 && in.remaining_bytes() > 0; ++op) {
-    switch (in.ConsumeIntegralInRange<int>(0, 3)) {
+    switch (in.ConsumeIntegralInRange<int>(0, 4)) {
       case 0: {  // dispatch
         const int64_t T = in.ConsumeIntegralInRange<int64_t>(0, M);
         FuzzTensor x(in, {T, R}, used.hidden_dtype, cap_hidden);
@@ -258,6 +259,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: {
         moe_ep_status_t s = MOE_EP_SUCCESS;
         (void)moe_ep_get_async_error(h, &s);
+        break;
+      }
+      case 3: {  // the health poll and the active-rank mask (a 1-rank group: only {1} is a valid mask)
+        Boxed<moe_ep_health_t> boxed_health;
+        moe_ep_health_init(boxed_health.get(), sizeof(moe_ep_health_t));
+        boxed_health.seal(in);
+        (void)moe_ep_poll_health(h, in.ConsumeIntegralInRange<int>(0, 15) ? boxed_health.get() : nullptr);
+        uint8_t mask[4] = {in.ConsumeIntegral<uint8_t>(), 1, 1, 1};
+        const int32_t world = pick_int(in, 0, 4);
+        uint8_t* p = in.ConsumeIntegralInRange<int>(0, 15) ? mask : nullptr;
+        // world_size is checked before the mask is read: only 1 (the handle's) reads mask[0].
+        (void)(in.ConsumeBool() ? moe_ep_set_active_ranks(h, p, world) : moe_ep_get_active_ranks(h, p, world));
         break;
       }
       default:
