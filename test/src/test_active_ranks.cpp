@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "handle.hpp"
 #include "moe_ep_c.h"
 #include "oracle.hpp"
 #include "rank_checks.hpp"
@@ -362,4 +364,71 @@ TEST_CASE("active ranks: the C API names every bad argument", "[mask][validation
     CHECK(health.active_count == 1);
     moe_ep_destroy(&h);
   });
+}
+
+namespace {
+
+// A backend without masks whose host-mapped state says a kernel timed out
+// waiting for rank 1: what the NVLINK_TWO_SIDED backend's timeout mirror shows.
+class MirrorBackend final : public moe_ep::Backend {
+ public:
+  const char* name() const override { return "mirror stand-in"; }
+  moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CPU, 0}; }
+  moe_ep::DispatchBuffers dispatch(const moe_ep::DispatchCall&, void*) override {
+    ++calls;
+    return {};
+  }
+  void* combine(const moe_ep::CombineCall&, void*) override {
+    ++calls;
+    return nullptr;
+  }
+  moe_ep::HostHealth host_health() const override {
+    moe_ep::HostHealth h;
+    if (timed_out) {
+      h.status = MOE_EP_ERROR_TIMEOUT;
+      h.failed_rank = 1;
+      h.message = "dispatch: rank 1 did not arrive within timeout_ms";
+    }
+    return h;
+  }
+  moe_ep_status_t poll_async_error(std::string*) override { return MOE_EP_SUCCESS; }
+  void shutdown() noexcept override {}
+  bool timed_out = false;
+  int calls = 0;
+};
+
+}  // namespace
+
+TEST_CASE("active ranks: a backend without masks takes only all-active; the poll reads its host state", "[mask]") {
+  moe_ep_handle_s h;
+  h.config = host_config();
+  h.layout = moe_ep::make_layout(spec_of(2, 1).params(), 2, 0);
+  auto owned = std::make_unique<MirrorBackend>();
+  MirrorBackend* backend = owned.get();
+  h.backend = std::move(owned);
+  h.slots.resize(1);
+  h.active.assign(2, 1);
+  const uint8_t one[2] = {1, 0}, both[2] = {1, 1};
+  CHECK(moe_ep_set_active_ranks(&h, one, 2) == MOE_EP_ERROR_UNSUPPORTED);
+  CHECK_THAT(moe_ep_last_error(), Contains("mirror stand-in") && Contains("rank 1 inactive"));
+  CHECK(moe_ep_set_active_ranks(&h, both, 2) == MOE_EP_SUCCESS);
+  moe_ep_health_t health = poll(&h);
+  CHECK(health.status == MOE_EP_SUCCESS);
+  CHECK(health.mask_epoch == 1);
+  CHECK(health.active_count == 2);
+  backend->timed_out = true;  // the device watch wrote the host-mapped word
+  health = poll(&h);
+  CHECK(health.status == MOE_EP_ERROR_TIMEOUT);
+  CHECK(health.failed_rank == 1);
+  CHECK_THAT(moe_ep_last_error(), Contains("rank 1 did not arrive"));
+  backend->timed_out = false;  // sticky: the handle keeps it
+  CHECK(poll(&h).status == MOE_EP_ERROR_TIMEOUT);
+  const WorkloadSpec w = spec_of(2, 1);
+  RankInputs in = make_rank_inputs(w, 0);
+  DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
+  moe_ep_dispatch_result_t r;
+  moe_ep_dispatch_result_init(&r, sizeof r);
+  CHECK(moe_ep_dispatch(&h, args.get(), &r, nullptr) == MOE_EP_ERROR_TIMEOUT);
+  CHECK(backend->calls == 0);
+  h.backend.reset();
 }
