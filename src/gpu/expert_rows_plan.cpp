@@ -2,6 +2,7 @@
 
 #include "checked_math.hpp"
 #include "dtype.hpp"
+#include "gpu/wire_rows_plan.hpp"
 #include "moe_ep_kernels.h"
 
 namespace moe_ep {
@@ -9,12 +10,6 @@ namespace moe_ep {
 namespace {
 
 constexpr const char* kWhat = "expert layout regions";
-
-int32_t combine_dtype_code(const Layout& l) {
-  if (l.combine_dtype == dtype_bf16()) return kernels::kCombineBf16;
-  if (l.combine_dtype == dtype_fp16()) return kernels::kCombineFp16;
-  return kernels::kCombineFp32;
-}
 
 uint64_t mul(uint64_t a, uint64_t b) { return checked_mul(a, b, kWhat); }
 
@@ -35,7 +30,7 @@ kernels::ExpertLayoutShape expert_layout_shape(const Layout& l) {
   s.scale_row_elems = received.scale_row_elems;
   s.scale_columns = l.scale_layout == MOE_EP_SCALES_COLUMN_MAJOR && received.scale_row_elems > 0 ? 1 : 0;
   s.hidden_size = l.hidden_size;
-  s.combine_dtype = combine_dtype_code(l);
+  s.combine_dtype = kernel_dtype(l.combine_dtype);
   s.weighted = l.expert_output_weighted ? 1 : 0;
   s.hidden_row_bytes = static_cast<int64_t>(received.hidden_row_bytes);
   s.scale_row_bytes = static_cast<int64_t>(received.scale_row_bytes);

@@ -40,6 +40,7 @@
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
 #include "gpu/peer_segments_copy.hpp"
+#include "gpu/wire_rows_plan.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
 #include "nccl/nccl_communicator.hpp"
 #include "nccl/nccl_library.hpp"
@@ -591,47 +592,23 @@ class NcclBackend final : public Backend {
   // FP8 dispatch wire, first on `s`: the caller's num_tokens rows into e4m3
   // codes [T, R] and fp32 scales [T, ceil(R / 128)] in the slot's staging rows.
   void quantize_dispatch_rows(const NcclSlot& slot, const DispatchCall& call, cudaStream_t s) const {
-    kernels::WireQuantizeRows q{};
-    q.elems = layout_.hidden_row_elems;
-    q.dtype = wire_dtype(layout_.hidden_dtype);
-    q.scale_rule = layout_.wire_scale;
-    q.in = call.hidden;
-    q.in_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
-    q.codes = slot.wire.codes;
-    q.codes_stride = layout_.hidden_row_elems;
-    q.scales = slot.wire.scales;
-    q.scales_stride = shape_.scale_row_bytes;
     kernels::WireRowSet rows{};
     rows.rows = call.num_tokens;
-    check_cuda(kernels::launch_quantize_rows(q, rows, sm_budget_, /*pdl=*/0, s),
-               "launching the FP8 quantization of the dispatch rows");
+    check_cuda(
+        kernels::launch_quantize_rows(dispatch_quantize_rows(layout_, call.hidden, slot.wire.codes, slot.wire.scales),
+                                      rows, sm_budget_, /*pdl=*/0, s),
+        "launching the FP8 quantization of the dispatch rows");
   }
 
   // FP8 dispatch wire with dispatch_dequantize, after the finish kernel on
   // `s`: the received rows of every source (recv_counts of them) back in
   // hidden_dtype, into the slot's dequantized rows.
   void dequantize_received_rows(const NcclSlot& slot, int32_t tpr, cudaStream_t s) const {
-    kernels::WireDequantizeRows d{};
-    d.elems = layout_.hidden_row_elems;
-    d.dtype = wire_dtype(layout_.hidden_dtype);
-    d.codes = reinterpret_cast<const uint8_t*>(slot.buffers.recv_hidden);
-    d.codes_stride = layout_.hidden_row_elems;
-    d.scales = reinterpret_cast<const float*>(slot.buffers.recv_scales);
-    d.scales_stride = shape_.scale_row_bytes;
-    d.out = slot.wire.dequantized;
-    d.out_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
-    check_cuda(kernels::launch_dequantize_rows(d, received_row_set(slot, tpr), sm_budget_, /*pdl=*/0, s),
+    check_cuda(kernels::launch_dequantize_rows(
+                   dispatch_dequantize_rows(layout_, slot.buffers.recv_hidden, slot.buffers.recv_scales,
+                                            slot.wire.dequantized),
+                   received_row_set(slot.buffers.recv_counts, layout_.world_size, tpr), sm_budget_, /*pdl=*/0, s),
                "launching the FP8 dequantization of the received rows");
-  }
-
-  // The rank-major rows of a dispatch's receive that are real: recv_counts
-  // of each source's tpr (on the device, so no host synchronisation).
-  kernels::WireRowSet received_row_set(const NcclSlot& slot, int32_t tpr) const {
-    kernels::WireRowSet rows{};
-    rows.counts = slot.buffers.recv_counts;
-    rows.sources = layout_.world_size;
-    rows.per_source = tpr;
-    return rows;
   }
 
   // FP8 combine wire, on `s`: the rank-major rows this rank sends (each
@@ -651,14 +628,10 @@ class NcclBackend final : public Backend {
     q.codes_stride = row_bytes;
     q.scales = reinterpret_cast<float*>(slot.wire.combine_rows + kernels::nccl_combine_wire_scales_offset(shape_));
     q.scales_stride = row_bytes;
-    check_cuda(kernels::launch_quantize_rows(q, received_row_set(slot, tpr), sm_budget_, /*pdl=*/0, s),
+    check_cuda(kernels::launch_quantize_rows(q, received_row_set(slot.buffers.recv_counts, layout_.world_size, tpr),
+                                             sm_budget_, /*pdl=*/0, s),
                "launching the FP8 quantization of the combine rows");
     return slot.wire.combine_rows;
-  }
-
-  static int32_t wire_dtype(const moe_ep_dtype_t& dtype) {
-    if (dtype == dtype_bf16()) return kernels::kCombineBf16;
-    return dtype == dtype_fp16() ? kernels::kCombineFp16 : kernels::kCombineFp32;
   }
 
   // The slot's rank-major receive as the expert layouts' kernels read it:

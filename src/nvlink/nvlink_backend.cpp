@@ -25,6 +25,7 @@
 #include "gpu/expert_rows_plan.hpp"
 #include "gpu/own_work.hpp"
 #include "gpu/peer_segments_copy.hpp"
+#include "gpu/wire_rows_plan.hpp"
 #include "input_errors.hpp"
 #include "moe_ep_kernels.h"
 #include "nvlink/driver_api.hpp"
@@ -69,14 +70,6 @@ class TeardownClock {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
   std::string summary_;
 };
-
-// The kernels' code (CombineDtype) of a row dtype the FP8 wire takes: bf16,
-// fp16 or fp32 (create checked it).
-int32_t kernel_dtype(const moe_ep_dtype_t& d) {
-  if (d == dtype_bf16()) return kernels::kCombineBf16;
-  if (d == dtype_fp16()) return kernels::kCombineFp16;
-  return kernels::kCombineFp32;
-}
 
 std::string phase_name(uint32_t phase) {
   return phase == kernels::kPhaseCombine ? "combine" : "dispatch";
@@ -244,16 +237,9 @@ class NvlinkBackend final : public Backend {
     if (!layout_.fp8_dispatch()) return call;
     const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
     char* base = memory_->local();
-    kernels::WireQuantizeRows q{};
-    q.elems = layout_.hidden_row_elems;
-    q.dtype = kernel_dtype(layout_.hidden_dtype);
-    q.scale_rule = layout_.wire_scale;
-    q.in = call.hidden;
-    q.in_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
-    q.codes = reinterpret_cast<uint8_t*>(base + o.wire_codes);
-    q.codes_stride = shape_.hidden_row_bytes;
-    q.scales = reinterpret_cast<float*>(base + o.wire_scales);
-    q.scales_stride = shape_.scale_row_bytes;
+    const kernels::WireQuantizeRows q =
+        dispatch_quantize_rows(layout_, call.hidden, reinterpret_cast<uint8_t*>(base + o.wire_codes),
+                               reinterpret_cast<float*>(base + o.wire_scales));
     kernels::WireRowSet rows{};
     rows.rows = call.num_tokens;
     check_cuda(kernels::launch_quantize_rows(q, rows, sm_budget_, paths_.pdl ? 1 : 0, s),
@@ -271,20 +257,11 @@ class NvlinkBackend final : public Backend {
     if (!layout_.fp8_dispatch() || !layout_.dispatch_dequantize) return;
     const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
     char* base = memory_->local();
-    kernels::WireDequantizeRows d{};
-    d.elems = layout_.hidden_row_elems;
-    d.dtype = kernel_dtype(layout_.hidden_dtype);
-    d.codes = reinterpret_cast<const uint8_t*>(base + o.recv_hidden);
-    d.codes_stride = shape_.hidden_row_bytes;
-    d.scales = reinterpret_cast<const float*>(base + o.recv_scales);
-    d.scales_stride = shape_.scale_row_bytes;
-    d.out = base + o.wire_rows;
-    d.out_stride = static_cast<int64_t>(layout_.hidden_row_bytes);
-    kernels::WireRowSet rows{};
-    rows.counts = reinterpret_cast<const int32_t*>(base + o.counts_private);
-    rows.sources = layout_.world_size;
-    rows.per_source = tokens_per_rank;
-    check_cuda(kernels::launch_dequantize_rows(d, rows, sm_budget_, paths_.pdl ? 1 : 0, s),
+    check_cuda(kernels::launch_dequantize_rows(
+                   dispatch_dequantize_rows(layout_, base + o.recv_hidden, base + o.recv_scales, base + o.wire_rows),
+                   received_row_set(reinterpret_cast<const int32_t*>(base + o.counts_private), layout_.world_size,
+                                    tokens_per_rank),
+                   sm_budget_, paths_.pdl ? 1 : 0, s),
                "launching the FP8 wire's dequantization of the received rows");
   }
 

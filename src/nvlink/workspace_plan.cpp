@@ -4,6 +4,7 @@
 
 #include "common/region_planner.hpp"
 #include "dtype.hpp"
+#include "gpu/wire_rows_plan.hpp"
 
 namespace moe_ep {
 
@@ -120,9 +121,7 @@ kernels::GroupShape group_shape(const Layout& l) {
   kernels::division_magic(static_cast<uint32_t>(l.experts_per_rank()), &s.owner_magic, &s.owner_shift);
   s.max_tokens_per_rank = l.max_tokens_per_rank;
   s.hidden_size = l.hidden_size;
-  s.combine_dtype = l.combine_dtype == dtype_bf16()   ? kernels::kCombineBf16
-                    : l.combine_dtype == dtype_fp16() ? kernels::kCombineFp16
-                                                      : kernels::kCombineFp32;
+  s.combine_dtype = kernel_dtype(l.combine_dtype);
   s.eplb_enabled = l.eplb_stats ? 1 : 0;
   s.send_token_index = l.expert_layout() ? 1 : 0;
   s.hidden_row_bytes = static_cast<int64_t>(l.hidden_row_bytes);
