@@ -89,5 +89,12 @@ int main(void) {
   STRUCT(moe_ep_combine_result_t);
   FIELD(moe_ep_combine_result_t, struct_size);
   FIELD(moe_ep_combine_result_t, output);
+
+  STRUCT(moe_ep_health_t);
+  FIELD(moe_ep_health_t, struct_size);
+  FIELD(moe_ep_health_t, status);
+  FIELD(moe_ep_health_t, failed_rank);
+  FIELD(moe_ep_health_t, active_count);
+  FIELD(moe_ep_health_t, mask_epoch);
   return 0;
 }

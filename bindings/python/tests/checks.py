@@ -9,8 +9,10 @@ import numpy as np
 
 
 def run_rank(ep, case, rank, runtime_tpr=0, eplb_local=None, out_buffer=False, expert_output_3d=False,
-             zero_copy=False):
-    inp = case.inputs[rank]
+             zero_copy=False, inputs=None):
+    """`inputs`: what the rank sends, default case.inputs[rank] (under an
+    active-rank mask: the unmasked inputs, with `case` the masked model)."""
+    inp = case.inputs[rank] if inputs is None else inputs
     r = ep.dispatch(inp["x"], inp["ids"], inp["w"], inp["scale"], runtime_max_tokens_per_rank=runtime_tpr,
                     eplb_local_stats=eplb_local)
     # Copy now: the views expire when combine is issued.

@@ -4,6 +4,8 @@
 Every rank builds the inputs of *every* rank from the same seed, so each can
 compute its own expected result without communication."""
 
+import copy
+
 import numpy as np
 
 
@@ -68,6 +70,18 @@ class Case:
             np.add.at(out["local_expert_counts"], ids[mine] - me * self.experts_per_rank, 1)
             valid = inp["ids"][(inp["ids"] >= 0) & (inp["ids"] < self.E)]
             out["eplb_gathered_stats"][s] = np.bincount(valid, minlength=self.E)
+        return out
+
+    def masked(self, active):
+        """The same case under an active-rank mask (docs/semantics.md, "Active
+        ranks"): a copy whose picks of experts owned by an inactive rank, and
+        every pick of an inactive rank's own tokens, read the invalid id.  The
+        library's results under the mask are those of this copy."""
+        out = copy.deepcopy(self)
+        for s, inp in enumerate(out.inputs):
+            owner = self.owner(inp["ids"])
+            drop = (owner >= 0) & (~np.asarray(active, bool)[np.maximum(owner, 0)] | (not active[s]))
+            inp["ids"][drop] = self.invalid
         return out
 
     def expert_output(self, rank):

@@ -55,7 +55,8 @@ def test_layout_matches_c_probe():
     structs = {"moe_ep_device_t": _lib.Device, "moe_ep_dtype_t": _lib.DType, "moe_ep_tensor_t": _lib.Tensor,
                "moe_ep_bootstrap_t": _lib.BootstrapStruct, "moe_ep_params_t": _lib.Params,
                "moe_ep_config_t": _lib.Config, "moe_ep_dispatch_args_t": _lib.DispatchArgs,
-               "moe_ep_dispatch_result_t": _lib.DispatchResult, "moe_ep_combine_result_t": _lib.CombineResult}
+               "moe_ep_dispatch_result_t": _lib.DispatchResult, "moe_ep_combine_result_t": _lib.CombineResult,
+               "moe_ep_health_t": _lib.Health}
     seen = set()
     for line in open(probe).read().split("\n"):
         if not line.strip():

@@ -105,6 +105,23 @@ def test_bad_ids_reported_on_the_rank_that_sent_them(bootstrap):
         assert err is None
 
 
+def test_health_and_the_last_rank_inactive(bootstrap):
+    """The poll and the mask through the MPI adapter: the last rank inactive
+    (with more than one rank), results those of the masked model."""
+    case = reference.Case(seed=9, world=WORLD, num_experts=2 * WORLD, top_k=2, hidden=4, tokens_per_rank=5)
+    active = [r != WORLD - 1 or WORLD == 1 for r in range(WORLD)]
+    masked = case.masked(active)
+    with moe_ep.MoeEp(bootstrap, **host_kwargs(case)) as ep:
+        healthy = ep.poll_health()
+        ep.set_active_ranks(active)
+        health, mask = ep.poll_health(), ep.active_ranks()
+        got = checks.run_rank(ep, masked, RANK, inputs=case.inputs[RANK])
+    assert (healthy.status, healthy.error, healthy.failed_rank, healthy.active_count, healthy.mask_epoch) == \
+        (moe_ep.SUCCESS, None, -1, WORLD, 0)
+    assert (health.active_count, health.mask_epoch, mask) == (sum(active), 1, active)
+    checks.compare(masked, RANK, got)
+
+
 def test_mpi_bootstrap_close_is_idempotent():
     bs = moe_ep.from_mpi4py(COMM)
     assert bs.world_size == WORLD

@@ -19,12 +19,12 @@ from ._lib import (BACKEND_AUTO, BACKEND_HOST, BACKEND_NCCL, BACKEND_NVLINK_TWO_
 from ._views import DispatchResult, View
 from .bootstrap import (Bootstrap, CallbackBootstrap, MpiBootstrap, SingleRankBootstrap, from_mpi4py,
                         from_torch_distributed)
-from .core import MoeEp, dtype_tuple, get_version, is_platform_supported, workspace_size
+from .core import Health, MoeEp, dtype_tuple, get_version, is_platform_supported, workspace_size
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "MoeEp", "MoeEpError", "View", "DispatchResult", "Bootstrap", "CallbackBootstrap",
+    "MoeEp", "MoeEpError", "Health", "View", "DispatchResult", "Bootstrap", "CallbackBootstrap",
     "SingleRankBootstrap", "MpiBootstrap", "from_mpi4py", "from_torch_distributed", "get_version",
     "is_platform_supported", "workspace_size", "status_string", "dtype_tuple",
 ]

@@ -191,6 +191,17 @@ class CombineResult(Structure):
     _fields_ = [("struct_size", c_uint32), ("output", Tensor)]
 
 
+class Health(Structure):
+    """moe_ep_health_t, what moe_ep_poll_health reports."""
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("status", c_int32),
+        ("failed_rank", c_int32),
+        ("active_count", c_int32),
+        ("mask_epoch", c_uint64),
+    ]
+
+
 HandlePtr = c_void_p  # moe_ep_handle_t: opaque
 
 # (name, restype, argtypes).  Every function returns moe_ep_status_t except the
@@ -205,6 +216,7 @@ _FUNCTIONS = [
     ("moe_ep_dispatch_args_init", c_int32, [POINTER(DispatchArgs), c_size_t]),
     ("moe_ep_dispatch_result_init", c_int32, [POINTER(DispatchResult), c_size_t]),
     ("moe_ep_combine_result_init", c_int32, [POINTER(CombineResult), c_size_t]),
+    ("moe_ep_health_init", c_int32, [POINTER(Health), c_size_t]),
     ("moe_ep_is_platform_supported", c_int32, [c_int32, POINTER(c_int32)]),
     ("moe_ep_workspace_size", c_int32, [POINTER(Params), POINTER(Config), c_int32, POINTER(c_uint64)]),
     ("moe_ep_create", c_int32, [POINTER(BootstrapStruct), POINTER(Params), POINTER(Config),
@@ -220,6 +232,9 @@ _FUNCTIONS = [
     ("moe_ep_get_last_path", c_int32, [HandlePtr, c_int32, POINTER(c_int32)]),
     ("moe_ep_path_name", c_char_p, [c_int32]),
     ("moe_ep_get_async_error", c_int32, [HandlePtr, POINTER(c_int32)]),
+    ("moe_ep_poll_health", c_int32, [HandlePtr, POINTER(Health)]),
+    ("moe_ep_get_active_ranks", c_int32, [HandlePtr, POINTER(c_uint8), c_int32]),
+    ("moe_ep_set_active_ranks", c_int32, [HandlePtr, POINTER(c_uint8), c_int32]),
     ("moe_ep_destroy", c_int32, [POINTER(HandlePtr)]),
 ]
 

@@ -1,4 +1,4 @@
-"""The handle: create, dispatch, combine, async errors, destroy."""
+"""The handle: create, dispatch, combine, async errors, health and the active-rank mask, destroy."""
 
 import collections
 import ctypes
@@ -32,6 +32,13 @@ _WIRE_SCALES = {"fp32": _lib.WIRE_SCALE_FP32, "ue8m0": _lib.WIRE_SCALE_UE8M0}
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "nvlink": _lib.BACKEND_NVLINK_TWO_SIDED,
              "nvlink_two_sided": _lib.BACKEND_NVLINK_TWO_SIDED, "host": _lib.BACKEND_HOST,
              "nccl": _lib.BACKEND_NCCL}
+
+
+Health = collections.namedtuple("Health", ["status", "error", "failed_rank", "active_count", "mask_epoch"])
+Health.__doc__ = """What MoeEp.poll_health() reports (moe_ep_health_t): status (an int,
+moe_ep.SUCCESS when healthy), error (a MoeEpError with the library's message,
+None when healthy), failed_rank (-1 when none is known), active_count,
+mask_epoch."""
 
 
 def dtype_tuple(dtype):
@@ -603,6 +610,57 @@ class MoeEp:
         err = self.async_error()
         if err is not None:
             raise err
+
+    # -- health and the active-rank mask (docs/semantics.md, "Active ranks") -------
+    def poll_health(self):
+        """The handle's health from host memory only: never synchronises with
+        the device, never waits for a peer, never blocks (cheap enough to call
+        every step).  Returns a Health: status (SUCCESS or the sticky TIMEOUT,
+        CUDA or INTERNAL that broke the handle), error (that status as a
+        MoeEpError with its message, or None), failed_rank (the peer a timeout
+        named, -1 when none is known; always -1 on HOST and NCCL), active_count
+        (ranks active in the mask) and mask_epoch (0 at create, +1 per
+        set_active_ranks).  Device errors only a synchronising query finds
+        (bad expert ids) stay with async_error().  Local."""
+        health = _lib.Health()
+        check(_lib.lib().moe_ep_health_init(ctypes.byref(health), ctypes.sizeof(health)))
+        check(_lib.lib().moe_ep_poll_health(self._live(), ctypes.byref(health)))
+        error = None
+        if health.status != _lib.SUCCESS:  # the failure's message, set by the poll
+            error = MoeEpError(health.status, _lib.lib().moe_ep_last_error().decode(errors="replace"))
+        return Health(health.status, error, health.failed_rank, health.active_count, health.mask_epoch)
+
+    def active_ranks(self):
+        """The current mask as a list of world_size bools: True if the rank is
+        active.  Local, non-blocking."""
+        n = self.world_size
+        mask = (ctypes.c_uint8 * max(n, 1))()
+        check(_lib.lib().moe_ep_get_active_ranks(self._live(), mask, _int32(n, "world_size")))
+        return [bool(mask[r]) for r in range(n)]
+
+    def set_active_ranks(self, active):
+        """Collective over every rank of the group, each passing the same mask:
+        `active` is a sequence of world_size truth values (a list of bools, a
+        numpy array), active[r] true if rank r stays active.  At least one rank
+        stays active and no pair may be in flight on any slot (INVALID_STATE
+        otherwise).  From the next dispatch the experts of inactive ranks do not
+        exist for the group: their picks are dropped, combine sums over the
+        active ranks (not renormalised), an inactive rank's dispatch receives
+        nothing and its combine output is zeros; on HOST an inactive rank still
+        makes every collective call.  mask_epoch increments.  A mask whose
+        length is not the handle's world_size, or masks that differ between
+        ranks, raise MoeEpError(ERROR_INVALID_ARGUMENT) on every rank.
+        NVLINK_TWO_SIDED and NCCL accept only the all-active mask
+        (ERROR_UNSUPPORTED otherwise)."""
+        handle = self._live()
+        try:
+            values = [1 if v else 0 for v in active]
+        except TypeError:
+            raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT,
+                             f"active: expected a sequence of world_size truth values, got {active!r}") from None
+        n = _int32(len(values), "world_size")
+        mask = (ctypes.c_uint8 * max(n, 1))(*values)
+        self._check_with_bootstrap(_lib.lib().moe_ep_set_active_ranks(handle, mask, n))
 
     def destroy(self):
         """Collective; idempotent.  Views and arrays made from them must not be
