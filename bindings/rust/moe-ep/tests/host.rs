@@ -1,36 +1,10 @@
 //! The safe crate on the HOST backend: one rank, and several ranks as threads,
 //! checked against a small model of docs/semantics.md §4 written here.
+mod common;
+
+use common::*;
 use moe_ep::*;
 use std::sync::Arc;
-
-fn host() -> Config {
-    Config::new().unwrap().backend(Backend::Host).timeout_ms(60_000)
-}
-
-/// Deterministic xorshift generator: every rank builds every rank's inputs.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
-#[derive(Clone)]
-struct RankInput {
-    t: usize,
-    x: Vec<f32>,
-    ids: Vec<i32>,
-    w: Vec<f32>,
-}
 
 struct Case {
     world: usize,
@@ -43,31 +17,7 @@ struct Case {
 
 impl Case {
     fn new(seed: u64, world: usize, e: usize, k: usize, h: usize, tpr: usize) -> Case {
-        let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
-        let inputs = (0..world)
-            .map(|s| {
-                let t = if s == world - 1 { 0 } else { rng.below(tpr as u64 + 1) as usize };
-                let mut ids = Vec::new();
-                for _ in 0..t {
-                    let mut picks: Vec<i32> = Vec::new();
-                    while picks.len() < k {
-                        let id = rng.below(e as u64) as i32;
-                        if !picks.contains(&id) {
-                            picks.push(id);
-                        }
-                    }
-                    for p in picks.iter_mut() {
-                        if rng.below(5) == 0 {
-                            *p = -1; // masked pick
-                        }
-                    }
-                    ids.extend(picks);
-                }
-                let x = (0..t * h).map(|_| rng.unit() * 2.0 - 1.0).collect();
-                let w = (0..t * k).map(|_| rng.unit()).collect();
-                RankInput { t, x, ids, w }
-            })
-            .collect();
+        let inputs = random_inputs(seed, world, e, k, h, tpr, 5, Some(world - 1));
         Case { world, e, k, h, tpr, inputs }
     }
     fn owner(&self, id: i32) -> Option<usize> {
@@ -148,12 +98,18 @@ impl Case {
 /// combine_input and combined from there.
 fn run_rank_with(case: &Case, me: usize, bs: Arc<dyn Bootstrap>, zero_copy: bool)
                  -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<i32>, Vec<f32>) {
-    let params = Params::new(case.e as i32, case.k as i32, case.tpr as i32, case.h as i32)
-        .unwrap()
-        .hidden_dtype(DType::F32)
-        .combine_dtype(DType::F32);
+    let params = f32_params(case.e, case.k, case.tpr, case.h);
     let mut ep = MoeEp::new(bs, &params, Some(&host().zero_copy_combine(zero_copy))).unwrap();
-    let inp = &case.inputs[me];
+    let got = run_pair(&mut ep, case, me, &case.inputs[me], zero_copy);
+    ep.destroy().unwrap();
+    got
+}
+
+/// One dispatch of `sent` and the combine of `case`'s expert output on `ep`
+/// (`sent` is `case.inputs[me]`, except under an active-rank mask, where
+/// `case` is the masked model of what was sent).
+fn run_pair(ep: &mut MoeEp, case: &Case, me: usize, sent: &RankInput, zero_copy: bool) -> Got {
+    let inp = sent;
     let (t, k, h) = (inp.t as i64, case.k as i64, case.h as i64);
     let args = DispatchArgs::new(TensorRef::from_slice(&inp.x, &[t, h]).unwrap(),
                                  TensorRef::from_slice(&inp.ids, &[t, k]).unwrap())
@@ -184,7 +140,6 @@ fn run_rank_with(case: &Case, me: usize, bs: Arc<dyn Bootstrap>, zero_copy: bool
     };
     assert_eq!(y.shape(), &[t, h]);
     let y = y.as_slice::<f32>().unwrap().to_vec();
-    ep.destroy().unwrap();
     (got.0, got.1, got.2, got.3, got.4, got.5, y)
 }
 
@@ -216,7 +171,7 @@ fn version_is_the_headers() {
 
 #[test]
 fn single_rank_by_hand() {
-    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let params = f32_params(4, 2, 8, 3);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
     assert_eq!(ep.backend().unwrap(), Backend::Host);
     let x: Vec<f32> = (0..15).map(|v| v as f32).collect();
@@ -243,7 +198,7 @@ fn single_rank_by_hand() {
 
 #[test]
 fn last_path_names_the_path_of_each_phase() {
-    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let params = f32_params(4, 2, 8, 3);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
     assert_eq!(ep.last_path(Phase::Dispatch).unwrap(), "none");
     assert_eq!(ep.last_path(Phase::Combine).unwrap(), "none");
@@ -266,7 +221,7 @@ fn last_path_names_the_path_of_each_phase() {
 
 #[test]
 fn errors_carry_status_and_message_and_the_handle_survives() {
-    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let params = f32_params(4, 2, 8, 3);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
     let x = vec![0.0f32; 6];
     let ids64 = vec![0i64, 1, 2, 3];
@@ -301,7 +256,7 @@ fn errors_carry_status_and_message_and_the_handle_survives() {
 
 #[test]
 fn combine_into_a_caller_buffer_and_empty_ranks() {
-    let params = Params::new(2, 1, 4, 2).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let params = f32_params(2, 1, 4, 2);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
     let x = vec![1.0f32, 2.0, 3.0, 4.0];
     let ids = vec![1i32, 0];
@@ -358,16 +313,8 @@ fn run_threads(case: &Arc<Case>) {
 }
 
 fn run_threads_with(case: &Arc<Case>, zero_copy: bool) {
-    let ranks = thread_group(case.world as i32);
-    let handles: Vec<_> = ranks
-        .into_iter()
-        .enumerate()
-        .map(|(me, bs)| {
-            let case = case.clone();
-            std::thread::spawn(move || run_rank_with(&case, me, bs, zero_copy))
-        })
-        .collect();
-    let results: Vec<_> = handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect();
+    let shared = case.clone();
+    let results = on_ranks(case.world, move |me, bs| run_rank_with(&shared, me, bs, zero_copy));
     for (me, got) in results.iter().enumerate() {
         check_rank(case, me, got);
     }
@@ -407,7 +354,7 @@ fn threads_zero_copy_combine_input() {
 
 #[test]
 fn combine_from_input_without_the_flag_is_invalid_state() {
-    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let params = f32_params(4, 2, 8, 3);
     let mut ep = MoeEp::new(thread_group(1).remove(0), &params, Some(&host())).unwrap();
     let e = ep.combine_from_input().unwrap_err();
     assert_eq!(e.status, Status::INVALID_STATE);
@@ -425,10 +372,6 @@ fn copy_dispatch(r: &DispatchResult<'_>) -> (i32, Vec<i32>, Vec<f32>, Vec<i32>, 
      r.local_expert_counts.as_slice::<i32>().unwrap().to_vec())
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 fn assert_same(a: &Got, b: &Got) {
     assert_eq!((a.0, &a.1, bits(&a.2), &a.3, bits(&a.4), &a.5, bits(&a.6)),
                (b.0, &b.1, bits(&b.2), &b.3, bits(&b.4), &b.5, bits(&b.6)));
@@ -441,10 +384,7 @@ fn assert_same(a: &Got, b: &Got) {
 fn run_two_micro_batches(cases: &[Arc<Case>; 2], me: usize, bs: Arc<dyn Bootstrap>, zero_copy: bool)
                          -> ([Got; 2], [Got; 2]) {
     let c = &cases[0];
-    let params = Params::new(c.e as i32, c.k as i32, c.tpr as i32, c.h as i32)
-        .unwrap()
-        .hidden_dtype(DType::F32)
-        .combine_dtype(DType::F32);
+    let params = f32_params(c.e, c.k, c.tpr, c.h);
     let h = c.h as i64;
     fn args_of(case: &Case, me: usize) -> DispatchArgs<'_> {
         let inp = &case.inputs[me];
@@ -501,16 +441,9 @@ fn split_phases_two_micro_batches_equal_the_fused_calls() {
         let e = 2 * world;
         let cases = [Arc::new(Case::new(20 + world as u64, world, e, 2, 4, 5)),
                      Arc::new(Case::new(30 + world as u64, world, e, 2, 4, 5))];
-        let handles: Vec<_> = thread_group(world as i32)
-            .into_iter()
-            .enumerate()
-            .map(|(me, bs)| {
-                let cases = cases.clone();
-                std::thread::spawn(move || run_two_micro_batches(&cases, me, bs, zero_copy))
-            })
-            .collect();
-        for (me, h) in handles.into_iter().enumerate() {
-            let (fused, split) = h.join().expect("rank thread panicked");
+        let shared = cases.clone();
+        let results = on_ranks(world, move |me, bs| run_two_micro_batches(&shared, me, bs, zero_copy));
+        for (me, (fused, split)) in results.into_iter().enumerate() {
             for i in 0..2 {
                 check_rank(&cases[i], me, &fused[i]);
                 assert_same(&split[i], &fused[i]);
@@ -521,7 +454,7 @@ fn split_phases_two_micro_batches_equal_the_fused_calls() {
 
 #[test]
 fn split_phases_out_of_order_calls_are_invalid_state() {
-    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let params = f32_params(4, 2, 8, 3);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host().micro_batches(2))).unwrap();
     let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
     let ids = vec![0i32, 1, 2, 3];

@@ -2,36 +2,12 @@
 //! result against a model of docs/semantics.md §4 ("Receive layouts") written
 //! here, and combine bitwise equal to a rank-major combine of the same
 //! weighted, locally reduced rows.
+mod common;
+
+use common::*;
 use moe_ep::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-fn host() -> Config {
-    Config::new().unwrap().backend(Backend::Host).timeout_ms(60_000)
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
-struct Input {
-    t: usize,
-    x: Vec<f32>,
-    ids: Vec<i32>,
-    w: Vec<f32>,
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Layout {
@@ -49,7 +25,7 @@ struct Case {
     h: usize,
     tpr: usize,
     with_weights: bool,
-    inputs: Vec<Input>,
+    inputs: Vec<RankInput>,
 }
 
 /// What rank `me` must receive: per row its (source rank, token, pick) and
@@ -66,31 +42,7 @@ struct Expected {
 
 impl Case {
     fn new(seed: u64, world: usize, e: usize, k: usize, h: usize, tpr: usize, with_weights: bool) -> Case {
-        let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
-        let inputs = (0..world)
-            .map(|s| {
-                let t = if world > 1 && s == world - 1 { 0 } else { rng.below(tpr as u64 + 1) as usize };
-                let mut ids = Vec::new();
-                for _ in 0..t {
-                    let mut picks: Vec<i32> = Vec::new();
-                    while picks.len() < k {
-                        let id = rng.below(e as u64) as i32;
-                        if !picks.contains(&id) {
-                            picks.push(id);
-                        }
-                    }
-                    for p in picks.iter_mut() {
-                        if rng.below(6) == 0 {
-                            *p = -1;
-                        }
-                    }
-                    ids.extend(picks);
-                }
-                let x = (0..t * h).map(|_| rng.unit() * 2.0 - 1.0).collect();
-                let w = (0..t * k).map(|_| rng.unit()).collect();
-                Input { t, x, ids, w }
-            })
-            .collect();
+        let inputs = random_inputs(seed, world, e, k, h, tpr, 6, (world > 1).then(|| world - 1));
         Case { world, e, k, h, tpr, with_weights, inputs }
     }
     fn el(&self) -> usize {
@@ -182,8 +134,7 @@ struct Got {
 }
 
 fn run_rank(case: &Case, me: usize, bs: Arc<ThreadRank>, l: &Layout) -> Got {
-    let (e, k, tpr, h) = (case.e as i32, case.k as i32, case.tpr as i32, case.h as i32);
-    let base = Params::new(e, k, tpr, h).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let base = f32_params(case.e, case.k, case.tpr, case.h);
     let mut params = base.receive_layout(l.layout).expert_output_weighted(l.weighted);
     if l.capacity > 0 {
         params = params.expert_capacity(l.capacity);
@@ -271,10 +222,6 @@ fn run_rank(case: &Case, me: usize, bs: Arc<ThreadRank>, l: &Layout) -> Got {
     got
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
-}
-
 fn check(case: &Case, me: usize, l: &Layout, got: &Got) -> (i32, bool) {
     let x = case.expected(me, l);
     let what = format!("rank {me}, {l:?}");
@@ -329,15 +276,8 @@ fn check(case: &Case, me: usize, l: &Layout, got: &Got) -> (i32, bool) {
 
 fn run(case: Case, l: Layout) -> (bool, bool) {
     let case = Arc::new(case);
-    let handles: Vec<_> = thread_group(case.world as i32)
-        .into_iter()
-        .enumerate()
-        .map(|(me, bs)| {
-            let case = case.clone();
-            std::thread::spawn(move || run_rank(&case, me, bs, &l))
-        })
-        .collect();
-    let results: Vec<Got> = handles.into_iter().map(|h| h.join().expect("rank thread panicked")).collect();
+    let shared = case.clone();
+    let results: Vec<Got> = on_ranks(case.world, move |me, bs| run_rank(&shared, me, bs, &l));
     let (mut dropped, mut twice) = (false, false);
     for (me, got) in results.iter().enumerate() {
         let (d, t) = check(&case, me, &l, got);
@@ -376,7 +316,7 @@ fn expert_major_default_and_small_capacity_weighted() {
 
 #[test]
 fn rank_major_results_have_no_expert_fields_and_bad_layout_params_are_named() {
-    let params = Params::new(4, 2, 8, 3).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let params = f32_params(4, 2, 8, 3);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params.receive_layout(ReceiveLayout::RankMajor),
                             Some(&host())).unwrap();
     let x = vec![1.0f32; 6];
@@ -405,7 +345,7 @@ fn rank_major_results_have_no_expert_fields_and_bad_layout_params_are_named() {
 fn column_major_scales_and_zero_copy_in_expert_major() {
     // One rank, capacity 5: scales [E_local, S, align4(5) = 8], element j of
     // row i of expert e at [e, j, i]; combine from combine_input.
-    let params = Params::new(2, 2, 5, 2).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32)
+    let params = f32_params(2, 2, 5, 2)
         .scales(2, DType::F32).receive_layout(ReceiveLayout::ExpertMajor).expert_capacity(5)
         .scale_layout(ScaleLayout::ColumnMajor);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host().zero_copy_combine(true))).unwrap();

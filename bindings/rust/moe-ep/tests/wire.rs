@@ -3,14 +3,13 @@
 //! compared bit for bit with a small quantizer written here from
 //! docs/semantics.md ("A low-precision wire"): a search of the table of every
 //! finite e4m3fn value, not the library's bit manipulation.
+mod common;
+
+use common::*;
 use moe_ep::*;
 use std::sync::Arc;
 
 const BLOCK: usize = 128;
-
-fn host() -> Config {
-    Config::new().unwrap().backend(Backend::Host).timeout_ms(60_000)
-}
 
 /// The value of every non-negative finite code 0x00..=0x7E, ascending.
 fn e4m3_table() -> Vec<f64> {
@@ -85,8 +84,7 @@ fn dequantize(table: &[f64], codes: &[u8], scales: &[f32]) -> Vec<f32> {
 
 /// One rank, every token to expert 0: (codes, the view's dtype, scales, their shape).
 fn single_dispatch(x: &[f32], t: usize, r: usize, rule: WireScale) -> (Vec<u8>, DType, Vec<f32>, Vec<i64>) {
-    let params = Params::new(1, 1, t as i32, r as i32).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32)
-        .dispatch_wire(WireFormat::Fp8E4m3Block128).wire_scale(rule);
+    let params = f32_params(1, 1, t, r).dispatch_wire(WireFormat::Fp8E4m3Block128).wire_scale(rule);
     let mut ep = MoeEp::new(Arc::new(SingleRank), &params, Some(&host())).unwrap();
     let ids = vec![0i32; t];
     let res = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(x, &[t as i64, r as i64]).unwrap(),
@@ -122,7 +120,6 @@ fn known_values() {
     for t in 0..3 {
         let (c, s) = quantize(&table, &x[t * r..(t + 1) * r], WireScale::Fp32);
         assert_eq!(&codes[t * r..(t + 1) * r], &c[..], "codes of row {t}");
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&scales[2 * t..2 * t + 2]), bits(&s), "scales of row {t}");
     }
 }
@@ -143,27 +140,13 @@ fn ue8m0_scales_are_powers_of_two() {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    /// Roughly symmetric values over many magnitudes, so that tiny, huge and
-    /// subnormal-code blocks occur.
-    fn value(&mut self, scale: f32) -> f32 {
-        let u = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
-        (u - 0.5) * scale
-    }
-}
-
 /// Token `t` of rank `s` picks experts (t + s) % E and (t + s + 1) % E.
 fn ids_of(s: usize, t: usize, e: usize) -> [i32; 2] {
     [((t + s) % e) as i32, ((t + s + 1) % e) as i32]
 }
 
+/// Rows over many magnitudes (token `tok` scaled by 10^((7 tok) % 70 - 35)),
+/// so that tiny, huge and subnormal-code blocks occur.
 fn rows_of(s: usize, t: usize, h: usize) -> Vec<f32> {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((s as u64) << 32 | t as u64 + 1));
     let mut x = Vec::with_capacity(t * h);
@@ -209,26 +192,7 @@ impl Wire {
         out
     }
     fn params(&self) -> Params {
-        Params::new(self.e as i32, 2, self.tpr as i32, self.h as i32).unwrap().hidden_dtype(DType::F32)
-            .combine_dtype(DType::F32)
-    }
-}
-
-fn on_ranks<F>(world: usize, f: F)
-where
-    F: Fn(usize, Arc<ThreadRank>) + Send + Sync + 'static,
-{
-    let f = Arc::new(f);
-    let hs: Vec<_> = thread_group(world as i32)
-        .into_iter()
-        .enumerate()
-        .map(|(me, bs)| {
-            let f = f.clone();
-            std::thread::spawn(move || f(me, bs))
-        })
-        .collect();
-    for h in hs {
-        h.join().expect("rank thread panicked");
+        f32_params(self.e, 2, self.tpr, self.h)
     }
 }
 
@@ -262,7 +226,6 @@ fn dispatch_case(world: usize, rule: WireScale, dequant: bool) {
             if dequant {
                 let got = &r.hidden_states.as_slice::<f32>().unwrap()[row * h..(row + 1) * h];
                 let want = dequantize(&table, &c, &sc);
-                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(got), bits(&want), "rank {me} row {row}");
             } else {
                 let codes = &r.hidden_states.as_bits::<u8>().unwrap()[row * h..(row + 1) * h];
@@ -350,7 +313,7 @@ fn combine_fp8_matches_model_and_bound() {
 
 #[test]
 fn bad_wire_values_name_the_field() {
-    let base = || Params::new(1, 1, 1, 4).unwrap().hidden_dtype(DType::F32).combine_dtype(DType::F32);
+    let base = || f32_params(1, 1, 1, 4);
     let cases = [
         (base().dispatch_wire(WireFormat::Fp8E4m3Block128).scales(1, DType::F32), "params->scale_row_elems"),
         (base().wire_scale(WireScale::Ue8m0), "params->wire_scale"),
