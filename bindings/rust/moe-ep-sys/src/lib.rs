@@ -222,6 +222,21 @@ pub struct moe_ep_combine_result_t {
     pub output: moe_ep_tensor_t,
 }
 
+/// What `moe_ep_poll_health` reports; `moe_ep_health_init` sets `failed_rank = -1`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct moe_ep_health_t {
+    pub struct_size: u32,
+    /// SUCCESS, or the sticky status that broke the handle (its message in `moe_ep_last_error`).
+    pub status: moe_ep_status_t,
+    /// The peer a timeout named; -1 when none is known.
+    pub failed_rank: i32,
+    /// Ranks active in the current mask.
+    pub active_count: i32,
+    /// 0 at create, +1 per `moe_ep_set_active_ranks`.
+    pub mask_epoch: u64,
+}
+
 /// Opaque handle.
 #[repr(C)]
 pub struct moe_ep_handle_s {
@@ -240,6 +255,7 @@ unsafe extern "C" {
     pub fn moe_ep_dispatch_args_init(args: *mut moe_ep_dispatch_args_t, struct_size: usize) -> moe_ep_status_t;
     pub fn moe_ep_dispatch_result_init(result: *mut moe_ep_dispatch_result_t, struct_size: usize) -> moe_ep_status_t;
     pub fn moe_ep_combine_result_init(result: *mut moe_ep_combine_result_t, struct_size: usize) -> moe_ep_status_t;
+    pub fn moe_ep_health_init(health: *mut moe_ep_health_t, struct_size: usize) -> moe_ep_status_t;
 
     pub fn moe_ep_is_platform_supported(device: i32, supported: *mut i32) -> moe_ep_status_t;
     pub fn moe_ep_workspace_size(params: *const moe_ep_params_t, config: *const moe_ep_config_t,
@@ -265,6 +281,12 @@ unsafe extern "C" {
     /// A static string: "dispatch_small", ...; "unknown" for other values.
     pub fn moe_ep_path_name(path: i32) -> *const c_char;
     pub fn moe_ep_get_async_error(handle: moe_ep_handle_t, status: *mut moe_ep_status_t) -> moe_ep_status_t;
+    /// Host memory only, never blocks; writes `health` up to its `struct_size`.
+    pub fn moe_ep_poll_health(handle: moe_ep_handle_t, health: *mut moe_ep_health_t) -> moe_ep_status_t;
+    /// `active[0 .. world_size)`: 1 active, 0 inactive; `world_size` must be the handle's.
+    pub fn moe_ep_get_active_ranks(handle: moe_ep_handle_t, active: *mut u8, world_size: i32) -> moe_ep_status_t;
+    /// Collective, every rank passing the same mask; between pairs only.
+    pub fn moe_ep_set_active_ranks(handle: moe_ep_handle_t, active: *const u8, world_size: i32) -> moe_ep_status_t;
     pub fn moe_ep_destroy(handle: *mut moe_ep_handle_t) -> moe_ep_status_t;
 }
 

@@ -62,6 +62,7 @@ fn structs_match_the_c_header() {
         local_expert_counts, eplb_gathered_stats, combine_input
     });
     check_struct!(seen, map, moe_ep_combine_result_t { struct_size, output });
+    check_struct!(seen, map, moe_ep_health_t { struct_size, status, failed_rank, active_count, mask_epoch });
     // Nothing the probe reports is left unchecked.
     let all: std::collections::BTreeSet<_> = map.keys().cloned().collect();
     assert_eq!(seen, all);
@@ -92,4 +93,8 @@ fn init_functions_fill_struct_size_and_defaults() {
     assert_eq!(c.struct_size as usize, size_of::<moe_ep_config_t>());
     assert_eq!((c.backend, c.device), (MOE_EP_BACKEND_AUTO, -1));
     assert!(c.timeout_ms > 0);
+    let mut h = moe_ep_health_t { failed_rank: 7, mask_epoch: 9, ..Default::default() };
+    assert_eq!(unsafe { moe_ep_health_init(&mut h, std::mem::size_of_val(&h)) }, MOE_EP_SUCCESS);
+    assert_eq!(h.struct_size as usize, size_of::<moe_ep_health_t>());
+    assert_eq!((h.status, h.failed_rank, h.active_count, h.mask_epoch), (MOE_EP_SUCCESS, -1, 0, 0));
 }

@@ -264,6 +264,21 @@ pub enum Phase {
     Combine,
 }
 
+/// What `MoeEp::poll_health` reports (`moe_ep_health_t`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Health {
+    /// SUCCESS, or the sticky TIMEOUT, CUDA or INTERNAL that broke the handle.
+    pub status: Status,
+    /// That status with the library's message; None when healthy.
+    pub error: Option<Error>,
+    /// The peer a timeout named; None when none is known (always on HOST and NCCL).
+    pub failed_rank: Option<i32>,
+    /// Ranks active in the current mask.
+    pub active_count: i32,
+    /// 0 at create, +1 per `MoeEp::set_active_ranks`.
+    pub mask_epoch: u64,
+}
+
 /// `moe_ep_config_t`, starting from the library's defaults.
 #[derive(Clone, Copy, Debug)]
 pub struct Config(sys::moe_ep_config_t);
@@ -729,6 +744,57 @@ impl MoeEp {
         } else {
             Ok(Some(Error { status: Status(s), message: error::last_error() }))
         }
+    }
+
+    /// The handle's health, from host memory only (`moe_ep_poll_health`):
+    /// never synchronises with the device, never waits for a peer, never
+    /// blocks, so a server may call it every step.  Device errors only a
+    /// synchronising query finds (bad expert ids) stay with `async_error`.
+    /// Local.
+    pub fn poll_health(&self) -> Result<Health> {
+        let mut h = sys::moe_ep_health_t::default();
+        check(unsafe { sys::moe_ep_health_init(&mut h, std::mem::size_of_val(&h)) })?;
+        check(unsafe { sys::moe_ep_poll_health(self.raw, &mut h) })?;
+        // The poll leaves the failure's message in moe_ep_last_error.
+        let error = (h.status != sys::MOE_EP_SUCCESS)
+            .then(|| Error { status: Status(h.status), message: error::last_error() });
+        Ok(Health {
+            status: Status(h.status),
+            error,
+            failed_rank: (h.failed_rank >= 0).then_some(h.failed_rank),
+            active_count: h.active_count,
+            mask_epoch: h.mask_epoch,
+        })
+    }
+
+    /// The current active-rank mask, one entry per rank: true if active.
+    /// Local, non-blocking.
+    pub fn active_ranks(&self) -> Result<Vec<bool>> {
+        let mut mask = vec![0u8; usize::try_from(self.world_size()).unwrap_or(0)];
+        check(unsafe { sys::moe_ep_get_active_ranks(self.raw, mask.as_mut_ptr(), self.world_size()) })?;
+        Ok(mask.into_iter().map(|a| a != 0).collect())
+    }
+
+    /// Collective over every rank of the group, each passing the same mask:
+    /// `active[r]` true if rank r stays active (docs/semantics.md, "Active
+    /// ranks").  At least one rank active; no pair in flight on any slot
+    /// (INVALID_STATE otherwise).  From the next dispatch the experts of
+    /// inactive ranks do not exist for the group: their picks are dropped,
+    /// combine sums over the active ranks (not renormalised), an inactive
+    /// rank's dispatch receives nothing and its combine output is zeros; on
+    /// HOST an inactive rank still makes every collective call.
+    /// `Health::mask_epoch` increments.  A mask whose length is not the
+    /// handle's world size, or masks that differ between ranks, are
+    /// INVALID_ARGUMENT on every rank.  NVLINK_TWO_SIDED and NCCL take only
+    /// the all-active mask (UNSUPPORTED otherwise).
+    pub fn set_active_ranks(&mut self, active: &[bool]) -> Result<()> {
+        let mask: Vec<u8> = active.iter().map(|&a| a as u8).collect();
+        let n = i32::try_from(mask.len()).map_err(|_| {
+            Error::new(Status::INVALID_ARGUMENT,
+                       format!("set_active_ranks: world_size: expected a 32-bit length, got {}", mask.len()))
+        })?;
+        let status = unsafe { sys::moe_ep_set_active_ranks(self.raw, mask.as_ptr(), n) };
+        Self::with_bootstrap_error(&self.ctx, check(status))
     }
 
     /// Collective destroy, reporting its status (Drop does the same silently).

@@ -1,5 +1,7 @@
 //! The safe crate on the HOST backend: one rank, and several ranks as threads,
-//! checked against a small model of docs/semantics.md §4 written here.
+//! checked against a small model of docs/semantics.md §4 written here; the
+//! health poll and the active-rank mask ("Active ranks") against the same
+//! model of the masked routing.
 mod common;
 
 use common::*;
@@ -19,6 +21,23 @@ impl Case {
     fn new(seed: u64, world: usize, e: usize, k: usize, h: usize, tpr: usize) -> Case {
         let inputs = random_inputs(seed, world, e, k, h, tpr, 5, Some(world - 1));
         Case { world, e, k, h, tpr, inputs }
+    }
+    /// The case under an active-rank mask (docs/semantics.md, "Active
+    /// ranks"): picks of experts an inactive rank owns, and every pick of an
+    /// inactive rank's own tokens, read -1.  The library's results under the
+    /// mask are this case's.
+    fn masked(&self, active: &[bool]) -> Case {
+        let mut inputs = self.inputs.clone();
+        for (s, inp) in inputs.iter_mut().enumerate() {
+            for id in inp.ids.iter_mut() {
+                if let Some(dest) = self.owner(*id) {
+                    if !active[s] || !active[dest] {
+                        *id = -1;
+                    }
+                }
+            }
+        }
+        Case { inputs, ..*self }
     }
     fn owner(&self, id: i32) -> Option<usize> {
         (id >= 0 && (id as usize) < self.e).then(|| id as usize / (self.e / self.world))
@@ -487,4 +506,120 @@ fn split_phases_out_of_order_calls_are_invalid_state() {
     let e = MoeEp::new(Arc::new(SingleRank), &params, Some(&host().micro_batches(3))).err().unwrap();
     assert_eq!(e.status, Status::INVALID_ARGUMENT);
     assert!(e.message.contains("micro_batches"), "{e}");
+}
+
+#[test]
+fn poll_health_of_a_healthy_handle() {
+    for world in [1usize, 2, 3] {
+        let case = Arc::new(Case::new(60 + world as u64, world, 2 * world, 2, 3, 4));
+        let shared = case.clone();
+        let results = on_ranks(world, move |me, bs| {
+            let c = &shared;
+            let mut ep = MoeEp::new(bs, &f32_params(c.e, c.k, c.tpr, c.h), Some(&host())).unwrap();
+            let before = (ep.poll_health().unwrap(), ep.active_ranks().unwrap());
+            let got = run_pair(&mut ep, c, me, &c.inputs[me], false);
+            let after = ep.poll_health().unwrap();
+            // All-active again: accepted, and it counts as an update.
+            ep.set_active_ranks(&vec![true; world]).unwrap();
+            let again = (ep.poll_health().unwrap(), ep.active_ranks().unwrap());
+            ep.destroy().unwrap();
+            (before, got, after, again)
+        });
+        for (me, ((health, mask), got, after, (again, mask_again))) in results.iter().enumerate() {
+            assert_eq!(health, &Health { status: Status::SUCCESS, error: None, failed_rank: None,
+                                         active_count: world as i32, mask_epoch: 0 }, "rank {me}");
+            assert_eq!(mask, &vec![true; world]);
+            assert_eq!(after, health, "a dispatch/combine pair changes nothing the poll reports");
+            assert_eq!((again.error.as_ref(), again.active_count, again.mask_epoch), (None, world as i32, 1));
+            assert_eq!(mask_again, &vec![true; world]);
+            check_rank(&case, me, got);
+        }
+    }
+}
+
+#[test]
+fn one_rank_inactive_matches_the_masked_model() {
+    for (world, inactive) in [(2usize, 1usize), (3, 1), (3, 0), (4, 3)] {
+        let case = Arc::new(Case::new(70 + 4 * world as u64 + inactive as u64, world, 2 * world, 3, 5, 6));
+        let active: Vec<bool> = (0..world).map(|r| r != inactive).collect();
+        let masked = Arc::new(case.masked(&active));
+        // The mask must matter: some pick of the case reaches the inactive rank.
+        assert!(case.inputs.iter().any(|inp| inp.ids.iter().any(|&id| case.owner(id) == Some(inactive))),
+                "world {world}: no pick reaches rank {inactive}");
+        let (c, m, a) = (case.clone(), masked.clone(), active.clone());
+        let results = on_ranks(world, move |me, bs| {
+            let mut ep = MoeEp::new(bs, &f32_params(c.e, c.k, c.tpr, c.h), Some(&host())).unwrap();
+            ep.set_active_ranks(&a).unwrap();
+            let (health, mask) = (ep.poll_health().unwrap(), ep.active_ranks().unwrap());
+            // The mask stays for every later pair.
+            let under_mask: Vec<Got> = (0..2).map(|_| run_pair(&mut ep, &m, me, &c.inputs[me], false)).collect();
+            ep.set_active_ranks(&vec![true; c.world]).unwrap();
+            let restored = run_pair(&mut ep, &c, me, &c.inputs[me], false);
+            let last = ep.poll_health().unwrap();
+            ep.destroy().unwrap();
+            (health, mask, under_mask, restored, last)
+        });
+        for (me, (health, mask, under_mask, restored, last)) in results.iter().enumerate() {
+            assert_eq!(health, &Health { status: Status::SUCCESS, error: None, failed_rank: None,
+                                         active_count: world as i32 - 1, mask_epoch: 1 }, "rank {me}");
+            assert_eq!(mask, &active);
+            for got in under_mask {
+                check_rank(&masked, me, got);
+            }
+            if me == inactive {
+                let got = &under_mask[0];
+                assert!(got.1.iter().all(|&n| n == 0) && got.5.iter().all(|&n| n == 0), "rank {me} received");
+                assert!(got.6.iter().all(|&v| v == 0.0), "an inactive rank's combine output is zeros");
+            }
+            check_rank(&case, me, restored);
+            assert_eq!((last.active_count, last.mask_epoch), (world as i32, 2));
+        }
+    }
+}
+
+#[test]
+fn bad_masks_are_refused_on_every_rank_with_the_message() {
+    let world = 2usize;
+    let case = Arc::new(Case::new(80, world, 4, 2, 3, 4));
+    let shared = case.clone();
+    let results = on_ranks(world, move |me, bs| {
+        let c = &shared;
+        let mut ep = MoeEp::new(bs, &f32_params(c.e, c.k, c.tpr, c.h), Some(&host())).unwrap();
+        let mut errors = vec![
+            ep.set_active_ranks(&[true; 3]).unwrap_err(),
+            ep.set_active_ranks(&[true]).unwrap_err(),
+            ep.set_active_ranks(&[false, false]).unwrap_err(),
+            ep.set_active_ranks(&[true, me == 0]).unwrap_err(), // rank 1 disagrees
+        ];
+        // Between dispatch and combine: refused, nothing done.
+        let inp = &c.inputs[me];
+        let (t, k, h) = (inp.t as i64, c.k as i64, c.h as i64);
+        let r = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&inp.x, &[t, h]).unwrap(),
+                                               TensorRef::from_slice(&inp.ids, &[t, k]).unwrap())
+                                .weights(TensorRef::from_slice(&inp.w, &[t, k]).unwrap())).unwrap();
+        drop(r);
+        errors.push(ep.set_active_ranks(&[true, false]).unwrap_err());
+        let eo = c.expert_output(me);
+        ep.combine(&TensorRef::from_slice(&eo, &[(c.world * c.tpr) as i64, h]).unwrap()).unwrap();
+        let health = ep.poll_health().unwrap();
+        // The refusals left the handle usable and its mask as it was.
+        let got = run_pair(&mut ep, c, me, &c.inputs[me], false);
+        let mask = ep.active_ranks().unwrap();
+        ep.destroy().unwrap();
+        (errors, health, mask, got)
+    });
+    for (me, (errors, health, mask, got)) in results.iter().enumerate() {
+        for (e, len) in errors[..2].iter().zip([3, 1]) {
+            assert_eq!(e.status, Status::INVALID_ARGUMENT, "rank {me}: {e}");
+            // The argument, the expected and the actual value.
+            assert!(e.message.contains("world_size") && e.message.contains('2')
+                    && e.message.contains(&len.to_string()), "rank {me}: {e}");
+        }
+        assert!(errors[2].status == Status::INVALID_ARGUMENT && errors[2].message.contains("active"), "{}", errors[2]);
+        assert!(errors[3].status == Status::INVALID_ARGUMENT && errors[3].message.contains("rank 1"), "{}", errors[3]);
+        assert!(errors[4].status == Status::INVALID_STATE && errors[4].message.contains("slot 0"), "{}", errors[4]);
+        assert_eq!((health.status, health.active_count, health.mask_epoch), (Status::SUCCESS, world as i32, 0));
+        assert_eq!(mask, &vec![true; world]);
+        check_rank(&case, me, got);
+    }
 }
