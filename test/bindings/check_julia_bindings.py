@@ -7,7 +7,8 @@ cannot be installed where the tests run.
   - every Julia struct that mirrors a C struct has the C struct's fields, in
     order, with matching types;
   - the calls of a handle's life (REQUIRED: create, the fused and the split
-    dispatch and combine, the async error query, destroy) are all wrapped;
+    dispatch and combine, the async error query, the health poll and the
+    active-rank mask, destroy) are all wrapped;
   - every `const NAME = Int32(n)` is the header's MOE_EP_NAME with value n
     (statuses, backends, phases, receive and scale layouts).
 
@@ -28,7 +29,7 @@ STRUCTS = {
     "moe_ep_device_t": "Device", "moe_ep_dtype_t": "DType", "moe_ep_tensor_t": "Tensor",
     "moe_ep_bootstrap_t": "Bootstrap", "moe_ep_params_t": "Params", "moe_ep_config_t": "Config",
     "moe_ep_dispatch_args_t": "DispatchArgs", "moe_ep_dispatch_result_t": "DispatchResult",
-    "moe_ep_combine_result_t": "CombineResult",
+    "moe_ep_combine_result_t": "CombineResult", "moe_ep_health_t": "Health",
 }
 SCALARS = {
     "int32_t": "Int32", "moe_ep_status_t": "Int32", "uint32_t": "UInt32", "int64_t": "Int64",
@@ -37,7 +38,8 @@ SCALARS = {
 OPAQUE_POINTERS = {"moe_ep_handle_t", "moe_ep_allgather_fn", "moe_ep_barrier_fn"}
 # The calls of a handle's life, fused and split: the module must wrap each.
 REQUIRED = {"moe_ep_create", "moe_ep_dispatch", "moe_ep_combine", "moe_ep_dispatch_send", "moe_ep_dispatch_recv",
-            "moe_ep_combine_send", "moe_ep_combine_recv", "moe_ep_get_async_error", "moe_ep_destroy"}
+            "moe_ep_combine_send", "moe_ep_combine_recv", "moe_ep_get_async_error", "moe_ep_health_init",
+            "moe_ep_poll_health", "moe_ep_get_active_ranks", "moe_ep_set_active_ranks", "moe_ep_destroy"}
 
 
 def strip_comments(text):

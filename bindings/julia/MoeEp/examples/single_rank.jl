@@ -19,6 +19,15 @@ try
     @assert last_path(h, MoeEp.PHASE_COMBINE) == "host"
     println("combined: ", y)
     @assert async_error(h) === nothing
+    health = poll_health(h)          # host state only: cheap enough for every step
+    @assert health.error === nothing && health.failed_rank == -1 && health.mask_epoch == 0
+    set_active_ranks!(h, [true])     # one rank: only the all-active mask
+    @assert active_ranks(h) == [true] && poll_health(h).mask_epoch == 1
+    try
+        set_active_ranks!(h, [true, true])   # not world_size entries
+    catch e
+        @assert e isa MoeEpError && e.status == MoeEp.ERROR_INVALID_ARGUMENT && occursin("world_size", e.message)
+    end
 finally
     destroy!(h)
 end

@@ -12,7 +12,7 @@ module MoeEp
 
 export MoeEpError, get_version, Params, Config, SingleRankBootstrap, Handle, create, dispatch, combine,
        dispatch_send, dispatch_recv, combine_send, combine_recv, backend, last_path, path_name, async_error,
-       destroy!
+       poll_health, active_ranks, set_active_ranks!, destroy!
 
 const libmoe_ep = get(ENV, "MOE_EP_LIBRARY", "libmoe_ep.so.0")
 
@@ -172,6 +172,14 @@ end
 mutable struct CombineResult
     struct_size::UInt32
     output::Tensor
+end
+
+mutable struct Health
+    struct_size::UInt32
+    status::Int32
+    failed_rank::Int32
+    active_count::Int32
+    mask_epoch::UInt64
 end
 
 # --- init functions: defaults come from the library, never from here ------------------
@@ -455,6 +463,52 @@ function async_error(h::Handle)
     s = Ref{Int32}(0)
     check(ccall((:moe_ep_get_async_error, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int32}), h.ptr, s))
     return s[] == SUCCESS ? nothing : MoeEpError(s[], last_error())
+end
+
+# --- health and the active-rank mask (docs/semantics.md, "Active ranks") ------------------
+
+"""The handle's health from host memory only: never synchronises with the
+device, never waits for a peer, never blocks (cheap enough for every step).
+Returns a NamedTuple: `status` (SUCCESS, or the sticky ERROR_TIMEOUT,
+ERROR_CUDA or ERROR_INTERNAL that broke the handle), `error` (that status as a
+MoeEpError with the library's message, or `nothing`), `failed_rank` (the peer a
+timeout named, 0-based; -1 when none is known, always on HOST and NCCL),
+`active_count`, `mask_epoch` (0 at create, +1 per `set_active_ranks!`).  Device
+errors only a synchronising query finds stay with `async_error`.  Local."""
+function poll_health(h::Handle)
+    r = Health(0, 0, 0, 0, 0)
+    check(ccall((:moe_ep_health_init, libmoe_ep), Int32, (Ref{Health}, Csize_t), r, sizeof(Health)))
+    check(ccall((:moe_ep_poll_health, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Health}), h.ptr, r))
+    # The poll leaves the failure's message in moe_ep_last_error.
+    error = r.status == SUCCESS ? nothing : MoeEpError(r.status, last_error())
+    return (status=r.status, error=error, failed_rank=r.failed_rank, active_count=r.active_count,
+            mask_epoch=r.mask_epoch)
+end
+
+"""The current mask, a Vector{Bool} of world_size entries (index r + 1 for
+rank r): true if the rank is active.  Local, non-blocking."""
+function active_ranks(h::Handle)
+    n = h.bootstrap.world_size
+    mask = zeros(UInt8, n)
+    check(ccall((:moe_ep_get_active_ranks, libmoe_ep), Int32, (Ptr{Cvoid}, Ptr{UInt8}, Int32), h.ptr, mask, n))
+    return mask .!= 0
+end
+
+"""Collective over every rank, each passing the same mask: `active[r + 1]`
+true if rank r stays active.  At least one rank active, no pair in flight on
+any slot (ERROR_INVALID_STATE otherwise).  From the next dispatch the experts
+of inactive ranks do not exist for the group: their picks are dropped, combine
+sums over the active ranks (not renormalised), an inactive rank's dispatch
+receives nothing and its combine output is zeros; on HOST an inactive rank
+still makes every collective call.  A mask whose length is not world_size, or
+masks that differ between ranks, throw ERROR_INVALID_ARGUMENT on every rank.
+NVLINK_TWO_SIDED and NCCL take only the all-active mask (ERROR_UNSUPPORTED
+otherwise)."""
+function set_active_ranks!(h::Handle, active::AbstractVector)
+    mask = UInt8[a != 0 ? 1 : 0 for a in active]
+    check(ccall((:moe_ep_set_active_ranks, libmoe_ep), Int32, (Ptr{Cvoid}, Ptr{UInt8}, Int32), h.ptr, mask,
+                length(mask)))
+    return nothing
 end
 
 """Collective, idempotent."""
