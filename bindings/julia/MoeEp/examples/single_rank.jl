@@ -23,11 +23,12 @@ try
     @assert health.error === nothing && health.failed_rank == -1 && health.mask_epoch == 0
     set_active_ranks!(h, [true])     # one rank: only the all-active mask
     @assert active_ranks(h) == [true] && poll_health(h).mask_epoch == 1
-    try
-        set_active_ranks!(h, [true, true])   # not world_size entries
+    err = try                        # not world_size entries: refused, naming world_size
+        set_active_ranks!(h, [true, true]); nothing
     catch e
-        @assert e isa MoeEpError && e.status == MoeEp.ERROR_INVALID_ARGUMENT && occursin("world_size", e.message)
+        e
     end
+    @assert err isa MoeEpError && err.status == MoeEp.ERROR_INVALID_ARGUMENT && occursin("world_size", err.message)
 finally
     destroy!(h)
 end
