@@ -275,3 +275,34 @@ def test_gpu_nvlink_with_mpi4py_bootstrap_on_a_side_stream(world_group):
         side.wait_stream(torch.cuda.current_stream())  # inputs were made on the current stream
         with torch.cuda.stream(side):
             run_rounds(ep, [case, gpu_case(9, dtype=torch.float16, K=2, H=64, tpr=5)], stream=side)
+
+
+@needs_cuda
+def test_gpu_health_poll_and_all_active_mask(nccl_group):
+    """The GPU backends: a healthy poll before and after a pair, the
+    all-active mask accepted (epoch 1), any other refused with UNSUPPORTED
+    naming the backend on every rank, the handle still usable after."""
+    for backend in ("nvlink", "nccl"):
+        case = gpu_case(10, K=2, H=64, tpr=8)
+        with moe_ep.MoeEp(moe_ep.from_torch_distributed(nccl_group), num_experts=case.E, top_k=case.K,
+                          max_tokens_per_rank=case.tpr, hidden_size=case.H, hidden_dtype=case.dtype,
+                          combine_dtype=case.dtype, backend=backend, device=torch.cuda.current_device(),
+                          timeout_ms=20000) as ep:
+            healthy = ep.poll_health()
+            ep.set_active_ranks([True] * WORLD)
+            refused = None
+            if WORLD > 1:
+                try:
+                    ep.set_active_ranks([r != WORLD - 1 for r in range(WORLD)])
+                except moe_ep.MoeEpError as e:
+                    refused = e
+            run_rounds(ep, [case], stream=torch.cuda.current_stream())
+            torch.cuda.synchronize()
+            after, mask = ep.poll_health(), ep.active_ranks()
+        assert (healthy.status, healthy.error, healthy.failed_rank) == (moe_ep.SUCCESS, None, -1), backend
+        assert (healthy.active_count, healthy.mask_epoch) == (WORLD, 0), backend
+        if WORLD > 1:
+            assert refused is not None and refused.status == moe_ep.ERROR_UNSUPPORTED, (backend, refused)
+            assert ("nvlink_two_sided" if backend == "nvlink" else "nccl") in refused.message, refused.message
+        assert (after.status, after.error, after.failed_rank) == (moe_ep.SUCCESS, None, -1), backend
+        assert (after.active_count, after.mask_epoch, mask) == (WORLD, 1, [True] * WORLD), backend
