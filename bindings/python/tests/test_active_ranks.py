@@ -5,6 +5,8 @@ the mask against the numpy model of the masked routing, and bad masks refused
 on every rank with the library's message."""
 
 import ctypes
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -142,3 +144,84 @@ def test_calls_on_a_destroyed_handle_raise_invalid_state():
         with pytest.raises(moe_ep.MoeEpError) as e:
             call()
         assert e.value.status == moe_ep.ERROR_INVALID_STATE
+
+
+class TwoRanks:
+    """Two ranks of one process whose exchange a test can abandon: each
+    allgather/barrier waits for the other rank's matching call (by count),
+    until `abandon()` makes every waiting and later call fail."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._slots = {}
+        self._calls = [0, 0]
+        self._abandoned = False
+
+    def abandon(self):
+        with self._cond:
+            self._abandoned = True
+            self._cond.notify_all()
+
+    def _meet(self, rank, data):
+        with self._cond:
+            n = self._calls[rank]
+            self._calls[rank] += 1
+            self._slots[(n, rank)] = data
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._abandoned or (n, 1 - rank) in self._slots, timeout=60)
+            if self._abandoned or (n, 1 - rank) not in self._slots:
+                raise RuntimeError(f"rank {1 - rank} is gone")
+            return [self._slots[(n, r)] for r in (0, 1)]
+
+    def bootstrap(self, rank):
+        def allgather(send, recv, nbytes):
+            for r, data in enumerate(self._meet(rank, ctypes.string_at(send, nbytes) if nbytes else b"")):
+                ctypes.memmove(recv + r * nbytes, data, nbytes)
+
+        return moe_ep.CallbackBootstrap(rank, 2, allgather, lambda: self._meet(rank, b""))
+
+
+def test_poll_health_reports_a_sticky_timeout_with_its_message():
+    """Rank 1 stops calling after create (as a dead peer would): rank 0's
+    dispatch times out, and its poll reports TIMEOUT with the call's message at
+    once, without waiting for the stalled exchange, sticky; the mask is then
+    refused with the same status."""
+    group = TwoRanks()
+    handles = [None, None]
+
+    def create(rank):
+        handles[rank] = moe_ep.MoeEp(group.bootstrap(rank), num_experts=2, top_k=1, max_tokens_per_rank=4,
+                                     hidden_size=3, hidden_dtype="float32", combine_dtype="float32",
+                                     backend="host", timeout_ms=300)
+
+    threads = [threading.Thread(target=create, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ep, dead = handles
+    assert ep is not None and dead is not None
+    try:
+        assert ep.poll_health().error is None
+        with pytest.raises(moe_ep.MoeEpError) as timed_out:
+            ep.dispatch(np.ones((2, 3), np.float32), np.array([[0], [1]], np.int32))
+        assert timed_out.value.status == moe_ep.ERROR_TIMEOUT
+        start = time.monotonic()
+        health = ep.poll_health()
+        elapsed = time.monotonic() - start
+        # The stalled exchange would hold it for 60 s; a loaded machine may add milliseconds.
+        assert elapsed < 1.0, f"the poll took {elapsed:.3f} s"
+        assert (health.status, health.failed_rank, health.active_count, health.mask_epoch) == \
+            (moe_ep.ERROR_TIMEOUT, -1, 2, 0)
+        assert isinstance(health.error, moe_ep.MoeEpError) and health.error.status == moe_ep.ERROR_TIMEOUT
+        assert health.error.message == timed_out.value.message
+        again = ep.poll_health()
+        assert again._replace(error=None) == health._replace(error=None), "sticky"
+        assert (again.error.status, again.error.message) == (health.error.status, health.error.message)
+        with pytest.raises(moe_ep.MoeEpError) as refused:
+            ep.set_active_ranks([True, False])
+        assert refused.value.status == moe_ep.ERROR_TIMEOUT
+    finally:
+        group.abandon()  # frees rank 0's stalled exchange
+        ep.destroy()  # broken: releases without waiting for the peer
+        dead.destroy()  # completes whatever its peer did
