@@ -623,3 +623,101 @@ fn bad_masks_are_refused_on_every_rank_with_the_message() {
         check_rank(&case, me, got);
     }
 }
+
+/// Two ranks of one process whose exchange a test can abandon: each call
+/// waits for the other rank's call of the same number, until `abandon` makes
+/// every waiting and later call fail.
+#[derive(Default)]
+struct TwoRanks {
+    state: std::sync::Mutex<TwoRanksState>,
+    cond: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct TwoRanksState {
+    slots: std::collections::BTreeMap<(usize, usize), Vec<u8>>,
+    calls: [usize; 2],
+    inside: usize,
+    abandoned: bool,
+}
+
+impl TwoRanks {
+    fn meet(&self, rank: usize, data: &[u8]) -> std::result::Result<[Vec<u8>; 2], BoxError> {
+        let mut s = self.state.lock().unwrap();
+        let n = s.calls[rank];
+        s.calls[rank] += 1;
+        s.slots.insert((n, rank), data.to_vec());
+        s.inside += 1;
+        self.cond.notify_all();
+        let (mut s, _) = self.cond
+            .wait_timeout_while(s, std::time::Duration::from_secs(60),
+                                |s| !s.abandoned && !s.slots.contains_key(&(n, 1 - rank)))
+            .unwrap();
+        s.inside -= 1;
+        self.cond.notify_all();
+        if s.abandoned || !s.slots.contains_key(&(n, 1 - rank)) {
+            return Err(format!("rank {} is gone", 1 - rank).into());
+        }
+        Ok([s.slots[&(n, 0)].clone(), s.slots[&(n, 1)].clone()])
+    }
+    /// Fails every waiting and later call, and returns once none is inside.
+    fn abandon(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.abandoned = true;
+        self.cond.notify_all();
+        drop(self.cond.wait_while(s, |s| s.inside > 0).unwrap());
+    }
+}
+
+struct TwoRanksMember(Arc<TwoRanks>, usize);
+
+impl Bootstrap for TwoRanksMember {
+    fn rank(&self) -> i32 { self.1 as i32 }
+    fn world_size(&self) -> i32 { 2 }
+    fn allgather(&self, send: &[u8], recv: &mut [u8]) -> std::result::Result<(), BoxError> {
+        for (r, part) in self.0.meet(self.1, send)?.iter().enumerate() {
+            recv[r * send.len()..(r + 1) * send.len()].copy_from_slice(part);
+        }
+        Ok(())
+    }
+    fn barrier(&self) -> std::result::Result<(), BoxError> {
+        self.0.meet(self.1, &[]).map(drop)
+    }
+}
+
+#[test]
+fn poll_health_reports_a_sticky_timeout_with_its_message() {
+    // Rank 1 stops calling after create, as a dead peer would.
+    let group = Arc::new(TwoRanks::default());
+    let creating: Vec<_> = (0..2)
+        .map(|r| {
+            let g = group.clone();
+            std::thread::spawn(move || {
+                MoeEp::new(Arc::new(TwoRanksMember(g, r)), &f32_params(2, 1, 4, 3), Some(&host().timeout_ms(300)))
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut handles: Vec<MoeEp> = creating.into_iter().map(|h| h.join().expect("create panicked")).collect();
+    let dead = handles.pop().unwrap();
+    let mut ep = handles.pop().unwrap();
+    assert_eq!(ep.poll_health().unwrap().error, None);
+    let x = vec![1.0f32; 6];
+    let ids = vec![0i32, 1];
+    let e = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 3]).unwrap(),
+                                           TensorRef::from_slice(&ids, &[2, 1]).unwrap())).map(drop).unwrap_err();
+    assert_eq!(e.status, Status::TIMEOUT, "{e}");
+    let start = std::time::Instant::now();
+    let health = ep.poll_health().unwrap();
+    // The stalled exchange would hold it for 60 s; a loaded machine may add milliseconds.
+    assert!(start.elapsed() < std::time::Duration::from_secs(1), "the poll took {:?}", start.elapsed());
+    assert_eq!(health, Health { status: Status::TIMEOUT, error: Some(e.clone()), failed_rank: None, active_count: 2,
+                                mask_epoch: 0 });
+    assert_eq!(ep.poll_health().unwrap(), health, "sticky");
+    assert_eq!(ep.set_active_ranks(&[true, false]).unwrap_err().status, Status::TIMEOUT);
+    // Frees rank 0's stalled exchange before the handles (and the bootstraps
+    // their callbacks use) go away.
+    group.abandon();
+    ep.destroy().unwrap(); // broken: releases without waiting for the peer
+    dead.destroy().unwrap();
+}
