@@ -69,7 +69,8 @@ struct WireDequantizeRows {
   int64_t out_stride;
 };
 
-// One warp per row at a time, at most `max_blocks` blocks; with Programmatic
+// A warp per segment of 1024 elements of a row at a time, one block of 1024
+// threads per SM the launch may use (at most `max_blocks`); with Programmatic
 // Dependent Launch when `pdl` is nonzero.  cudaErrorInvalidValue for a bad
 // dtype, rule, element count or row set, a stride shorter than its row, or
 // rows not aligned to their elements (scales: 4 bytes).

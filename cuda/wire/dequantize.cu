@@ -1,6 +1,7 @@
-// FP8 wire rows back to bf16, fp16 or fp32 (wire_kernels.h): a warp per row,
-// 8 codes a lane (one 8-byte load), each times its block's scale in one fp32
-// multiplication rounded to nearest even, stored with 16-byte stores.  A NaN
+// FP8 wire rows back to bf16, fp16 or fp32 (wire_kernels.h): a warp per
+// segment of a row, 8 codes a lane (one 8-byte load), each times its block's
+// scale in one fp32 multiplication rounded to nearest even, stored with
+// 16-byte stores.  A NaN
 // code does not go through the multiplication: the hardware would return its
 // one canonical NaN where the host keeps the operand's quiet NaN, so the
 // kernel writes that NaN itself.
@@ -57,30 +58,47 @@ struct Stores<kCombineFp32> {
   static __device__ __forceinline__ void store(char* p, float f) { *reinterpret_cast<float*>(p) = f; }
 };
 
+// The lane's 8 codes from element `first` on, two per pair (0 past the row).
+__device__ __forceinline__ void load_codes(const uint8_t* codes, int32_t first, int32_t n, bool vectors,
+                                           uint32_t (&pairs)[kLaneElems / 2]) {
+  if (vectors) {
+    const uint2 x = first < n ? __ldg(reinterpret_cast<const uint2*>(codes + first)) : make_uint2(0u, 0u);
+    pairs[0] = x.x & 0xFFFFu, pairs[1] = x.x >> 16, pairs[2] = x.y & 0xFFFFu, pairs[3] = x.y >> 16;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kLaneElems / 2; ++k) {
+      const uint32_t lo = first + 2 * k < n ? __ldg(codes + first + 2 * k) : 0u;
+      const uint32_t hi = first + 2 * k + 1 < n ? __ldg(codes + first + 2 * k + 1) : 0u;
+      pairs[k] = lo | hi << 8;
+    }
+  }
+}
+
+// A segment of a row: every chunk's codes and scales loaded first, then each
+// chunk's products and stores.
 template <int kDtype>
-__device__ __forceinline__ void dequantize_row(const DequantizeParams& p, const uint8_t* codes, const float* scales,
-                                               char* dst, int lane) {
+__device__ __forceinline__ void dequantize_segment(const DequantizeParams& p, const uint8_t* codes,
+                                                   const float* scales, char* dst, int32_t start, int lane) {
   using S = Stores<kDtype>;
   const int32_t n = p.d.elems;
   const bool vectors = p.vectors != 0;
-#pragma unroll 2
-  for (int32_t first = lane * kLaneElems; first < n; first += kChunkElems) {
-    const float scale = __ldg(scales + first / kWireBlockElems);
-    uint32_t c[kLaneElems];
-    if (vectors) {
-      const uint2 x = __ldg(reinterpret_cast<const uint2*>(codes + first));
+  uint32_t c[kSegmentChunks][kLaneElems / 2];
+  float scale[kSegmentChunks];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        c[k] = (x.x >> (8 * k)) & 0xFFu;
-        c[k + 4] = (x.y >> (8 * k)) & 0xFFu;
-      }
-    } else {
+  for (int i = 0; i < kSegmentChunks; ++i) {
+    const int32_t first = start + i * kChunkElems + lane * kLaneElems;
+    load_codes(codes, first, n, vectors, c[i]);
+    scale[i] = first < n ? __ldg(scales + first / kWireBlockElems) : 1.0f;
+  }
 #pragma unroll
-      for (int k = 0; k < kLaneElems; ++k) c[k] = first + k < n ? __ldg(codes + first + k) : 0u;
-    }
+  for (int i = 0; i < kSegmentChunks; ++i) {
+    const int32_t first = start + i * kChunkElems + lane * kLaneElems;
+    if (first >= n) break;
     float v[kLaneElems];
 #pragma unroll
-    for (int k = 0; k < kLaneElems; ++k) v[k] = dequantize_code(c[k], scale);
+    for (int k = 0; k < kLaneElems / 2; ++k) {
+      dequantize_pair(c[i][k], scale[i], v[2 * k], v[2 * k + 1]);
+    }
     if (vectors) {
       S::store_vector(dst + static_cast<int64_t>(first) * S::kBytes, v);
     } else {
@@ -93,19 +111,16 @@ __device__ __forceinline__ void dequantize_row(const DequantizeParams& p, const 
 }
 
 template <int kDtype>
-__global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizeParams p) {
+__global__ void __launch_bounds__(kThreads, 1) dequantize_kernel(const DequantizeParams p) {
   wait_for_prior_grid();
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
-  const int64_t rows = set_rows(p.set);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    if (!row_taken(p.set, row)) continue;
-    dequantize_row<kDtype>(
+  for_each_segment(p.set, p.d.elems, [&](int64_t row, int32_t start) {
+    dequantize_segment<kDtype>(
         p, p.d.codes + row * p.d.codes_stride,
         reinterpret_cast<const float*>(reinterpret_cast<const char*>(p.d.scales) + row * p.d.scales_stride),
-        static_cast<char*>(p.d.out) + row * p.d.out_stride, lane);
-  }
+        static_cast<char*>(p.d.out) + row * p.d.out_stride, start, lane);
+  });
 }
 
 }  // namespace
@@ -115,7 +130,7 @@ cudaError_t launch_dequantize_rows(const WireDequantizeRows& d, const WireRowSet
                                    int32_t pdl, cudaStream_t stream) {
   const int bytes = d.dtype == kCombineFp32 ? 4 : 2;
   const bool dtype_ok = d.dtype == kCombineBf16 || d.dtype == kCombineFp16 || d.dtype == kCombineFp32;
-  if (!dtype_ok || d.elems < 1 || !wire::valid_row_set(rows) || max_blocks < 1 ||
+  if (!dtype_ok || d.elems < 1 || !wire::valid_row_set(rows, d.elems) || max_blocks < 1 ||
       d.out_stride < int64_t{d.elems} * bytes || reinterpret_cast<uintptr_t>(d.out) % bytes != 0 ||
       d.out_stride % bytes != 0 || d.codes_stride < d.elems ||
       d.scales_stride < int64_t{wire_row_blocks(d.elems)} * 4 || reinterpret_cast<uintptr_t>(d.scales) % 4 != 0 ||
@@ -127,7 +142,7 @@ cudaError_t launch_dequantize_rows(const WireDequantizeRows& d, const WireRowSet
                        d.codes_stride % 8 == 0 && reinterpret_cast<uintptr_t>(d.out) % 16 == 0 &&
                        d.out_stride % 16 == 0;
   const wire::DequantizeParams p{d, rows, vectors ? 1 : 0};
-  const int blocks = wire::wire_grid(rows, max_blocks);
+  const int blocks = wire::wire_grid(rows, d.elems, max_blocks);
   switch (d.dtype) {
     case kCombineBf16:
       return launch_kernel(wire::dequantize_kernel<kCombineBf16>, blocks, wire::kThreads, 0, stream, pdl, p);

@@ -1,9 +1,10 @@
-// Rows into the FP8 wire (wire_kernels.h): a warp per row walks it in chunks
-// of two 128-element blocks, 8 elements a lane; each half warp reduces its
-// block's amax over finite values with four shuffles, derives the scale,
-// divides (one fp32 division rounded to nearest even, as the host does, never
-// a multiplication by a reciprocal: that rounds differently) and stores the
-// 8 codes with one 8-byte store.
+// Rows into the FP8 wire (wire_kernels.h): a warp per segment of a row walks
+// it in chunks of two 128-element blocks, 8 elements a lane, every chunk's
+// loads issued first; each half warp reduces its block's amax over finite
+// values with four shuffles, derives the scale, divides (one fp32 division
+// rounded to nearest even, as the host does, never a multiplication by a
+// reciprocal: that rounds differently) and stores the 8 codes with one
+// 8-byte store.
 #include <stdint.h>
 
 #include "common/kernel_launch.cuh"
@@ -25,60 +26,78 @@ __device__ __forceinline__ float finite_max(float amax, float x) {
   return a <= 3.402823466e38f ? fmaxf(amax, a) : amax;  // NaN and Inf left out
 }
 
-template <int kDtype>
-__device__ __forceinline__ void quantize_row(const QuantizeParams& p, const char* src, uint8_t* codes, float* scales,
-                                             int lane) {
-  using E = Elements<kDtype>;
-  const int32_t n = p.q.elems;
-  const bool vectors = p.vectors != 0;
-#pragma unroll 2
-  for (int32_t base = 0; base < n; base += kChunkElems) {
-    const int32_t first = base + lane * kLaneElems;
-    float v[kLaneElems];
-    if (vectors && first < n) {
-      E::load_vector(src + static_cast<int64_t>(first) * E::kBytes, v);
-    } else {
+// The lane's 8 elements from element `first` on, as fp32 (0 past the row).
+template <class E>
+__device__ __forceinline__ void load_lane(const char* src, int32_t first, int32_t n, bool vectors,
+                                          float (&v)[kLaneElems]) {
+  if (vectors && first < n) {
+    E::load_vector(src + static_cast<int64_t>(first) * E::kBytes, v);
+  } else {
 #pragma unroll
-      for (int k = 0; k < kLaneElems; ++k) {
-        v[k] = first + k < n ? E::load(src + static_cast<int64_t>(first + k) * E::kBytes) : 0.0f;
-      }
-    }
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kLaneElems; ++k) amax = finite_max(amax, v[k]);
-#pragma unroll
-    for (int d = 8; d >= 1; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
-    const float scale = block_scale(amax, p.q.scale_rule);
-    const int32_t block_first = base + (lane & 16) * kLaneElems;
-    if ((lane & 15) == 0 && block_first < n) scales[block_first / kWireBlockElems] = scale;
-    uint32_t c[kLaneElems];
-#pragma unroll
-    for (int k = 0; k < kLaneElems; ++k) c[k] = float_to_e4m3(__fdiv_rn(v[k], scale));
-    if (vectors && first < n) {
-      *reinterpret_cast<uint2*>(codes + first) =
-          make_uint2(c[0] | c[1] << 8 | c[2] << 16 | c[3] << 24, c[4] | c[5] << 8 | c[6] << 16 | c[7] << 24);
-    } else {
-#pragma unroll
-      for (int k = 0; k < kLaneElems; ++k) {
-        if (first + k < n) codes[first + k] = static_cast<uint8_t>(c[k]);
-      }
+    for (int k = 0; k < kLaneElems; ++k) {
+      v[k] = first + k < n ? E::load(src + static_cast<int64_t>(first + k) * E::kBytes) : 0.0f;
     }
   }
 }
 
+// The lane's 8 elements of a chunk into codes and, from one lane per half
+// warp, its block's scale.
+__device__ __forceinline__ void quantize_chunk(const QuantizeParams& p, const float (&v)[kLaneElems], int32_t base,
+                                               uint8_t* codes, float* scales, int lane) {
+  const int32_t n = p.q.elems;
+  const int32_t first = base + lane * kLaneElems;
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kLaneElems; ++k) amax = finite_max(amax, v[k]);
+#pragma unroll
+  for (int d = 8; d >= 1; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
+  const float scale = block_scale(amax, p.q.scale_rule);
+  const int32_t block_first = base + (lane & 16) * kLaneElems;
+  if ((lane & 15) == 0 && block_first < n) scales[block_first / kWireBlockElems] = scale;
+  uint32_t pairs[kLaneElems / 2];
+#pragma unroll
+  for (int k = 0; k < kLaneElems / 2; ++k) {
+    pairs[k] = floats_to_e4m3x2(__fdiv_rn(v[2 * k], scale), __fdiv_rn(v[2 * k + 1], scale));
+  }
+  if (p.vectors != 0 && first < n) {
+    *reinterpret_cast<uint2*>(codes + first) = make_uint2(pairs[0] | pairs[1] << 16, pairs[2] | pairs[3] << 16);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kLaneElems; ++k) {
+      if (first + k < n) codes[first + k] = static_cast<uint8_t>(pairs[k / 2] >> (8 * (k % 2)));
+    }
+  }
+}
+
+// A segment of a row: every chunk's loads first, then each chunk's block
+// reductions, divisions and stores.  A chunk that starts past the row is
+// skipped by the whole warp (the shuffles stay convergent).
 template <int kDtype>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams p) {
+__device__ __forceinline__ void quantize_segment(const QuantizeParams& p, const char* src, uint8_t* codes,
+                                                 float* scales, int32_t start, int lane) {
+  const int32_t n = p.q.elems;
+  float v[kSegmentChunks][kLaneElems];
+#pragma unroll
+  for (int i = 0; i < kSegmentChunks; ++i) {
+    load_lane<Elements<kDtype>>(src, start + i * kChunkElems + lane * kLaneElems, n, p.vectors != 0, v[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kSegmentChunks; ++i) {
+    if (start + i * kChunkElems < n) quantize_chunk(p, v[i], start + i * kChunkElems, codes, scales, lane);
+  }
+}
+
+template <int kDtype>
+__global__ void __launch_bounds__(kThreads, 1) quantize_kernel(const QuantizeParams p) {
   wait_for_prior_grid();
   allow_dependent_launch();
   const int lane = threadIdx.x % 32;
-  const int64_t rows = set_rows(p.set);
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
-       row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    if (!row_taken(p.set, row)) continue;
-    quantize_row<kDtype>(p, static_cast<const char*>(p.q.in) + row * p.q.in_stride, p.q.codes + row * p.q.codes_stride,
-                         reinterpret_cast<float*>(reinterpret_cast<char*>(p.q.scales) + row * p.q.scales_stride),
-                         lane);
-  }
+  for_each_segment(p.set, p.q.elems, [&](int64_t row, int32_t start) {
+    quantize_segment<kDtype>(p, static_cast<const char*>(p.q.in) + row * p.q.in_stride,
+                             p.q.codes + row * p.q.codes_stride,
+                             reinterpret_cast<float*>(reinterpret_cast<char*>(p.q.scales) + row * p.q.scales_stride),
+                             start, lane);
+  });
 }
 
 }  // namespace
@@ -89,7 +108,7 @@ cudaError_t launch_quantize_rows(const WireQuantizeRows& q, const WireRowSet& ro
   const int bytes = q.dtype == kCombineFp32 ? 4 : 2;
   const bool dtype_ok = q.dtype == kCombineBf16 || q.dtype == kCombineFp16 || q.dtype == kCombineFp32;
   if (!dtype_ok || (q.scale_rule != kWireScaleFp32 && q.scale_rule != kWireScaleUe8m0) || q.elems < 1 ||
-      !wire::valid_row_set(rows) || max_blocks < 1 || q.in_stride < int64_t{q.elems} * bytes ||
+      !wire::valid_row_set(rows, q.elems) || max_blocks < 1 || q.in_stride < int64_t{q.elems} * bytes ||
       reinterpret_cast<uintptr_t>(q.in) % bytes != 0 || q.in_stride % bytes != 0 || q.codes_stride < q.elems ||
       q.scales_stride < int64_t{wire_row_blocks(q.elems)} * 4 ||
       reinterpret_cast<uintptr_t>(q.scales) % 4 != 0 || q.scales_stride % 4 != 0) {
@@ -100,7 +119,7 @@ cudaError_t launch_quantize_rows(const WireQuantizeRows& q, const WireRowSet& ro
                        q.in_stride % 16 == 0 && reinterpret_cast<uintptr_t>(q.codes) % 8 == 0 &&
                        q.codes_stride % 8 == 0;
   const wire::QuantizeParams p{q, rows, vectors ? 1 : 0};
-  const int blocks = wire::wire_grid(rows, max_blocks);
+  const int blocks = wire::wire_grid(rows, q.elems, max_blocks);
   switch (q.dtype) {
     case kCombineBf16:
       return launch_kernel(wire::quantize_kernel<kCombineBf16>, blocks, wire::kThreads, 0, stream, pdl, p);

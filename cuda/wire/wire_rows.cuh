@@ -1,11 +1,14 @@
 // Device helpers of the FP8 wire's kernels (wire_kernels.h): the e4m3fn
 // conversions and the block scale, bit for bit those of src/wire_format.cpp,
-// and the warp's walk over the rows of a WireRowSet.
+// and the warps' walk over the segments of the rows of a WireRowSet.
 //
 // Every lane of a warp holds 8 consecutive elements of a 256-element chunk
 // of a row: lanes 0-15 one 128-element block, lanes 16-31 the next, so a
 // block's amax is a reduction over a half warp and no element of a lane
-// crosses a block.
+// crosses a block.  A warp's unit of work is a segment of a row, a few
+// chunks whose loads are all issued before the first one is used: a row
+// split into segments spreads a few rows over every warp of the grid, and
+// the loads in flight per warp cover HBM's latency.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -29,10 +32,14 @@ namespace moe_ep {
 namespace kernels {
 namespace wire {
 
-constexpr int kThreads = 256;
+// One block per SM the launch may use (max_blocks), so the block is large:
+// its warps are what keeps enough loads in flight on each SM.
+constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kLaneElems = 8;
 constexpr int kChunkElems = 32 * kLaneElems;
+constexpr int kSegmentChunks = 4;
+constexpr int kSegmentElems = kSegmentChunks * kChunkElems;
 constexpr uint32_t kE4m3MaxBits = 0x43E00000u;  // 448.0f
 constexpr uint8_t kE4m3NaN = 0x7F;
 
@@ -49,6 +56,23 @@ __device__ __forceinline__ uint32_t float_to_e4m3(float value) {
   }
   const uint32_t rounded = (a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20;  // biased exponent << 3 | 3 mantissa bits
   return sign | min(rounded - (120u << 3), 0x7Eu);
+}
+
+// Two fp32 values to their codes (lo in the low byte), as float_to_e4m3: the
+// hardware conversion rounds to nearest even and saturates to +-448, Inf
+// included; a NaN is made the positive NaN first, since the host's NaN code
+// has no sign.
+__device__ __forceinline__ uint32_t floats_to_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const float nan = __uint_as_float(0x7FC00000u);
+  lo = lo == lo ? lo : nan;
+  hi = hi == hi ? hi : nan;
+  uint16_t packed;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+  return packed;
+#else
+  return float_to_e4m3(lo) | float_to_e4m3(hi) << 8;
+#endif
 }
 
 // The value of a code; 0x7F and 0xFF give the quiet NaN with the code's sign.
@@ -68,6 +92,22 @@ __device__ __forceinline__ float e4m3_to_float(uint32_t code) {
 __device__ __forceinline__ float dequantize_code(uint32_t code, float scale) {
   const float x = e4m3_to_float(code);
   return (code & 0x7Fu) == 0x7Fu ? x : __fmul_rn(x, scale);
+}
+
+// The fp32 values of the two codes of `pair` (the low byte's in lo) in a
+// block of `scale`, as dequantize_code: the hardware widens e4m3 to fp16
+// exactly, and a NaN code gives the host's quiet NaN with the code's sign.
+__device__ __forceinline__ void dequantize_pair(uint32_t pair, float scale, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<uint16_t>(pair)));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
+  lo = (pair & 0x7Fu) == 0x7Fu ? __uint_as_float(0x7FC00000u | (pair & 0x80u) << 24) : __fmul_rn(f.x, scale);
+  hi = (pair & 0x7F00u) == 0x7F00u ? __uint_as_float(0x7FC00000u | (pair & 0x8000u) << 16) : __fmul_rn(f.y, scale);
+#else
+  lo = dequantize_code(pair & 0xFFu, scale);
+  hi = dequantize_code((pair >> 8) & 0xFFu, scale);
+#endif
 }
 
 // 2^e for e in [-149, 127], from the bits.
@@ -156,18 +196,35 @@ __device__ __forceinline__ bool row_taken(const WireRowSet& set, int64_t row) {
   return row - source * set.per_source < __ldg(set.counts + source);
 }
 
-// The rows a warp walks: every row of the set, taken or not.
+// The rows the warps walk: every row of the set, taken or not.
 MOE_EP_HOST_DEVICE int64_t set_rows(const WireRowSet& set) {
   return set.counts == nullptr ? set.rows : static_cast<int64_t>(set.sources) * set.per_source;
 }
 
-// Host side: the set's checks and the grid for it.
-inline bool valid_row_set(const WireRowSet& set) {
-  if (set.counts == nullptr) return set.rows >= 0;
-  return set.sources >= 0 && set.per_source >= 0;
+MOE_EP_HOST_DEVICE int64_t row_segments(int32_t elems) { return (elems + kSegmentElems - 1) / kSegmentElems; }
+
+// Calls f(row, first element of the segment) for each segment of each taken
+// row of the set, spread over the grid's warps.
+template <class F>
+__device__ __forceinline__ void for_each_segment(const WireRowSet& set, int32_t elems, F&& f) {
+  const int64_t segments = row_segments(elems);
+  const int64_t items = set_rows(set) * segments;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; item < items; item += warps) {
+    const int64_t row = item / segments;
+    if (!row_taken(set, row)) continue;
+    f(row, static_cast<int32_t>((item - row * segments) * kSegmentElems));
+  }
 }
-inline int wire_grid(const WireRowSet& set, int32_t max_blocks) {
-  int64_t blocks = (set_rows(set) + kWarps - 1) / kWarps;
+
+// Host side: the set's checks and the grid for it.
+inline bool valid_row_set(const WireRowSet& set, int32_t elems) {
+  const bool counts_ok = set.counts == nullptr ? set.rows >= 0 : set.sources >= 0 && set.per_source >= 0;
+  // The grid walks rows x segments items in int64.
+  return counts_ok && elems >= 1 && set_rows(set) <= INT64_MAX / row_segments(elems);
+}
+inline int wire_grid(const WireRowSet& set, int32_t elems, int32_t max_blocks) {
+  int64_t blocks = (set_rows(set) * row_segments(elems) + kWarps - 1) / kWarps;
   if (blocks > max_blocks) blocks = max_blocks;
   return blocks < 1 ? 1 : static_cast<int>(blocks);
 }
