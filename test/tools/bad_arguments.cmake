@@ -19,7 +19,9 @@ set(cases
   "bench --micro-batch-overlap -t 4,3|--micro-batch-overlap: each size is split into two micro-batches of T/2 tokens per rank: expected even sizes >= 2, got 3"
   "bench --micro-batch-overlap --zero-copy-combine|--zero-copy-combine: expected without --micro-batch-overlap \\(its combine takes the tool's expert output\\), got both"
   "bench --no-sm-held --zero-copy-combine|--zero-copy-combine: expected without --no-sm-held \\(its combine takes the tool's expert output\\), got both"
-  "bench --expert-intermediate 0|--expert-intermediate: expected an integer from 1 to 131072, got '0'")
+  "bench --expert-intermediate 0|--expert-intermediate: expected an integer from 1 to 131072, got '0'"
+  "bench --expert-capacity -1|--expert-capacity: expected auto or an integer >= 0, got '-1'"
+  "bench --expert-packed-rows most|--expert-packed-rows: expected auto or an integer >= 0, got 'most'")
 set(failures "")
 foreach(c ${cases})
   string(FIND "${c}" "|" bar)

@@ -56,6 +56,35 @@ std::vector<std::string> bench_wires(const std::string& wire) {
 }
 
 namespace {
+WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int tokens);
+BenchOptions with_layout(const BenchOptions& o, const std::string& layout);
+BenchOptions with_wire(const BenchOptions& o, const std::string& wire);
+}  // namespace
+
+ExpertRowsNeeded expert_rows_needed(const BenchOptions& o, int world, int tokens, int alignment) {
+  const WorkloadSpec w = bench_spec(with_wire(with_layout(o, "rank_major"), "as_is"), world, tokens, tokens);
+  const std::vector<RankRouting> all = make_all_routing(w);
+  const int E = w.experts_per_rank();
+  ExpertRowsNeeded n;
+  std::vector<std::vector<int64_t>> rows(size_t(world), std::vector<int64_t>(size_t(E), 0));
+  for (const RankRouting& source : all) {
+    for (int32_t id : source.topk_ids) {
+      const int dest = w.owner(id);  // -1: masked or out of range, received nowhere
+      if (dest >= 0) ++rows[size_t(dest)][size_t(id - dest * E)];
+    }
+  }
+  for (const std::vector<int64_t>& experts : rows) {
+    int64_t packed = 0;
+    for (int64_t count : experts) {
+      n.per_expert = std::max(n.per_expert, count);
+      packed += (count + alignment - 1) / alignment * alignment;
+    }
+    n.packed = std::max(n.packed, packed);
+  }
+  return n;
+}
+
+namespace {
 
 int layout_code(const std::string& name) {
   if (name == "expert_major") return MOE_EP_LAYOUT_EXPERT_MAJOR;
@@ -134,8 +163,13 @@ WorkloadSpec bench_spec(const BenchOptions& o, int world, int max_tokens, int to
   s.tokens.assign(world, tokens);
   s.seed = derive(o.common.seed, uint64_t(tokens));
   s.receive_layout = layout_code(o.layout);
-  if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) s.expert_capacity = o.expert_capacity;
-  if (s.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) {
+  const bool major = s.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR,
+             packed = s.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED;
+  if ((major && o.expert_capacity < 0) || (packed && o.expert_packed_rows < 0)) {
+    fail("bench: --expert-capacity / --expert-packed-rows auto reached a handle unresolved (with_expert_rows)");
+  }
+  if (major) s.expert_capacity = o.expert_capacity;
+  if (packed) {
     s.expert_alignment = o.expert_alignment;
     s.expert_rows = o.expert_packed_rows;
   }
@@ -154,6 +188,60 @@ BenchOptions with_wire(const BenchOptions& o, const std::string& wire) {
   BenchOptions one = o;
   one.wire = wire;
   return one;
+}
+
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+// o with --expert-capacity and --expert-packed-rows auto resolved for handles
+// of `max_tokens` tokens per rank that measure `sizes`: what a server sizes
+// from its routing, so that nothing is dropped and the result (and the
+// workspace, and the check's work) stays near the pairs that arrive rather
+// than the worst case (EXPERT_MAJOR's is world x max_tokens rows per expert:
+// 14 GB at 4096 tokens in the DeepSeek shape).  EXPERT_MAJOR: the most rows
+// any expert receives over the sizes, rounded up to --expert-alignment (128
+// without one: the common GEMM tile), at most the worst case; EXPERT_PACKED:
+// the most rows a rank fills with each expert's rows aligned (a multiple of
+// the alignment, at most the worst case).  The routing of a size does not
+// depend on the layout, so this is the routing the sweep then runs.
+BenchOptions with_expert_rows(const BenchOptions& o, int world, const std::vector<int>& sizes, int max_tokens) {
+  BenchOptions r = o;
+  const bool capacity = o.expert_capacity == kExpertRowsAuto, packed = o.expert_packed_rows == kExpertRowsAuto;
+  if (!capacity && !packed) return r;
+  const int capacity_alignment = o.expert_alignment ? o.expert_alignment : 128;
+  const int packed_alignment = o.expert_alignment ? o.expert_alignment : 1;
+  ExpertRowsNeeded most;
+  int most_at = 0, packed_at = 0;
+  for (int tokens : sizes) {
+    // Each layout's own rounding: the per-expert maximum does not depend on it.
+    const ExpertRowsNeeded n = expert_rows_needed(o, world, tokens, packed_alignment);
+    if (n.per_expert > most.per_expert || most_at == 0) {
+      most.per_expert = n.per_expert;
+      most_at = tokens;
+    }
+    if (n.packed > most.packed || packed_at == 0) {
+      most.packed = n.packed;
+      packed_at = tokens;
+    }
+  }
+  const int64_t worst_per_expert = int64_t(world) * max_tokens;
+  if (capacity) {
+    r.expert_capacity =
+        int(std::min(align_up(std::max<int64_t>(most.per_expert, 1), capacity_alignment), worst_per_expert));
+    r.expert_capacity_note = "auto: the most rows an expert receives, " + std::to_string(most.per_expert) + " at " +
+                             std::to_string(most_at) + " tokens, rounded up to " + std::to_string(capacity_alignment) +
+                             (r.expert_capacity == worst_per_expert ? ", at most world x max tokens" : "") +
+                             "; --expert-capacity 0: the worst case";
+  } else {
+    r.expert_capacity_note = o.expert_capacity ? "--expert-capacity" : "the worst case, world x max tokens";
+  }
+  if (packed) {
+    r.expert_packed_rows = int(std::max<int64_t>(most.packed, packed_alignment));
+    r.expert_packed_rows_note = "auto: the most rows a rank fills, each expert's rounded up to the alignment, at " +
+                                std::to_string(packed_at) + " tokens; --expert-packed-rows 0: the worst case";
+  } else {
+    r.expert_packed_rows_note = o.expert_packed_rows ? "--expert-packed-rows" : "the worst case";
+  }
+  return r;
 }
 
 class Sweep {
@@ -345,17 +433,23 @@ class Sweep {
 
 namespace {
 
-// Whether a handle of this layout and wire can be created here ("" = it can; else the
-// library's UNSUPPORTED message).  Collective.
-std::string layout_refusal(const Session& session, const WorkloadSpec& largest, bool zero_copy) {
+// The runner of a handle of this layout and wire, or NULL with *refusal the
+// library's UNSUPPORTED message: one create for both questions (a probe
+// handle first would create every communicator and workspace twice).  Collective.
+std::unique_ptr<MoeEpRunner> runner_or_refusal(const Session& session, const WorkloadSpec& largest, bool zero_copy,
+                                               std::string* refusal) {
   moe_ep_status_t status = MOE_EP_SUCCESS;
-  EpHandle probe(session.bootstrap(), largest.params(), with_zero_copy_combine(session.config(), zero_copy),
-                 MOE_EP_ERROR_UNSUPPORTED, &status);
-  return status == MOE_EP_ERROR_UNSUPPORTED ? std::string(moe_ep_last_error()) : std::string();
+  auto runner = std::make_unique<MoeEpRunner>(session, largest, zero_copy, MOE_EP_ERROR_UNSUPPORTED, &status);
+  if (status != MOE_EP_ERROR_UNSUPPORTED) return runner;
+  *refusal = moe_ep_last_error();
+  return nullptr;
 }
 
 // Each (wire, layout)'s sweep, one after the other; the first one's with the baselines.
-void run_sweep(const Session& session, const BenchOptions& o, BenchReport& report, BenchResults& results) {
+void run_sweep(const Session& session, const BenchOptions& options, BenchReport& report, BenchResults& results) {
+  const std::vector<int> sizes = bench_sizes(options);
+  const BenchOptions o =
+      with_expert_rows(options, session.world().size, sizes, *std::max_element(sizes.begin(), sizes.end()));
   const std::vector<std::string> wires = bench_wires(o.wire);
   const std::vector<std::string> layout_names = bench_layouts(o.layout);
   std::vector<std::pair<std::string, std::string>> variants;  // (wire, layout)
@@ -381,9 +475,8 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
       skipped = reference_quantize_refusal(session.on_gpu(), quantize_source(one, sweep.largest()));
     }
     const WorkloadSpec& largest = sweep.largest();
-    if (skipped.empty() && (largest.expert_layout() || largest.fp8_dispatch() || largest.fp8_combine())) {
-      skipped = layout_refusal(session, largest, o.zero_copy_combine);  // the library's UNSUPPORTED message
-    }
+    std::unique_ptr<MoeEpRunner> moe;
+    if (skipped.empty()) moe = runner_or_refusal(session, largest, o.zero_copy_combine, &skipped);
     if (!skipped.empty()) {
       if (wire != "as_is") {
         results.wires_skipped.emplace_back(several ? wire + " " + layout : wire, skipped);
@@ -394,13 +487,19 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
       }
       continue;
     }
+    if (largest.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) results.expert_capacity = o.expert_capacity;
+    if (largest.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) results.expert_packed_rows = o.expert_packed_rows;
     if (i == 0) report.set_baselines(sweep.has_ceiling(), sweep.has_nccl());
-    if (several || layout != "rank_major") report.print_layout_heading(sweep.largest(), layout);
+    if (several || layout != "rank_major") {
+      report.print_layout_heading(sweep.largest(), layout,
+                                  largest.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR    ? o.expert_capacity_note
+                                  : largest.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED ? o.expert_packed_rows_note
+                                                                                          : "");
+    }
     if (several_wires || wire != "as_is") report.print_wire_heading(sweep.largest(), wire);
     report.print_sweep_columns();
     const size_t first = results.sweep.size();
     {
-      MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
       std::unique_ptr<UserPermute> reference;
       if (user) {
         const int alignment = o.expert_alignment ? o.expert_alignment : 1;
@@ -409,9 +508,10 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
       std::unique_ptr<ReferenceQuantize> quantize;
       if (separate) quantize = std::make_unique<ReferenceQuantize>(session.place(), quantize_source(one, largest));
       for (int tokens : sweep.sizes()) {
-        results.sweep.push_back(sweep.measure(moe, tokens, reference.get(), quantize.get()));
+        results.sweep.push_back(sweep.measure(*moe, tokens, reference.get(), quantize.get()));
         report.print_row(results.sweep.back());
       }
+      moe.reset();
     }
     if (i == 0) {
       report.print_baselines(std::vector<SizeResult>(results.sweep.begin() + long(first), results.sweep.end()));
@@ -421,12 +521,21 @@ void run_sweep(const Session& session, const BenchOptions& o, BenchReport& repor
   if (several_wires) report.print_wires(results.sweep);
 }
 
-std::string grouped_expert_note(const WorkloadSpec& w, int intermediate) {
-  return "expert: grouped GEMM (cuBLAS cublasGemmGroupedBatchedEx) on the EXPERT_PACKED rows (alignment " +
-         std::to_string(w.alignment()) + "), per local expert n_e x " + std::to_string(2 * intermediate) + " x " +
-         std::to_string(w.hidden_size) + " and n_e x " + std::to_string(w.hidden_size) + " x " +
-         std::to_string(intermediate) +
-         ", bf16, fp32 accumulation; group sizes from the tool's routing, fixed per size";
+std::vector<std::string> grouped_expert_note(const WorkloadSpec& w, int intermediate, const std::string& rows_note) {
+  char weights[64];
+  std::snprintf(weights, sizeof weights, "%.1f MB",
+                double(grouped_expert_weight_bytes(w.hidden_size, intermediate)) / 1e6);
+  return {"expert: grouped GEMM (cuBLAS cublasGemmGroupedBatchedEx) on the EXPERT_PACKED rows (alignment " +
+              std::to_string(w.alignment()) + ", " + std::to_string(w.packed_rows()) + " rows: " + rows_note +
+              "), per local expert n_e x " + std::to_string(2 * intermediate) + " x " + std::to_string(w.hidden_size) +
+              " and n_e x " + std::to_string(w.hidden_size) + " x " + std::to_string(intermediate) +
+              ", bf16, fp32 accumulation; group sizes from the tool's routing, fixed per size",
+          "  one group per local expert with rows (experts without rows are left out); each group reads its "
+          "expert's weights, " +
+              std::string(weights) +
+              ", so at few tokens the expert part is the weights of the experts with rows over the memory "
+              "bandwidth (the row's \"weights\" column: groups, bytes, bytes / expert time), not cuBLAS's "
+              "cost per group"};
 }
 
 // The options of a mode with the grouped-GEMM expert: its rows in EXPERT_PACKED.
@@ -435,27 +544,34 @@ BenchOptions expert_options(const BenchOptions& o) {
 }
 
 void run_decode_step(const Session& session, const BenchOptions& options, BenchReport& report, BenchResults& results) {
-  const BenchOptions o = expert_options(options);
+  const std::vector<int> sizes = decode_step_sizes(options);
+  const BenchOptions o = with_expert_rows(expert_options(options), session.world().size, sizes,
+                                          *std::max_element(sizes.begin(), sizes.end()));
   const bool grouped = o.expert_gemm == "grouped";
-  Sweep sweep(session, o, decode_step_sizes(o), false);
+  Sweep sweep(session, o, sizes, false);
   const std::string refusal =
       grouped ? grouped_expert_refusal(session.on_gpu(), sweep.largest()) : stand_in_expert_refusal(sweep.largest());
   if (!refusal.empty()) fail(refusal);
-  if (grouped) {  // a backend without EXPERT_PACKED: skipped with the library's reason
-    const std::string no_layout = layout_refusal(session, sweep.largest(), o.zero_copy_combine);
-    if (!no_layout.empty()) {
-      report.print_skipped("decode step with the grouped-GEMM expert", no_layout);
-      return;
-    }
+  std::string no_layout;  // a backend without EXPERT_PACKED: skipped with the library's reason
+  const std::unique_ptr<MoeEpRunner> runner =
+      runner_or_refusal(session, sweep.largest(), o.zero_copy_combine, &no_layout);
+  if (!runner) {
+    report.print_skipped(grouped ? "decode step with the grouped-GEMM expert" : "decode step", no_layout);
+    return;
   }
-  MoeEpRunner moe(session, sweep.largest(), o.zero_copy_combine);
+  MoeEpRunner& moe = *runner;
+  if (grouped) results.expert_packed_rows = o.expert_packed_rows;
   std::unique_ptr<GroupedExpert> expert;
   if (grouped) {
     expert = std::make_unique<GroupedExpert>(sweep.largest(), o.expert_intermediate, 0,
                                              derive(session.options().seed, 0x6e));
     expert->bind(static_cast<cudaStream_t>(session.stream()));  // outside the captures
   }
-  if (grouped) report.print_note(grouped_expert_note(sweep.largest(), o.expert_intermediate));
+  if (grouped) {
+    for (const std::string& line :
+         grouped_expert_note(sweep.largest(), o.expert_intermediate, o.expert_packed_rows_note))
+      report.print_note(line);
+  }
   DecodeStep step(moe, sweep.graph(), expert.get());
   for (int tokens : sweep.sizes()) {
     DecodeStepResult r = sweep.measure_decode_step(step, tokens);
@@ -469,7 +585,10 @@ void run_decode_step(const Session& session, const BenchOptions& options, BenchR
 }
 
 void run_micro_batch(const Session& session, const BenchOptions& options, BenchReport& report, BenchResults& results) {
-  const BenchOptions o = expert_options(options);
+  std::vector<int> halves;  // each micro-batch's tokens per rank
+  for (int t : micro_batch_sizes(options)) halves.push_back(std::max(1, t / 2));
+  const BenchOptions o = with_expert_rows(expert_options(options), session.world().size, halves,
+                                          *std::max_element(halves.begin(), halves.end()));
   Sweep sweep(session, o, micro_batch_sizes(o), false);
   results.expert_intermediate = o.expert_intermediate;
   results.expert_rows = o.expert_rows;
@@ -480,7 +599,11 @@ void run_micro_batch(const Session& session, const BenchOptions& options, BenchR
     results.micro_batch_skipped = micro_batch_refusal(session, largest, o.expert_intermediate);
   }
   if (results.micro_batch_skipped.empty()) {
-    if (grouped) report.print_note(grouped_expert_note(largest, o.expert_intermediate));
+    if (grouped) {
+      for (const std::string& line : grouped_expert_note(largest, o.expert_intermediate, o.expert_packed_rows_note))
+        report.print_note(line);
+      results.expert_packed_rows = o.expert_packed_rows;
+    }
     MicroBatchOverlap overlap(session, largest, o.expert_intermediate, o.expert_rows == "rows", sweep.graph(), grouped);
     results.micro_batch_skipped = overlap.probe(sweep.micro_batch_spec(sweep.sizes().front()));
     if (results.micro_batch_skipped.empty()) {
@@ -550,7 +673,7 @@ WorkloadSpec largest_shape(const BenchOptions& options, int world) {
   }
   if (sizes.empty()) fail("no sizes: -b must be <= -e");
   const int largest = *std::max_element(sizes.begin(), sizes.end());
-  return bench_spec(o, world, largest, largest);
+  return bench_spec(with_expert_rows(o, world, sizes, largest), world, largest, largest);
 }
 
 }  // namespace

@@ -24,6 +24,9 @@
 
 namespace moe_ep_tool {
 
+// --expert-capacity / --expert-packed-rows auto (the default).
+constexpr int kExpertRowsAuto = -1;
+
 struct BenchOptions {
   CommonOptions common;
   int min_tokens = 1, max_tokens = 4096, step_factor = 2;
@@ -47,9 +50,14 @@ struct BenchOptions {
   // rank_major+user (RANK_MAJOR and the reference permute kernels,
   // user_permute.hpp) | all (the four, one after the other).
   std::string layout = "rank_major";
-  int expert_alignment = 0;    // params->expert_alignment (EXPERT_PACKED and the reference kernels; 0 = 1)
-  int expert_capacity = 0;     // params->expert_capacity (EXPERT_MAJOR; 0 = the worst case)
-  int expert_packed_rows = 0;  // params->expert_rows (EXPERT_PACKED; 0 = the worst case)
+  int expert_alignment = 0;  // params->expert_alignment (EXPERT_PACKED and the reference kernels; 0 = 1)
+  // params->expert_capacity (EXPERT_MAJOR) and params->expert_rows
+  // (EXPERT_PACKED): kExpertRowsAuto = what a server would choose from the
+  // bench's own routing (expert_rows_needed), 0 = the library's worst case.
+  int expert_capacity = kExpertRowsAuto;
+  int expert_packed_rows = kExpertRowsAuto;
+  // How the two were chosen, for the layout headings (set where they are resolved).
+  std::string expert_capacity_note, expert_packed_rows_note;
   // The expert of --decode-step and --micro-batch-overlap: stand_in (the
   // copy kernel, resp. one GEMM on random operands per projection) | grouped
   // (grouped_expert.hpp: cuBLAS grouped GEMMs on the EXPERT_PACKED rows).
@@ -113,7 +121,20 @@ struct BenchResults {
   std::string expert_rows;
   std::vector<NoSmHeldResult> no_sm_held;
   std::string no_sm_held_skipped;
+  // params->expert_capacity and params->expert_rows as passed (0 = the worst
+  // case; -1: no handle of that layout), for the JSON.
+  int expert_capacity = -1, expert_packed_rows = -1;
 };
+
+// The rows the expert layouts need for the bench's routing at `tokens` tokens
+// per rank on `world` ranks: the most rows one expert receives (the most
+// picks of one expert id, over every rank's tokens), and the most rows one
+// rank's EXPERT_PACKED result fills with every expert's rows rounded up to
+// `alignment`.
+struct ExpertRowsNeeded {
+  int64_t per_expert = 0, packed = 0;
+};
+ExpertRowsNeeded expert_rows_needed(const BenchOptions& options, int world, int tokens, int alignment);
 
 int run_bench(const World& world, const BenchOptions& options);
 

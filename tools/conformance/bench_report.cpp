@@ -215,12 +215,16 @@ void BenchReport::print_note(const std::string& line) const {
   std::fflush(stdout);
 }
 
-void BenchReport::print_layout_heading(const WorkloadSpec& w, const std::string& layout) const {
+void BenchReport::print_layout_heading(const WorkloadSpec& w, const std::string& layout,
+                                       const std::string& sizing) const {
   if (!s_.world().is_root()) return;
   std::printf("#\n# layout %s", layout.c_str());
-  if (w.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) std::printf(": capacity %d rows per expert", w.capacity());
+  if (w.receive_layout == MOE_EP_LAYOUT_EXPERT_MAJOR) {
+    std::printf(": capacity %d rows per expert (%s)", w.capacity(), sizing.c_str());
+  }
   if (w.receive_layout == MOE_EP_LAYOUT_EXPERT_PACKED) {
-    std::printf(": alignment %d, %lld rows", w.alignment(), static_cast<long long>(w.packed_rows()));
+    std::printf(": alignment %d, %lld rows (%s)", w.alignment(), static_cast<long long>(w.packed_rows()),
+                sizing.c_str());
   }
   if (layout == "rank_major+user") {
     std::printf(
@@ -462,8 +466,10 @@ void BenchReport::write_json(const BenchResults& all, const std::string& path) c
       .field("wire_scale", o_.wire_scale)
       .field("dispatch_dequantize", o_.dispatch_dequantize)
       .field("expert_alignment", o_.expert_alignment)
-      .field("expert_capacity", o_.expert_capacity)
-      .field("expert_packed_rows", o_.expert_packed_rows)
+      .field("expert_capacity", all.expert_capacity)
+      .field("expert_packed_rows", all.expert_packed_rows)
+      .field("expert_capacity_auto", o_.expert_capacity == kExpertRowsAuto)
+      .field("expert_packed_rows_auto", o_.expert_packed_rows == kExpertRowsAuto)
       .field("expert_gemm", o_.expert_gemm)
       .field("launch_gate", o_.launch_gate)
       .field("num_sms", o_.common.num_sms)

@@ -24,8 +24,9 @@ class BenchReport {
   void print_row(const SizeResult& r) const;
   void print_baselines(const std::vector<SizeResult>& results) const;
   // --layout: the heading of one layout's table (its workspace; largest: its
-  // largest workload), and the layouts side by side after the last one.
-  void print_layout_heading(const WorkloadSpec& largest, const std::string& layout) const;
+  // largest workload; sizing: how its capacity or rows were chosen), and the
+  // layouts side by side after the last one.
+  void print_layout_heading(const WorkloadSpec& largest, const std::string& layout, const std::string& sizing) const;
   void print_layouts(const std::vector<SizeResult>& results) const;
   // --wire: the heading of one wire's table (what crosses per row; largest:
   // its largest workload), and the wires side by side after the last one.

@@ -82,12 +82,17 @@ void BenchReport::print_decode_step_row(const DecodeStepResult& r) const {
   } else {
     std::snprintf(split, sizeof split, "%8s %8s %8s", "-", "-", "-");
   }
-  std::printf("  %7d | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %8.2f %8.3f | %s | %s/%s/%s/%s%s\n", r.tokens,
+  char weights[96] = "";
+  if (r.expert_groups > 0) {  // the grouped-GEMM expert: what its time is made of
+    std::snprintf(weights, sizeof weights, " | weights: %d groups, %.2f GB, %.2f TB/s", r.expert_groups,
+                  double(r.expert_weight_bytes) / 1e9, ratio(double(r.expert_weight_bytes) / 1e6, r.expert.step.avg));
+  }
+  std::printf("  %7d | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f | %8.2f %8.3f | %s | %s/%s/%s/%s%s%s\n", r.tokens,
               r.dispatch.step.avg, r.expert.step.avg, r.combine.step.avg, r.parts.step.avg, r.step.step.avg,
               r.step.step.p50, r.step.step.p99, r.parts.step.avg - r.step.step.avg,
               ratio(r.step.step.avg, r.parts.step.avg), split, wrong_text(r.wrong_dispatch).c_str(),
               wrong_text(r.wrong_parts).c_str(), wrong_text(r.wrong_step).c_str(),
-              wrong_text(r.wrong_split_step).c_str(), gate_note(r.gate_expired));
+              wrong_text(r.wrong_split_step).c_str(), weights, gate_note(r.gate_expired));
   std::fflush(stdout);
 }
 
@@ -162,6 +167,9 @@ void BenchReport::write_decode_step_json(JsonWriter& j, const BenchResults& all)
     }
     j.field("wrong_dispatch", r.wrong_dispatch).field("wrong_parts", r.wrong_parts).field("wrong_step", r.wrong_step);
     j.field("launches_queued_ahead", !r.gate_expired);
+    if (r.expert_groups > 0) {
+      j.field("expert_groups", r.expert_groups).field("expert_weight_bytes", int64_t(r.expert_weight_bytes));
+    }
     j.end_object();
   }
   j.end_array();

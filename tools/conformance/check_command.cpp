@@ -280,6 +280,9 @@ const char* wire_suffix(int wire) {
   return wire == MOE_EP_WIRE_AS_IS ? "" : "+fp8";
 }
 
+// The layout column: the longest layout name and wire suffix, "expert_packed+fp8dq".
+constexpr int kLayoutColumn = 19;
+
 void print_header(const Session& s, const CheckOptions& o, size_t cases) {
   const std::vector<std::string> lines = s.rank_lines();
   if (!s.world().is_root()) return;
@@ -301,8 +304,9 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
       "\"+fp8dq\", "
       "that dispatch_wire with dispatch_dequantize)\n",
       o.wires.c_str());
-  std::printf("#\n# %-22s %-6s %-17s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode", "layout",
-              "E", "K", "maxT", "tpr", "H", "hidden", "scales", "combine", "tokens/rank", "#wrong", "result");
+  std::printf("#\n# %-22s %-6s %-*s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode",
+              kLayoutColumn, "layout", "E", "K", "maxT", "tpr", "H", "hidden", "scales", "combine", "tokens/rank",
+              "#wrong", "result");
   std::fflush(stdout);
 }
 
@@ -408,10 +412,10 @@ int run_check(const World& world, const CheckOptions& o) {
       const bool graph_mode = mode[0] == 'g';
       const int first_round = graph_mode ? kFirstGraphRound : mode[0] == 's' ? kFirstSplitRound : 0;
       const WorkloadSpec w = case_spec(o.common.seed, c, world.size, first_round, graph_mode);
-      std::printf("  %-22s %-6s %-17s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
-                  layout_text.c_str(), w.num_experts, w.top_k, w.max_tokens_per_rank, w.tokens_per_rank(),
-                  w.hidden_size, payload_text(w).c_str(), scales_text(w).c_str(), dtype_name(w.combine_dtype).c_str(),
-                  tokens_text(w.tokens).c_str(), static_cast<long long>(wrong),
+      std::printf("  %-22s %-6s %-*s %5d %4d %5d %4d %6d %-16s %-13s %-8s %-14s %8lld  %s\n", c.name.c_str(), mode,
+                  kLayoutColumn, layout_text.c_str(), w.num_experts, w.top_k, w.max_tokens_per_rank,
+                  w.tokens_per_rank(), w.hidden_size, payload_text(w).c_str(), scales_text(w).c_str(),
+                  dtype_name(w.combine_dtype).c_str(), tokens_text(w.tokens).c_str(), static_cast<long long>(wrong),
                   was_skipped ? "SKIPPED"
                   : ok        ? "OK"
                   : any_error ? "ERROR"

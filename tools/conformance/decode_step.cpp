@@ -17,6 +17,9 @@ DecodeStepResult DecodeStep::measure(const WorkloadSpec& w, const std::vector<Ra
   runner_.load(w, all);
   if (grouped_) {
     grouped_->set_rows(local_expert_rows(w, all, s.world().rank));  // fixed for this size
+    r.expert_groups = grouped_->groups();
+    r.expert_weight_bytes =
+        uint64_t(r.expert_groups) * grouped_expert_weight_bytes(w.hidden_size, grouped_->intermediate());
     // One eager step first: cuBLAS sets itself up for these sizes outside the captures.
     TOOL_CHECK_MOE(runner_.dispatch(s.stream()));
     expert(s.stream());

@@ -35,6 +35,10 @@ struct DecodeStepResult {
   bool has_split = false;
   PhaseTiming split_step;  // the whole step through the halves
   bool gate_expired = false;
+  // The grouped-GEMM expert: its groups (local experts with rows) and the
+  // bytes of their weights, which every expert call reads.
+  int expert_groups = 0;
+  uint64_t expert_weight_bytes = 0;
 };
 
 class DecodeStep {

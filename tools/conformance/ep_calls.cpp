@@ -1,6 +1,7 @@
 #include "ep_calls.hpp"
 
 #include "errors.hpp"
+#include "expert_rows.hpp"
 
 namespace moe_ep_tool {
 
@@ -81,7 +82,7 @@ moe_ep_config_t with_zero_copy_combine(moe_ep_config_t config, bool zero_copy) {
 }
 
 void* fill_combine_input(const WorkloadSpec& s, int rank, const Place& place, const moe_ep_dispatch_result_t& r,
-                         void* stream) {
+                         void* stream, const std::vector<RankRouting>* all) {
   const int64_t P = s.combine_rows();  // receive rows, or the expert layout's rows
   int64_t view_rows = r.combine_input.ndim >= 2 && r.combine_input.shape ? r.combine_input.shape[0] : -1;
   if (view_rows >= 0 && r.combine_input.ndim == 3) view_rows *= r.combine_input.shape[1];  // [E_local, capacity, H]
@@ -89,6 +90,10 @@ void* fill_combine_input(const WorkloadSpec& s, int rank, const Place& place, co
       r.combine_input.shape[r.combine_input.ndim - 1] != s.hidden_size) {
     fail("zero-copy combine: the dispatch result has no [" + std::to_string(P) + ", " + std::to_string(s.hidden_size) +
          "] combine_input view (config->zero_copy_combine was set)");
+  }
+  if (all != nullptr && s.expert_layout()) {
+    write_expert_layout_output(s, rank, *all, place, r.combine_input.data, stream);
+    return r.combine_input.data;
   }
   const std::vector<uint8_t> rows = make_expert_output(s, rank);
   upload_at(place, r.combine_input.data, rows.data(), rows.size(), stream);

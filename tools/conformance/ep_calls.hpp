@@ -71,9 +71,11 @@ moe_ep_config_t with_zero_copy_combine(moe_ep_config_t config, bool zero_copy);
 
 // Zero-copy combine: writes rank `rank`'s expert output for `spec` into the
 // dispatch result's combine_input view and returns the view's address.
-// Fails (a tool error) when the result has no view.
+// Fails (a tool error) when the result has no view.  With every rank's
+// routing `all`, an expert layout's view gets its pair rows only, NaN
+// elsewhere (write_expert_layout_output); without, every row.
 void* fill_combine_input(const WorkloadSpec& spec, int rank, const Place& place, const moe_ep_dispatch_result_t& result,
-                         void* stream);
+                         void* stream, const std::vector<RankRouting>* all = nullptr);
 
 // Overwrites the payload rows of a dispatch result (hidden, scales): the
 // caller may use them until it issues the combine, so a later dispatch must

@@ -24,6 +24,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,12 @@
 #include "workload.hpp"
 
 namespace moe_ep_tool {
+
+// The bytes of one expert's weights, W1 [H, 2I] and W2 [I, H] in bf16: what
+// each group of a call reads whatever its rows.
+inline uint64_t grouped_expert_weight_bytes(int hidden, int intermediate) {
+  return 3ull * uint64_t(hidden) * uint64_t(intermediate) * 2;
+}
 
 // "" when this run can use the grouped-GEMM expert, else why not.
 std::string grouped_expert_refusal(bool on_gpu, const moe_ep_verify::WorkloadSpec& spec);
@@ -61,6 +68,7 @@ class GroupedExpert {
   void run(const moe_ep_dispatch_result_t& r, cudaStream_t stream);
 
   int64_t rows() const { return total_rows_; }  // sum of the group sizes
+  int groups() const { return int(groups_.size()); }  // the experts with rows: one group each
   int intermediate() const { return intermediate_; }
 
  private:

@@ -4,7 +4,10 @@
 //   GPU:  CUDA events on the session stream; with `gated`, each batch of
 //         iterations is queued behind a LaunchGate and released at once on
 //         every rank (after an MPI barrier), preceded by one untimed iteration
-//         that lines the ranks up.
+//         that lines the ranks up.  A batch the host could not queue before
+//         the gate gave up is redone with half as many iterations; only when
+//         a batch of one does not fit is the loop timed without the gate
+//         (LoopResult::gate_expired).
 //   host: the steady clock, with an MPI barrier before each iteration.
 #pragma once
 
@@ -43,7 +46,7 @@ struct LoopOptions {
 
 struct LoopResult {
   std::vector<std::vector<double>> phase_us;  // [phase][iteration]
-  bool gate_expired = false;  // timings were redone without the gate (see LaunchGate)
+  bool gate_expired = false;                  // not even one iteration could be queued ahead: timed without the gate
 };
 
 LoopResult time_loop(const Session& session, const LoopOptions& options, int phases,

@@ -51,6 +51,21 @@ CLI::Validator integer_in(long long lo, long long hi) {
 }
 CLI::Validator integer_at_least(long long lo) { return integer_in(lo, INT_MAX); }
 
+// "auto" (stored as moe_ep_tool::kExpertRowsAuto) or an integer >= 0.
+CLI::Validator auto_or_count() {
+  const CLI::Validator count = integer_at_least(0);
+  return CLI::Validator(
+      [count](std::string& text) -> std::string {
+        if (text == "auto") {
+          text = std::to_string(moe_ep_tool::kExpertRowsAuto);
+          return std::string();
+        }
+        std::string copy = text;
+        return count(copy).empty() ? std::string() : "expected auto or an integer >= 0, got '" + text + "'";
+      },
+      "auto|NONNEGATIVE");
+}
+
 CLI::Validator real_in(double lo, double hi, bool lo_open) {
   const std::string expected = std::string("a number ") + (lo_open ? "> " : ">= ") + std::to_string(lo).substr(0, 3) +
                                (std::isinf(hi) ? std::string() : " and <= " + std::to_string(hi).substr(0, 3));
@@ -199,12 +214,18 @@ CLI::App* add_bench(CLI::App& app, BenchOptions& o) {
       ->check(integer_in(0, 256));
   bench
       ->add_option("--expert-capacity", o.expert_capacity,
-                   "params->expert_capacity of EXPERT_MAJOR, rows per expert (0 = the worst case, world x max tokens)")
-      ->check(integer_at_least(0));
+                   "params->expert_capacity of EXPERT_MAJOR, rows per expert: auto (what a server sizes from its "
+                   "routing: the most rows any expert receives in the bench's routing over its sizes, rounded up to "
+                   "--expert-alignment, or 128 without one) | 0 (the worst case, world x max tokens) | N")
+      ->transform(auto_or_count())
+      ->default_str("auto");
   bench
       ->add_option("--expert-packed-rows", o.expert_packed_rows,
-                   "params->expert_rows of EXPERT_PACKED, rows of the result (0 = the worst case)")
-      ->check(integer_at_least(0));
+                   "params->expert_rows of EXPERT_PACKED, rows of the result: auto (the most rows one rank fills in "
+                   "the bench's routing over its sizes, each expert's rounded up to the alignment) | 0 (the worst "
+                   "case) | N")
+      ->transform(auto_or_count())
+      ->default_str("auto");
   bench
       ->add_option("--expert-gemm", o.expert_gemm,
                    "--decode-step and --micro-batch-overlap: the expert, stand_in (the copy kernel; one GEMM per "

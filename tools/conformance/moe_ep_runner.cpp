@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "errors.hpp"
+#include "expert_rows.hpp"
 
 namespace moe_ep_tool {
 
@@ -16,7 +17,11 @@ void MicroBatch::load(const WorkloadSpec& w, const std::vector<RankRouting>& all
   spec_ = w;
   all_ = &all;
   inputs_.load(w, me(), all[me()], s_.stream());
-  expert_output_.upload(make_expert_output(w, me()), s_.stream());
+  if (w.expert_layout()) {  // the pair rows only (expert_rows.hpp)
+    write_expert_layout_output(w, me(), all, s_.place(), expert_output_.data(), s_.stream());
+  } else {
+    expert_output_.upload(make_expert_output(w, me()), s_.stream());
+  }
 }
 
 moe_ep_status_t MicroBatch::dispatch(moe_ep_handle_t h, void* stream) {
@@ -47,6 +52,7 @@ moe_ep_status_t MicroBatch::combine_recv(moe_ep_handle_t h, int32_t slot, void* 
 void* MicroBatch::expert_target() const { return zero_copy_ ? dr_.combine_input.data : expert_output_.data(); }
 
 Verdict MicroBatch::verify_dispatch() {
+  if (spec_.expert_layout()) return check_expert_layout_dispatch(spec_, *all_, me(), dr_, s_.place(), s_.stream());
   Verdict d;
   const ReceivedDispatch got = read_dispatch(spec_, dr_, s_.place().dlpack(), reader(s_.place(), s_.stream()), d);
   d.merge(check_dispatch(spec_, *all_, me(), got));
@@ -83,6 +89,13 @@ MoeEpRunner::MoeEpRunner(const Session& s, const WorkloadSpec& largest, bool zer
     : s_(s),
       zero_copy_(zero_copy),
       handle_(s.bootstrap(), largest.params(), with_zero_copy_combine(s.config(), zero_copy)),
+      batch_(s, largest, zero_copy) {}
+
+MoeEpRunner::MoeEpRunner(const Session& s, const WorkloadSpec& largest, bool zero_copy, moe_ep_status_t tolerated,
+                         moe_ep_status_t* status)
+    : s_(s),
+      zero_copy_(zero_copy),
+      handle_(s.bootstrap(), largest.params(), with_zero_copy_combine(s.config(), zero_copy), tolerated, status),
       batch_(s, largest, zero_copy) {}
 
 void MoeEpRunner::load(const WorkloadSpec& w, const std::vector<RankRouting>& all) {
@@ -197,7 +210,7 @@ void MoeEpRunner::launch_half(Half h, bool graph, void* stream) {
 void MoeEpRunner::load_view() {
   if (!zero_copy_ || view_loaded_) return;
   TOOL_CHECK_MOE(dispatch(s_.stream()));
-  fill_combine_input(spec(), s_.world().rank, s_.place(), dispatch_result(), s_.stream());
+  fill_combine_input(spec(), s_.world().rank, s_.place(), dispatch_result(), s_.stream(), &batch_.routing());
   TOOL_CHECK_MOE(combine(s_.stream()));
   view_loaded_ = true;
 }

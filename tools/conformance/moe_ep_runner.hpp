@@ -38,7 +38,8 @@ class MicroBatch {
   moe_ep_status_t combine_send(moe_ep_handle_t h, int32_t slot, void* stream);
   moe_ep_status_t combine_recv(moe_ep_handle_t h, int32_t slot, void* stream);
 
-  // The last dispatch's (or capture's) result, read back and checked now.
+  // The last dispatch's (or capture's) result, read back and checked now (an
+  // expert layout's on its pair rows: expert_rows.hpp).
   Verdict verify_dispatch();
   // The last combine's output, checked for the expert rows `model` (default:
   // make_expert_output's, what load() gives combine).
@@ -76,6 +77,10 @@ std::string split_refusal(const Session& s, moe_ep_status_t status);
 class MoeEpRunner {
  public:
   MoeEpRunner(const Session& s, const WorkloadSpec& largest, bool zero_copy);
+  // As above, except that create's answer `tolerated` is not a tool error:
+  // handle() is then NULL and *status says so (the message is moe_ep_last_error()).
+  MoeEpRunner(const Session& s, const WorkloadSpec& largest, bool zero_copy, moe_ep_status_t tolerated,
+              moe_ep_status_t* status);
 
   // This size's inputs (and the expert output combine takes), for every rank's routing `all`.
   void load(const WorkloadSpec& w, const std::vector<RankRouting>& all);
