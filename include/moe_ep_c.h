@@ -300,7 +300,8 @@ typedef struct moe_ep_config_t {
                          it: bootstrap calls made on the calling thread (with
                          world_size == 1, and the NVLink backend's create-time
                          calls other than the fd exchange).  Expiry: TIMEOUT,
-                         and the handle is unusable (destroy it).            */
+                         and the handle is unusable (destroy it), unless
+                         failure_policy is MASK (below).                     */
   int32_t device;     /* CUDA ordinal; -1 (default) = the current device       */
   int32_t zero_copy_combine; /* 0 (default) = off, else on: every dispatch result holds
                          combine_input, a [P, hidden_size] combine_dtype view
@@ -321,6 +322,27 @@ typedef struct moe_ep_config_t {
                              its own result buffers; moe_ep_workspace_size counts
                              them.  Must be the same on every rank.  Every
                              backend takes 2.                                     */
+  /* What a peer that stops answering does to the handle (docs/reliability.md,
+   * "Surviving a dead rank").  MOE_EP_ON_FAILURE_* (below); must be the same on
+   * every rank.                                                               */
+  int32_t failure_policy;    /* 0 = MOE_EP_ON_FAILURE_FAIL_HANDLE (default): TIMEOUT,
+                                the handle is unusable.  MOE_EP_ON_FAILURE_MASK
+                                (HOST backend only): the survivors drop the
+                                failed rank from the active-rank mask through
+                                the store at store_address and go on; needs
+                                store_address.                                   */
+  int32_t rejoin;            /* 0 (default), or 1: this process replaces a failed
+                                rank of a running MASK group.  moe_ep_create then
+                                reads only rank and world_size of the bootstrap
+                                (its callbacks may be NULL: the group is met
+                                through the store) and returns once the
+                                survivors admit it with moe_ep_set_active_ranks. */
+  const char* store_address; /* "host:port" of a moe_ep store (moe_ep_store_serve);
+                                NULL (default) = none.  Copied by create.      */
+  const char* store_prefix;  /* the group's name in the store; NULL (default) =
+                                "moe_ep".  Groups that share a store need
+                                distinct prefixes; a replacement uses its
+                                group's prefix.                                */
 } moe_ep_config_t;
 
 /* Fills the defaults; struct_size: sizeof(moe_ep_config_t) of the caller's header. */
@@ -581,6 +603,46 @@ MOE_EP_API moe_ep_status_t moe_ep_health_init(moe_ep_health_t* health, size_t st
  * its struct_size.  Local; follows the handle's threading rule. */
 MOE_EP_API moe_ep_status_t moe_ep_poll_health(moe_ep_handle_t handle, moe_ep_health_t* health);
 
+/* config->failure_policy. */
+enum {
+  MOE_EP_ON_FAILURE_FAIL_HANDLE = 0, /* a dead peer: TIMEOUT, the handle is unusable  */
+  MOE_EP_ON_FAILURE_MASK = 1         /* HOST: a dead peer is masked out, the
+                                        survivors go on (needs a store)          */
+};
+
+/* The store: a small key/value server over TCP that survivors of a failure
+ * agree through when the launcher's own collectives (MPI) died with a rank.
+ * Serve it from a process that outlives the ranks (a launcher, an
+ * orchestrator, a supervisor): hosted inside a rank, it dies with that rank
+ * and takes every survivor's handle with it.  The server runs on threads of
+ * the calling process until moe_ep_store_destroy.  It trusts nothing it
+ * receives: frames are bounded (keys <= 1 KiB, values <= 1 GiB) and checked
+ * before use; a malformed or stalled frame closes that connection only.  It
+ * has no authentication: bind it to an address only the job can reach. */
+typedef struct moe_ep_store_s* moe_ep_store_t;
+
+/* Listens on host:port (host: a name or address, NULL = every interface;
+ * port 0 = any free port, see moe_ep_store_port). */
+MOE_EP_API moe_ep_status_t moe_ep_store_serve(const char* host, int32_t port, moe_ep_store_t* store);
+/* The port the store listens on. */
+MOE_EP_API moe_ep_status_t moe_ep_store_port(moe_ep_store_t store, int32_t* port);
+/* Stops the server (waiting gets answer "not found") and sets *store to NULL;
+ * NULL is a no-op. */
+MOE_EP_API moe_ep_status_t moe_ep_store_destroy(moe_ep_store_t* store);
+
+/* A bootstrap whose allgather and barrier go through the store at `address`
+ * ("host:port") under `prefix` (unique per group and run), for launchers
+ * without MPI.  Each wait is bounded by timeout_ms (the callback then returns
+ * an error).  Fills *bootstrap (its struct_size set by moe_ep_bootstrap_init);
+ * release it with moe_ep_bootstrap_release after every handle created from it
+ * is destroyed. */
+MOE_EP_API moe_ep_status_t moe_ep_bootstrap_from_store(const char* address, const char* prefix, int32_t rank,
+                                                       int32_t world_size, int32_t timeout_ms,
+                                                       moe_ep_bootstrap_t* bootstrap);
+/* Closes a bootstrap from moe_ep_bootstrap_from_store and clears its ctx and
+ * callbacks; one already released (ctx NULL) is a no-op. */
+MOE_EP_API moe_ep_status_t moe_ep_bootstrap_release(moe_ep_bootstrap_t* bootstrap);
+
 /* Copies the current mask: active[r] = 1 if rank r is active, 0 if not.
  * world_size must be the handle's.  Local, non-blocking. */
 MOE_EP_API moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8_t* active, int32_t world_size);
@@ -592,7 +654,14 @@ MOE_EP_API moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8
  * Takes effect from the next dispatch; mask_epoch increments.  On HOST an
  * inactive rank still makes every collective call, in the same order (the
  * bootstrap's allgather gathers from the whole group): its dispatch sends and
- * receives nothing, its combine output is zeros.  Only the HOST
+ * receives nothing, its combine output is zeros.  Under failure_policy MASK
+ * the call is collective over the ranks active before or after it only
+ * (through the store), at most one rank becomes active per call, and that is
+ * how survivors admit a replacement (config->rejoin) or a rank they masked:
+ * both sides' parameters are compared as at create.  An inactive rank makes
+ * no exchange there (its dispatch and combine are local and empty); a peer
+ * that fails during the call is masked out and the call returns TIMEOUT
+ * naming it, the requested mask not applied.  Only the HOST
  * backend has masks other than all-active yet: NVLINK_TWO_SIDED and NCCL
  * answer UNSUPPORTED for them (all-active is accepted). */
 MOE_EP_API moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* active, int32_t world_size);

@@ -8,7 +8,14 @@
 #include "handle.hpp"
 #include "moe_ep_c.h"
 #include "params.hpp"
+#include "store/store_bootstrap.hpp"
+#include "store/store_server.hpp"
 #include "versioned_struct.hpp"
+
+struct moe_ep_store_s {
+  moe_ep::store::StoreServer server;
+  moe_ep_store_s(const std::string& host, int32_t port) : server(host, port) {}
+};
 
 namespace {
 
@@ -229,6 +236,58 @@ moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* a
   return guarded([&] {
     require_handle(handle);
     moe_ep::set_active_ranks(*handle, active, world_size);
+  });
+}
+
+moe_ep_status_t moe_ep_store_serve(const char* host, int32_t port, moe_ep_store_t* store) {
+  if (store != nullptr) *store = nullptr;
+  return guarded([&] {
+    require_out(store, "store");
+    *store = new moe_ep_store_s(host ? host : "", port);
+  });
+}
+
+moe_ep_status_t moe_ep_store_port(moe_ep_store_t store, int32_t* port) {
+  return guarded([&] {
+    if (store == nullptr) moe_ep::fail_argument("store", "a store from moe_ep_store_serve", "NULL");
+    require_out(port, "port");
+    *port = store->server.port();
+  });
+}
+
+moe_ep_status_t moe_ep_store_destroy(moe_ep_store_t* store) {
+  return guarded([&] {
+    if (store == nullptr || *store == nullptr) return;
+    moe_ep_store_t s = *store;
+    *store = nullptr;
+    delete s;
+  });
+}
+
+moe_ep_status_t moe_ep_bootstrap_from_store(const char* address, const char* prefix, int32_t rank, int32_t world_size,
+                                            int32_t timeout_ms, moe_ep_bootstrap_t* bootstrap) {
+  return guarded([&] {
+    require_out(bootstrap, "bootstrap");
+    if (address == nullptr) moe_ep::fail_argument("address", "\"host:port\" of a store", "NULL");
+    if (prefix == nullptr) moe_ep::fail_argument("prefix", "a name unique per group", "NULL");
+    moe_ep::check_output_struct(bootstrap, "bootstrap");
+    moe_ep_bootstrap_t made = moe_ep::make_store_bootstrap(address, prefix, rank, world_size, timeout_ms);
+    if (bootstrap->struct_size < sizeof(moe_ep_bootstrap_t)) {
+      moe_ep::release_store_bootstrap(&made);
+      moe_ep::fail_argument("bootstrap->struct_size",
+                            ">= " + std::to_string(sizeof(moe_ep_bootstrap_t)) + " (every field is filled)",
+                            bootstrap->struct_size);
+    }
+    moe_ep::write_versioned(bootstrap, made, "bootstrap");
+  });
+}
+
+moe_ep_status_t moe_ep_bootstrap_release(moe_ep_bootstrap_t* bootstrap) {
+  return guarded([&] {
+    require_out(bootstrap, "bootstrap");
+    if (!moe_ep::release_store_bootstrap(bootstrap)) {
+      moe_ep::fail_argument("bootstrap", "one filled by moe_ep_bootstrap_from_store", "other callbacks");
+    }
   });
 }
 

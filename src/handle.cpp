@@ -11,6 +11,7 @@
 #include "common/tuning_registry.hpp"
 #include "dtype.hpp"
 #include "error.hpp"
+#include "handle_failure.hpp"
 #include "tensor_check.hpp"
 #include "versioned_struct.hpp"
 
@@ -21,7 +22,7 @@ namespace {
 int32_t pack_dtype(const moe_ep_dtype_t& d) { return d.code | (d.bits << 8) | (d.lanes << 16); }
 
 // The fields every rank must agree on, compared by name after one allgather.
-std::vector<RankValue> group_fingerprint(const Layout& l, int32_t backend, int32_t timeout_ms, int32_t micro_batches) {
+std::vector<RankValue> fingerprint_of(const Layout& l, int32_t backend, int32_t timeout_ms, int32_t micro_batches) {
   return {
       {"params->num_experts", l.num_experts},
       {"params->top_k", l.top_k},
@@ -50,6 +51,23 @@ std::vector<RankValue> group_fingerprint(const Layout& l, int32_t backend, int32
       {"config->zero_copy_combine", l.zero_copy_combine ? 1 : 0},
       {"config->micro_batches", micro_batches},
   };
+}
+
+// A string as one int32 for the fingerprint (FNV-1a, folded).
+int32_t text_hash(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int32_t>(static_cast<uint32_t>(h ^ (h >> 32)));
+}
+
+// Whether the caller asked for a rejoin (a config this rank cannot read is
+// reported by the ordinary create's agreement instead).
+bool rejoin_requested(const moe_ep_config_t* config_arg) {
+  try {
+    return config_arg != nullptr && read_config(config_arg).rejoin != 0;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 // The timeout this rank waits for its peers during create: its own
@@ -82,6 +100,7 @@ uint64_t workspace_size(const moe_ep_params_t* params_arg, const moe_ep_config_t
 
 moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const moe_ep_params_t* params_arg,
                                const moe_ep_config_t* config_arg) {
+  if (rejoin_requested(config_arg)) return create_rejoining_handle(bootstrap_arg, params_arg, config_arg);
   // Without a usable bootstrap there is no way to tell the peers: fail locally.
   const Bootstrap bootstrap(bootstrap_arg);
   // Every wait for a peer below is bounded by this rank's timeout_ms.
@@ -89,10 +108,16 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
 
   // Local validation; its outcome is shared so that no rank waits for a rank that gave up.
   auto handle = std::make_unique<moe_ep_handle_s>();
+  FailureConfig failure;
   run_then_agree(*exchange, [&] {
     validate_tuning_environment(bootstrap.rank());  // every MOE_EP_* knob, before anything is allocated
     const moe_ep_params_t params = read_params(params_arg);
     handle->config = read_config(config_arg);
+    failure = read_failure_config(handle->config);
+    handle->store_address = failure.store_address;
+    handle->store_prefix = failure.store_prefix;
+    handle->config.store_address = nullptr;  // the caller's strings are not kept
+    handle->config.store_prefix = nullptr;
     handle->layout = make_layout(params, bootstrap.world_size(), bootstrap.rank());
     handle->layout.zero_copy_combine = handle->config.zero_copy_combine != 0;
     handle->config.backend = resolve_backend_locally(handle->config);
@@ -102,19 +127,28 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   // several hosts): the group agrees on one backend from every rank's view.
   const int32_t asked = config_arg ? read_config(config_arg).backend : MOE_EP_BACKEND_AUTO;
   handle->config.backend = agree_on_backend(*exchange, asked, handle->config);
-  check_same_on_every_rank(*exchange,
-                           group_fingerprint(handle->layout, handle->config.backend, handle->config.timeout_ms,
-                                             handle->config.micro_batches),
-                           "create: parameter check");
+  check_same_on_every_rank(*exchange, group_fingerprint(*handle), "create: parameter check");
   // Beyond what the backend implements: UNSUPPORTED, the same answer on every
   // rank once the backend and the parameters are agreed.
   check_backend_capabilities(handle->config.backend, handle->layout, handle->config.micro_batches);
   handle->slots.resize(static_cast<size_t>(handle->config.micro_batches));
   handle->active.assign(static_cast<size_t>(handle->layout.world_size), 1);
 
+  if (failure.policy == MOE_EP_ON_FAILURE_MASK) {
+    handle->backend = make_masking_backend(*exchange, *handle, failure, group_fingerprint(*handle));
+    return handle.release();
+  }
   handle->backend =
       backend_entry(handle->config.backend).create(handle->layout, handle->config, bootstrap, std::move(exchange));
   return handle.release();
+}
+
+std::vector<RankValue> group_fingerprint(const moe_ep_handle_s& h) {
+  std::vector<RankValue> values =
+      fingerprint_of(h.layout, h.config.backend, h.config.timeout_ms, h.config.micro_batches);
+  values.push_back({"config->failure_policy", h.config.failure_policy});
+  values.push_back({"config->store_prefix (its hash)", text_hash(h.store_prefix)});
+  return values;
 }
 
 namespace {
@@ -513,29 +547,29 @@ void run_combine_recv(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* o
 }  // namespace
 
 void dispatch(moe_ep_handle_s& h, const moe_ep_dispatch_args_t* args, moe_ep_dispatch_result_t* result, void* stream) {
-  h.health.guard([&] { run_dispatch(h, args, result, stream); });
+  h.health.guard([&] { survive(h, [&] { run_dispatch(h, args, result, stream); }); });
 }
 
 void combine(moe_ep_handle_s& h, const moe_ep_tensor_t* expert_output, const moe_ep_tensor_t* output,
              moe_ep_combine_result_t* result, void* stream) {
-  h.health.guard([&] { run_combine(h, expert_output, output, result, stream); });
+  h.health.guard([&] { survive(h, [&] { run_combine(h, expert_output, output, result, stream); }); });
 }
 
 void dispatch_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_dispatch_args_t* args, void* stream) {
-  h.health.guard([&] { run_dispatch_send(h, slot, args, stream); });
+  h.health.guard([&] { survive(h, [&] { run_dispatch_send(h, slot, args, stream); }); });
 }
 
 void dispatch_recv(moe_ep_handle_s& h, int32_t slot, moe_ep_dispatch_result_t* result, void* stream) {
-  h.health.guard([&] { run_dispatch_recv(h, slot, result, stream); });
+  h.health.guard([&] { survive(h, [&] { run_dispatch_recv(h, slot, result, stream); }); });
 }
 
 void combine_send(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* expert_output, void* stream) {
-  h.health.guard([&] { run_combine_send(h, slot, expert_output, stream); });
+  h.health.guard([&] { survive(h, [&] { run_combine_send(h, slot, expert_output, stream); }); });
 }
 
 void combine_recv(moe_ep_handle_s& h, int32_t slot, const moe_ep_tensor_t* output, moe_ep_combine_result_t* result,
                   void* stream) {
-  h.health.guard([&] { run_combine_recv(h, slot, output, result, stream); });
+  h.health.guard([&] { survive(h, [&] { run_combine_recv(h, slot, output, result, stream); }); });
 }
 
 // The error is the query's answer, not its failure: a broken handle answers
@@ -564,7 +598,7 @@ moe_ep_health_t poll_health(moe_ep_handle_s& h) {
     if (seen.status != MOE_EP_SUCCESS) h.health.record(seen.status, seen.message, seen.failed_rank);
   }
   out.status = h.health.status();
-  out.failed_rank = h.health.failed_rank();
+  out.failed_rank = h.health.broken() ? h.health.failed_rank() : h.last_failed_rank;
   int32_t count = 0;
   for (uint8_t a : h.active) count += a ? 1 : 0;
   out.active_count = count;
@@ -621,6 +655,11 @@ void set_active_ranks(moe_ep_handle_s& h, const uint8_t* active, int32_t world_s
       mask = local_mask(h, active, world_size);
     } catch (...) {
       local = status_of_current_exception(&message);
+    }
+    if (h.mask_state) {  // failure_policy MASK: the backend's outcome (a failure may change it)
+      survive(h, [&] { h.backend->set_active_ranks(mask, local, message); });
+      sync_mask(h);
+      return;
     }
     h.backend->set_active_ranks(mask, local, message);  // agreed over the group: fails on every rank or none
     h.active = std::move(mask);

@@ -7,9 +7,11 @@
 
 #include "backend.hpp"
 #include "bootstrap.hpp"
+#include "collective_step.hpp"
 #include "handle_health.hpp"
 #include "moe_ep_c.h"
 #include "params.hpp"
+#include "store/membership_change.hpp"
 
 namespace moe_ep {
 
@@ -52,6 +54,14 @@ struct moe_ep_handle_s {
   // all ranks active at create.  mask_epoch counts the updates.
   std::vector<uint8_t> active;
   uint64_t mask_epoch = 0;
+
+  // failure_policy MASK (handle_failure.hpp): the backend's mask as it last
+  // left it (a failure changes it inside a call), the rank most recently
+  // masked out after a failure (-1 if none), and config's store strings
+  // (config's pointers are not kept).
+  std::shared_ptr<moe_ep::MembershipState> mask_state;
+  int32_t last_failed_rank = -1;
+  std::string store_address, store_prefix;
 };
 
 namespace moe_ep {
@@ -89,5 +99,8 @@ void set_active_ranks(moe_ep_handle_s& h, const uint8_t* active, int32_t world_s
 // The path of the last call of `phase` (MOE_EP_PHASE_*, checked by the caller).
 int32_t last_path_of(const moe_ep_handle_s& h, int32_t phase);
 void destroy_handle(moe_ep_handle_s* h) noexcept;
+// The values every rank of a group must hold alike (create's parameter check,
+// and what a rejoining process must match).
+std::vector<RankValue> group_fingerprint(const moe_ep_handle_s& h);
 
 }  // namespace moe_ep

@@ -7,13 +7,16 @@
 // was found (a dispatch, a combine, or moe_ep_get_async_error); from then on
 // every dispatch, combine and asynchronous-error query of the handle fails
 // with that status and message.  destroy still completes.  Any other status
-// (INVALID_ARGUMENT, INVALID_STATE, INVALID_INPUT, ...) leaves the handle usable.
+// (INVALID_ARGUMENT, INVALID_STATE, INVALID_INPUT, ...) leaves the handle usable,
+// and so does a TIMEOUT that the survivors turned into a mask (RankFailure,
+// config->failure_policy MASK).
 #pragma once
 
 #include <string>
 
 #include "error.hpp"
 #include "moe_ep_c.h"
+#include "store/rank_failure.hpp"
 
 namespace moe_ep {
 
@@ -53,6 +56,8 @@ class HandleHealth {
     check();
     try {
       return call();
+    } catch (const RankFailure&) {
+      throw;  // failure_policy MASK: the survivors masked the failed rank, the handle goes on
     } catch (...) {
       std::string message;
       const moe_ep_status_t status = status_of_current_exception(&message);

@@ -11,6 +11,8 @@
 #include "expert_layout.hpp"
 #include "input_errors.hpp"
 #include "reference_model.hpp"
+#include "store/membership_change.hpp"
+#include "store/rank_failure.hpp"
 #include "wire_format.hpp"
 
 namespace moe_ep {
@@ -109,12 +111,16 @@ struct HostSlot {
 
 class HostBackend final : public Backend {
  public:
-  HostBackend(const Layout& layout, int32_t slots, std::shared_ptr<BoundedExchange> exchange)
+  HostBackend(const Layout& layout, int32_t slots, HostExchange exchange)
       : layout_(layout),
         wire_(wire_layout(layout)),
-        exchange_(std::move(exchange)),
+        exchange_(std::move(exchange.exchange)),
+        store_(std::move(exchange.store)),
+        fingerprint_(std::move(exchange.fingerprint)),
+        mirror_(std::move(exchange.mirror)),
         slots_(static_cast<size_t>(slots)),
         active_(static_cast<size_t>(layout.world_size), 1) {
+    if (store_) set_mask(store_->membership().active, 0);
     const uint64_t rows = static_cast<uint64_t>(layout_.receive_rows(layout_.max_tokens_per_rank));
     const uint64_t picks = checked_mul(rows, static_cast<uint64_t>(layout_.top_k), "receive picks");
     for (HostSlot& slot : slots_) {
@@ -197,12 +203,13 @@ class HostBackend final : public Backend {
     const std::vector<uint8_t> mine = std::move(slot.record);
     slot.headers.clear();
     slot.record.clear();
-    exchange_->allgather(mine.data(), all.data(), rec.size, "HOST dispatch: token records");
+    gather(mine.data(), all.data(), rec.size, "HOST dispatch: token records");
 
     std::vector<SourceTokens> sources(world);
     for (int32_t s = 0; s < world; ++s) {
       const uint8_t* r = all.data() + rec.size * s;
-      check_stamp(s, r, headers[s]);
+      // A rank masked out of the exchange sent nothing: its slot is zeros, num_tokens 0.
+      if (takes_part(s)) check_stamp(s, r, headers[s]);
       if (!all_active_) {  // a peer's record is not trusted to be masked
         mask_picks(reinterpret_cast<int32_t*>(all.data() + rec.size * s + rec.ids_offset),
                    static_cast<int64_t>(headers[s].num_tokens) * layout_.top_k, active_[static_cast<size_t>(s)] != 0);
@@ -284,7 +291,7 @@ class HostBackend final : public Backend {
     const void* rows_of_mine = slot.combine_rows == slot.combine_input.data() ? slot.combine_rows : staged.data();
     slot.staged_rows.clear();
     slot.combine_rows = nullptr;
-    exchange_->allgather(rows_of_mine, all.data(), per_rank, "HOST combine: expert outputs");
+    gather(rows_of_mine, all.data(), per_rank, "HOST combine: expert outputs");
     std::vector<const uint8_t*> outputs(layout_.world_size);
     for (int32_t r = 0; r < layout_.world_size; ++r) outputs[r] = all.data() + per_rank * r;
     uint8_t* out = output ? static_cast<uint8_t*>(output) : slot.combine_output.data();
@@ -333,6 +340,10 @@ class HostBackend final : public Backend {
   // (or succeed) with the same answer.
   void set_active_ranks(const std::vector<uint8_t>& active, moe_ep_status_t local_status,
                         const std::string& local_message) override {
+    if (store_) {
+      change_mask(active, local_status, local_message);
+      return;
+    }
     exchange_->agree(local_status, local_message);
     const size_t world = static_cast<size_t>(layout_.world_size);
     std::vector<uint8_t> all(world * world);
@@ -344,10 +355,39 @@ class HostBackend final : public Backend {
              mask_text(all.data() + s * world), ", rank 0 ", mask_text(all.data()));
       }
     }
-    active_ = active;
-    all_active_ = true;
-    for (uint8_t a : active_) all_active_ = all_active_ && a != 0;
-    ++mask_epoch_;
+    set_mask(active, mask_epoch_ + 1);
+  }
+
+  // failure_policy MASK: the change runs through the store among the ranks
+  // active before or after it (store/membership_change.hpp).  A rank that
+  // joins (inactive now) first reads the group's newest mask.
+  void change_mask(const std::vector<uint8_t>& active, moe_ep_status_t local_status, std::string local_message) {
+    const size_t me = static_cast<size_t>(layout_.rank);
+    if (local_status == MOE_EP_SUCCESS && !active_[me] && !active[me]) {  // stays out: nothing to agree on
+      set_mask(active, mask_epoch_ + 1);
+      return;
+    }
+    if (!active_[me]) refresh_membership();
+    if (local_status == MOE_EP_SUCCESS) local_status = check_one_newcomer(active, &local_message);
+    const std::vector<uint8_t>& proposed = local_status == MOE_EP_SUCCESS ? active : active_;
+    MembershipState now{active_, dispatch_sequence_, mask_epoch_};
+    try {
+      const MembershipState next = change_membership(*store_, now, proposed, local_status, local_message, fingerprint_);
+      dispatch_sequence_ = next.dispatch_sequence;
+      set_mask(next.active, next.mask_epoch);
+    } catch (const RankFailure& f) {
+      apply_failure(f);
+      throw;
+    }
+  }
+
+  // Joins the group as a replacement (config->rejoin): the change that the
+  // survivors' moe_ep_set_active_ranks makes, seen from the new process.
+  MembershipState join() {
+    std::vector<uint8_t> proposed = active_;
+    proposed[static_cast<size_t>(layout_.rank)] = 1;
+    change_mask(proposed, MOE_EP_SUCCESS, "");
+    return MembershipState{active_, dispatch_sequence_, mask_epoch_};
   }
 
   // Nothing to tell the peers; the exchange's destructor joins an idle worker
@@ -367,9 +407,17 @@ class HostBackend final : public Backend {
     mine.num_tokens = call.num_tokens;
     mine.has_weights = call.has_weights ? 1 : 0;
     mine.slot = slot;
-    const std::vector<DispatchHeader> all = exchange_->allgather_value(mine, "HOST dispatch: headers");
+    std::vector<DispatchHeader> all(static_cast<size_t>(layout_.world_size));
+    gather(&mine, all.data(), sizeof mine, "HOST dispatch: headers");
     ++dispatch_sequence_;  // every rank counts every header exchange, failed or not
-    for (int32_t s = 0; s < layout_.world_size; ++s) check_header(s, all[s], mine);
+    for (int32_t s = 0; s < layout_.world_size; ++s) {
+      if (takes_part(s)) {
+        check_header(s, all[s], mine);
+      } else {
+        all[s].num_tokens = 0;  // masked out of the exchange (failure_policy MASK): sends nothing
+        all[s].has_weights = mine.has_weights;
+      }
+    }
     return all;
   }
 
@@ -531,6 +579,54 @@ class HostBackend final : public Backend {
     }
   }
 
+  // Under failure_policy MASK the exchanges run among the active ranks only;
+  // otherwise every rank takes part in every exchange.
+  bool takes_part(int32_t s) const { return !store_ || active_[static_cast<size_t>(s)]; }
+
+  // The mask and its epoch, mirrored to the handle (failure_policy MASK).
+  void set_mask(const std::vector<uint8_t>& active, uint64_t epoch) {
+    active_ = active;
+    mask_epoch_ = epoch;
+    all_active_ = true;
+    for (uint8_t a : active_) all_active_ = all_active_ && a != 0;
+    if (mirror_) *mirror_ = MembershipState{active_, dispatch_sequence_, mask_epoch_};
+  }
+
+  // Every exchange of a call: a failure the survivors agreed on (RankFailure)
+  // masks the failed ranks from the next call on, on every survivor alike.
+  void gather(const void* send, void* recv, size_t bytes_per_rank, const char* step) {
+    try {
+      exchange_->allgather(send, recv, bytes_per_rank, step);
+    } catch (const RankFailure& f) {
+      apply_failure(f);
+      throw;
+    }
+  }
+
+  void apply_failure(const RankFailure& f) { set_mask(f.active(), mask_epoch_ + 1); }
+
+  // A rank outside the mask learns the group's newest mask before it takes part in a change.
+  void refresh_membership() {
+    const Membership latest =
+        StoreExchange::read_latest(store_->client(), store_->group(), layout_.world_size, store_->timeout_ms());
+    store_->adopt(latest);
+    set_mask(latest.active, mask_epoch_);
+  }
+
+  moe_ep_status_t check_one_newcomer(const std::vector<uint8_t>& active, std::string* message) const {
+    std::string newcomers;
+    int32_t count = 0;
+    for (size_t r = 0; r < active.size(); ++r) {
+      if (active[r] && !active_[r]) newcomers += (count++ ? ", " : "") + std::to_string(r);
+    }
+    if (count <= 1) return MOE_EP_SUCCESS;
+    *message =
+        "moe_ep_set_active_ranks: active: under failure_policy MASK at most one rank becomes active per "
+        "call, got ranks " +
+        newcomers + " (make one call per rank)";
+    return MOE_EP_ERROR_INVALID_ARGUMENT;
+  }
+
   std::string mask_text(const uint8_t* mask) const {
     std::string text = "{";
     for (int32_t r = 0; r < layout_.world_size; ++r) text += (r ? "," : "") + std::to_string(mask[r]);
@@ -549,7 +645,10 @@ class HostBackend final : public Backend {
 
   Layout layout_;
   Layout wire_;  // the rows as they cross: wire_layout(layout_)
-  std::shared_ptr<BoundedExchange> exchange_;
+  std::shared_ptr<Exchange> exchange_;
+  std::shared_ptr<StoreExchange> store_;     // failure_policy MASK: the same object as exchange_
+  std::vector<RankValue> fingerprint_;       // what a rejoining rank must match (failure_policy MASK)
+  std::shared_ptr<MembershipState> mirror_;  // the handle's copy of the mask (failure_policy MASK)
   uint64_t dispatch_sequence_ = 0;
   std::vector<HostSlot> slots_;
   std::vector<uint8_t> active_;  // the active-rank mask: 1 active, 0 not
@@ -602,7 +701,20 @@ uint64_t host_workspace_bytes(const Layout& l, int32_t slots) {
 
 std::unique_ptr<Backend> make_host_backend(const Layout& layout, int32_t slots,
                                            std::shared_ptr<BoundedExchange> exchange) {
+  HostExchange x;
+  x.exchange = std::move(exchange);
+  return std::make_unique<HostBackend>(layout, slots, std::move(x));
+}
+
+std::unique_ptr<Backend> make_host_backend(const Layout& layout, int32_t slots, HostExchange exchange) {
   return std::make_unique<HostBackend>(layout, slots, std::move(exchange));
+}
+
+std::unique_ptr<Backend> make_rejoining_host_backend(const Layout& layout, int32_t slots, HostExchange exchange,
+                                                     MembershipState* joined) {
+  auto backend = std::make_unique<HostBackend>(layout, slots, std::move(exchange));
+  *joined = backend->join();
+  return backend;
 }
 
 }  // namespace moe_ep

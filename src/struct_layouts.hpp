@@ -71,10 +71,13 @@ struct StructLayout<moe_ep_config_t> {
   static constexpr const char* init_name = "moe_ep_config_init";
   static constexpr size_t field_ends[] = {MOE_EP_FIELD_END(T, backend),           MOE_EP_FIELD_END(T, num_sms),
                                           MOE_EP_FIELD_END(T, timeout_ms),        MOE_EP_FIELD_END(T, device),
-                                          MOE_EP_FIELD_END(T, zero_copy_combine), MOE_EP_FIELD_END(T, micro_batches)};
-  // 0.1 ended at device; zero_copy_combine, then micro_batches were appended after 0.1.
+                                          MOE_EP_FIELD_END(T, zero_copy_combine), MOE_EP_FIELD_END(T, micro_batches),
+                                          MOE_EP_FIELD_END(T, failure_policy),    MOE_EP_FIELD_END(T, rejoin),
+                                          MOE_EP_FIELD_END(T, store_address),     MOE_EP_FIELD_END(T, store_prefix)};
+  // 0.1 ended at device; zero_copy_combine, micro_batches, then the failure
+  // fields were appended after 0.1.
   static constexpr size_t released_sizes[] = {MOE_EP_FIELD_END(T, device), MOE_EP_FIELD_END(T, zero_copy_combine),
-                                              sizeof(T)};
+                                              MOE_EP_FIELD_END(T, micro_batches), sizeof(T)};
 };
 
 template <>

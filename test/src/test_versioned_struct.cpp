@@ -140,7 +140,9 @@ TEST_CASE("the released layouts are the ones the rule and the docs name", "[vers
   CHECK(first_released_size<moe_ep_bootstrap_t>() == 40);
   CHECK(first_released_size<moe_ep_params_t>() == 48);
   CHECK(first_released_size<moe_ep_config_t>() == 20);
-  CHECK(sizeof(moe_ep_config_t) == 28);
+  CHECK(sizeof(moe_ep_config_t) == 56);
+  CHECK(offsetof(moe_ep_config_t, failure_policy) == 28);
+  CHECK(offsetof(moe_ep_config_t, store_address) == 40);
   CHECK(first_released_size<moe_ep_dispatch_args_t>() == 56);
   CHECK(first_released_size<moe_ep_dispatch_result_t>() == 344);
   CHECK(sizeof(moe_ep_dispatch_result_t) == 632);
@@ -353,7 +355,7 @@ TEST_CASE("hostile struct_size values are INVALID_ARGUMENT naming the struct", "
     moe_ep_config_init(&big.known, sizeof big.known);
     big.known.struct_size = sizeof(moe_ep_config_t) + 2;
     CHECK_THROWS_AS(moe_ep::read_config(&big.known), moe_ep::Error);
-    big.known.struct_size = sizeof(moe_ep_config_t) + 4;  // one more int32: fine
+    big.known.struct_size = sizeof(moe_ep_config_t) + 8;  // one more pointer-aligned field: fine
     CHECK(moe_ep::read_config(&big.known).timeout_ms == 30000);
   }
 }

@@ -1,0 +1,443 @@
+// Surviving a dead rank on the HOST backend (failure_policy MASK;
+// docs/reliability.md, "Surviving a dead rank"): 4 ranks as forked processes,
+// the store in a process of its own (fork_launcher.hpp).  One rank is killed
+// with SIGKILL in the middle of a stream of dispatch/combine rounds, or stalls
+// without dying, or two fail, or one fails during the mask update itself; the
+// survivors detect it within timeout_ms + 1 s, go on under the mask with 0
+// wrong entries against the oracle on the masked routing, and a replacement
+// (or the stalled rank with a new handle) rejoins, after which every round
+// is correct for the full group again.  Prints the detection, first masked
+// round and rejoin times, and asserts the protocol's bounds:
+//   detection        <= timeout_ms + 1 s (the deadline, then one verdict);
+//   first masked round <= 2 s after detection (one round of the survivors);
+//   rejoin           <= 5 s (one exchange among 4 ranks through the store).
+// The margins cover a loaded CI machine: each bound is many times what the
+// step takes on an idle one.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fork_launcher.hpp"
+#include "host_case_runner.hpp"
+#include "masked_round.hpp"
+#include "moe_ep_c.h"
+#include "store/store_client.hpp"
+
+using namespace moe_ep_test;
+using moe_ep::store::StoreClient;
+using moe_ep_verify::WorkloadSpec;
+
+namespace {
+
+constexpr int kWorld = 4;
+constexpr int32_t kTimeoutMs = 1000;
+
+WorkloadSpec spec() {
+  WorkloadSpec w;
+  w.world = kWorld;
+  w.num_experts = 16;
+  w.top_k = 3;
+  w.max_tokens_per_rank = 9;
+  w.hidden_size = 24;
+  w.seed = 20261202;
+  return w;
+}
+
+double ms_between(int64_t from_ns, int64_t to_ns) { return double(to_ns - from_ns) / 1e6; }
+
+// What the ranks tell the test (through the store: the children share no memory).
+class Board {
+ public:
+  explicit Board(const std::string& address) : client_(address, 5000) {}
+  void put(const std::string& key, const std::string& value) {
+    client_.set("t/" + key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  void put_number(const std::string& key, double v) { put(key, std::to_string(v)); }
+  std::string get(const std::string& key, int64_t wait_ms = 0) {
+    const auto v = client_.get("t/" + key, wait_ms);
+    return v ? std::string(v->begin(), v->end()) : std::string();
+  }
+  double number(const std::string& key, double missing = -1) {
+    const std::string s = get(key);
+    return s.empty() ? missing : std::stod(s);
+  }
+  // Waits until every rank in `ranks` reported progress >= round.
+  bool wait_progress(const std::vector<int>& ranks, int round, int timeout_ms) {
+    const int64_t deadline = monotonic_ns() + int64_t(timeout_ms) * 1000000;
+    for (;;) {
+      bool all = true;
+      for (int r : ranks) all = all && number("progress/" + std::to_string(r)) >= round;
+      if (all) return true;
+      if (monotonic_ns() > deadline) return false;
+      usleep(2000);
+    }
+  }
+
+ private:
+  StoreClient client_;
+};
+
+// What each rank of a scenario does besides serving rounds.
+struct Script {
+  int rounds = 600;
+  int replaced = -1;     // the rank a replacement (or the rank itself, with a new handle) brings back
+  int admit_round = -1;  // survivors admit it before this round
+  int stall_rank = -1;   // sleeps 2.5 x timeout_ms before stall_round, without dying
+  int stall_round = -1;
+  int suicide_on_first_failure = -1;  // kills itself when its call returns the first failure
+  int suicide_before_admission = -1;  // kills itself just before calling moe_ep_set_active_ranks
+};
+
+int die_now(Board& board, int rank) {
+  board.put("killed_at/" + std::to_string(rank), std::to_string(monotonic_ns()));
+  kill(getpid(), SIGKILL);
+  return 9;
+}
+
+class Rank {
+ public:
+  Rank(const std::string& address, int rank, const Script& s)
+      : address_(address), rank_(rank), s_(s), board_(address) {}
+
+  // An original rank: create over the store's bootstrap, then serve rounds.
+  int run_original() {
+    moe_ep_bootstrap_t b;
+    moe_ep_bootstrap_init(&b, sizeof b);
+    if (moe_ep_bootstrap_from_store(address_.c_str(), "boot", rank_, kWorld, 20000, &b) != MOE_EP_SUCCESS) {
+      return report(std::string("bootstrap: ") + moe_ep_last_error());
+    }
+    const moe_ep_config_t c = mask_config(address_.c_str(), "ep", kTimeoutMs);
+    moe_ep_params_t p = spec().params();
+    if (moe_ep_create(&b, &p, &c, &h_) != MOE_EP_SUCCESS) return report(std::string("create: ") + moe_ep_last_error());
+    const int code = serve(0);
+    moe_ep_destroy(&h_);
+    moe_ep_bootstrap_release(&b);
+    return code;
+  }
+
+  // A replacement process (or a dropped rank's new handle): rejoin, then serve from the admission round.
+  int run_replacement() {
+    if (!board_.wait_progress({lowest_survivor()}, s_.admit_round - 2, 60000)) return report("survivors too slow");
+    for (int attempt = 0; attempt < 4 && h_ == nullptr; ++attempt) {
+      board_.put("replacement_started", "1");
+      const int64_t t0 = monotonic_ns();
+      moe_ep_bootstrap_t b;
+      moe_ep_bootstrap_init(&b, sizeof b);
+      b.rank = rank_;
+      b.world_size = kWorld;  // no callbacks: the group is met through the store
+      moe_ep_config_t c = mask_config(address_.c_str(), "ep", kTimeoutMs);
+      c.rejoin = 1;
+      moe_ep_params_t p = spec().params();
+      const moe_ep_status_t rc = moe_ep_create(&b, &p, &c, &h_);
+      if (rc == MOE_EP_SUCCESS) {
+        board_.put_number("rejoin_ms/" + std::to_string(rank_), ms_between(t0, monotonic_ns()));
+      } else {
+        board_.put("rejoin_refused/" + std::to_string(attempt), moe_ep_last_error());
+      }
+    }
+    if (h_ == nullptr) return report("rejoin failed: " + board_.get("rejoin_refused/3"));
+    const int code = serve(s_.admit_round);
+    moe_ep_destroy(&h_);
+    return code;
+  }
+
+ private:
+  int lowest_survivor() const { return rank_ == 0 ? 1 : 0; }
+
+  int report(const std::string& problem) {
+    board_.put("error/" + std::to_string(rank_), problem);
+    return 1;
+  }
+
+  moe_ep_health_t health() {
+    moe_ep_health_t out;
+    moe_ep_health_init(&out, sizeof out);
+    moe_ep_poll_health(h_, &out);
+    return out;
+  }
+
+  // A failure the survivors masked: when it was seen, and which rank it named.
+  void note_failure() {
+    const moe_ep_health_t hh = health();
+    const std::string victim = std::to_string(hh.failed_rank);
+    const std::string at = board_.get("killed_at/" + victim, 5000);
+    const std::string n = std::to_string(failures_++);
+    board_.put("failed_rank/" + std::to_string(rank_) + "/" + n, victim);
+    if (!at.empty()) {
+      board_.put_number("detect_ms/" + std::to_string(rank_) + "/" + n, ms_between(std::stoll(at), monotonic_ns()));
+    }
+    detected_ns_ = monotonic_ns();
+  }
+
+  // Survivors: bring s_.replaced back (retrying when a peer fails during the change).
+  bool admit() {
+    board_.get("replacement_started", 60000);
+    if (rank_ == s_.suicide_before_admission) die_now(board_, rank_);
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      std::vector<uint8_t> mask(kWorld);
+      moe_ep_get_active_ranks(h_, mask.data(), kWorld);
+      mask[size_t(s_.replaced)] = 1;
+      const int64_t t0 = monotonic_ns();
+      const moe_ep_status_t rc = moe_ep_set_active_ranks(h_, mask.data(), kWorld);
+      if (rc == MOE_EP_SUCCESS) {
+        board_.put_number("admit_ms/" + std::to_string(rank_), ms_between(t0, monotonic_ns()));
+        return true;
+      }
+      if (rc != MOE_EP_ERROR_TIMEOUT || health().status != MOE_EP_SUCCESS) {
+        report(std::string("set_active_ranks: ") + moe_ep_last_error());
+        return false;
+      }
+      note_failure();  // a peer failed during the mask change: masked, try again
+    }
+    report("admission did not succeed in 4 attempts");
+    return false;
+  }
+
+  int serve(int first_round) {
+    int64_t wrong = 0, rounds_run = 0;
+    for (int round = first_round; round < s_.rounds;) {
+      if (round == s_.admit_round && rank_ != s_.replaced && !admit()) return 1;
+      if (rank_ == s_.stall_rank && round == s_.stall_round) {
+        board_.put("killed_at/" + std::to_string(rank_), std::to_string(monotonic_ns()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs * 5 / 2));
+      }
+      const MaskedRound m = run_masked_round(h_, round_spec(spec(), round), rank_);
+      if (m.status != MOE_EP_SUCCESS) {
+        const moe_ep_health_t hh = health();
+        if (m.status == MOE_EP_ERROR_TIMEOUT && hh.status == MOE_EP_SUCCESS) {
+          if (rank_ == s_.suicide_on_first_failure) return die_now(board_, rank_);
+          note_failure();
+          continue;  // the round again, under the new mask
+        }
+        if (rank_ == s_.stall_rank && hh.status == MOE_EP_ERROR_TIMEOUT) {
+          board_.put("dropped/" + std::to_string(rank_), m.error);
+          board_.put("wrong_before_drop/" + std::to_string(rank_), std::to_string(wrong));
+          return 0;  // dropped by its peers, as it must be: rejoins with a new handle
+        }
+        return report("round " + std::to_string(round) + ": " + m.error);
+      }
+      if (m.wrong && wrong == 0) board_.put("wrong_details/" + std::to_string(rank_), m.details);
+      wrong += m.wrong;
+      ++rounds_run;
+      if (detected_ns_ != 0) {
+        board_.put_number("first_masked_ms/" + std::to_string(rank_), ms_between(detected_ns_, monotonic_ns()));
+        detected_ns_ = 0;
+      }
+      board_.put("progress/" + std::to_string(rank_), std::to_string(++round));
+    }
+    const moe_ep_health_t hh = health();
+    board_.put("final/" + std::to_string(rank_),
+               std::to_string(hh.active_count) + " active, epoch " + std::to_string(hh.mask_epoch));
+    board_.put("wrong/" + std::to_string(rank_), std::to_string(wrong));
+    board_.put("rounds/" + std::to_string(rank_), std::to_string(rounds_run));
+    return 0;
+  }
+
+  std::string address_;
+  int rank_;
+  Script s_;
+  Board board_;
+  moe_ep_handle_t h_ = nullptr;
+  int failures_ = 0;
+  int64_t detected_ns_ = 0;
+};
+
+// Collects and checks what every rank reported.
+struct Outcome {
+  std::map<std::string, double> worst;  // metric -> largest value over ranks
+  int64_t wrong = 0, rounds = 0;
+};
+
+void check_reports(Board& board, const std::vector<int>& finishers, Outcome& out) {
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << " error: " << board.get("error/" + std::to_string(r)));
+    CHECK(board.get("error/" + std::to_string(r)).empty());
+  }
+  for (int r : finishers) {
+    INFO("rank " << r << ": " << board.get("wrong_details/" + std::to_string(r)));
+    REQUIRE(!board.get("wrong/" + std::to_string(r)).empty());
+    out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
+    out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
+    CHECK(board.get("final/" + std::to_string(r)).find("4 active") == 0);
+  }
+  for (const char* metric : {"detect_ms", "first_masked_ms", "rejoin_ms", "admit_ms"}) {
+    for (int r = 0; r < kWorld; ++r) {
+      for (int n = -1; n < 3; ++n) {
+        const std::string key = std::string(metric) + "/" + std::to_string(r) + (n < 0 ? "" : "/" + std::to_string(n));
+        const double v = board.number(key);
+        if (v >= 0 && v > out.worst[metric]) out.worst[metric] = v;
+      }
+    }
+  }
+  std::printf("  %lld rounds served by the finishing ranks, %lld wrong entries\n", (long long)out.rounds,
+              (long long)out.wrong);
+  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
+}
+
+void check_bounds(const Outcome& out, bool rejoined) {
+  CHECK(out.wrong == 0);
+  REQUIRE(out.worst.count("detect_ms"));
+  CHECK(out.worst.at("detect_ms") <= kTimeoutMs + 1000);
+  REQUIRE(out.worst.count("first_masked_ms"));
+  CHECK(out.worst.at("first_masked_ms") <= 2000);
+  if (rejoined) {
+    REQUIRE(out.worst.count("rejoin_ms"));
+    CHECK(out.worst.at("rejoin_ms") <= 5000);
+    CHECK(out.worst.at("admit_ms") <= 5000);
+  }
+}
+
+std::vector<int> others(int a, int b = -1) {
+  std::vector<int> v;
+  for (int r = 0; r < kWorld; ++r) {
+    if (r != a && r != b) v.push_back(r);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("rank failure: kill -9 mid-stream, the survivors mask it, a replacement rejoins", "[rank_failure]") {
+  std::printf("kill -9 of rank 2 of 4 at round 300 of 1000, replacement admitted at round 600:\n");
+  ForkLauncher launcher;
+  Script s;
+  s.rounds = 1000;
+  s.replaced = 2;
+  s.admit_round = 600;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
+  }
+  Board board(launcher.store_address());
+  REQUIRE(board.wait_progress({2}, 300, 60000));
+  board.put("killed_at/2", std::to_string(monotonic_ns()));
+  launcher.kill_now(pids[2]);
+  REQUIRE(board.wait_progress(others(2), s.admit_round - 2, 60000));
+  const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 2, s).run_replacement(); });
+  for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
+  CHECK(launcher.wait_exit(replacement, 120000) == 0);
+  for (int r : others(2)) CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "2");
+  Outcome out;
+  check_reports(board, {0, 1, 2, 3}, out);
+  check_bounds(out, true);
+}
+
+TEST_CASE("rank failure: a rank that stalls is dropped, learns it, and rejoins with a new handle", "[rank_failure]") {
+  std::printf("rank 3 of 4 stalls 2.5 x timeout_ms at round 150, rejoins at round 400 of 600:\n");
+  ForkLauncher launcher;
+  Script s;
+  s.rounds = 600;
+  s.replaced = 3;
+  s.admit_round = 400;
+  s.stall_rank = 3;
+  s.stall_round = 150;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pids.push_back(launcher.spawn([&, r] {
+      Rank rank(launcher.store_address(), r, s);
+      const int code = rank.run_original();
+      if (r != 3 || code != 0) return code;
+      return Rank(launcher.store_address(), r, s).run_replacement();  // the same process, a new handle
+    }));
+  }
+  Board board(launcher.store_address());
+  for (int r = 0; r < kWorld; ++r) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
+  INFO("the stalled rank's last error: " << board.get("dropped/3"));
+  CHECK(board.get("dropped/3").find("dropped it from the group") != std::string::npos);
+  CHECK(board.get("wrong_before_drop/3") == "0");
+  for (int r : others(3)) CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "3");
+  Outcome out;
+  check_reports(board, {0, 1, 2, 3}, out);
+  check_bounds(out, true);
+}
+
+TEST_CASE("rank failure: two failures, the second while the first is being masked", "[rank_failure]") {
+  std::printf("rank 1 of 4 killed at round 100; rank 3 dies as its call returns that failure; 400 rounds:\n");
+  ForkLauncher launcher;
+  Script s;
+  s.rounds = 400;
+  s.suicide_on_first_failure = 3;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
+  }
+  Board board(launcher.store_address());
+  REQUIRE(board.wait_progress({1}, 100, 60000));
+  board.put("killed_at/1", std::to_string(monotonic_ns()));
+  launcher.kill_now(pids[1]);
+  CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
+  for (int r : others(1, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
+  for (int r : others(1, 3)) {
+    CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "1");
+    CHECK(board.get("failed_rank/" + std::to_string(r) + "/1") == "3");
+  }
+  Outcome out;
+  for (int r : others(1, 3)) {
+    CHECK(board.get("final/" + std::to_string(r)) == "2 active, epoch 2");
+    out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
+    out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
+    for (int n = 0; n < 2; ++n) {
+      const double d = board.number("detect_ms/" + std::to_string(r) + "/" + std::to_string(n));
+      out.worst["detect_ms"] = std::max(out.worst["detect_ms"], d);
+    }
+    out.worst["first_masked_ms"] =
+        std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + std::to_string(r)));
+  }
+  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
+  std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
+  check_bounds(out, false);
+}
+
+TEST_CASE("rank failure: a rank dies during the mask update that admits a replacement", "[rank_failure]") {
+  std::printf("rank 1 of 4 killed at round 100; at its admission (round 250) rank 3 dies; 400 rounds:\n");
+  ForkLauncher launcher;
+  Script s;
+  s.rounds = 400;
+  s.replaced = 1;
+  s.admit_round = 250;
+  s.suicide_before_admission = 3;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
+  }
+  Board board(launcher.store_address());
+  REQUIRE(board.wait_progress({1}, 100, 60000));
+  board.put("killed_at/1", std::to_string(monotonic_ns()));
+  launcher.kill_now(pids[1]);
+  REQUIRE(board.wait_progress(others(1), s.admit_round - 2, 60000));
+  const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 1, s).run_replacement(); });
+  CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
+  for (int r : others(1, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
+  CHECK(launcher.wait_exit(replacement, 120000) == 0);
+  INFO("the replacement's first attempt: " << board.get("rejoin_refused/0"));
+  CHECK(board.get("rejoin_refused/0").find("abandoned") != std::string::npos);
+  Outcome out;
+  for (int r : {0, 1, 2}) {
+    CHECK(board.get("error/" + std::to_string(r)).empty());
+    CHECK(board.get("final/" + std::to_string(r)).find("3 active") == 0);
+    out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
+    out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
+  }
+  for (int r : {0, 2}) {
+    CHECK(board.get("failed_rank/" + std::to_string(r) + "/1") == "3");
+    for (int n = 0; n < 2; ++n) {
+      out.worst["detect_ms"] =
+          std::max(out.worst["detect_ms"], board.number("detect_ms/" + std::to_string(r) + "/" + std::to_string(n)));
+    }
+    out.worst["first_masked_ms"] =
+        std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + std::to_string(r)));
+    out.worst["admit_ms"] = std::max(out.worst["admit_ms"], board.number("admit_ms/" + std::to_string(r)));
+  }
+  out.worst["rejoin_ms"] = board.number("rejoin_ms/1");
+  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
+  std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
+  check_bounds(out, true);
+}

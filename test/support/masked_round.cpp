@@ -1,0 +1,60 @@
+#include "masked_round.hpp"
+
+#include "oracle.hpp"
+#include "result_reader.hpp"
+#include "tensor_view.hpp"
+
+namespace moe_ep_test {
+
+using namespace moe_ep_verify;
+
+namespace {
+
+bool ok(MaskedRound& r, moe_ep_status_t s, const char* call) {
+  if (s != MOE_EP_SUCCESS && r.status == MOE_EP_SUCCESS) {
+    r.status = s;
+    r.error = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error();
+  }
+  return s == MOE_EP_SUCCESS;
+}
+
+}  // namespace
+
+MaskedRound run_masked_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank) {
+  MaskedRound r;
+  r.mask.assign(size_t(w.world), 0);
+  if (!ok(r, moe_ep_get_active_ranks(h, r.mask.data(), w.world), "moe_ep_get_active_ranks")) return r;
+  const std::vector<RankRouting> masked = mask_routing(w, make_all_routing(w), r.mask);
+  const RankInputs in = make_rank_inputs(w, rank);  // unmasked: the library masks it
+  DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
+  moe_ep_dispatch_result_t dr;
+  moe_ep_dispatch_result_init(&dr, sizeof dr);
+  if (!ok(r, moe_ep_dispatch(h, args.get(), &dr, nullptr), "moe_ep_dispatch")) return r;
+  Verdict v;
+  const ReceivedDispatch got = read_dispatch(w, dr, host_device(), read_host_memory, v);
+  v.merge(check_dispatch(w, masked, rank, got));
+  const std::vector<uint8_t> expert_output = make_expert_output(w, rank);
+  const TensorView eo = expert_output_view(w, expert_output.data(), host_device(), false);
+  moe_ep_combine_result_t cr;
+  moe_ep_combine_result_init(&cr, sizeof cr);
+  if (ok(r, moe_ep_combine(h, eo.get(), nullptr, &cr, nullptr), "moe_ep_combine")) {
+    const std::vector<uint8_t> out = read_combine(w, cr, in.routing.num_tokens, host_device(), read_host_memory, v);
+    if (in.routing.num_tokens > 0) v.merge(check_combine(w, masked, rank, out));
+  }
+  r.wrong = v.wrong;
+  r.details = v.details;
+  return r;
+}
+
+moe_ep_config_t mask_config(const char* address, const char* prefix, int32_t timeout_ms) {
+  moe_ep_config_t c;
+  moe_ep_config_init(&c, sizeof c);
+  c.backend = MOE_EP_BACKEND_HOST;
+  c.timeout_ms = timeout_ms;
+  c.failure_policy = MOE_EP_ON_FAILURE_MASK;
+  c.store_address = address;
+  c.store_prefix = prefix;
+  return c;
+}
+
+}  // namespace moe_ep_test

@@ -1,0 +1,30 @@
+// One dispatch/combine pair on a HOST handle whose mask may change under it
+// (failure_policy MASK), checked against moe_ep_verify's oracle run on the
+// same inputs with the routing masked by the handle's mask at dispatch
+// (mask_routing): what the survivors of a failure must get, row for row.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moe_ep_c.h"
+#include "workload.hpp"
+
+namespace moe_ep_test {
+
+struct MaskedRound {
+  moe_ep_status_t status = MOE_EP_SUCCESS;  // of the first call that failed
+  std::string error;                        // its message
+  int64_t wrong = 0;                        // entries that differ from the oracle
+  std::string details;
+  std::vector<uint8_t> mask;  // the mask the round ran under
+};
+
+MaskedRound run_masked_round(moe_ep_handle_t h, const moe_ep_verify::WorkloadSpec& w, int rank);
+
+// A HOST config with failure_policy MASK over the store at `address` (the
+// strings must outlive the create call).
+moe_ep_config_t mask_config(const char* address, const char* prefix, int32_t timeout_ms);
+
+}  // namespace moe_ep_test
