@@ -64,6 +64,10 @@ int main(void) {
   FIELD(moe_ep_config_t, device);
   FIELD(moe_ep_config_t, zero_copy_combine);
   FIELD(moe_ep_config_t, micro_batches);
+  FIELD(moe_ep_config_t, failure_policy);
+  FIELD(moe_ep_config_t, rejoin);
+  FIELD(moe_ep_config_t, store_address);
+  FIELD(moe_ep_config_t, store_prefix);
 
   STRUCT(moe_ep_dispatch_args_t);
   FIELD(moe_ep_dispatch_args_t, struct_size);

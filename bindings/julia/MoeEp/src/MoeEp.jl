@@ -139,6 +139,10 @@ mutable struct Config
     device::Int32
     zero_copy_combine::Int32
     micro_batches::Int32
+    failure_policy::Int32        # docs/reliability.md, "Surviving a dead rank":
+    rejoin::Int32                # declared for the layout, left at the defaults
+    store_address::Ptr{Cchar}
+    store_prefix::Ptr{Cchar}
 end
 
 mutable struct DispatchArgs
@@ -226,7 +230,7 @@ end
 
 function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy_combine=nothing,
                 micro_batches=nothing)
-    c = Config(0, 0, 0, 0, 0, 0, 0)
+    c = Config(0, 0, 0, 0, 0, 0, 0, 0, 0, C_NULL, C_NULL)
     check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config}, Csize_t), c, sizeof(Config)))
     backend === nothing || (c.backend = backend)
     timeout_ms === nothing || (c.timeout_ms = timeout_ms)

@@ -158,6 +158,12 @@ class Config(Structure):
         ("device", c_int32),
         ("zero_copy_combine", c_int32),
         ("micro_batches", c_int32),
+        # docs/reliability.md, "Surviving a dead rank": declared for the
+        # layout, left at moe_ep_config_init's defaults by make_config.
+        ("failure_policy", c_int32),
+        ("rejoin", c_int32),
+        ("store_address", c_char_p),
+        ("store_prefix", c_char_p),
     ]
 
 

@@ -172,7 +172,7 @@ pub struct moe_ep_params_t {
 }
 
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct moe_ep_config_t {
     pub struct_size: u32,
     pub backend: i32,
@@ -181,6 +181,29 @@ pub struct moe_ep_config_t {
     pub device: i32,
     pub zero_copy_combine: i32,
     pub micro_batches: i32,
+    pub failure_policy: i32,
+    pub rejoin: i32,
+    pub store_address: *const c_char,
+    pub store_prefix: *const c_char,
+}
+
+impl Default for moe_ep_config_t {
+    /// All zero, the strings NULL: what `moe_ep_config_init` then fills.
+    fn default() -> Self {
+        Self {
+            struct_size: 0,
+            backend: 0,
+            num_sms: 0,
+            timeout_ms: 0,
+            device: 0,
+            zero_copy_combine: 0,
+            micro_batches: 0,
+            failure_policy: 0,
+            rejoin: 0,
+            store_address: std::ptr::null(),
+            store_prefix: std::ptr::null(),
+        }
+    }
 }
 
 #[repr(C)]

@@ -52,7 +52,10 @@ fn structs_match_the_c_header() {
         struct_size, num_experts, top_k, max_tokens_per_rank, hidden_size, hidden_dtype, hidden_row_elems,
         scale_row_elems, scale_dtype, invalid_expert_id, enable_eplb_stats, combine_dtype
     });
-    check_struct!(seen, map, moe_ep_config_t { struct_size, backend, num_sms, timeout_ms, device, zero_copy_combine, micro_batches });
+    check_struct!(seen, map, moe_ep_config_t {
+        struct_size, backend, num_sms, timeout_ms, device, zero_copy_combine, micro_batches, failure_policy, rejoin,
+        store_address, store_prefix
+    });
     check_struct!(seen, map, moe_ep_dispatch_args_t {
         struct_size, hidden_states, topk_ids, topk_weights, hidden_states_scale, runtime_max_tokens_per_rank,
         eplb_local_stats

@@ -327,6 +327,11 @@ impl Config {
     }
 }
 
+// SAFETY: the only pointers in it, store_address and store_prefix, stay as
+// moe_ep_config_init leaves them (NULL): no method of Config sets them.
+unsafe impl Send for Config {}
+unsafe impl Sync for Config {}
+
 fn config_ptr(config: Option<&Config>) -> *const sys::moe_ep_config_t {
     config.map_or(ptr::null(), |c| &c.0 as *const _)
 }
