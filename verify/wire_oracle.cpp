@@ -1,6 +1,7 @@
 #include "wire_oracle.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -28,17 +29,18 @@ uint8_t e4m3_nearest(float value) {
   // The finite non-negative codes 0x00..0x7E ascend with their values: the
   // nearest is one of the two around the magnitude, ties to the even code (a
   // search, not a scan of all 127: the bench checks millions of elements).
-  static const std::vector<double> values = [] {
-    std::vector<double> out;
-    for (int code = 0; code <= 0x7E; ++code) out.push_back(e4m3_value(static_cast<uint8_t>(code)));
+  static const std::array<double, 128> values = [] {
+    std::array<double, 128> out{};
+    for (int code = 0; code <= 0x7E; ++code) out[size_t(code)] = e4m3_value(static_cast<uint8_t>(code));
+    out[127] = std::numeric_limits<double>::infinity();  // above every finite magnitude
     return out;
   }();
-  const auto above = std::lower_bound(values.begin(), values.end(), magnitude);
-  if (above == values.end()) return sign | 0x7E;  // beyond 448 the nearest is 448 (saturation), Inf included
-  const int hi = static_cast<int>(above - values.begin());
+  int hi = 0;  // the codes below the magnitude, counted without branches (random data)
+  for (int step = 64; step > 0; step >>= 1) hi += values[size_t(hi + step - 1)] < magnitude ? step : 0;
+  if (hi == 127) return sign | 0x7E;  // beyond 448 the nearest is 448 (saturation), Inf included
   if (hi == 0) return sign;
   const int lo = hi - 1;
-  const double below = std::fabs(values[lo] - magnitude), over = std::fabs(values[hi] - magnitude);
+  const double below = std::fabs(values[size_t(lo)] - magnitude), over = std::fabs(values[size_t(hi)] - magnitude);
   if (below != over) return sign | static_cast<uint8_t>(below < over ? lo : hi);
   return sign | static_cast<uint8_t>(lo % 2 == 0 ? lo : hi);
 }
