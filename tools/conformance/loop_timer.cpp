@@ -104,6 +104,7 @@ LoopResult gpu_loop(const Session& s, const LoopOptions& o, bool gated, int phas
       const int batch = std::min(batch_size, o.iters - done);
       EventMarks marks(s, events, gate);
       if (gated) {
+        s.world().barrier();  // the bound then counts this batch's queuing, not another rank's lag
         gate.close(stream, kGateTimeoutMs);
         body(none);  // untimed: the collective lines the ranks up
       }
