@@ -581,7 +581,11 @@ class HostBackend final : public Backend {
 
   // Under failure_policy MASK the exchanges run among the active ranks only;
   // otherwise every rank takes part in every exchange.
-  bool takes_part(int32_t s) const { return !store_ || active_[static_cast<size_t>(s)]; }
+  // An inactive rank exchanges with nobody: it hears only itself.
+  bool takes_part(int32_t s) const {
+    return !store_ || s == layout_.rank ||
+           (active_[static_cast<size_t>(s)] && active_[static_cast<size_t>(layout_.rank)]);
+  }
 
   // The mask and its epoch, mirrored to the handle (failure_policy MASK).
   void set_mask(const std::vector<uint8_t>& active, uint64_t epoch) {

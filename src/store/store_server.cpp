@@ -62,6 +62,8 @@ void StoreServer::accept_loop() {
 
 namespace {
 
+constexpr uint64_t kReadChunkBytes = uint64_t{1} << 20;
+
 // Reads one request.  False when the client closed between frames or the
 // server is stopping; throws on a malformed or stalled frame.
 bool read_request(const Socket& s, const std::atomic<bool>& stopping, RequestHeader* h, std::string* key,
@@ -77,8 +79,16 @@ bool read_request(const Socket& s, const std::atomic<bool>& stopping, RequestHea
   if (!decode_request_header(header, h, &error)) throw Error(MOE_EP_ERROR_INVALID_INPUT, error);
   key->resize(h->key_len);
   read_exact(s, &(*key)[0], h->key_len, deadline, "store server: request key");
-  value->resize(static_cast<size_t>(h->value_len));  // <= kMaxValueBytes * 2, checked
-  read_exact(s, value->data(), value->size(), deadline, "store server: request value");
+  // The value grows as its bytes arrive (<= 2 x kMaxValueBytes, checked): a
+  // client that announces a large value and sends nothing costs no memory.
+  value->clear();
+  for (uint64_t left = h->value_len; left != 0;) {
+    const size_t n = static_cast<size_t>(left < kReadChunkBytes ? left : kReadChunkBytes);
+    const size_t have = value->size();
+    value->resize(have + n);
+    read_exact(s, value->data() + have, n, deadline, "store server: request value");
+    left -= n;
+  }
   return true;
 }
 

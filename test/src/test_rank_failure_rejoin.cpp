@@ -1,0 +1,133 @@
+// Rejoin's checks (failure_policy MASK, HOST; docs/api.md, "Surviving a dead
+// rank"), ranks as threads and the store in this process: a rank that leaves
+// is masked by the survivors within timeout_ms; a replacement that asks to
+// rejoin while its rank is still active is refused; one with other
+// parameters is refused on both sides, naming the field, and the group stays
+// usable; the right one is admitted and the full group matches the oracle.
+// The fork-based tests (test_rank_failure.cpp) kill real processes.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "host_case_runner.hpp"
+#include "masked_round.hpp"
+#include "moe_ep_c.h"
+#include "rank_checks.hpp"
+
+using namespace moe_ep_test;
+using Catch::Matchers::Contains;
+
+namespace {
+
+moe_ep_verify::WorkloadSpec spec3() {
+  moe_ep_verify::WorkloadSpec w;
+  w.world = 3;
+  w.num_experts = 6;
+  w.top_k = 2;
+  w.max_tokens_per_rank = 5;
+  w.hidden_size = 8;
+  w.seed = 77;
+  return w;
+}
+
+moe_ep_health_t health_of(moe_ep_handle_t h) {
+  moe_ep_health_t out;
+  moe_ep_health_init(&out, sizeof out);
+  moe_ep_poll_health(h, &out);
+  return out;
+}
+
+void wait_for(const std::atomic<int>& counter, int value) {
+  while (counter.load() < value) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+}  // namespace
+
+TEST_CASE("rejoin: refused while active, refused with other parameters, then admitted", "[rank_failure]") {
+  moe_ep_store_t store = nullptr;
+  REQUIRE(moe_ep_store_serve("127.0.0.1", 0, &store) == MOE_EP_SUCCESS);
+  int32_t port = 0;
+  moe_ep_store_port(store, &port);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const moe_ep_verify::WorkloadSpec w = spec3();
+  RankChecks checks;
+  std::atomic<int> survivors_ready{0}, left{0};
+  auto rejoin = [&](int hidden_size) {
+    moe_ep_bootstrap_t b;
+    moe_ep_bootstrap_init(&b, sizeof b);
+    b.rank = 2;
+    b.world_size = 3;
+    moe_ep_config_t c = mask_config(address.c_str(), "rejoin_test", 1000);
+    c.rejoin = 1;
+    moe_ep_params_t p = w.params();
+    p.hidden_size = hidden_size;
+    moe_ep_handle_t h = nullptr;
+    const moe_ep_status_t rc = moe_ep_create(&b, &p, &c, &h);
+    return std::make_pair(rc, h);
+  };
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      moe_ep_bootstrap_t b;
+      moe_ep_bootstrap_init(&b, sizeof b);
+      RANK_REQUIRE(checks, r,
+                   moe_ep_bootstrap_from_store(address.c_str(), "rejoin_boot", r, 3, 10000, &b) == MOE_EP_SUCCESS);
+      const moe_ep_config_t c = mask_config(address.c_str(), "rejoin_test", 1000);
+      moe_ep_params_t p = w.params();
+      moe_ep_handle_t h = nullptr;
+      RANK_REQUIRE(checks, r, moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
+      MaskedRound m = run_masked_round(h, round_spec(w, 0), r);
+      RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0);
+      if (r == 2) {
+        // Still active: a replacement for this rank is refused.
+        const auto early = rejoin(w.hidden_size);
+        RANK_CHECK(checks, r, early.first == MOE_EP_ERROR_INVALID_STATE);
+        RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("still active") != std::string::npos);
+        moe_ep_destroy(&h);  // leaves: makes no more calls
+        left = 1;
+        wait_for(survivors_ready, 2);
+        // Other parameters: refused here and on the survivors, naming the field.
+        const auto wrong = rejoin(w.hidden_size + 1);
+        RANK_CHECK(checks, r, wrong.first == MOE_EP_ERROR_INVALID_ARGUMENT);
+        RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("params->hidden_size") != std::string::npos);
+        wait_for(survivors_ready, 4);
+        auto good = rejoin(w.hidden_size);
+        RANK_CHECK(checks, r, good.first == MOE_EP_SUCCESS);
+        h = good.second;
+      } else {
+        wait_for(left, 1);
+        m = run_masked_round(h, round_spec(w, 1), r);  // rank 2 is gone: masked
+        RANK_CHECK(checks, r, m.status == MOE_EP_ERROR_TIMEOUT);
+        RANK_CHECK(checks, r, m.error.find("rank(s) 2 did not answer") != std::string::npos);
+        const moe_ep_health_t hh = health_of(h);
+        RANK_CHECK(checks, r, hh.status == MOE_EP_SUCCESS && hh.failed_rank == 2 && hh.active_count == 2);
+        m = run_masked_round(h, round_spec(w, 1), r);  // the round again, masked
+        RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask[2] == 0);
+        const std::vector<uint8_t> all{1, 1, 1};
+        ++survivors_ready;
+        RANK_CHECK(checks, r, moe_ep_set_active_ranks(h, all.data(), 3) == MOE_EP_ERROR_INVALID_ARGUMENT);
+        RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("params->hidden_size") != std::string::npos);
+        RANK_CHECK(checks, r, health_of(h).active_count == 2);  // unchanged, usable
+        ++survivors_ready;
+        wait_for(survivors_ready, 4);
+        RANK_CHECK(checks, r, moe_ep_set_active_ranks(h, all.data(), 3) == MOE_EP_SUCCESS);
+      }
+      RANK_REQUIRE(checks, r, h != nullptr);
+      for (int round = 2; round < 5; ++round) {
+        m = run_masked_round(h, round_spec(w, round), r);
+        RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask == std::vector<uint8_t>(3, 1));
+      }
+      const moe_ep_health_t hh = health_of(h);
+      RANK_CHECK(checks, r, hh.active_count == 3 && hh.mask_epoch == 2);
+      moe_ep_destroy(&h);
+      moe_ep_bootstrap_release(&b);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  checks.assert_all();
+  moe_ep_store_destroy(&store);
+}
