@@ -579,9 +579,9 @@ class HostBackend final : public Backend {
     }
   }
 
-  // Under failure_policy MASK the exchanges run among the active ranks only;
-  // otherwise every rank takes part in every exchange.
-  // An inactive rank exchanges with nobody: it hears only itself.
+  // Whose data this rank reads in an exchange.  Under failure_policy MASK the
+  // exchanges run among the active ranks only, and an inactive rank hears
+  // only itself; otherwise every rank takes part in every exchange.
   bool takes_part(int32_t s) const {
     return !store_ || s == layout_.rank ||
            (active_[static_cast<size_t>(s)] && active_[static_cast<size_t>(layout_.rank)]);
