@@ -47,7 +47,7 @@ if [ "$what" = formats ]; then
   MPI2="mpirun -np 2 --bind-to none"
   F="bench --hidden 7168 --topk 8 --experts 256 --dtype bf16 --routing uniform --graph -t 128,4096 -w 10 -n 40 --no-baselines"
   NPICK=12 PICK="^ +[0-9]+ " step layouts 240 $MPI2 $TOOL $F --backend nvlink --layout all --expert-alignment 128 \
-    --expert-packed-rows 40960 --json "$OUT/layouts.json"
+    --json "$OUT/layouts.json"
   NPICK=12 PICK="^ +[0-9]+ " step wire 240 $MPI2 $TOOL $F --backend nvlink --wire all --json "$OUT/wire.json"
   NPICK=8 PICK="^ +[0-9]+ " step decode_grouped 180 $MPI2 $TOOL bench --backend nvlink --decode-step \
     --expert-gemm grouped --expert-alignment 128 -G --json "$OUT/decode_grouped.json"
