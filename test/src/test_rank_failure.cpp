@@ -397,11 +397,11 @@ TEST_CASE("rank failure: two failures, the second while the first is being maske
 }
 
 TEST_CASE("rank failure: a rank dies during the mask update that admits a replacement", "[rank_failure]") {
-  std::printf("rank 1 of 4 killed at round 100; at its admission (round 250) rank 3 dies; 400 rounds:\n");
+  std::printf("rank 0 of 4 killed at round 100; at its admission (round 250) rank 3 dies; 400 rounds:\n");
   ForkLauncher launcher;
   Script s;
   s.rounds = 400;
-  s.replaced = 1;
+  s.replaced = 0;
   s.admit_round = 250;
   s.suicide_before_admission = 3;
   std::vector<pid_t> pids;
@@ -409,13 +409,13 @@ TEST_CASE("rank failure: a rank dies during the mask update that admits a replac
     pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
   }
   Board board(launcher.store_address());
-  REQUIRE(board.wait_progress({1}, 100, 60000));
-  board.put("killed_at/1", std::to_string(monotonic_ns()));
-  launcher.kill_now(pids[1]);
-  REQUIRE(board.wait_progress(others(1), s.admit_round - 2, 60000));
-  const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 1, s).run_replacement(); });
+  REQUIRE(board.wait_progress({0}, 100, 60000));
+  board.put("killed_at/0", std::to_string(monotonic_ns()));
+  launcher.kill_now(pids[0]);
+  REQUIRE(board.wait_progress(others(0), s.admit_round - 2, 60000));
+  const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 0, s).run_replacement(); });
   CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
-  for (int r : others(1, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
+  for (int r : others(0, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
   CHECK(launcher.wait_exit(replacement, 120000) == 0);
   INFO("the replacement's first attempt: " << board.get("rejoin_refused/0"));
   CHECK(board.get("rejoin_refused/0").find("abandoned") != std::string::npos);
@@ -426,7 +426,7 @@ TEST_CASE("rank failure: a rank dies during the mask update that admits a replac
     out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
     out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
   }
-  for (int r : {0, 2}) {
+  for (int r : {1, 2}) {
     CHECK(board.get("failed_rank/" + std::to_string(r) + "/1") == "3");
     for (int n = 0; n < 2; ++n) {
       out.worst["detect_ms"] =
@@ -436,7 +436,7 @@ TEST_CASE("rank failure: a rank dies during the mask update that admits a replac
         std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + std::to_string(r)));
     out.worst["admit_ms"] = std::max(out.worst["admit_ms"], board.number("admit_ms/" + std::to_string(r)));
   }
-  out.worst["rejoin_ms"] = board.number("rejoin_ms/1");
+  out.worst["rejoin_ms"] = board.number("rejoin_ms/0");
   for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
   std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
   check_bounds(out, true);
