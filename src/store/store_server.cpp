@@ -8,7 +8,8 @@
 
 namespace moe_ep::store {
 
-StoreServer::StoreServer(const std::string& host, int32_t port) {
+StoreServer::StoreServer(const std::string& host, int32_t port, int64_t frame_timeout_ms)
+    : frame_timeout_ms_(frame_timeout_ms) {
   if (port < 0 || port > 65535) fail_argument("port", "0 (any free port) or 1..65535", port);
   listener_ = listen_on(host, port, &port_);
   try {
@@ -66,14 +67,14 @@ constexpr uint64_t kReadChunkBytes = uint64_t{1} << 20;
 
 // Reads one request.  False when the client closed between frames or the
 // server is stopping; throws on a malformed or stalled frame.
-bool read_request(const Socket& s, const std::atomic<bool>& stopping, RequestHeader* h, std::string* key,
-                  std::vector<uint8_t>* value) {
+bool read_request(const Socket& s, const std::atomic<bool>& stopping, int64_t timeout_ms, RequestHeader* h,
+                  std::string* key, std::vector<uint8_t>* value) {
   while (!wait_readable(s, deadline_after_ms(100))) {
     if (stopping) return false;
   }
   if (stopping) return false;
   uint8_t header[kRequestHeaderBytes];
-  const Deadline deadline = deadline_after_ms(kFrameTimeoutMs);
+  const Deadline deadline = deadline_after_ms(timeout_ms);
   read_exact(s, header, sizeof header, deadline, "store server: request header");
   std::string error;
   if (!decode_request_header(header, h, &error)) throw Error(MOE_EP_ERROR_INVALID_INPUT, error);
@@ -92,12 +93,12 @@ bool read_request(const Socket& s, const std::atomic<bool>& stopping, RequestHea
   return true;
 }
 
-void write_response(const Socket& s, const Response& r) {
+void write_response(const Socket& s, const Response& r, int64_t timeout_ms) {
   ResponseHeader h;
   h.code = r.code;
   h.value_len = r.value.size();
   const std::vector<uint8_t> header = encode_response_header(h);
-  const Deadline deadline = deadline_after_ms(kFrameTimeoutMs);
+  const Deadline deadline = deadline_after_ms(timeout_ms);
   write_exact(s, header.data(), header.size(), deadline, "store server: response header");
   write_exact(s, r.value.data(), r.value.size(), deadline, "store server: response value");
 }
@@ -109,8 +110,8 @@ void StoreServer::serve(Connection* c) {
     RequestHeader h;
     std::string key;
     std::vector<uint8_t> value;
-    while (read_request(c->socket, stopping_, &h, &key, &value)) {
-      write_response(c->socket, table_.apply(h, key, value));
+    while (read_request(c->socket, stopping_, frame_timeout_ms_, &h, &key, &value)) {
+      write_response(c->socket, table_.apply(h, key, value), frame_timeout_ms_);
     }
   } catch (const std::exception& e) {
     // A client that broke the protocol, stalled or vanished loses its connection only.

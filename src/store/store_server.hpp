@@ -4,7 +4,7 @@
 // takes the store down when it dies, and every survivor with it.
 //
 // One thread accepts, one thread serves each connection.  A frame must arrive
-// whole within kFrameTimeoutMs of its first byte, its header is checked
+// whole within kFrameTimeoutMs (frame.hpp) of its first byte, its header is checked
 // before its body is read (frame.hpp), and a malformed frame closes that
 // connection only.  Destruction stops every thread and wakes every waiting get.
 #pragma once
@@ -27,7 +27,8 @@ constexpr size_t kMaxConnections = 4096;
 class StoreServer {
  public:
   // Listens on host:port (port 0: any free port).  BOOTSTRAP if it cannot.
-  StoreServer(const std::string& host, int32_t port);
+  // A started frame must arrive whole, and a response leave, within frame_timeout_ms.
+  StoreServer(const std::string& host, int32_t port, int64_t frame_timeout_ms = kFrameTimeoutMs);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;
   StoreServer& operator=(const StoreServer&) = delete;
@@ -48,6 +49,7 @@ class StoreServer {
   StoreTable table_;
   Socket listener_;
   int32_t port_ = 0;
+  const int64_t frame_timeout_ms_;
   std::atomic<bool> stopping_{false};
   std::mutex connections_mutex_;
   std::list<std::unique_ptr<Connection>> connections_;

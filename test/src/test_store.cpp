@@ -51,6 +51,8 @@ RequestHeader header(Op op, uint32_t key_len, uint64_t value_len = 0, uint64_t a
   return h;
 }
 
+RequestHeader header_of_set() { return header(Op::set, 3, 5); }
+
 std::string refusal(const std::vector<uint8_t>& frame) {
   RequestHeader out;
   std::string error;
@@ -187,6 +189,20 @@ TEST_CASE("store: a hostile client loses its own connection only", "[store]") {
   StoreClient c(address_of(server), 2000);
   c.set("k", bytes("v"));
   CHECK(*c.get("k", 0) == bytes("v"));
+}
+
+TEST_CASE("store: a client that starts a frame and stalls loses its connection, others are served", "[store]") {
+  StoreServer server("127.0.0.1", 0, /*frame_timeout_ms=*/200);
+  Socket stalled = connect_to(parse_address(address_of(server), "address"), deadline_after_ms(2000), "raw client");
+  const std::vector<uint8_t> header = encode_request_header(header_of_set());
+  write_exact(stalled, header.data(), 10, deadline_after_ms(2000), "raw client");  // a third of a header
+  StoreClient good(address_of(server), 2000);
+  good.set("k", bytes("v"));  // served meanwhile
+  const auto t = std::chrono::steady_clock::now();
+  uint8_t byte;
+  CHECK_THROWS_WITH(read_exact(stalled, &byte, 1, deadline_after_ms(5000), "raw client"), Contains("closed"));
+  CHECK(ms_since(t) < 2000);
+  CHECK(*good.get("k", 0) == bytes("v"));
 }
 
 TEST_CASE("store: a client never hangs on a server that is gone", "[store]") {
