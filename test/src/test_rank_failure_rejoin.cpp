@@ -17,6 +17,7 @@
 #include "masked_round.hpp"
 #include "moe_ep_c.h"
 #include "rank_checks.hpp"
+#include "tensor_view.hpp"
 
 using namespace moe_ep_test;
 using Catch::Matchers::Contains;
@@ -123,6 +124,62 @@ TEST_CASE("rejoin: refused while active, refused with other parameters, then adm
       }
       const moe_ep_health_t hh = health_of(h);
       RANK_CHECK(checks, r, hh.active_count == 3 && hh.mask_epoch == 2);
+      moe_ep_destroy(&h);
+      moe_ep_bootstrap_release(&b);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  checks.assert_all();
+  moe_ep_store_destroy(&store);
+}
+
+TEST_CASE("rank failure: every pair in flight ends, then the next round runs masked", "[rank_failure]") {
+  moe_ep_store_t store = nullptr;
+  REQUIRE(moe_ep_store_serve("127.0.0.1", 0, &store) == MOE_EP_SUCCESS);
+  int32_t port = 0;
+  moe_ep_store_port(store, &port);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const moe_ep_verify::WorkloadSpec w = spec3();
+  RankChecks checks;
+  std::atomic<int> left{0};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      moe_ep_bootstrap_t b;
+      moe_ep_bootstrap_init(&b, sizeof b);
+      RANK_REQUIRE(checks, r,
+                   moe_ep_bootstrap_from_store(address.c_str(), "inflight_boot", r, 3, 10000, &b) == MOE_EP_SUCCESS);
+      moe_ep_config_t c = mask_config(address.c_str(), "inflight", 500);
+      c.micro_batches = 2;
+      moe_ep_params_t p = w.params();
+      moe_ep_handle_t h = nullptr;
+      RANK_REQUIRE(checks, r, moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
+      const moe_ep_verify::RankInputs in = moe_ep_verify::make_rank_inputs(w, r);
+      moe_ep_verify::DispatchArgs args(w, in.routing.num_tokens, moe_ep_verify::host_memory(in));
+      moe_ep_dispatch_result_t dr;
+      moe_ep_dispatch_result_init(&dr, sizeof dr);
+      // Slot 0 dispatched on every rank; then rank 2 leaves.
+      RANK_REQUIRE(checks, r, moe_ep_dispatch_send(h, 0, args.get(), nullptr) == MOE_EP_SUCCESS);
+      RANK_REQUIRE(checks, r, moe_ep_dispatch_recv(h, 0, &dr, nullptr) == MOE_EP_SUCCESS);
+      if (r == 2) {
+        moe_ep_destroy(&h);
+        left = 1;
+        moe_ep_bootstrap_release(&b);
+        return;
+      }
+      wait_for(left, 1);
+      // Slot 1's send finds rank 2 missing: TIMEOUT, usable, and slot 0's pair is over too.
+      RANK_CHECK(checks, r, moe_ep_dispatch_send(h, 1, args.get(), nullptr) == MOE_EP_ERROR_TIMEOUT);
+      RANK_CHECK(checks, r, health_of(h).status == MOE_EP_SUCCESS && health_of(h).failed_rank == 2);
+      std::vector<uint8_t> expert_output = moe_ep_verify::make_expert_output(w, r);
+      const moe_ep_verify::TensorView eo =
+          moe_ep_verify::expert_output_view(w, expert_output.data(), moe_ep_verify::host_device(), false);
+      RANK_CHECK(checks, r, moe_ep_combine_send(h, 0, eo.get(), nullptr) == MOE_EP_ERROR_INVALID_STATE);
+      RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("IDLE") != std::string::npos);
+      for (int round = 1; round < 4; ++round) {
+        const MaskedRound m = run_masked_round(h, round_spec(w, round), r);
+        RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask == std::vector<uint8_t>({1, 1, 0}));
+      }
       moe_ep_destroy(&h);
       moe_ep_bootstrap_release(&b);
     });
