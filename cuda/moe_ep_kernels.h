@@ -118,7 +118,9 @@ struct WorkspaceOffsets {
                                 // (world - 1) * kArrivalsPerCall, whatever the call, so graphs replay it)
   uint64_t combine_ready;       // uint32: the same for a split combine
   uint64_t combine_chunk_flags; // [world][max_tpr] uint64, index = source, phase: push blocks' counter adds
-  uint64_t combine_in;          // [(world-1)*max_tpr][combine_row_bytes]
+  uint64_t combine_in;          // [(world-1)*max_tpr][combine_partial_bytes]: the push combine's
+                                // landing rows (absent with zero_copy_combine unless the combine
+                                // wire is FP8, which always pushes)
   uint64_t combine_input;       // [world*max_tpr][combine_row_bytes]: the zero-copy combine input
                                 // view (config->zero_copy_combine; 0 bytes otherwise).  Written by
                                 // this rank's expert computation, read in place by combine; shared
@@ -146,6 +148,10 @@ struct WorkspaceOffsets {
   uint64_t wire_codes;          // [max_tpr][hidden_row_elems] e4m3fn codes
   uint64_t wire_scales;         // [max_tpr][ceil(hidden_row_elems / 128)] fp32 scales
   uint64_t wire_rows;           // [world*max_tpr][hidden_row_elems] hidden_dtype (dispatch_dequantize)
+  // The FP8 combine wire only (params->combine_wire; 0 bytes otherwise): this
+  // rank's rank-major expert output quantized before the combine kernel pushes
+  // it (and reads its own rows from it).
+  uint64_t combine_wire_rows;   // [world*max_tpr][combine_partial_bytes] wire rows (wire_kernels.h)
   uint64_t total_bytes;         // end of the layout
 };
 
@@ -179,6 +185,11 @@ struct GroupShape {
   int64_t hidden_row_bytes;  // of the rows dispatch moves: with an FP8 wire the codes (wire_layout)
   int64_t scale_row_bytes;   // the same: with an FP8 wire the wire's fp32 scales
   int64_t combine_row_bytes;
+  // How a combine partial crosses: as a combine_dtype row (combine_wire 0,
+  // combine_partial_bytes = combine_row_bytes), or as an FP8 wire row of
+  // hidden_size codes and scales (wire_transfer_row_bytes, wire_kernels.h).
+  int32_t combine_wire;
+  int64_t combine_partial_bytes;
 };
 
 // Where this rank's state lives (device pointers) and the wait bound.  With

@@ -14,6 +14,7 @@
 
 #include "common/host_device.h"
 #include "moe_ep_kernels.h"
+#include "wire_kernels.h"
 
 namespace moe_ep {
 namespace kernels {
@@ -128,10 +129,10 @@ MOE_EP_HOST_DEVICE int64_t nccl_recv_meta_offset(const NcclShape& s, int src, in
 // fp32 block scales, 16-byte rounded, so that every row NCCL moves starts
 // 16-byte aligned in a rank-major [world][tpr] segment.
 MOE_EP_HOST_DEVICE int64_t nccl_combine_wire_scales_offset(const NcclShape& s) {
-  return nccl_round_up(s.hidden_size, 16);
+  return wire_transfer_scales_offset(s.hidden_size);
 }
 MOE_EP_HOST_DEVICE int64_t nccl_combine_wire_row_bytes(const NcclShape& s) {
-  return nccl_combine_wire_scales_offset(s) + nccl_round_up((s.hidden_size + 127) / 128 * 4, 16);
+  return wire_transfer_row_bytes(s.hidden_size);
 }
 // Bytes of one row as combine moves it: a wire row, or a combine_dtype row.
 MOE_EP_HOST_DEVICE int64_t nccl_combine_transfer_row_bytes(const NcclShape& s) {

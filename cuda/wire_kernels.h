@@ -14,6 +14,8 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "common/host_device.h"
+
 namespace moe_ep {
 namespace kernels {
 
@@ -24,7 +26,15 @@ constexpr int32_t kWireBlockElems = 128;
 enum WireScaleRule : int32_t { kWireScaleFp32 = 0, kWireScaleUe8m0 = 1 };
 
 // Scales per row of `elems` elements.
-inline int32_t wire_row_blocks(int32_t elems) { return (elems + kWireBlockElems - 1) / kWireBlockElems; }
+MOE_EP_HOST_DEVICE int32_t wire_row_blocks(int32_t elems) { return (elems + kWireBlockElems - 1) / kWireBlockElems; }
+
+// A combine partial as it crosses with an FP8 combine wire, in both GPU
+// backends: `elems` codes, then the row's fp32 scales, each part rounded up
+// to 16 bytes, so that rows laid end to end stay 16-byte aligned.
+MOE_EP_HOST_DEVICE int64_t wire_transfer_scales_offset(int32_t elems) { return (int64_t{elems} + 15) / 16 * 16; }
+MOE_EP_HOST_DEVICE int64_t wire_transfer_row_bytes(int32_t elems) {
+  return wire_transfer_scales_offset(elems) + (int64_t{wire_row_blocks(elems)} * 4 + 15) / 16 * 16;
+}
 
 // The rows a launch reads and writes.  Either a host count (counts NULL:
 // rows [0, rows)), or rank-major rows counted on the device: of rows

@@ -222,9 +222,8 @@ typedef struct moe_ep_params_t {
                                      1 = the expert output already carries them */
   int32_t scale_layout;           /* expert layouts with scales: MOE_EP_SCALES_*  */
   /* Low-precision wire (docs/semantics.md, "A low-precision wire").  Every
-   * field below must be the same on every rank.  The HOST backend has every
-   * format, NCCL both FP8 wires, NVLINK_TWO_SIDED the FP8 dispatch wire
-   * (its FP8 combine wire is refused at create: UNSUPPORTED).               */
+   * field below must be the same on every rank.  Every backend has every
+   * format.                                                                  */
   int32_t dispatch_wire;       /* MOE_EP_WIRE_*, default AS_IS; FP8 needs a
                                   bf16, fp16 or fp32 hidden_dtype and
                                   scale_row_elems 0 (the library makes the

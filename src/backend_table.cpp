@@ -48,7 +48,7 @@ const BackendEntry kNvlink{
     kMaxMicroBatches,
     /*expert_layouts=*/true,
     /*fp8_dispatch_wire=*/true,
-    /*fp8_combine_wire=*/false,
+    /*fp8_combine_wire=*/true,
 };
 
 const BackendEntry kNccl{

@@ -29,7 +29,7 @@ namespace kernels {
 namespace {
 
 __device__ __forceinline__ int combine_segments(const CombineParams& p, bool aligned) {
-  return aligned ? static_cast<int>((p.ctx.shape.combine_row_bytes + kSegmentBytes - 1) / kSegmentBytes) : 1;
+  return aligned ? static_cast<int>((p.ctx.shape.combine_partial_bytes + kSegmentBytes - 1) / kSegmentBytes) : 1;
 }
 
 // How the grid splits into push blocks [0, push) and reduce blocks
@@ -59,7 +59,7 @@ __device__ inline void push_row_segment(const CombineParams& p, int peer, int64_
   const GroupShape& s = c.shape;
   const int lane = threadIdx.x % 32;
   const int64_t tpr = p.args.tokens_per_rank;
-  const int64_t row_bytes = s.combine_row_bytes;
+  const int64_t row_bytes = s.combine_partial_bytes;
   const char* src = static_cast<const char*>(p.args.expert_output) + (peer * tpr + j) * row_bytes;
   char* dst = c.rank_base(peer) + c.offsets.combine_in + (c.combine_segment(s.rank, peer) * tpr + j) * row_bytes;
   if (!aligned) {
@@ -190,11 +190,7 @@ __device__ void reduce_tokens(const CombineParams& p, const Roles& roles, bool a
     const TokenDestinations srcs =
         TokenDestinations::load(slots + static_cast<int64_t>(token) * s.world_size, s.world_size, lane);
     if (wait_chunks && !wait_for_partials(p, srcs, lane, &ready_low, &ready_high, epoch)) return;
-    if (aligned) {
-      reduce_segment<Element>(p, token, static_cast<int>(item % segments), srcs, lane);
-    } else {
-      reduce_row_any<Element>(p, token, srcs, lane);
-    }
+    reduce_token<Element>(p, token, static_cast<int>(item % segments), srcs, aligned, lane);
   }
 }
 
@@ -311,7 +307,7 @@ __device__ void combine_body(const CombineParams& p, const int32_t* counts, bool
   }
 }
 
-template <int32_t kPart>
+template <int32_t kPart, bool kWire>
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const CombineParams p) {
   __shared__ int32_t counts[kMaxWorldSize];
   __shared__ uint32_t timed_out;
@@ -340,9 +336,13 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_kernel(const Combine
     }
   }
   switch (s.combine_dtype) {
-    case kCombineBf16: combine_body<Bf16Element, kPart>(p, counts, aligned, epoch); break;
-    case kCombineFp16: combine_body<Fp16Element, kPart>(p, counts, aligned, epoch); break;
-    default: combine_body<Fp32Element, kPart>(p, counts, aligned, epoch); break;
+    case kCombineBf16:
+      combine_body<typename SelectPartials<Bf16Element, kWire>::type, kPart>(p, counts, aligned, epoch);
+      break;
+    case kCombineFp16:
+      combine_body<typename SelectPartials<Fp16Element, kWire>::type, kPart>(p, counts, aligned, epoch);
+      break;
+    default: combine_body<typename SelectPartials<Fp32Element, kWire>::type, kPart>(p, counts, aligned, epoch); break;
   }
 }
 
@@ -372,7 +372,7 @@ __device__ __forceinline__ SmallPushItem small_push_item(const CombineParams& p,
 }
 
 __device__ __forceinline__ int push_segment_vectors(const CombineParams& p, int segment) {
-  const int64_t row_bytes = p.ctx.shape.combine_row_bytes;
+  const int64_t row_bytes = p.ctx.shape.combine_partial_bytes;
   const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes;
   return static_cast<int>((row_bytes - offset < kSegmentBytes ? row_bytes - offset : kSegmentBytes) / 16);
 }
@@ -380,7 +380,7 @@ __device__ __forceinline__ int push_segment_vectors(const CombineParams& p, int 
 // Aligned rows only.
 __device__ __forceinline__ void load_push_segment(const CombineParams& p, const SmallPushItem& it, int lane,
                                                   uint4 (&v)[kVectorsPerLane]) {
-  const int64_t row_bytes = p.ctx.shape.combine_row_bytes;
+  const int64_t row_bytes = p.ctx.shape.combine_partial_bytes;
   const int vectors = push_segment_vectors(p, it.segment);
   const uint4* src = reinterpret_cast<const uint4*>(static_cast<const char*>(p.args.expert_output) +
                                                     (it.peer * p.args.tokens_per_rank + it.j) * row_bytes +
@@ -394,7 +394,7 @@ __device__ __forceinline__ void load_push_segment(const CombineParams& p, const 
 __device__ __forceinline__ void store_push_segment(const CombineParams& p, const SmallPushItem& it, int lane,
                                                    const uint4 (&v)[kVectorsPerLane]) {
   const KernelContext& c = p.ctx;
-  const int64_t row_bytes = c.shape.combine_row_bytes;
+  const int64_t row_bytes = c.shape.combine_partial_bytes;
   const int vectors = push_segment_vectors(p, it.segment);
   uint4* dst =
       reinterpret_cast<uint4*>(c.rank_base(it.peer) + c.offsets.combine_in +
@@ -477,16 +477,12 @@ __device__ void combine_small(const CombineParams& p, int32_t* counts, uint32_t*
       const TokenDestinations srcs =
           item == first_item ? first_srcs
                              : TokenDestinations::load(slots + static_cast<int64_t>(token) * world, world, lane);
-      if (aligned) {
-        reduce_segment<Element>(p, token, static_cast<int>(item % rsegments), srcs, lane);
-      } else {
-        reduce_row_any<Element>(p, token, srcs, lane);
-      }
+      reduce_token<Element>(p, token, static_cast<int>(item % rsegments), srcs, aligned, lane);
     }
   }
 }
 
-template <int32_t kPart>
+template <int32_t kPart, bool kWire>
 __global__ void __launch_bounds__(kBlockThreads, 1) combine_small_kernel(const CombineParams p) {
   __shared__ int32_t counts[kMaxWorldSize];
   __shared__ uint32_t timed_out;
@@ -494,9 +490,29 @@ __global__ void __launch_bounds__(kBlockThreads, 1) combine_small_kernel(const C
   wait_for_prior_grid();
   allow_dependent_launch();
   switch (p.ctx.shape.combine_dtype) {
-    case kCombineBf16: combine_small<Bf16Element, kPart>(p, counts, &timed_out, &failed); break;
-    case kCombineFp16: combine_small<Fp16Element, kPart>(p, counts, &timed_out, &failed); break;
-    default: combine_small<Fp32Element, kPart>(p, counts, &timed_out, &failed); break;
+    case kCombineBf16:
+      combine_small<typename SelectPartials<Bf16Element, kWire>::type, kPart>(p, counts, &timed_out, &failed);
+      break;
+    case kCombineFp16:
+      combine_small<typename SelectPartials<Fp16Element, kWire>::type, kPart>(p, counts, &timed_out, &failed);
+      break;
+    default:
+      combine_small<typename SelectPartials<Fp32Element, kWire>::type, kPart>(p, counts, &timed_out, &failed);
+      break;
+  }
+}
+
+// The push kernel of a call: small-batch or not, its part, and whether the
+// partials are FP8 wire rows.
+template <bool kWire>
+void (*push_kernel(const CombineLaunch& args))(CombineParams) {
+  switch (args.part) {
+    case kPartSend:
+      return args.small_batch != 0 ? combine_small_kernel<kPartSend, kWire> : combine_kernel<kPartSend, kWire>;
+    case kPartReceive:
+      return args.small_batch != 0 ? combine_small_kernel<kPartReceive, kWire> : combine_kernel<kPartReceive, kWire>;
+    default:
+      return args.small_batch != 0 ? combine_small_kernel<kPartFused, kWire> : combine_kernel<kPartFused, kWire>;
   }
 }
 
@@ -551,17 +567,12 @@ cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offs
   p.args = args;
   p.phases = combine_phases(shape, args.phases);
   p.chunk_rows = combine_phase_rows(args.tokens_per_rank, p.phases);
+  // The FP8 combine wire always pushes (the host never pulls wire rows).
+  if (shape.combine_wire != 0 && args.pull != 0) return cudaErrorInvalidValue;
   if (args.pull != 0) return launch_combine_pull(p, stream);
   // The host's path selection chose the small-batch kernel only for a serial
   // schedule of at most kSmallCombineMaxTokens tokens per rank.
-  void (*kernel)(CombineParams) = nullptr;
-  switch (args.part) {
-    case kPartSend: kernel = args.small_batch != 0 ? combine_small_kernel<kPartSend> : combine_kernel<kPartSend>; break;
-    case kPartReceive:
-      kernel = args.small_batch != 0 ? combine_small_kernel<kPartReceive> : combine_kernel<kPartReceive>;
-      break;
-    default: kernel = args.small_batch != 0 ? combine_small_kernel<kPartFused> : combine_kernel<kPartFused>; break;
-  }
+  void (*kernel)(CombineParams) = shape.combine_wire != 0 ? push_kernel<true>(args) : push_kernel<false>(args);
   return launch_kernel(kernel, args.num_blocks, kBlockThreads, 0, stream, args.pdl, p);
 }
 

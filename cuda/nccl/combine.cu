@@ -10,6 +10,7 @@
 #include "common/kernel_common.cuh"
 #include "nccl_kernels.h"
 #include "wire/wire_rows.cuh"
+#include "wire/wire_sums.cuh"
 
 namespace moe_ep {
 namespace kernels {
@@ -108,12 +109,11 @@ __global__ void __launch_bounds__(kBlockThreads, 2) reduce_kernel(NcclShape s, N
 // sum rounded once to combine_dtype: the HOST backend's bits.  kVector: 8-byte
 // code loads and 16-byte stores (hidden_size a multiple of 8, output
 // 16-byte aligned), else element by element.
-constexpr int kWireLaneElems = 8;
+constexpr int kWireLaneElems = wire::kLaneElems;
 
 template <typename Element, bool kVector>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     reduce_wire_kernel(NcclShape s, NcclBuffers b, NcclCombineLaunch a) {
-  using Bits = typename Element::Bits;
   const int lane = threadIdx.x % 32;
   const int warps = gridDim.x * kWarpsPerBlock;
   const int64_t tpr = a.tokens_per_rank;
@@ -144,49 +144,15 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
           if (i0 + i >= n) break;
           const char* row = rows[i0 + i];
           scale[i] = __ldg(reinterpret_cast<const float*>(row + scales_at) + first / kWireBlockElems);
-          if (kVector) {
-            codes[i] = __ldg(reinterpret_cast<const uint2*>(row + first));
-          } else {
-            const uint8_t* c = reinterpret_cast<const uint8_t*>(row);
-            uint32_t w[2] = {0u, 0u};
-#pragma unroll
-            for (int k = 0; k < kWireLaneElems; ++k) {
-              if (first + k < H) w[k / 4] |= static_cast<uint32_t>(__ldg(c + first + k)) << (8 * (k % 4));
-            }
-            codes[i] = make_uint2(w[0], w[1]);
-          }
+          codes[i] = wire::load_wire_lane(row, first, H, kVector);
         }
 #pragma unroll
         for (int i = 0; i < kRowsAtOnce; ++i) {
           if (i0 + i >= n) break;
-#pragma unroll
-          for (int k = 0; k < kWireLaneElems; ++k) {
-            const uint32_t word = k < 4 ? codes[i].x : codes[i].y;
-            acc[k] += wire::dequantize_code((word >> (8 * (k % 4))) & 0xFFu, scale[i]);
-          }
+          wire::add_wire_lane(acc, codes[i], scale[i]);
         }
       }
-      // A NaN sum: the hardware's addition returns its one canonical NaN
-      // where the host's keeps the NaN operand, here always the positive quiet
-      // NaN that dequantize_code gives a NaN code; the sum stores that one.
-#pragma unroll
-      for (int k = 0; k < kWireLaneElems; ++k) acc[k] = acc[k] == acc[k] ? acc[k] : __uint_as_float(0x7FC00000u);
-      if (kVector) {
-        constexpr int V = kPerVector<Element>;
-#pragma unroll
-        for (int k = 0; k < kWireLaneElems; k += V) {
-          float part[V];
-#pragma unroll
-          for (int j = 0; j < V; ++j) part[j] = acc[k + j];
-          reinterpret_cast<uint4*>(out + static_cast<int64_t>(first + k) * sizeof(Bits))[0] =
-              Element::store_vector(part);
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < kWireLaneElems; ++k) {
-          if (first + k < H) reinterpret_cast<Bits*>(out)[first + k] = Element::store(acc[k]);
-        }
-      }
+      wire::store_lane_sums<Element>(out, first, H, kVector, acc);
     }
   }
 }

@@ -151,7 +151,7 @@ class NvlinkBackend final : public Backend {
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     int32_t path = 0;
-    const CombineCall rank_major = fold_expert_rows(0, call, s);
+    const CombineCall rank_major = quantize_for_combine_wire(0, fold_expert_rows(0, call, s), s);
     kernels::CombineLaunch a = combine_launch(0, rank_major, call.output, /*split=*/false, &path);
     a.part = kernels::kPartFused;
     if (a.pull && !rank_major.expert_output_is_workspace) copy_into_view(0, rank_major, s);
@@ -200,7 +200,7 @@ class NvlinkBackend final : public Backend {
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    k.combine_call = fold_expert_rows(slot, call, s);
+    k.combine_call = quantize_for_combine_wire(slot, fold_expert_rows(slot, call, s), s);
     // The pull variant depends on the output, known only to the receive
     // half; every pull path's send half is the same announcement.
     int32_t path = 0;
@@ -263,6 +263,35 @@ class NvlinkBackend final : public Backend {
                                     tokens_per_rank),
                    sm_budget_, paths_.pdl ? 1 : 0, s),
                "launching the FP8 wire's dequantization of the received rows");
+  }
+
+  // Before the combine kernel, on the same stream, with an FP8 combine wire:
+  // the rank-major rows this rank received (the device counts), its own
+  // included, quantized into the slot's wire rows, which the push kernels
+  // send and read; the call then names them (AS_IS: `call` as it is).
+  CombineCall quantize_for_combine_wire(int32_t slot, const CombineCall& call, cudaStream_t s) {
+    if (!layout_.fp8_combine()) return call;
+    const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
+    char* base = memory_->local();
+    kernels::WireQuantizeRows q{};
+    q.elems = layout_.hidden_size;
+    q.dtype = kernel_dtype(layout_.combine_dtype);
+    q.scale_rule = layout_.wire_scale;
+    q.in = call.expert_output;
+    q.in_stride = static_cast<int64_t>(layout_.combine_row_bytes);
+    q.codes = reinterpret_cast<uint8_t*>(base + o.combine_wire_rows);
+    q.codes_stride = shape_.combine_partial_bytes;
+    q.scales = reinterpret_cast<float*>(base + o.combine_wire_rows + kernels::wire_transfer_scales_offset(q.elems));
+    q.scales_stride = shape_.combine_partial_bytes;
+    check_cuda(kernels::launch_quantize_rows(q,
+                                             received_row_set(reinterpret_cast<const int32_t*>(base + o.counts_private),
+                                                              layout_.world_size, call.tokens_per_rank),
+                                             sm_budget_, paths_.pdl ? 1 : 0, s),
+               "launching the FP8 wire's quantization of the combine rows");
+    CombineCall wire = call;
+    wire.expert_output = q.codes;
+    wire.expert_output_is_workspace = true;
+    return wire;
   }
 
   // Where the slot's rank-major result rows and scales are: the received rows
@@ -520,7 +549,7 @@ class NvlinkBackend final : public Backend {
     // elsewhere is first copied into this rank's view (the peers' rows only;
     // the own rows are read where they are).
     CombinePathCall pc;
-    pc.zero_copy_combine = layout_.zero_copy_combine;
+    pc.zero_copy_combine = layout_.zero_copy_combine && !layout_.fp8_combine();  // wire rows are pushed
     pc.world_size = layout_.world_size;
     pc.group_min_sm_budget = group_min_sm_budget_;
     pc.tokens_per_rank = call.tokens_per_rank;

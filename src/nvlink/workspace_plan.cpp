@@ -18,6 +18,10 @@ constexpr const char* kWhat = "params: the NVLink workspace";
 
 }  // namespace
 
+int64_t combine_partial_bytes(const Layout& l) {
+  return l.fp8_combine() ? kernels::wire_transfer_row_bytes(l.hidden_size) : static_cast<int64_t>(l.combine_row_bytes);
+}
+
 kernels::WorkspaceOffsets plan_workspace(const Layout& l, ExpertRowsOffsets* expert_rows) {
   const uint64_t W = static_cast<uint64_t>(l.world_size);
   const uint64_t M = static_cast<uint64_t>(l.max_tokens_per_rank);
@@ -47,7 +51,10 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l, ExpertRowsOffsets* exp
   // the group pulls from the peers' views and nothing lands here, so the
   // region is empty: the view replaces it, and the workspace stays within
   // docs/semantics.md §6's bound at the DeepSeek shape.
-  o.combine_in = p.place(l.zero_copy_combine ? 0 : (W - 1) * M * l.combine_row_bytes);
+  // An FP8 combine wire always pushes (its rows are quantized first), so it
+  // has landing rows, of wire rows, with or without the view.
+  const uint64_t partial_bytes = static_cast<uint64_t>(combine_partial_bytes(l));
+  o.combine_in = p.place(l.zero_copy_combine && !l.fp8_combine() ? 0 : (W - 1) * M * partial_bytes);
   // Last of the shared regions and 0 bytes unless enabled: without
   // zero_copy_combine every offset and the total are what they were before it.
   // Rank-major in every layout: the peers pull their rows from it (in an
@@ -74,6 +81,8 @@ kernels::WorkspaceOffsets plan_workspace(const Layout& l, ExpertRowsOffsets* exp
   o.wire_codes = p.place(fp8 ? M * wire.hidden_row_bytes : 0);
   o.wire_scales = p.place(fp8 ? M * wire.scale_row_bytes : 0);
   o.wire_rows = p.place(fp8 && l.dispatch_dequantize ? W * M * l.hidden_row_bytes : 0);
+  // The FP8 combine wire's quantized rank-major rows, 0 bytes without it.
+  o.combine_wire_rows = p.place(l.fp8_combine() ? W * M * partial_bytes : 0);
   const ExpertRowsOffsets rows = place_expert_rows(l, p);
   if (expert_rows != nullptr) *expert_rows = rows;
   o.total_bytes = p.end();
@@ -127,6 +136,8 @@ kernels::GroupShape group_shape(const Layout& l) {
   s.hidden_row_bytes = static_cast<int64_t>(l.hidden_row_bytes);
   s.scale_row_bytes = static_cast<int64_t>(l.scale_row_bytes);
   s.combine_row_bytes = static_cast<int64_t>(l.combine_row_bytes);
+  s.combine_wire = l.fp8_combine() ? 1 : 0;
+  s.combine_partial_bytes = combine_partial_bytes(l);
   return s;
 }
 

@@ -1,5 +1,5 @@
 // Where the NVLink backend places the regions of the expert layouts and of
-// the FP8 dispatch wire: pure host maths of its workspace plan, so it runs
+// the FP8 wires: pure host maths of its workspace plan, so it runs
 // without a GPU.  RANK_MAJOR with AS_IS rows must keep every offset it had
 // without them; each new region has the size docs/nvlink_backend.md gives.
 #include <catch2/catch.hpp>
@@ -39,7 +39,8 @@ TEST_CASE("NVLink plan: RANK_MAJOR AS_IS has no expert-layout or wire region", "
     CHECK(o.combine_staging == o.wire_codes);
     CHECK(o.wire_codes == o.wire_scales);
     CHECK(o.wire_scales == o.wire_rows);
-    CHECK(o.wire_rows == o.total_bytes);
+    CHECK(o.wire_rows == o.combine_wire_rows);
+    CHECK(o.combine_wire_rows == o.total_bytes);
     CHECK(rows.hidden == 0);  // no expansion regions
     CHECK(span(o.recv_hidden, o.recv_scales) == W * M * kRow);
   }
@@ -109,4 +110,36 @@ TEST_CASE("NVLink plan: the FP8 dispatch wire's rows", "[nvlink][wire]") {
   p.dispatch_dequantize = 1;
   const moe_ep::kernels::WorkspaceOffsets dq = moe_ep::plan_workspace(layout_of(p));
   CHECK(span(dq.wire_rows, dq.total_bytes) == W * M * kRow);
+}
+
+TEST_CASE("NVLink plan: the FP8 combine wire's rows", "[nvlink][wire]") {
+  moe_ep_params_t p = deepseek();
+  p.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  constexpr uint64_t kWireRow = H + (H + 127) / 128 * 4;  // 7168 codes + 56 scales, both 16-byte multiples
+  for (bool zero_copy : {false, true}) {
+    INFO("zero_copy_combine " << zero_copy);
+    const moe_ep::Layout l = layout_of(p, zero_copy);
+    const moe_ep::kernels::WorkspaceOffsets o = moe_ep::plan_workspace(l);
+    // The wire always pushes: landing rows of wire rows, even with the view.
+    CHECK(span(o.combine_in, o.combine_input) == (W - 1) * M * kWireRow);
+    CHECK(span(o.combine_input, o.peer_bases) == (zero_copy ? W * M * kRow : 0));
+    // This rank's quantized rank-major rows, last.
+    CHECK(span(o.combine_wire_rows, o.total_bytes) == W * M * kWireRow);
+    const moe_ep::kernels::GroupShape s = moe_ep::group_shape(l);
+    CHECK(s.combine_wire == 1);
+    CHECK(s.combine_partial_bytes == int64_t(kWireRow));
+    CHECK(s.combine_row_bytes == int64_t(kRow));
+    // docs/semantics.md §6: 2 x world x max_tokens x row bytes + 64 MiB,
+    // without the view; with it, the wire's rows come on top of the view
+    // (docs/nvlink_backend.md, "The FP8 wires").
+    if (!zero_copy) CHECK(o.total_bytes <= 2 * W * M * kRow + (64ull << 20));
+  }
+  // A row whose parts are not 16-byte multiples: each part rounded up.
+  p.hidden_size = 1000;
+  const moe_ep::kernels::GroupShape odd = moe_ep::group_shape(layout_of(p));
+  CHECK(odd.combine_partial_bytes == 1008 + 32);  // 1000 codes -> 1008; 8 scales, 32 bytes
+  p.combine_wire = MOE_EP_WIRE_AS_IS;
+  const moe_ep::kernels::GroupShape as_is = moe_ep::group_shape(layout_of(p));
+  CHECK(as_is.combine_wire == 0);
+  CHECK(as_is.combine_partial_bytes == as_is.combine_row_bytes);
 }
