@@ -14,17 +14,20 @@ from ._lib import (BACKEND_AUTO, BACKEND_HOST, BACKEND_NCCL, BACKEND_NVLINK_TWO_
                    DEVICE_CUDA_HOST, ERROR_BOOTSTRAP, ERROR_CUDA, ERROR_INTERNAL,
                    ERROR_INVALID_ARGUMENT, ERROR_INVALID_INPUT, ERROR_INVALID_STATE,
                    ERROR_OUT_OF_MEMORY, ERROR_TIMEOUT, ERROR_UNSUPPORTED, LAYOUT_EXPERT_MAJOR,
-                   LAYOUT_EXPERT_PACKED, LAYOUT_RANK_MAJOR, SCALES_COLUMN_MAJOR, SCALES_ROW_MAJOR, SUCCESS,
+                   LAYOUT_EXPERT_PACKED, LAYOUT_RANK_MAJOR, ON_FAILURE_FAIL_HANDLE, ON_FAILURE_MASK,
+                   SCALES_COLUMN_MAJOR, SCALES_ROW_MAJOR, SUCCESS,
                    WIRE_AS_IS, WIRE_FP8_E4M3_BLOCK128, WIRE_SCALE_FP32, WIRE_SCALE_UE8M0)
 from ._views import DispatchResult, View
-from .bootstrap import (Bootstrap, CallbackBootstrap, MpiBootstrap, SingleRankBootstrap, from_mpi4py,
-                        from_torch_distributed)
+from .bootstrap import (Bootstrap, CallbackBootstrap, MpiBootstrap, RejoinBootstrap, SingleRankBootstrap,
+                        StoreBootstrap, from_mpi4py, from_store, from_torch_distributed)
 from .core import Health, MoeEp, dtype_tuple, get_version, is_platform_supported, workspace_size
+from .store import Store
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MoeEp", "MoeEpError", "Health", "View", "DispatchResult", "Bootstrap", "CallbackBootstrap",
     "SingleRankBootstrap", "MpiBootstrap", "from_mpi4py", "from_torch_distributed", "get_version",
-    "is_platform_supported", "workspace_size", "status_string", "dtype_tuple",
+    "is_platform_supported", "workspace_size", "status_string", "dtype_tuple", "Store", "StoreBootstrap",
+    "from_store", "RejoinBootstrap",
 ]

@@ -62,6 +62,10 @@ WIRE_SCALE_UE8M0 = 1
 PHASE_DISPATCH = 0
 PHASE_COMBINE = 1
 
+# config.failure_policy (MOE_EP_ON_FAILURE_*): docs/reliability.md, "Surviving a dead rank".
+ON_FAILURE_FAIL_HANDLE = 0
+ON_FAILURE_MASK = 1
+
 
 class Device(Structure):
     _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
@@ -158,8 +162,9 @@ class Config(Structure):
         ("device", c_int32),
         ("zero_copy_combine", c_int32),
         ("micro_batches", c_int32),
-        # docs/reliability.md, "Surviving a dead rank": declared for the
-        # layout, left at moe_ep_config_init's defaults by make_config.
+        # docs/reliability.md, "Surviving a dead rank".  The two strings are
+        # bytes objects that the Config instance references (ctypes keeps
+        # them in its _objects), so they live as long as the struct.
         ("failure_policy", c_int32),
         ("rejoin", c_int32),
         ("store_address", c_char_p),
@@ -209,6 +214,7 @@ class Health(Structure):
 
 
 HandlePtr = c_void_p  # moe_ep_handle_t: opaque
+StorePtr = c_void_p  # moe_ep_store_t: opaque
 
 # (name, restype, argtypes).  Every function returns moe_ep_status_t except the
 # three string getters.
@@ -242,6 +248,12 @@ _FUNCTIONS = [
     ("moe_ep_get_active_ranks", c_int32, [HandlePtr, POINTER(c_uint8), c_int32]),
     ("moe_ep_set_active_ranks", c_int32, [HandlePtr, POINTER(c_uint8), c_int32]),
     ("moe_ep_destroy", c_int32, [POINTER(HandlePtr)]),
+    ("moe_ep_store_serve", c_int32, [c_char_p, c_int32, POINTER(StorePtr)]),
+    ("moe_ep_store_port", c_int32, [StorePtr, POINTER(c_int32)]),
+    ("moe_ep_store_destroy", c_int32, [POINTER(StorePtr)]),
+    ("moe_ep_bootstrap_from_store", c_int32, [c_char_p, c_char_p, c_int32, c_int32, c_int32,
+                                              POINTER(BootstrapStruct)]),
+    ("moe_ep_bootstrap_release", c_int32, [POINTER(BootstrapStruct)]),
 ]
 
 _MPI_FUNCTIONS = [

@@ -6,23 +6,65 @@
   (libmoe_ep_mpi) on a duplicate of an mpi4py communicator.
 - from_torch_distributed(group): all_gather_into_tensor on a torch.distributed
   process group (gloo or NCCL), called from a ctypes callback.
+- StoreBootstrap / from_store(address, prefix, rank, world_size): the
+  library's bootstrap over a moe_ep store (moe_ep.Store), for launchers
+  without MPI.
+- RejoinBootstrap(rank, world_size): no callbacks, for a replacement rank
+  (MoeEp(..., rejoin=True)), which meets its group through the store.
 
 A bootstrap must outlive every handle created from it (destroy uses it); the
 handle holds a reference, so this is automatic unless close() is called early.
+
+A call that times out may leave a callback running on the handle's exchange
+thread, and the C library keeps using the bootstrap's callbacks and ctx until
+it returns (moe_ep_c.h, moe_ep_bootstrap_t).  Nothing here can tell when that
+happens, so such a bootstrap is kept alive for the rest of the process
+(_abandon): its ctypes callbacks are never freed and close() no longer
+releases its C state.
 """
 
 import ctypes
+import threading
+import warnings
 
 from . import _lib
 from ._errors import MoeEpError, check
 
 
+# Bootstraps whose callbacks a timed-out handle may still be running (see the
+# module's doc): referenced here for the rest of the process.
+_abandoned = []
+_abandoned_lock = threading.Lock()
+
+
+def _abandon(bootstrap):
+    """Keeps `bootstrap` (its ctypes callbacks, its C ctx) alive for good: a
+    callback left running after a timeout may use it at any later moment."""
+    with _abandoned_lock:
+        if not getattr(bootstrap, "abandoned", False):
+            bootstrap.abandoned = True
+            _abandoned.append(bootstrap)
+
+
 class Bootstrap:
-    """Base: owns a moe_ep_bootstrap_t (`.struct`)."""
+    """Base: owns a moe_ep_bootstrap_t (`.struct`).  `abandoned` is True once a
+    handle created from it timed out with a callback possibly still running:
+    it is then kept alive, and close() leaves its C state in place."""
+
+    abandoned = False
 
     def __init__(self):
         self.struct = _lib.BootstrapStruct()
         check(_lib.lib().moe_ep_bootstrap_init(ctypes.byref(self.struct), ctypes.sizeof(self.struct)))
+
+    def _release_allowed(self, what):
+        if self.abandoned:
+            warnings.warn(f"moe_ep: {what}: not released, a handle created from this bootstrap timed out and "
+                          "the library may still be running one of its callbacks (moe_ep_c.h, "
+                          "moe_ep_bootstrap_t); it is kept for the rest of the process", ResourceWarning,
+                          stacklevel=3)
+            return False
+        return True
 
     @property
     def rank(self):
@@ -116,7 +158,7 @@ class MpiBootstrap(Bootstrap):
         self._open = True
 
     def close(self):
-        if getattr(self, "_open", False):
+        if getattr(self, "_open", False) and self._release_allowed("MpiBootstrap.close()"):
             self._open = False
             check(_lib.mpi_lib().moe_ep_mpi_bootstrap_release(ctypes.byref(self.struct)),
                   "moe_ep_mpi_bootstrap_release failed")
@@ -125,6 +167,8 @@ class MpiBootstrap(Bootstrap):
         # MPI_Comm_free is formally collective, but Open MPI only marks the
         # communicator for deallocation and waits for no peer, so the garbage
         # collector may call it.  An explicit close() is still preferred.
+        if self.abandoned:
+            return
         try:
             self.close()
         except Exception:
@@ -187,3 +231,63 @@ def from_torch_distributed(group=None):
         dist.barrier(group=group)
 
     return CallbackBootstrap(rank, world, allgather, barrier)
+
+
+def _text(value, name):
+    """A str (UTF-8) or bytes argument for a `const char*`, refused when it is
+    neither or holds a NUL byte (C would see a shorter string)."""
+    if isinstance(value, str):
+        value = value.encode()
+    if not isinstance(value, bytes):
+        raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"{name}: expected a str, got {value!r}")
+    if b"\0" in value:
+        raise MoeEpError(_lib.ERROR_INVALID_ARGUMENT, f"{name}: expected a string without NUL bytes, got {value!r}")
+    return value
+
+
+class StoreBootstrap(Bootstrap):
+    """The library's bootstrap over a moe_ep store (moe_ep_bootstrap_from_store):
+    allgather and barrier go through the store at `address` ("host:port", see
+    moe_ep.Store) under `prefix`, a name unique per group and run; each wait
+    is bounded by `timeout_ms`.  Connects at once (MoeEpError BOOTSTRAP naming
+    the address when it cannot).  close() (or `with`, or the garbage
+    collector: it is not collective) releases it; do that after every handle
+    created from it is destroyed."""
+
+    def __init__(self, address, prefix, rank, world_size, timeout_ms=30000):
+        super().__init__()
+        self.address = _text(address, "address").decode()
+        self.prefix = _text(prefix, "prefix").decode()
+        check(_lib.lib().moe_ep_bootstrap_from_store(self.address.encode(), self.prefix.encode(), int(rank),
+                                                     int(world_size), int(timeout_ms),
+                                                     ctypes.byref(self.struct)))
+        self._open = True
+
+    def close(self):
+        if getattr(self, "_open", False) and self._release_allowed("StoreBootstrap.close()"):
+            self._open = False
+            check(_lib.lib().moe_ep_bootstrap_release(ctypes.byref(self.struct)))
+
+    def __del__(self):
+        if self.abandoned:  # kept on purpose (the module's doc); nothing to say at exit
+            return
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def from_store(address, prefix, rank, world_size, timeout_ms=30000):
+    """A StoreBootstrap: the ranks meet through the store at `address`."""
+    return StoreBootstrap(address, prefix, rank, world_size, timeout_ms)
+
+
+class RejoinBootstrap(Bootstrap):
+    """Rank and world size only, no callbacks: what a replacement passes to
+    MoeEp(..., rejoin=True), whose create meets the group through the store
+    (docs/reliability.md, "Surviving a dead rank")."""
+
+    def __init__(self, rank, world_size):
+        super().__init__()
+        self.struct.rank = rank
+        self.struct.world_size = world_size

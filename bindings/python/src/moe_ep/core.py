@@ -7,7 +7,7 @@ import warnings
 from . import _dlpack, _lib
 from ._errors import MoeEpError, check
 from ._views import DispatchResult, View
-from .bootstrap import CallbackBootstrap
+from .bootstrap import CallbackBootstrap, _abandon, _text
 
 _DTYPES = {
     "bfloat16": (_lib.DTYPE_BFLOAT, 16, 1), "bf16": (_lib.DTYPE_BFLOAT, 16, 1),
@@ -28,6 +28,8 @@ _LAYOUTS = {"rank_major": _lib.LAYOUT_RANK_MAJOR, "expert_major": _lib.LAYOUT_EX
 _SCALE_LAYOUTS = {"row_major": _lib.SCALES_ROW_MAJOR, "column_major": _lib.SCALES_COLUMN_MAJOR}
 _WIRES = {"as_is": _lib.WIRE_AS_IS, "fp8_e4m3_block128": _lib.WIRE_FP8_E4M3_BLOCK128}
 _WIRE_SCALES = {"fp32": _lib.WIRE_SCALE_FP32, "ue8m0": _lib.WIRE_SCALE_UE8M0}
+
+_FAILURE_POLICIES = {"fail_handle": _lib.ON_FAILURE_FAIL_HANDLE, "mask": _lib.ON_FAILURE_MASK}
 
 _BACKENDS = {"auto": _lib.BACKEND_AUTO, "nvlink": _lib.BACKEND_NVLINK_TWO_SIDED,
              "nvlink_two_sided": _lib.BACKEND_NVLINK_TWO_SIDED, "host": _lib.BACKEND_HOST,
@@ -133,9 +135,12 @@ def _enum_value(value, names, what, c_names):
 
 
 def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_copy_combine=None,
-                micro_batches=None):
+                micro_batches=None, failure_policy=None, rejoin=None, store_address=None, store_prefix=None):
     """A moe_ep_config_t; None keeps moe_ep_config_init's defaults.  backend:
-    "auto", "host", "nvlink", "nccl" or a MOE_EP_BACKEND_* int."""
+    "auto", "host", "nvlink", "nccl" or a MOE_EP_BACKEND_* int;
+    failure_policy: "fail_handle", "mask" or a MOE_EP_ON_FAILURE_* int;
+    store_address, store_prefix: str, referenced by the returned struct (the
+    library copies them at create)."""
     c = _lib.Config()
     check(_lib.lib().moe_ep_config_init(ctypes.byref(c), ctypes.sizeof(c)))
     if backend is not None:
@@ -150,6 +155,16 @@ def make_config(backend=None, num_sms=None, timeout_ms=None, device=None, zero_c
         c.zero_copy_combine = int(bool(zero_copy_combine))
     if micro_batches is not None:
         c.micro_batches = _int32(micro_batches, "micro_batches")
+    if failure_policy is not None:
+        c.failure_policy = _enum_value(failure_policy, _FAILURE_POLICIES, "failure_policy", "MOE_EP_ON_FAILURE_*")
+    if rejoin is not None:
+        c.rejoin = int(bool(rejoin))
+    # Assigned as bytes: the struct keeps them referenced, so the pointers
+    # stay valid for as long as the struct (the handle keeps its config).
+    if store_address is not None:
+        c.store_address = _text(store_address, "store_address")
+    if store_prefix is not None:
+        c.store_prefix = _text(store_prefix, "store_prefix")
     return c
 
 
@@ -176,7 +191,8 @@ def _backend_value(backend):
     return int(backend)
 
 
-_CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device", "zero_copy_combine", "micro_batches")
+_CONFIG_KEYS = ("backend", "num_sms", "timeout_ms", "device", "zero_copy_combine", "micro_batches",
+                "failure_policy", "rejoin", "store_address", "store_prefix")
 
 
 def _split_kwargs(kwargs):
@@ -290,6 +306,22 @@ class MoeEp:
       micro_batches        -- 1 (default) or 2: buffer slots for the split
                               calls dispatch_send/dispatch_recv/combine_send/
                               combine_recv, one micro-batch in flight per slot
+      failure_policy       -- what a peer that stops answering does
+                              (docs/reliability.md, "Surviving a dead rank"):
+                              "fail_handle" (default: TIMEOUT, the handle is
+                              unusable) or "mask" (HOST backend: the survivors
+                              drop the failed rank through the store and go on;
+                              the failing call raises MoeEpError TIMEOUT naming
+                              it, poll_health() shows failed_rank and the new
+                              mask_epoch); the same on every rank
+      store_address        -- "host:port" of a moe_ep.Store, needed by "mask"
+      store_prefix         -- the group's name in the store, default "moe_ep";
+                              groups sharing a store need distinct prefixes
+      rejoin               -- True: this process replaces a failed rank of a
+                              running "mask" group (bootstrap: a
+                              RejoinBootstrap(rank, world_size)); create
+                              returns once the survivors admit it with
+                              set_active_ranks
 
     dtypes are names ("bfloat16"), numpy/torch dtypes or (code, bits, lanes).
     Tensors are any objects with __dlpack__; see dispatch() and combine().
@@ -301,7 +333,8 @@ class MoeEp:
                  receive_layout=None, expert_capacity=None, expert_alignment=None, expert_rows=None,
                  expert_output_weighted=None, scale_layout=None, dispatch_wire=None, combine_wire=None,
                  wire_scale=None, dispatch_dequantize=None, backend=None, num_sms=None, timeout_ms=None,
-                 device=None, zero_copy_combine=None, micro_batches=None):
+                 device=None, zero_copy_combine=None, micro_batches=None, failure_policy=None, rejoin=None,
+                 store_address=None, store_prefix=None):
         self._params = make_params(num_experts, top_k, max_tokens_per_rank, hidden_size,
                                    hidden_dtype=hidden_dtype, hidden_row_elems=hidden_row_elems,
                                    scale_row_elems=scale_row_elems, scale_dtype=scale_dtype,
@@ -314,8 +347,12 @@ class MoeEp:
                                    wire_scale=wire_scale, dispatch_dequantize=dispatch_dequantize)
         self._config = make_config(backend=backend, num_sms=num_sms, timeout_ms=timeout_ms,
                                    device=device, zero_copy_combine=zero_copy_combine,
-                                   micro_batches=micro_batches)
+                                   micro_batches=micro_batches, failure_policy=failure_policy, rejoin=rejoin,
+                                   store_address=store_address, store_prefix=store_prefix)
         self._bootstrap = bootstrap  # destroy calls back into it
+        # A MASK handle calls the bootstrap's callbacks during create only
+        # (afterwards it exchanges through the store).
+        self._callbacks_after_create = self._config.failure_policy != _lib.ON_FAILURE_MASK
         self._ptr = _lib.HandlePtr()
         # Per (phase, slot): bumped when that slot's views expire (dispatch:
         # its combine_send; combine: its next combine_recv).
@@ -325,9 +362,13 @@ class MoeEp:
         self._keep_combine = {}
         status = _lib.lib().moe_ep_create(ctypes.byref(bootstrap.struct), ctypes.byref(self._params),
                                           ctypes.byref(self._config), ctypes.byref(self._ptr))
-        self._check_with_bootstrap(status)
+        self._check_with_bootstrap(status, in_create=True)
 
-    def _check_with_bootstrap(self, status):
+    def _check_with_bootstrap(self, status, in_create=False):
+        if status == _lib.ERROR_TIMEOUT and (in_create or self._callbacks_after_create):
+            # A callback may still be running on the handle's exchange thread
+            # and will use the bootstrap when it returns: keep it for good.
+            _abandon(self._bootstrap)
         try:
             check(status)
         except MoeEpError as e:
