@@ -12,15 +12,16 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "counting_backend.hpp"
 #include "handle.hpp"
 #include "moe_ep_c.h"
 #include "oracle.hpp"
 #include "rank_checks.hpp"
 #include "result_reader.hpp"
+#include "small_workload.hpp"
 #include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
@@ -31,22 +32,6 @@ using namespace moe_ep_verify;
 using Catch::Matchers::Contains;
 
 namespace {
-
-uint64_t fresh_seed() {
-  static std::random_device device;
-  return (uint64_t(device()) << 32) ^ device();
-}
-
-WorkloadSpec spec_of(int world, uint64_t seed) {
-  WorkloadSpec w;
-  w.world = world;
-  w.num_experts = 4 * world;
-  w.top_k = 3;
-  w.max_tokens_per_rank = 9;
-  w.hidden_size = 24;
-  w.seed = seed;
-  return w;
-}
 
 moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, int32_t timeout_ms = 30000) {
   moe_ep_params_t p = w.params();
@@ -133,7 +118,7 @@ void check_masked(const WorkloadSpec& w, const std::vector<uint8_t>& active, boo
 TEST_CASE("active ranks: the health poll of a healthy handle, without blocking", "[mask]") {
   RankChecks checks;
   run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, spec_of(2, 7));
+    moe_ep_handle_t h = create(b, small_workload(2, 7));
     RANK_REQUIRE(checks, rank, h != nullptr);
     moe_ep_status_t rc = MOE_EP_ERROR_INTERNAL;
     const moe_ep_health_t health = poll(h, &rc);
@@ -154,7 +139,7 @@ TEST_CASE("active ranks: the health poll of a healthy handle, without blocking",
 
 TEST_CASE("active ranks: the health struct grows both ways", "[mask]") {
   run_ranks(1, [&](int, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, spec_of(1, 3));
+    moe_ep_handle_t h = create(b, small_workload(1, 3));
     REQUIRE(h != nullptr);
     // Exactly struct_size bytes are written: nothing past them.  (An older,
     // smaller layout exists once the struct grows; below the first released
@@ -194,7 +179,7 @@ TEST_CASE("active ranks: the health struct grows both ways", "[mask]") {
 TEST_CASE("active ranks: the poll reports a sticky TIMEOUT at once", "[mask]") {
   RankChecks checks;
   run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    const WorkloadSpec w = spec_of(2, 11);
+    const WorkloadSpec w = small_workload(2, 11);
     moe_ep_handle_t h = create(b, w, 200);
     RANK_REQUIRE(checks, rank, h != nullptr);
     if (rank == 0) {  // rank 1 never dispatches
@@ -224,7 +209,7 @@ TEST_CASE("active ranks: the poll reports a sticky TIMEOUT at once", "[mask]") {
 TEST_CASE("active ranks: get and set round-trip, and every update counts", "[mask]") {
   RankChecks checks;
   run_ranks(4, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, spec_of(4, 5));
+    moe_ep_handle_t h = create(b, small_workload(4, 5));
     RANK_REQUIRE(checks, rank, h != nullptr);
     uint8_t got[4] = {9, 9, 9, 9};
     RANK_CHECK(checks, rank, moe_ep_get_active_ranks(h, got, 4) == MOE_EP_SUCCESS);
@@ -251,7 +236,7 @@ TEST_CASE("active ranks: get and set round-trip, and every update counts", "[mas
 TEST_CASE("active ranks: a disagreement or a bad argument on one rank fails on every rank", "[mask]") {
   RankChecks checks;
   run_ranks(4, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, spec_of(4, 6));
+    moe_ep_handle_t h = create(b, small_workload(4, 6));
     RANK_REQUIRE(checks, rank, h != nullptr);
     // Rank 3 drops rank 1, the others rank 2.
     const uint8_t mine[4] = {1, 1, 0, 1}, other[4] = {1, 0, 1, 1};
@@ -278,7 +263,7 @@ TEST_CASE("active ranks: a disagreement or a bad argument on one rank fails on e
 TEST_CASE("active ranks: an update between a dispatch and its combine is refused on every rank", "[mask]") {
   RankChecks checks;
   run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) {
-    const WorkloadSpec w = spec_of(3, 8);
+    const WorkloadSpec w = small_workload(3, 8);
     moe_ep_handle_t h = create(b, w);
     RANK_REQUIRE(checks, rank, h != nullptr);
     RankInputs in = make_rank_inputs(w, rank);
@@ -314,7 +299,7 @@ TEST_CASE("active ranks: with rank 2 inactive every rank's results equal the mas
   const std::vector<uint8_t> active = {1, 1, 0, 1};
   std::vector<WorkloadSpec> specs;
   for (int layout : {MOE_EP_LAYOUT_RANK_MAJOR, MOE_EP_LAYOUT_EXPERT_MAJOR, MOE_EP_LAYOUT_EXPERT_PACKED}) {
-    WorkloadSpec w = spec_of(4, seed + static_cast<uint64_t>(layout));
+    WorkloadSpec w = small_workload(4, seed + static_cast<uint64_t>(layout));
     w.receive_layout = layout;
     w.eplb_stats = true;
     specs.push_back(w);
@@ -325,7 +310,7 @@ TEST_CASE("active ranks: with rank 2 inactive every rank's results equal the mas
     fp8.seed = seed * 3 + static_cast<uint64_t>(layout);
     specs.push_back(fp8);
   }
-  WorkloadSpec one = spec_of(4, seed + 17);  // only rank 0 left
+  WorkloadSpec one = small_workload(4, seed + 17);  // only rank 0 left
   for (const WorkloadSpec& w : specs) {
     for (bool split : {false, true}) check_masked(w, active, split);
   }
@@ -345,7 +330,7 @@ TEST_CASE("active ranks: the C API names every bad argument", "[mask][validation
   CHECK(moe_ep_set_active_ranks(nullptr, mask, 1) == MOE_EP_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(moe_ep_last_error(), Contains("handle"));
   run_ranks(1, [&](int, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, spec_of(1, 2));
+    moe_ep_handle_t h = create(b, small_workload(1, 2));
     REQUIRE(h != nullptr);
     CHECK(moe_ep_poll_health(h, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(moe_ep_last_error(), Contains("health") && Contains("NULL"));
@@ -370,18 +355,9 @@ namespace {
 
 // A backend without masks whose host-mapped state says a kernel timed out
 // waiting for rank 1: what the NVLINK_TWO_SIDED backend's timeout mirror shows.
-class MirrorBackend final : public moe_ep::Backend {
+class MirrorBackend final : public CountingBackend {
  public:
-  const char* name() const override { return "mirror stand-in"; }
-  moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CPU, 0}; }
-  moe_ep::DispatchBuffers dispatch(const moe_ep::DispatchCall&, void*) override {
-    ++calls;
-    return {};
-  }
-  void* combine(const moe_ep::CombineCall&, void*) override {
-    ++calls;
-    return nullptr;
-  }
+  MirrorBackend() : CountingBackend("mirror stand-in") {}
   moe_ep::HostHealth host_health() const override {
     moe_ep::HostHealth h;
     if (timed_out) {
@@ -391,10 +367,7 @@ class MirrorBackend final : public moe_ep::Backend {
     }
     return h;
   }
-  moe_ep_status_t poll_async_error(std::string*) override { return MOE_EP_SUCCESS; }
-  void shutdown() noexcept override {}
   bool timed_out = false;
-  int calls = 0;
 };
 
 }  // namespace
@@ -402,7 +375,7 @@ class MirrorBackend final : public moe_ep::Backend {
 TEST_CASE("active ranks: a backend without masks takes only all-active; the poll reads its host state", "[mask]") {
   moe_ep_handle_s h;
   h.config = host_config();
-  h.layout = moe_ep::make_layout(spec_of(2, 1).params(), 2, 0);
+  h.layout = moe_ep::make_layout(small_workload(2, 1).params(), 2, 0);
   auto owned = std::make_unique<MirrorBackend>();
   MirrorBackend* backend = owned.get();
   h.backend = std::move(owned);
@@ -423,7 +396,7 @@ TEST_CASE("active ranks: a backend without masks takes only all-active; the poll
   CHECK_THAT(moe_ep_last_error(), Contains("rank 1 did not arrive"));
   backend->timed_out = false;  // sticky: the handle keeps it
   CHECK(poll(&h).status == MOE_EP_ERROR_TIMEOUT);
-  const WorkloadSpec w = spec_of(2, 1);
+  const WorkloadSpec w = small_workload(2, 1);
   RankInputs in = make_rank_inputs(w, 0);
   DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
   moe_ep_dispatch_result_t r;

@@ -9,7 +9,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -20,7 +19,9 @@
 #include "oracle.hpp"
 #include "params.hpp"
 #include "rank_checks.hpp"
+#include "rank_pair.hpp"
 #include "result_reader.hpp"
+#include "small_workload.hpp"
 #include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
@@ -31,11 +32,6 @@ using namespace moe_ep_verify;
 using Catch::Matchers::Contains;
 
 namespace {
-
-uint64_t fresh_seed() {
-  static std::random_device device;
-  return (uint64_t(device()) << 32) ^ device();
-}
 
 moe_ep_dtype_t dt(uint8_t code, uint8_t bits) { return moe_ep_dtype_t{code, bits, 1}; }
 
@@ -50,46 +46,6 @@ const char* calls_name(Calls c) {
   }
   return "?";
 }
-
-// One rank's pair: inputs, dispatch checked against the oracle, combine too.
-struct Pair {
-  WorkloadSpec w;
-  int rank;
-  RankInputs in;
-  DispatchArgs args;
-  std::vector<uint8_t> expert_output;
-  TensorView eo;
-  ReceivedDispatch received;
-  std::vector<uint8_t> combined;
-  std::string problems;
-
-  Pair(const WorkloadSpec& spec, int r, bool as_3d)
-      : w(spec),
-        rank(r),
-        in(make_rank_inputs(w, r)),
-        args(w, in.routing.num_tokens, host_memory(in)),
-        expert_output(make_expert_output(w, r)),
-        eo(expert_output_view(w, expert_output.data(), host_device(), as_3d)) {}
-
-  bool ok(moe_ep_status_t s, const char* call) {
-    if (s != MOE_EP_SUCCESS && problems.empty()) {
-      problems = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error();
-    }
-    return s == MOE_EP_SUCCESS;
-  }
-  void check_dispatch_result(const moe_ep_dispatch_result_t& r) {
-    Verdict v;
-    received = read_dispatch(w, r, host_device(), read_host_memory, v);
-    v.merge(check_dispatch(w, make_all_routing(w), rank, received));
-    if (v.wrong && problems.empty()) problems = "dispatch: " + w.describe() + "\n" + v.details;
-  }
-  void check_combine_result(const moe_ep_combine_result_t& r) {
-    Verdict v;
-    combined = read_combine(w, r, in.routing.num_tokens, host_device(), read_host_memory, v);
-    if (in.routing.num_tokens > 0) v.merge(check_combine(w, make_all_routing(w), rank, combined));
-    if (v.wrong && problems.empty()) problems = "combine: " + w.describe() + "\n" + v.details;
-  }
-};
 
 moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, Calls calls) {
   moe_ep_params_t p = w.params();
@@ -114,10 +70,10 @@ std::vector<std::string> run_case(const WorkloadSpec& spec, Calls calls,
       problems[rank] = std::string("create: ") + moe_ep_last_error();
       return;
     }
-    Pair a(spec, rank, spec.seed % 2 == 0);
+    RankPair a(spec, rank, spec.seed % 2 == 0);
     WorkloadSpec second = spec;
     second.seed = spec.seed * 7 + 3;
-    Pair bpair(second, rank, false);
+    RankPair bpair(second, rank, false);
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r, sizeof r);
     moe_ep_combine_result_t cr;
@@ -196,14 +152,8 @@ std::vector<std::string> run_case(const WorkloadSpec& spec, Calls calls,
 }
 
 WorkloadSpec base_spec(int world, int layout, uint64_t seed) {
-  WorkloadSpec w;
-  w.world = world;
-  w.num_experts = 4 * world;
-  w.top_k = 3;
-  w.max_tokens_per_rank = 9;
-  w.hidden_size = 24;
+  WorkloadSpec w = small_workload(world, seed);
   w.receive_layout = layout;
-  w.seed = seed;
   return w;
 }
 
@@ -569,11 +519,10 @@ TEST_CASE("expert layouts: combine refuses an expert_output of the rank-major sh
   run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
     moe_ep_handle_t h = create(b, w, Calls::fused);
     RANK_REQUIRE(checks, rank, h != nullptr);
-    RankInputs in = make_rank_inputs(w, rank);
-    DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
+    RankPair pair(w, rank);
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r, sizeof r);
-    RANK_REQUIRE(checks, rank, moe_ep_dispatch(h, args.get(), &r, nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, moe_ep_dispatch(h, pair.args.get(), &r, nullptr) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, r.topk_ids.data == nullptr && r.topk_weights.data == nullptr);
     WorkloadSpec rank_major = w;
     rank_major.receive_layout = MOE_EP_LAYOUT_RANK_MAJOR;
@@ -584,9 +533,7 @@ TEST_CASE("expert layouts: combine refuses an expert_output of the rank-major sh
     RANK_CHECK(checks, rank, moe_ep_combine(h, eov.get(), nullptr, &cr, nullptr) == MOE_EP_ERROR_INVALID_ARGUMENT);
     const std::string message = moe_ep_last_error();
     RANK_CHECK(checks, rank, message.find("expert_output") != std::string::npos);
-    std::vector<uint8_t> good = make_expert_output(w, rank);
-    TensorView goodv = expert_output_view(w, good.data(), host_device());
-    RANK_CHECK(checks, rank, moe_ep_combine(h, goodv.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
+    RANK_CHECK(checks, rank, moe_ep_combine(h, pair.eo.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
     moe_ep_destroy(&h);
   });
   checks.assert_all();
@@ -598,24 +545,21 @@ TEST_CASE("expert layouts: a result struct that ends before the expert fields st
   run_ranks(1, [&](int rank, const moe_ep_bootstrap_t& b) {
     moe_ep_handle_t h = create(b, w, Calls::fused);
     RANK_REQUIRE(checks, rank, h != nullptr);
-    RankInputs in = make_rank_inputs(w, rank);
-    DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
+    RankPair pair(w, rank, true);
     moe_ep_dispatch_result_t r;
     std::memset(&r, 0xCD, sizeof r);
     const size_t old_size = offsetof(moe_ep_dispatch_result_t, expert_counts);
     RANK_REQUIRE(checks, rank, moe_ep_dispatch_result_init(&r, old_size) == MOE_EP_SUCCESS);
-    RANK_REQUIRE(checks, rank, moe_ep_dispatch(h, args.get(), &r, nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, moe_ep_dispatch(h, pair.args.get(), &r, nullptr) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, r.hidden_states.ndim == 3);
     unsigned char tail[sizeof r - offsetof(moe_ep_dispatch_result_t, expert_counts)];
     std::memcpy(tail, reinterpret_cast<unsigned char*>(&r) + old_size, sizeof tail);
     bool untouched = true;
     for (unsigned char c : tail) untouched = untouched && c == 0xCD;
     RANK_CHECK(checks, rank, untouched);
-    std::vector<uint8_t> eo = make_expert_output(w, rank);
-    TensorView eov = expert_output_view(w, eo.data(), host_device(), true);
     moe_ep_combine_result_t cr;
     moe_ep_combine_result_init(&cr, sizeof cr);
-    RANK_CHECK(checks, rank, moe_ep_combine(h, eov.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
+    RANK_CHECK(checks, rank, moe_ep_combine(h, pair.eo.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
     moe_ep_destroy(&h);
   });
   checks.assert_all();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "host_case_runner.hpp"
+#include "small_workload.hpp"
 #include "thread_bootstrap.hpp"
 
 using namespace moe_ep_test;
@@ -24,27 +25,16 @@ void run_and_check(const WorkloadSpec& spec, int rounds = 2) {
   }
 }
 
-WorkloadSpec base_case(int world, uint64_t seed) {
-  WorkloadSpec s;
-  s.world = world;
-  s.num_experts = 4 * world;
-  s.top_k = 3;
-  s.max_tokens_per_rank = 9;
-  s.hidden_size = 24;
-  s.seed = seed;
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("host backend: random routing, 1 to 4 ranks", "[host]") {
   for (int world = 1; world <= 4; ++world) {
-    for (uint64_t seed = 1; seed <= 3; ++seed) run_and_check(base_case(world, seed * 100 + world));
+    for (uint64_t seed = 1; seed <= 3; ++seed) run_and_check(small_workload(world, seed * 100 + world));
   }
 }
 
 TEST_CASE("host backend: masked picks, zero and unequal token counts, runtime max", "[host]") {
-  WorkloadSpec s = base_case(3, 7);
+  WorkloadSpec s = small_workload(3, 7);
   s.routing.mask_fraction = 0.4;
   s.tokens = {0, 9, 4};
   run_and_check(s);
@@ -59,7 +49,7 @@ TEST_CASE("host backend: masked picks, zero and unequal token counts, runtime ma
 }
 
 TEST_CASE("host backend: dtypes, scales, payload sizes, weights and EPLB", "[host]") {
-  WorkloadSpec s = base_case(2, 11);
+  WorkloadSpec s = small_workload(2, 11);
   SECTION("fp16 combine, no weights") {
     s.combine_dtype = moe_ep_dtype_t{MOE_EP_DTYPE_FLOAT, 16, 1};
     s.weights = false;
@@ -101,7 +91,7 @@ TEST_CASE("host backend: dtypes, scales, payload sizes, weights and EPLB", "[hos
 }
 
 TEST_CASE("host backend: expert counts and top_k extremes", "[host]") {
-  WorkloadSpec s = base_case(2, 21);
+  WorkloadSpec s = small_workload(2, 21);
   SECTION("6 experts on 2 ranks, top_k 6") {
     s.num_experts = 6;
     s.top_k = 6;
@@ -120,7 +110,7 @@ TEST_CASE("host backend: expert counts and top_k extremes", "[host]") {
 }
 
 TEST_CASE("host backend: repeated rounds on one handle and bitwise reproducibility", "[host]") {
-  WorkloadSpec s = base_case(3, 31);
+  WorkloadSpec s = small_workload(3, 31);
   run_and_check(s, 4);  // buffers reused across rounds, fresh inputs each round
   std::vector<std::vector<uint8_t>> first(3), second(3);
   run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) { first[rank] = run_host_case(s, b, 3).combined; });
@@ -131,7 +121,7 @@ TEST_CASE("host backend: repeated rounds on one handle and bitwise reproducibili
 TEST_CASE("host backend: two handles on the same group coexist", "[host]") {
   std::vector<std::string> problems(2);
   run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    WorkloadSpec a = base_case(2, 41), c = base_case(2, 42);
+    WorkloadSpec a = small_workload(2, 41), c = small_workload(2, 42);
     c.hidden_size = 8;
     c.top_k = 1;
     // Two handles alive at once, used alternately.

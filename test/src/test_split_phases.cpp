@@ -10,15 +10,17 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "counting_backend.hpp"
 #include "handle.hpp"
 #include "moe_ep_c.h"
 #include "oracle.hpp"
 #include "rank_checks.hpp"
+#include "rank_pair.hpp"
 #include "result_reader.hpp"
+#include "small_workload.hpp"
 #include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
@@ -36,20 +38,10 @@ bool same_float_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
-// A fresh seed per run, printed with every failure.
-uint64_t fresh_seed() {
-  static std::random_device device;
-  return (uint64_t(device()) << 32) ^ device();
-}
-
 WorkloadSpec small_spec(int world, uint64_t seed) {
-  WorkloadSpec w;
-  w.world = world;
-  w.num_experts = 4 * world;
-  w.top_k = 3;
+  WorkloadSpec w = small_workload(world, seed);
   w.max_tokens_per_rank = 7;
   w.hidden_size = 20;
-  w.seed = seed;
   return w;
 }
 
@@ -65,53 +57,20 @@ moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, int32
 }
 
 // One rank's micro-batch: its inputs, and the checks of each half's results.
-struct MicroBatch {
-  WorkloadSpec w;
-  int rank;
-  RankInputs in;
-  DispatchArgs args;
-  std::vector<uint8_t> expert_output;
-  TensorView eo;
+struct MicroBatch : RankPair {
   std::vector<uint8_t> output;
   TensorView out;
-  ReceivedDispatch received;          // what dispatch_recv returned
-  moe_ep_dispatch_result_t result{};  // its views
-  std::vector<uint8_t> combined;
-  std::string problems;  // "" when every half succeeded and matched the oracle
+  moe_ep_dispatch_result_t result{};  // the views dispatch_recv returned (`received` holds what they read)
 
   MicroBatch(const WorkloadSpec& spec, int r)
-      : w(spec),
-        rank(r),
-        in(make_rank_inputs(w, r)),
-        args(w, in.routing.num_tokens, host_memory(in)),
-        expert_output(make_expert_output(w, r)),
-        eo(expert_output_view(w, expert_output.data(), host_device())),
-        output(size_t(in.routing.num_tokens) * w.combine_row_bytes(), 0xFF),
-        out(combine_output_view(w, output.data(), in.routing.num_tokens, host_device())) {}
-
-  int tokens() const { return in.routing.num_tokens; }
-
-  bool ok(moe_ep_status_t s, const char* call) {
-    if (s != MOE_EP_SUCCESS && problems.empty()) {
-      problems = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error();
-    }
-    return s == MOE_EP_SUCCESS;
-  }
+      : RankPair(spec, r),
+        output(size_t(tokens()) * w.combine_row_bytes(), 0xFF),
+        out(combine_output_view(w, output.data(), tokens(), host_device())) {}
 
   void check_dispatch_result(const moe_ep_dispatch_result_t& r) {
-    Verdict v;
-    received = read_dispatch(w, r, host_device(), read_host_memory, v);
-    v.merge(check_dispatch(w, make_all_routing(w), rank, received));
-    if (v.wrong && problems.empty()) problems = "dispatch: " + w.describe() + "\n" + v.details;
+    RankPair::check_dispatch_result(r);
     // The next dispatch on this slot must rewrite them.
     if (r.hidden_states.data) std::memset(r.hidden_states.data, 0xA5, size_t(w.receive_rows() * w.hidden_row_bytes()));
-  }
-
-  void check_combine_result(const moe_ep_combine_result_t& r) {
-    Verdict v;
-    combined = read_combine(w, r, tokens(), host_device(), read_host_memory, v);
-    if (tokens() > 0) v.merge(check_combine(w, make_all_routing(w), rank, combined));
-    if (v.wrong && problems.empty()) problems = "combine: " + w.describe() + "\n" + v.details;
   }
 
   // The four halves on `slot`; the caller's output tensor on odd seeds, library memory on even.
@@ -527,28 +486,6 @@ TEST_CASE("split phases: a peer that never sends makes the waiting half TIMEOUT 
   }
 }
 
-namespace {
-
-// A backend with only the fused calls, for the handle's refusal of the halves.
-class FusedOnlyBackend final : public moe_ep::Backend {
- public:
-  const char* name() const override { return "fused-only"; }
-  moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CPU, 0}; }
-  moe_ep::DispatchBuffers dispatch(const moe_ep::DispatchCall&, void*) override {
-    ++calls;
-    return {};
-  }
-  void* combine(const moe_ep::CombineCall&, void*) override {
-    ++calls;
-    return nullptr;
-  }
-  moe_ep_status_t poll_async_error(std::string*) override { return MOE_EP_SUCCESS; }
-  void shutdown() noexcept override {}
-  int calls = 0;
-};
-
-}  // namespace
-
 TEST_CASE("split phases: a backend without halves answers UNSUPPORTED and launches nothing", "[split]") {
   for (int32_t backend : {MOE_EP_BACKEND_NVLINK_TWO_SIDED, MOE_EP_BACKEND_NCCL}) {
     const char* name = backend == MOE_EP_BACKEND_NCCL ? "NCCL" : "NVLINK_TWO_SIDED";
@@ -557,8 +494,9 @@ TEST_CASE("split phases: a backend without halves answers UNSUPPORTED and launch
     h.config = host_config();
     h.config.backend = backend;
     h.layout = moe_ep::make_layout(small_spec(1, 1).params(), 1, 0);
-    auto owned = std::make_unique<FusedOnlyBackend>();
-    FusedOnlyBackend* fused = owned.get();
+    // A backend with only the fused calls, for the handle's refusal of the halves.
+    auto owned = std::make_unique<CountingBackend>("fused-only");
+    CountingBackend* fused = owned.get();
     h.backend = std::move(owned);
     h.slots.resize(1);
     MicroBatch mb(small_spec(1, 1), 0);
