@@ -20,6 +20,7 @@
 #include "moe_ep_c.h"
 #include "oracle.hpp"
 #include "rank_checks.hpp"
+#include "rank_pair.hpp"
 #include "result_reader.hpp"
 #include "small_workload.hpp"
 #include "tensor_view.hpp"
@@ -42,6 +43,20 @@ moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, int32
   return h;
 }
 
+// Runs body(rank, h, checks) on w.world rank threads, each with its handle of
+// `w`, then asserts what the ranks recorded.
+template <class Body>
+void with_rank_handles(const WorkloadSpec& w, int32_t timeout_ms, const Body& body) {
+  RankChecks checks;
+  run_ranks(w.world, [&](int rank, const moe_ep_bootstrap_t& b) {
+    moe_ep_handle_t h = create(b, w, timeout_ms);
+    RANK_REQUIRE(checks, rank, h != nullptr);
+    body(rank, h, checks);
+    moe_ep_destroy(&h);
+  });
+  checks.assert_all();
+}
+
 moe_ep_health_t poll(moe_ep_handle_t h, moe_ep_status_t* rc = nullptr) {
   moe_ep_health_t health;
   moe_ep_health_init(&health, sizeof health);
@@ -60,45 +75,26 @@ std::string masked_round(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, int
                          const std::vector<uint8_t>& active, bool split) {
   moe_ep_handle_t h = create(b, w);
   if (h == nullptr) return std::string("create: ") + moe_ep_last_error();
-  std::string problems;
-  auto ok = [&](moe_ep_status_t s, const char* call) {
-    if (s != MOE_EP_SUCCESS && problems.empty()) {
-      problems = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error();
-    }
-    return s == MOE_EP_SUCCESS;
-  };
   const std::vector<RankRouting> masked = mask_routing(w, make_all_routing(w), active);
-  RankInputs in = make_rank_inputs(w, rank);  // the unmasked routing: the library masks it
-  DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
-  std::vector<uint8_t> expert_output = make_expert_output(w, rank);
-  TensorView eo = expert_output_view(w, expert_output.data(), host_device(), false);
+  RankPair pair(w, rank);  // the unmasked routing: the library masks it
   moe_ep_dispatch_result_t r;
   moe_ep_dispatch_result_init(&r, sizeof r);
   moe_ep_combine_result_t cr;
   moe_ep_combine_result_init(&cr, sizeof cr);
-  if (ok(moe_ep_set_active_ranks(h, active.data(), w.world), "set_active_ranks")) {
-    const bool dispatched = split ? ok(moe_ep_dispatch_send(h, 0, args.get(), nullptr), "dispatch_send") &&
-                                        ok(moe_ep_dispatch_recv(h, 0, &r, nullptr), "dispatch_recv")
-                                  : ok(moe_ep_dispatch(h, args.get(), &r, nullptr), "dispatch");
+  if (pair.ok(moe_ep_set_active_ranks(h, active.data(), w.world), "set_active_ranks")) {
+    const bool dispatched = split ? pair.ok(moe_ep_dispatch_send(h, 0, pair.args.get(), nullptr), "dispatch_send") &&
+                                        pair.ok(moe_ep_dispatch_recv(h, 0, &r, nullptr), "dispatch_recv")
+                                  : pair.ok(moe_ep_dispatch(h, pair.args.get(), &r, nullptr), "dispatch");
     if (dispatched) {
-      Verdict v;
-      const ReceivedDispatch got = read_dispatch(w, r, host_device(), read_host_memory, v);
-      v.merge(check_dispatch(w, masked, rank, got));
-      if (v.wrong && problems.empty()) problems = "dispatch: " + w.describe() + "\n" + v.details;
-      const bool combined = split ? ok(moe_ep_combine_send(h, 0, eo.get(), nullptr), "combine_send") &&
-                                        ok(moe_ep_combine_recv(h, 0, nullptr, &cr, nullptr), "combine_recv")
-                                  : ok(moe_ep_combine(h, eo.get(), nullptr, &cr, nullptr), "combine");
-      if (combined) {
-        Verdict cv;
-        const std::vector<uint8_t> out =
-            read_combine(w, cr, in.routing.num_tokens, host_device(), read_host_memory, cv);
-        if (in.routing.num_tokens > 0) cv.merge(check_combine(w, masked, rank, out));
-        if (cv.wrong && problems.empty()) problems = "combine: " + w.describe() + "\n" + cv.details;
-      }
+      pair.check_dispatch_result(r, masked);
+      const bool combined = split ? pair.ok(moe_ep_combine_send(h, 0, pair.eo.get(), nullptr), "combine_send") &&
+                                        pair.ok(moe_ep_combine_recv(h, 0, nullptr, &cr, nullptr), "combine_recv")
+                                  : pair.ok(moe_ep_combine(h, pair.eo.get(), nullptr, &cr, nullptr), "combine");
+      if (combined) pair.check_combine_result(cr, masked);
     }
   }
   moe_ep_destroy(&h);
-  return problems;
+  return pair.problems;
 }
 
 void check_masked(const WorkloadSpec& w, const std::vector<uint8_t>& active, bool split) {
@@ -116,10 +112,7 @@ void check_masked(const WorkloadSpec& w, const std::vector<uint8_t>& active, boo
 }  // namespace
 
 TEST_CASE("active ranks: the health poll of a healthy handle, without blocking", "[mask]") {
-  RankChecks checks;
-  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, small_workload(2, 7));
-    RANK_REQUIRE(checks, rank, h != nullptr);
+  with_rank_handles(small_workload(2, 7), 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     moe_ep_status_t rc = MOE_EP_ERROR_INTERNAL;
     const moe_ep_health_t health = poll(h, &rc);
     RANK_CHECK(checks, rank, rc == MOE_EP_SUCCESS);
@@ -132,9 +125,7 @@ TEST_CASE("active ranks: the health poll of a healthy handle, without blocking",
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < 10000; ++i) poll(h);
     RANK_CHECK(checks, rank, ms_since(start) < 200.0);
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 TEST_CASE("active ranks: the health struct grows both ways", "[mask]") {
@@ -177,17 +168,13 @@ TEST_CASE("active ranks: the health struct grows both ways", "[mask]") {
 }
 
 TEST_CASE("active ranks: the poll reports a sticky TIMEOUT at once", "[mask]") {
-  RankChecks checks;
-  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    const WorkloadSpec w = small_workload(2, 11);
-    moe_ep_handle_t h = create(b, w, 200);
-    RANK_REQUIRE(checks, rank, h != nullptr);
+  const WorkloadSpec w = small_workload(2, 11);
+  with_rank_handles(w, 200, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     if (rank == 0) {  // rank 1 never dispatches
-      RankInputs in = make_rank_inputs(w, rank);
-      DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
+      RankPair pair(w, rank);
       moe_ep_dispatch_result_t r;
       moe_ep_dispatch_result_init(&r, sizeof r);
-      RANK_CHECK(checks, rank, moe_ep_dispatch(h, args.get(), &r, nullptr) == MOE_EP_ERROR_TIMEOUT);
+      RANK_CHECK(checks, rank, moe_ep_dispatch(h, pair.args.get(), &r, nullptr) == MOE_EP_ERROR_TIMEOUT);
       const auto start = std::chrono::steady_clock::now();
       moe_ep_status_t rc = MOE_EP_ERROR_INTERNAL;
       const moe_ep_health_t health = poll(h, &rc);
@@ -201,16 +188,11 @@ TEST_CASE("active ranks: the poll reports a sticky TIMEOUT at once", "[mask]") {
       const uint8_t all[2] = {1, 1};
       RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, all, 2) == MOE_EP_ERROR_TIMEOUT);  // refused too
     }
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 TEST_CASE("active ranks: get and set round-trip, and every update counts", "[mask]") {
-  RankChecks checks;
-  run_ranks(4, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, small_workload(4, 5));
-    RANK_REQUIRE(checks, rank, h != nullptr);
+  with_rank_handles(small_workload(4, 5), 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     uint8_t got[4] = {9, 9, 9, 9};
     RANK_CHECK(checks, rank, moe_ep_get_active_ranks(h, got, 4) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, got[0] == 1 && got[1] == 1 && got[2] == 1 && got[3] == 1);
@@ -228,16 +210,11 @@ TEST_CASE("active ranks: get and set round-trip, and every update counts", "[mas
     RANK_CHECK(checks, rank, moe_ep_get_active_ranks(h, got, 3) == MOE_EP_ERROR_INVALID_ARGUMENT);
     RANK_CHECK(checks, rank, std::string(moe_ep_last_error()).find("world_size") != std::string::npos);
     RANK_CHECK(checks, rank, moe_ep_get_active_ranks(h, nullptr, 4) == MOE_EP_ERROR_INVALID_ARGUMENT);
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 TEST_CASE("active ranks: a disagreement or a bad argument on one rank fails on every rank", "[mask]") {
-  RankChecks checks;
-  run_ranks(4, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, small_workload(4, 6));
-    RANK_REQUIRE(checks, rank, h != nullptr);
+  with_rank_handles(small_workload(4, 6), 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     // Rank 3 drops rank 1, the others rank 2.
     const uint8_t mine[4] = {1, 1, 0, 1}, other[4] = {1, 0, 1, 1};
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, rank == 3 ? other : mine, 4) == MOE_EP_ERROR_INVALID_ARGUMENT);
@@ -255,42 +232,32 @@ TEST_CASE("active ranks: a disagreement or a bad argument on one rank fails on e
     const moe_ep_health_t health = poll(h);
     RANK_CHECK(checks, rank, health.status == MOE_EP_SUCCESS && health.mask_epoch == 0 && health.active_count == 4);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, mine, 4) == MOE_EP_SUCCESS);
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 TEST_CASE("active ranks: an update between a dispatch and its combine is refused on every rank", "[mask]") {
-  RankChecks checks;
-  run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) {
-    const WorkloadSpec w = small_workload(3, 8);
-    moe_ep_handle_t h = create(b, w);
-    RANK_REQUIRE(checks, rank, h != nullptr);
-    RankInputs in = make_rank_inputs(w, rank);
-    DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
-    std::vector<uint8_t> expert_output = make_expert_output(w, rank);
-    TensorView eo = expert_output_view(w, expert_output.data(), host_device(), false);
+  const WorkloadSpec w = small_workload(3, 8);
+  with_rank_handles(w, 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
+    RankPair pair(w, rank);
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r, sizeof r);
     moe_ep_combine_result_t cr;
     moe_ep_combine_result_init(&cr, sizeof cr);
     const uint8_t two[3] = {1, 0, 1};
-    RANK_REQUIRE(checks, rank, moe_ep_dispatch(h, args.get(), &r, nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, moe_ep_dispatch(h, pair.args.get(), &r, nullptr) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, two, 3) == MOE_EP_ERROR_INVALID_STATE);
     RANK_CHECK(checks, rank, std::string(moe_ep_last_error()).find("DISPATCHED") != std::string::npos);
-    RANK_CHECK(checks, rank, moe_ep_combine(h, eo.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
+    RANK_CHECK(checks, rank, moe_ep_combine(h, pair.eo.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
     // Split: after dispatch_send, and after combine_send.
-    RANK_REQUIRE(checks, rank, moe_ep_dispatch_send(h, 0, args.get(), nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, rank, moe_ep_dispatch_send(h, 0, pair.args.get(), nullptr) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, two, 3) == MOE_EP_ERROR_INVALID_STATE);
     RANK_CHECK(checks, rank, moe_ep_dispatch_recv(h, 0, &r, nullptr) == MOE_EP_SUCCESS);
-    RANK_CHECK(checks, rank, moe_ep_combine_send(h, 0, eo.get(), nullptr) == MOE_EP_SUCCESS);
+    RANK_CHECK(checks, rank, moe_ep_combine_send(h, 0, pair.eo.get(), nullptr) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, two, 3) == MOE_EP_ERROR_INVALID_STATE);
     RANK_CHECK(checks, rank, moe_ep_combine_recv(h, 0, nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, poll(h).mask_epoch == 0);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, two, 3) == MOE_EP_SUCCESS);  // between pairs
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 TEST_CASE("active ranks: with rank 2 inactive every rank's results equal the masked oracle", "[mask]") {
@@ -397,11 +364,10 @@ TEST_CASE("active ranks: a backend without masks takes only all-active; the poll
   backend->timed_out = false;  // sticky: the handle keeps it
   CHECK(poll(&h).status == MOE_EP_ERROR_TIMEOUT);
   const WorkloadSpec w = small_workload(2, 1);
-  RankInputs in = make_rank_inputs(w, 0);
-  DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
+  RankPair pair(w, 0);
   moe_ep_dispatch_result_t r;
   moe_ep_dispatch_result_init(&r, sizeof r);
-  CHECK(moe_ep_dispatch(&h, args.get(), &r, nullptr) == MOE_EP_ERROR_TIMEOUT);
+  CHECK(moe_ep_dispatch(&h, pair.args.get(), &r, nullptr) == MOE_EP_ERROR_TIMEOUT);
   CHECK(backend->calls == 0);
   h.backend.reset();
 }

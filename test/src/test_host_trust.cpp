@@ -137,6 +137,23 @@ Tamper on_first_header(std::function<void(void* headers)> rewrite) {
   };
 }
 
+// Two ranks dispatch 3 tokens each once under `tamper`; what each rank got.
+std::vector<Outcome> dispatch_under(const Tamper& tamper) {
+  std::vector<Outcome> got(2);
+  RankChecks checks;
+  run_ranks(
+      2,
+      [&](int rank, const moe_ep_bootstrap_t& b) {
+        Rank r;
+        RANK_REQUIRE(checks, rank, r.create(b, 5000) == MOE_EP_SUCCESS);
+        got[rank] = r.dispatch(3);
+        moe_ep_destroy(&r.h);
+      },
+      tamper);
+  checks.assert_all();
+  return got;
+}
+
 }  // namespace
 
 TEST_CASE("peer data: runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank",
@@ -189,18 +206,7 @@ TEST_CASE("peer data: a hostile bootstrap's counts and records are checked befor
        {"rank 1", "records of 18446744073709551615 bytes"}},
   };
   for (const Corruption& c : cases) {
-    std::vector<Outcome> got(2);
-    RankChecks checks;
-    run_ranks(
-        2,
-        [&](int rank, const moe_ep_bootstrap_t& b) {
-          Rank r;
-          RANK_REQUIRE(checks, rank, r.create(b, 5000) == MOE_EP_SUCCESS);
-          got[rank] = r.dispatch(3);
-          moe_ep_destroy(&r.h);
-        },
-        c.tamper);
-    checks.assert_all();
+    const std::vector<Outcome> got = dispatch_under(c.tamper);
     for (int rank = 0; rank < 2; ++rank) {
       INFO(c.what << ", rank " << rank << ": " << got[rank].message);
       CHECK(got[rank].status == MOE_EP_ERROR_INVALID_INPUT);
@@ -210,28 +216,17 @@ TEST_CASE("peer data: a hostile bootstrap's counts and records are checked befor
 }
 
 TEST_CASE("peer data: a record that does not match its header is rejected", "[trust]") {
-  std::vector<Outcome> got(2);
   auto seen_header = std::make_shared<std::vector<int>>(2, 0);
   auto m = std::make_shared<std::mutex>();
-  RankChecks checks;
-  run_ranks(
-      2,
-      [&](int rank, const moe_ep_bootstrap_t& b) {
-        Rank r;
-        RANK_REQUIRE(checks, rank, r.create(b, 5000) == MOE_EP_SUCCESS);
-        got[rank] = r.dispatch(3);
-        moe_ep_destroy(&r.h);
-      },
-      [=](int rank, int64_t, void* recv, size_t bytes) {
-        std::lock_guard<std::mutex> lock(*m);
-        if (bytes == kHeaderBytes) {
-          (*seen_header)[rank] = 1;
-        } else if ((*seen_header)[rank] == 1) {  // the records right after the headers
-          (*seen_header)[rank] = 2;
-          write_i32(recv, bytes + 8, 1);  // rank 1's stamp: num_tokens 1 instead of 3
-        }
-      });
-  checks.assert_all();
+  const std::vector<Outcome> got = dispatch_under([=](int rank, int64_t, void* recv, size_t bytes) {
+    std::lock_guard<std::mutex> lock(*m);
+    if (bytes == kHeaderBytes) {
+      (*seen_header)[rank] = 1;
+    } else if ((*seen_header)[rank] == 1) {  // the records right after the headers
+      (*seen_header)[rank] = 2;
+      write_i32(recv, bytes + 8, 1);  // rank 1's stamp: num_tokens 1 instead of 3
+    }
+  });
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank << ": " << got[rank].message);
     CHECK(got[rank].status == MOE_EP_ERROR_INVALID_INPUT);

@@ -20,16 +20,22 @@ bool RankPair::ok(moe_ep_status_t s, const char* call) {
 }
 
 void RankPair::check_dispatch_result(const moe_ep_dispatch_result_t& r) {
+  check_dispatch_result(r, make_all_routing(w));
+}
+
+void RankPair::check_dispatch_result(const moe_ep_dispatch_result_t& r, const std::vector<RankRouting>& all) {
   Verdict v;
   received = read_dispatch(w, r, host_device(), read_host_memory, v);
-  v.merge(check_dispatch(w, make_all_routing(w), rank, received));
+  v.merge(check_dispatch(w, all, rank, received));
   if (v.wrong && problems.empty()) problems = "dispatch: " + w.describe() + "\n" + v.details;
 }
 
-void RankPair::check_combine_result(const moe_ep_combine_result_t& r) {
+void RankPair::check_combine_result(const moe_ep_combine_result_t& r) { check_combine_result(r, make_all_routing(w)); }
+
+void RankPair::check_combine_result(const moe_ep_combine_result_t& r, const std::vector<RankRouting>& all) {
   Verdict v;
   combined = read_combine(w, r, tokens(), host_device(), read_host_memory, v);
-  if (tokens() > 0) v.merge(check_combine(w, make_all_routing(w), rank, combined));
+  if (tokens() > 0) v.merge(check_combine(w, all, rank, combined));
   if (v.wrong && problems.empty()) problems = "combine: " + w.describe() + "\n" + v.details;
 }
 

@@ -1,6 +1,6 @@
 // One rank's dispatch/combine pair on the HOST backend (ranks as threads): its
 // inputs from moe_ep_verify's workload, and each result checked against the
-// oracle on the unmasked routing.  The first problem found is kept in
+// oracle.  The first problem found is kept in
 // `problems` ("" while every call succeeded and every result matched).
 #pragma once
 
@@ -32,8 +32,12 @@ struct RankPair {
   int tokens() const { return in.routing.num_tokens; }
   // Notes the first failing call's status and message; returns s == SUCCESS.
   bool ok(moe_ep_status_t s, const char* call);
+  // Against the oracle on `all` (every rank's routing): the unmasked routing
+  // unless told, mask_routing's under an active-rank mask.
   void check_dispatch_result(const moe_ep_dispatch_result_t& r);
+  void check_dispatch_result(const moe_ep_dispatch_result_t& r, const std::vector<moe_ep_verify::RankRouting>& all);
   void check_combine_result(const moe_ep_combine_result_t& r);
+  void check_combine_result(const moe_ep_combine_result_t& r, const std::vector<moe_ep_verify::RankRouting>& all);
 };
 
 }  // namespace moe_ep_test
