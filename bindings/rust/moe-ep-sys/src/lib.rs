@@ -61,6 +61,10 @@ pub const MOE_EP_WIRE_SCALE_UE8M0: i32 = 1;
 pub const MOE_EP_PHASE_DISPATCH: i32 = 0;
 pub const MOE_EP_PHASE_COMBINE: i32 = 1;
 
+/// `moe_ep_config_t::failure_policy` (docs/reliability.md, "Surviving a dead rank").
+pub const MOE_EP_ON_FAILURE_FAIL_HANDLE: i32 = 0;
+pub const MOE_EP_ON_FAILURE_MASK: i32 = 1;
+
 /// The path a call took (`moe_ep_get_last_path`); names from `moe_ep_path_name`.
 pub const MOE_EP_PATH_NONE: i32 = 0;
 pub const MOE_EP_PATH_HOST: i32 = 1;
@@ -267,6 +271,13 @@ pub struct moe_ep_handle_s {
 }
 pub type moe_ep_handle_t = *mut moe_ep_handle_s;
 
+/// Opaque store server (`moe_ep_store_serve`).
+#[repr(C)]
+pub struct moe_ep_store_s {
+    _private: [u8; 0],
+}
+pub type moe_ep_store_t = *mut moe_ep_store_s;
+
 unsafe extern "C" {
     pub fn moe_ep_status_string(status: moe_ep_status_t) -> *const c_char;
     pub fn moe_ep_last_error() -> *const c_char;
@@ -311,6 +322,18 @@ unsafe extern "C" {
     /// Collective, every rank passing the same mask; between pairs only.
     pub fn moe_ep_set_active_ranks(handle: moe_ep_handle_t, active: *const u8, world_size: i32) -> moe_ep_status_t;
     pub fn moe_ep_destroy(handle: *mut moe_ep_handle_t) -> moe_ep_status_t;
+
+    /// Listens on `host:port` (`host` NULL = every interface, `port` 0 = any free port).
+    pub fn moe_ep_store_serve(host: *const c_char, port: i32, store: *mut moe_ep_store_t) -> moe_ep_status_t;
+    pub fn moe_ep_store_port(store: moe_ep_store_t, port: *mut i32) -> moe_ep_status_t;
+    /// Stops the server and sets `*store` to NULL; NULL is a no-op.
+    pub fn moe_ep_store_destroy(store: *mut moe_ep_store_t) -> moe_ep_status_t;
+    /// Fills `bootstrap` (its `struct_size` from `moe_ep_bootstrap_init`, the full size) with the
+    /// library's callbacks over the store at `address` ("host:port") under `prefix`.
+    pub fn moe_ep_bootstrap_from_store(address: *const c_char, prefix: *const c_char, rank: i32, world_size: i32,
+                                       timeout_ms: i32, bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
+    /// Releases a bootstrap from `moe_ep_bootstrap_from_store`; one already released is a no-op.
+    pub fn moe_ep_bootstrap_release(bootstrap: *mut moe_ep_bootstrap_t) -> moe_ep_status_t;
 }
 
 // The Open MPI bootstrap adapter (`include/moe_ep_mpi.h`), exported by

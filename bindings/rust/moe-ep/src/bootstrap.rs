@@ -2,6 +2,7 @@
 use moe_ep_sys as sys;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -23,14 +24,36 @@ pub trait Bootstrap: Send + Sync {
 /// What the C library's `ctx` points at: the bootstrap plus the last callback
 /// error, which is added to the library's message when a call fails with
 /// BOOTSTRAP.  Boxed by the handle, so its address is stable.
+///
+/// `abandoned`: a call timed out while the handle still exchanged through the
+/// callbacks, so the library may have left one running (or about to start)
+/// on its exchange thread, and it reads this ctx until it returns.  The
+/// handle then never frees the ctx (nor the bootstrap it holds).
 pub(crate) struct Ctx {
     pub(crate) inner: Arc<dyn Bootstrap>,
     pub(crate) last_error: Mutex<Option<String>>,
+    abandoned: AtomicBool,
+    callbacks_after_create: bool,
 }
 
 impl Ctx {
-    pub(crate) fn new(inner: Arc<dyn Bootstrap>) -> Box<Ctx> {
-        Box::new(Ctx { inner, last_error: Mutex::new(None) })
+    /// `callbacks_after_create`: false for a failure_policy MASK handle,
+    /// which exchanges through the store once created.
+    pub(crate) fn new(inner: Arc<dyn Bootstrap>, callbacks_after_create: bool) -> Box<Ctx> {
+        Box::new(Ctx { inner, last_error: Mutex::new(None), abandoned: AtomicBool::new(false),
+                       callbacks_after_create })
+    }
+
+    pub(crate) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn abandoned(&self) -> bool {
+        self.abandoned.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn callbacks_after_create(&self) -> bool {
+        self.callbacks_after_create
     }
 
     pub(crate) fn raw(&self) -> Result<sys::moe_ep_bootstrap_t, crate::Error> {

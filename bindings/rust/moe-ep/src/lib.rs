@@ -25,9 +25,11 @@ mod bootstrap;
 mod error;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod store;
 mod tensor;
 
 pub use bootstrap::{thread_group, Bootstrap, BoxError, SingleRank, ThreadRank};
+pub use store::{RejoinBootstrap, Store, StoreBootstrap};
 pub use error::{Error, Result, Status};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiBootstrap;
@@ -35,7 +37,8 @@ pub use tensor::{DType, Device, Element, TensorMut, TensorRef, View};
 
 use error::check;
 use moe_ep_sys as sys;
-use std::ffi::c_void;
+use std::ffi::{c_void, CString};
+use std::mem::ManuallyDrop;
 use std::ptr;
 use std::sync::Arc;
 
@@ -279,18 +282,68 @@ pub struct Health {
     pub mask_epoch: u64,
 }
 
+/// `MOE_EP_ON_FAILURE_*`: what a peer that stops answering does to the
+/// handle (docs/reliability.md, "Surviving a dead rank").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// TIMEOUT, and the handle is unusable (the default).
+    FailHandle,
+    /// HOST backend: the survivors drop the failed rank from the active-rank
+    /// mask through the store at `Config::store_address` and go on; the
+    /// failing call returns TIMEOUT naming it, `MoeEp::poll_health` shows
+    /// `failed_rank` and the new `mask_epoch`.
+    Mask,
+}
+
 /// `moe_ep_config_t`, starting from the library's defaults.
-#[derive(Clone, Copy, Debug)]
-pub struct Config(sys::moe_ep_config_t);
+///
+/// The two strings are kept as owned `CString`s; the C struct, with pointers
+/// into them, is made only for the call that reads it (`MoeEp::new`,
+/// `workspace_size`), which the library copies.  So a `Config` is plain data
+/// (`Send + Sync` without an `unsafe impl`).
+#[derive(Clone, Debug)]
+pub struct Config {
+    struct_size: u32,
+    backend: i32,
+    num_sms: i32,
+    timeout_ms: i32,
+    device: i32,
+    zero_copy_combine: i32,
+    micro_batches: i32,
+    failure_policy: i32,
+    rejoin: i32,
+    store_address: Option<CString>,
+    store_prefix: Option<CString>,
+}
+
+/// A string argument for a `const char*`: refused with its name when it holds a NUL byte.
+pub(crate) fn c_string(value: &str, name: &str) -> Result<CString> {
+    CString::new(value).map_err(|_| {
+        Error::new(Status::INVALID_ARGUMENT, format!("{name}: expected a string without NUL bytes, got {value:?}"))
+    })
+}
 
 impl Config {
     pub fn new() -> Result<Self> {
         let mut c = sys::moe_ep_config_t::default();
         check(unsafe { sys::moe_ep_config_init(&mut c, std::mem::size_of_val(&c)) })?;
-        Ok(Config(c))
+        // moe_ep_config_init leaves both strings NULL (the defaults).
+        Ok(Config {
+            struct_size: c.struct_size,
+            backend: c.backend,
+            num_sms: c.num_sms,
+            timeout_ms: c.timeout_ms,
+            device: c.device,
+            zero_copy_combine: c.zero_copy_combine,
+            micro_batches: c.micro_batches,
+            failure_policy: c.failure_policy,
+            rejoin: c.rejoin,
+            store_address: None,
+            store_prefix: None,
+        })
     }
     pub fn backend(mut self, b: Backend) -> Self {
-        self.0.backend = match b {
+        self.backend = match b {
             Backend::Auto => sys::MOE_EP_BACKEND_AUTO,
             Backend::NvlinkTwoSided => sys::MOE_EP_BACKEND_NVLINK_TWO_SIDED,
             Backend::Host => sys::MOE_EP_BACKEND_HOST,
@@ -299,47 +352,89 @@ impl Config {
         self
     }
     pub fn num_sms(mut self, n: i32) -> Self {
-        self.0.num_sms = n;
+        self.num_sms = n;
         self
     }
     pub fn timeout_ms(mut self, ms: i32) -> Self {
-        self.0.timeout_ms = ms;
+        self.timeout_ms = ms;
         self
     }
     pub fn device(mut self, d: i32) -> Self {
-        self.0.device = d;
+        self.device = d;
         self
     }
     /// Every dispatch result then holds `combine_input`, a view to write the
     /// expert output into; `MoeEp::combine_from_input` combines it in place.
     pub fn zero_copy_combine(mut self, on: bool) -> Self {
-        self.0.zero_copy_combine = on as i32;
+        self.zero_copy_combine = on as i32;
         self
     }
     /// 1 (default) or 2: buffer slots for the split calls
     /// (`MoeEp::dispatch_send` ...), one micro-batch in flight per slot.
     pub fn micro_batches(mut self, n: i32) -> Self {
-        self.0.micro_batches = n;
+        self.micro_batches = n;
         self
     }
-    pub fn raw(&self) -> &sys::moe_ep_config_t {
-        &self.0
+    /// What a peer that stops answering does (the same on every rank);
+    /// `FailurePolicy::Mask` needs `store_address`.
+    pub fn failure_policy(mut self, p: FailurePolicy) -> Self {
+        self.failure_policy = match p {
+            FailurePolicy::FailHandle => sys::MOE_EP_ON_FAILURE_FAIL_HANDLE,
+            FailurePolicy::Mask => sys::MOE_EP_ON_FAILURE_MASK,
+        };
+        self
+    }
+    /// This process replaces a failed rank of a running `FailurePolicy::Mask`
+    /// group: `MoeEp::new` (with a `RejoinBootstrap`) returns once the
+    /// survivors admit it with `MoeEp::set_active_ranks`.
+    pub fn rejoin(mut self, on: bool) -> Self {
+        self.rejoin = on as i32;
+        self
+    }
+    /// `"host:port"` of a moe_ep store (`Store::address`).  A string holding
+    /// a NUL byte is `Err(INVALID_ARGUMENT)`; the library checks the rest at
+    /// create.
+    pub fn store_address(mut self, address: &str) -> Result<Self> {
+        self.store_address = Some(c_string(address, "store_address")?);
+        Ok(self)
+    }
+    /// The group's name in the store (default "moe_ep"); groups that share
+    /// a store need distinct prefixes, and a replacement passes its group's.
+    pub fn store_prefix(mut self, prefix: &str) -> Result<Self> {
+        self.store_prefix = Some(c_string(prefix, "store_prefix")?);
+        Ok(self)
+    }
+    /// The C struct.  Its `store_address` and `store_prefix` point into
+    /// `self`: valid while `self` is alive and unchanged.
+    pub fn to_raw(&self) -> sys::moe_ep_config_t {
+        let text = |s: &Option<CString>| s.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        sys::moe_ep_config_t {
+            struct_size: self.struct_size,
+            backend: self.backend,
+            num_sms: self.num_sms,
+            timeout_ms: self.timeout_ms,
+            device: self.device,
+            zero_copy_combine: self.zero_copy_combine,
+            micro_batches: self.micro_batches,
+            failure_policy: self.failure_policy,
+            rejoin: self.rejoin,
+            store_address: text(&self.store_address),
+            store_prefix: text(&self.store_prefix),
+        }
     }
 }
 
-// SAFETY: the only pointers in it, store_address and store_prefix, stay as
-// moe_ep_config_init leaves them (NULL): no method of Config sets them.
-unsafe impl Send for Config {}
-unsafe impl Sync for Config {}
-
-fn config_ptr(config: Option<&Config>) -> *const sys::moe_ep_config_t {
-    config.map_or(ptr::null(), |c| &c.0 as *const _)
+/// Calls `f` with the C config of `config` (NULL for None); its strings
+/// point into `config`, which outlives the call.
+fn with_config<R>(config: Option<&Config>, f: impl FnOnce(*const sys::moe_ep_config_t) -> R) -> R {
+    let raw = config.map(Config::to_raw);
+    f(raw.as_ref().map_or(ptr::null(), |c| c as *const _))
 }
 
 /// Bytes `MoeEp::new` would allocate per rank.  Local, no allocation.
 pub fn workspace_size(params: &Params, config: Option<&Config>, world_size: i32) -> Result<u64> {
     let mut n = 0u64;
-    check(unsafe { sys::moe_ep_workspace_size(&params.0, config_ptr(config), world_size, &mut n) })?;
+    check(with_config(config, |c| unsafe { sys::moe_ep_workspace_size(&params.0, c, world_size, &mut n) }))?;
     Ok(n)
 }
 
@@ -464,8 +559,10 @@ fn combine_output<'h>(caller_output: bool, r: &sys::moe_ep_combine_result_t) -> 
 pub struct MoeEp {
     raw: sys::moe_ep_handle_t,
     // The library calls back into the bootstrap until destroy: boxed so that
-    // the ctx pointer it holds stays valid for the handle's whole life.
-    ctx: Box<bootstrap::Ctx>,
+    // the ctx pointer it holds stays valid for the handle's whole life.  Not
+    // dropped when a call timed out with a callback possibly still running
+    // on the library's exchange thread (Drop leaks it then; see Ctx).
+    ctx: ManuallyDrop<Box<bootstrap::Ctx>>,
     // Per slot: the last dispatch's combine_input (address, device, dtype,
     // shape), for combine_from_input / combine_send_from_input; None without
     // zero_copy_combine or once that slot's combine was issued.
@@ -484,16 +581,35 @@ impl MoeEp {
     /// Collective: every rank of the bootstrap's group calls it.
     /// `config` None = the library's defaults.
     pub fn new(bootstrap: Arc<dyn Bootstrap>, params: &Params, config: Option<&Config>) -> Result<Self> {
-        let ctx = bootstrap::Ctx::new(bootstrap);
+        // A MASK handle calls the callbacks during create only: afterwards it
+        // exchanges through the store.
+        let mask = config.is_some_and(|c| c.failure_policy == sys::MOE_EP_ON_FAILURE_MASK);
+        let ctx = bootstrap::Ctx::new(bootstrap, !mask);
         let b = ctx.raw()?;
         let mut raw: sys::moe_ep_handle_t = ptr::null_mut();
-        let status = unsafe { sys::moe_ep_create(&b, &params.0, config_ptr(config), &mut raw) };
-        Self::with_bootstrap_error(&ctx, check(status))?;
-        Ok(MoeEp { raw, ctx, combine_input: Vec::new() })
+        let status = with_config(config, |c| unsafe { sys::moe_ep_create(&b, &params.0, c, &mut raw) });
+        if status == sys::MOE_EP_ERROR_TIMEOUT {
+            // An agreement step's callback may still be running on the
+            // library's thread, with this ctx: it must outlive it.
+            ctx.abandon();
+        }
+        if let Err(e) = Self::with_bootstrap_error(&ctx, check(status)) {
+            if ctx.abandoned() {
+                Box::leak(ctx); // on purpose, see Drop
+            }
+            return Err(e);
+        }
+        Ok(MoeEp { raw, ctx: ManuallyDrop::new(ctx), combine_input: Vec::new() })
     }
 
-    /// A BOOTSTRAP failure says which callback failed and why.
+    /// A BOOTSTRAP failure says which callback failed and why.  A TIMEOUT of
+    /// a handle that still calls its callbacks marks the ctx abandoned.
     fn with_bootstrap_error<T>(ctx: &bootstrap::Ctx, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            if e.status == Status::TIMEOUT && ctx.callbacks_after_create() {
+                ctx.abandon();
+            }
+        }
         r.map_err(|mut e| {
             if let Some(why) = ctx.take_error() {
                 e.message = format!("{} ({why})", e.message);
@@ -815,8 +931,19 @@ impl Drop for MoeEp {
         if !self.raw.is_null() {
             // Drop cannot return an error; destroy() is there for callers who
             // want the status.  The library sets the handle to NULL itself.
-            unsafe { sys::moe_ep_destroy(&mut self.raw) };
+            let status = unsafe { sys::moe_ep_destroy(&mut self.raw) };
             self.raw = ptr::null_mut();
+            let _ = Self::with_bootstrap_error(&self.ctx, check(status));
+        }
+        // After a timeout the library may still be inside a callback (or
+        // about to enter the one it posted) on its exchange thread, and that
+        // callback reads the ctx; nothing says when it is done, so the ctx,
+        // and the bootstrap it holds, stay allocated for the rest of the
+        // process (moe_ep_c.h, moe_ep_bootstrap_t: ctx stays valid until the
+        // callback returns).
+        if !self.ctx.abandoned() {
+            // SAFETY: dropped once, here; the library no longer calls back.
+            unsafe { ManuallyDrop::drop(&mut self.ctx) };
         }
     }
 }

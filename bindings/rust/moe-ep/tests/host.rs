@@ -721,3 +721,268 @@ fn poll_health_reports_a_sticky_timeout_with_its_message() {
     ep.destroy().unwrap(); // broken: releases without waiting for the peer
     dead.destroy().unwrap();
 }
+
+// ---- Surviving a dead rank (docs/reliability.md): the store, the store
+// bootstrap, FailurePolicy::Mask; and a timed-out handle's bootstrap kept
+// alive while the library may still run its callback.
+
+/// Short enough for a fast test, long enough for healthy thread ranks on a
+/// loaded machine (they meet within milliseconds).
+const MASK_TIMEOUT_MS: i32 = 500;
+
+/// A store prefix unique per test and run.
+fn unique_prefix(name: &str) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("cargo-{name}-{}-{nanos}", std::process::id())
+}
+
+#[test]
+fn config_is_plain_data() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Config>();
+    send_sync::<Store>();
+    send_sync::<StoreBootstrap>();
+    // The strings live in the Config; the C struct points into it.
+    let c = host().failure_policy(FailurePolicy::Mask).store_address("127.0.0.1:1").unwrap()
+        .store_prefix("job/moe").unwrap();
+    let raw = c.to_raw();
+    assert_eq!(raw.failure_policy, moe_ep_sys::MOE_EP_ON_FAILURE_MASK);
+    let text = |p| unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap().to_string();
+    assert_eq!((text(raw.store_address), text(raw.store_prefix)), ("127.0.0.1:1".into(), "job/moe".into()));
+    assert!(Config::new().unwrap().to_raw().store_address.is_null());
+}
+
+#[test]
+fn store_serves_and_reports_its_address() {
+    let store = Store::serve(Some("127.0.0.1"), 0).unwrap();
+    assert!(store.port() > 0 && store.port() < 65536);
+    assert_eq!(store.address(), format!("127.0.0.1:{}", store.port()));
+    store.close().unwrap();
+    let e = Store::serve(Some("127.0.0.1"), -5).err().unwrap();
+    assert_eq!(e.status, Status::INVALID_ARGUMENT, "{e}");
+    assert!(e.message.contains("port") && e.message.contains("-5"), "{e}");
+}
+
+#[test]
+fn mask_handles_drop_a_stalled_rank_and_go_on() {
+    // 3 ranks over the store bootstrap with FailurePolicy::Mask: a pair
+    // against the model; rank 1 stalls; the survivors' next dispatch is
+    // TIMEOUT naming it, their poll shows failed_rank 1 and mask epoch 1, and
+    // the next pairs match the masked model; rank 1, back, finds itself dropped.
+    let (world, dead) = (3usize, 1usize);
+    let case = Arc::new(Case::new(91, world, 2 * world, 2, 5, 4));
+    let active: Vec<bool> = (0..world).map(|r| r != dead).collect();
+    let masked = Arc::new(case.masked(&active));
+    assert!(case.inputs.iter().any(|inp| inp.ids.iter().any(|&id| case.owner(id) == Some(dead))),
+            "the failure must matter");
+    let store = Store::serve(Some("127.0.0.1"), 0).unwrap();
+    let (address, boot, group) = (store.address(), unique_prefix("boot"), unique_prefix("mask"));
+    let survivors_done = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+    let threads: Vec<_> = (0..world)
+        .map(|me| {
+            let (c, m, address, boot, group, done) =
+                (case.clone(), masked.clone(), address.clone(), boot.clone(), group.clone(), survivors_done.clone());
+            std::thread::spawn(move || {
+                let bs = Arc::new(StoreBootstrap::connect(&address, &boot, me as i32, world as i32, 20_000).unwrap());
+                let config = host().timeout_ms(MASK_TIMEOUT_MS).failure_policy(FailurePolicy::Mask)
+                    .store_address(&address).unwrap().store_prefix(&group).unwrap();
+                let mut ep = MoeEp::new(bs.clone(), &f32_params(c.e, c.k, c.tpr, c.h), Some(&config)).unwrap();
+                let healthy = ep.poll_health().unwrap();
+                let before = run_pair(&mut ep, &c, me, &c.inputs[me], false);
+                let inp = &c.inputs[me];
+                let (t, k, h) = (inp.t as i64, c.k as i64, c.h as i64);
+                let args = DispatchArgs::new(TensorRef::from_slice(&inp.x, &[t, h]).unwrap(),
+                                             TensorRef::from_slice(&inp.ids, &[t, k]).unwrap())
+                    .weights(TensorRef::from_slice(&inp.w, &[t, k]).unwrap());
+                if me == dead {
+                    // Stops taking part until the survivors are done.
+                    let (lock, cond) = &*done;
+                    drop(cond.wait_timeout_while(lock.lock().unwrap(), std::time::Duration::from_secs(60),
+                                                 |n| *n < world - 1).unwrap());
+                    let dropped = ep.dispatch(&args).map(drop).unwrap_err();
+                    let health = ep.poll_health().unwrap();
+                    drop(ep);
+                    return (healthy, before, Some(dropped), health, None, Vec::new(), Vec::new(),
+                            Arc::strong_count(&bs));
+                }
+                let start = std::time::Instant::now();
+                let failed = ep.dispatch(&args).map(drop).unwrap_err();
+                let detect = start.elapsed();
+                let (health, mask) = (ep.poll_health().unwrap(), ep.active_ranks().unwrap());
+                let after: Vec<Got> = (0..2).map(|_| run_pair(&mut ep, &m, me, &c.inputs[me], false)).collect();
+                ep.destroy().unwrap();
+                let (lock, cond) = &*done;
+                *lock.lock().unwrap() += 1;
+                cond.notify_all();
+                (healthy, before, Some(failed), health, Some(detect), mask, after, Arc::strong_count(&bs))
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().expect("rank thread panicked")).collect();
+    store.close().unwrap();
+    for (me, (healthy, before, err, health, detect, mask, after, bootstrap_refs)) in results.iter().enumerate() {
+        assert_eq!(healthy, &Health { status: Status::SUCCESS, error: None, failed_rank: None,
+                                      active_count: world as i32, mask_epoch: 0 }, "rank {me}");
+        check_rank(&case, me, before);
+        let e = err.as_ref().unwrap();
+        assert_eq!(e.status, Status::TIMEOUT, "rank {me}: {e}");
+        // A MASK handle's timeout leaves no callback running: the bootstrap is released with it.
+        assert_eq!(*bootstrap_refs, 1, "rank {me}: the handle kept its bootstrap");
+        if me == dead {
+            assert_eq!(health.status, Status::TIMEOUT, "a dropped rank's handle is done (sticky)");
+            continue;
+        }
+        assert!(e.message.contains(&format!("rank(s) {dead} did not answer")) && e.message.contains("epoch 1"),
+                "rank {me}: {e}");
+        let detect = detect.unwrap();
+        // timeout_ms plus a store round trip (a generous bound for a loaded machine).
+        assert!(detect < std::time::Duration::from_millis(MASK_TIMEOUT_MS as u64 + 5000), "took {detect:?}");
+        assert_eq!(health, &Health { status: Status::SUCCESS, error: None, failed_rank: Some(dead as i32),
+                                     active_count: world as i32 - 1, mask_epoch: 1 }, "rank {me}");
+        assert_eq!(mask, &active);
+        for got in after {
+            check_rank(&masked, me, got);
+        }
+    }
+}
+
+#[test]
+fn bad_failure_options_are_refused_with_the_message() {
+    let params = f32_params(2, 1, 2, 4);
+    let create = |c: Config| MoeEp::new(Arc::new(SingleRank), &params, Some(&c)).map(drop).unwrap_err();
+    let mask = || host().timeout_ms(MASK_TIMEOUT_MS).failure_policy(FailurePolicy::Mask);
+    let e = create(mask()); // no store
+    assert_eq!(e.status, Status::INVALID_ARGUMENT, "{e}");
+    assert!(e.message.contains("config->store_address") && e.message.contains("NULL"), "{e}");
+    let e = create(mask().store_address("nocolon").unwrap());
+    assert_eq!(e.status, Status::INVALID_ARGUMENT, "{e}");
+    assert!(e.message.contains("config->store_address") && e.message.contains("\"nocolon\""), "{e}");
+    let e = create(mask().store_address("127.0.0.1:99999").unwrap());
+    assert!(e.status == Status::INVALID_ARGUMENT && e.message.contains("99999"), "{e}");
+    let e = create(host().rejoin(true));
+    assert!(e.status == Status::INVALID_ARGUMENT && e.message.contains("config->failure_policy"), "{e}");
+    let e = mask().store_address("127.0.0.1:1\0junk").err().unwrap();
+    assert!(e.status == Status::INVALID_ARGUMENT && e.message.contains("store_address"), "{e}");
+    let e = StoreBootstrap::connect("nocolon", "p", 0, 1, MASK_TIMEOUT_MS).err().unwrap();
+    assert_eq!(e.status, Status::INVALID_ARGUMENT, "{e}");
+    assert!(e.message.contains("address") && e.message.contains("\"nocolon\""), "{e}");
+    let store = Store::serve(Some("127.0.0.1"), 0).unwrap();
+    let address = store.address();
+    {
+        // A group of one: MASK works, nothing to mask.
+        let bs = Arc::new(StoreBootstrap::connect(&address, &unique_prefix("one"), 0, 1, MASK_TIMEOUT_MS).unwrap());
+        let ep = MoeEp::new(bs, &params, Some(&mask().store_address(&address).unwrap()
+                                                 .store_prefix(&unique_prefix("g")).unwrap())).unwrap();
+        assert_eq!(ep.poll_health().unwrap().active_count, 1);
+        ep.destroy().unwrap();
+    }
+    store.close().unwrap();
+    // Nobody listens there now.
+    let e = StoreBootstrap::connect(&address, "gone", 0, 1, MASK_TIMEOUT_MS).err().unwrap();
+    assert!(e.status == Status::BOOTSTRAP && e.message.contains(&address), "{e}");
+}
+
+/// Rank 0 of a group of 2 whose rank 1 never answers: once `answer` calls
+/// are used up (answered as if rank 1 sent the same bytes, to get through
+/// create), each allgather blocks until `release`, then fails.  Its Drop
+/// records whether it ran while a callback was still using it.
+#[derive(Default)]
+struct StallState {
+    released: std::sync::Mutex<bool>,
+    cond: std::sync::Condvar,
+    answer: std::sync::atomic::AtomicUsize,
+    in_call: std::sync::atomic::AtomicBool,
+    entered: std::sync::atomic::AtomicBool,
+    returned: std::sync::atomic::AtomicBool,
+    dropped: std::sync::atomic::AtomicBool,
+    dropped_in_call: std::sync::atomic::AtomicBool,
+}
+
+impl StallState {
+    fn release(&self) {
+        *self.released.lock().unwrap() = true;
+        self.cond.notify_all();
+    }
+    fn flag(flag: &std::sync::atomic::AtomicBool) -> bool {
+        flag.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn wait_returned(&self) {
+        let start = std::time::Instant::now();
+        while !Self::flag(&self.returned) && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(Self::flag(&self.returned), "the released callback did not return");
+        // Let the library's thread leave the trampoline, which still reads the ctx.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+struct StalledPeer(Arc<StallState>);
+
+impl Bootstrap for StalledPeer {
+    fn rank(&self) -> i32 { 0 }
+    fn world_size(&self) -> i32 { 2 }
+    fn allgather(&self, send: &[u8], recv: &mut [u8]) -> std::result::Result<(), BoxError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let s = &self.0;
+        if s.answer.load(SeqCst) > 0 {
+            s.answer.fetch_sub(1, SeqCst);
+            recv[..send.len()].copy_from_slice(send);
+            recv[send.len()..].copy_from_slice(send);
+            return Ok(());
+        }
+        s.in_call.store(true, SeqCst);
+        s.entered.store(true, SeqCst);
+        drop(s.cond.wait_timeout_while(s.released.lock().unwrap(), std::time::Duration::from_secs(60),
+                                       |r| !*r).unwrap());
+        s.in_call.store(false, SeqCst);
+        s.returned.store(true, SeqCst);
+        Err("rank 1 never answered".into())
+    }
+    fn barrier(&self) -> std::result::Result<(), BoxError> {
+        self.allgather(&[], &mut [])
+    }
+}
+
+impl Drop for StalledPeer {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.0.dropped.store(true, SeqCst);
+        if self.0.in_call.load(SeqCst) {
+            self.0.dropped_in_call.store(true, SeqCst);
+        }
+    }
+}
+
+#[test]
+fn a_timed_out_create_keeps_the_bootstrap_while_its_callback_runs() {
+    let state = Arc::new(StallState::default());
+    // The handle's ctx holds the only reference to the bootstrap.
+    let e = MoeEp::new(Arc::new(StalledPeer(state.clone())), &f32_params(2, 1, 2, 4), Some(&host().timeout_ms(300)))
+        .map(drop).unwrap_err();
+    assert_eq!(e.status, Status::TIMEOUT, "{e}");
+    assert!(StallState::flag(&state.entered) && !StallState::flag(&state.returned), "the callback is blocked");
+    assert!(!StallState::flag(&state.dropped), "the bootstrap was released under its running callback");
+    state.release();
+    state.wait_returned();
+    assert!(!StallState::flag(&state.dropped_in_call), "the bootstrap was dropped while its callback ran");
+}
+
+#[test]
+fn a_handle_dropped_after_a_timed_out_dispatch_keeps_the_bootstrap_while_its_callback_runs() {
+    let state = Arc::new(StallState::default());
+    state.answer.store(usize::MAX, std::sync::atomic::Ordering::SeqCst); // rank 1 takes part in create
+    let mut ep = MoeEp::new(Arc::new(StalledPeer(state.clone())), &f32_params(2, 1, 2, 4),
+                            Some(&host().timeout_ms(300))).unwrap();
+    state.answer.store(0, std::sync::atomic::Ordering::SeqCst); // then stops
+    let (x, ids) = (vec![1.0f32; 8], vec![0i32, 1]);
+    let e = ep.dispatch(&DispatchArgs::new(TensorRef::from_slice(&x, &[2, 4]).unwrap(),
+                                           TensorRef::from_slice(&ids, &[2, 1]).unwrap())).map(drop).unwrap_err();
+    assert_eq!(e.status, Status::TIMEOUT, "{e}");
+    assert!(StallState::flag(&state.entered) && !StallState::flag(&state.returned), "the callback is blocked");
+    drop(ep); // broken: destroy releases without waiting for the peer
+    assert!(!StallState::flag(&state.dropped), "the bootstrap was released under its running callback");
+    state.release();
+    state.wait_returned();
+    assert!(!StallState::flag(&state.dropped_in_call), "the bootstrap was dropped while its callback ran");
+}
