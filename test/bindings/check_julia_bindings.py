@@ -8,7 +8,8 @@ cannot be installed where the tests run.
     order, with matching types;
   - the calls of a handle's life (REQUIRED: create, the fused and the split
     dispatch and combine, the async error query, the health poll and the
-    active-rank mask, destroy) are all wrapped;
+    active-rank mask, destroy, and the store and its bootstrap for
+    failure_policy MASK) are all wrapped;
   - every `const NAME = Int32(n)` is the header's MOE_EP_NAME with value n
     (statuses, backends, phases, receive and scale layouts).
 
@@ -35,11 +36,13 @@ SCALARS = {
     "int32_t": "Int32", "moe_ep_status_t": "Int32", "uint32_t": "UInt32", "int64_t": "Int64",
     "uint64_t": "UInt64", "uint8_t": "UInt8", "uint16_t": "UInt16", "size_t": "Csize_t",
 }
-OPAQUE_POINTERS = {"moe_ep_handle_t", "moe_ep_allgather_fn", "moe_ep_barrier_fn"}
+OPAQUE_POINTERS = {"moe_ep_handle_t", "moe_ep_store_t", "moe_ep_allgather_fn", "moe_ep_barrier_fn"}
 # The calls of a handle's life, fused and split: the module must wrap each.
 REQUIRED = {"moe_ep_create", "moe_ep_dispatch", "moe_ep_combine", "moe_ep_dispatch_send", "moe_ep_dispatch_recv",
             "moe_ep_combine_send", "moe_ep_combine_recv", "moe_ep_get_async_error", "moe_ep_health_init",
-            "moe_ep_poll_health", "moe_ep_get_active_ranks", "moe_ep_set_active_ranks", "moe_ep_destroy"}
+            "moe_ep_poll_health", "moe_ep_get_active_ranks", "moe_ep_set_active_ranks", "moe_ep_destroy",
+            "moe_ep_store_serve", "moe_ep_store_port", "moe_ep_store_destroy", "moe_ep_bootstrap_from_store",
+            "moe_ep_bootstrap_release"}
 
 
 def strip_comments(text):

@@ -12,7 +12,8 @@ module MoeEp
 
 export MoeEpError, get_version, Params, Config, SingleRankBootstrap, Handle, create, dispatch, combine,
        dispatch_send, dispatch_recv, combine_send, combine_recv, backend, last_path, path_name, async_error,
-       poll_health, active_ranks, set_active_ranks!, destroy!
+       poll_health, active_ranks, set_active_ranks!, destroy!, Store, serve_store, store_port, store_address,
+       close_store!, StoreBootstrap, RejoinBootstrap, release_bootstrap!
 
 const libmoe_ep = get(ENV, "MOE_EP_LIBRARY", "libmoe_ep.so.0")
 
@@ -48,6 +49,9 @@ const WIRE_AS_IS = Int32(0)
 const WIRE_FP8_E4M3_BLOCK128 = Int32(1)
 const WIRE_SCALE_FP32 = Int32(0)
 const WIRE_SCALE_UE8M0 = Int32(1)
+# Config(failure_policy=...): docs/reliability.md, "Surviving a dead rank".
+const ON_FAILURE_FAIL_HANDLE = Int32(0)
+const ON_FAILURE_MASK = Int32(1)
 
 struct MoeEpError <: Exception
     status::Int32
@@ -139,10 +143,21 @@ mutable struct Config
     device::Int32
     zero_copy_combine::Int32
     micro_batches::Int32
-    failure_policy::Int32        # docs/reliability.md, "Surviving a dead rank":
-    rejoin::Int32                # declared for the layout, left at the defaults
-    store_address::Ptr{Cchar}
+    failure_policy::Int32        # docs/reliability.md, "Surviving a dead rank"
+    rejoin::Int32
+    store_address::Ptr{Cchar}    # into a String kept alive with the Config (_CONFIG_STRINGS)
     store_prefix::Ptr{Cchar}
+end
+
+# The strings a Config's pointers point into, kept for as long as the Config
+# lives (create copies them; Julia strings do not move).
+const _CONFIG_STRINGS = WeakKeyDict{Any,Vector{String}}()
+
+function _c_string(s::AbstractString, name::AbstractString)
+    str = String(s)
+    Base.containsnul(str) && throw(MoeEpError(ERROR_INVALID_ARGUMENT,
+                                              "$name: expected a string without NUL bytes, got $(repr(str))"))
+    return str
 end
 
 mutable struct DispatchArgs
@@ -228,8 +243,15 @@ function Params(num_experts, top_k, max_tokens_per_rank, hidden_size; hidden_dty
     return p
 end
 
+"""Keywords left as `nothing` keep the library's defaults.  `failure_policy`
+(ON_FAILURE_FAIL_HANDLE or ON_FAILURE_MASK, HOST backend), `store_address`
+("host:port" of a `Store`, needed by MASK), `store_prefix` (the group's name in
+the store) and `rejoin` (1: replace a failed rank of a running MASK group, with
+a `RejoinBootstrap`) are described in docs/reliability.md, "Surviving a dead
+rank".  The strings are kept alive with the Config."""
 function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy_combine=nothing,
-                micro_batches=nothing)
+                micro_batches=nothing, failure_policy=nothing, rejoin=nothing, store_address=nothing,
+                store_prefix=nothing)
     c = Config(0, 0, 0, 0, 0, 0, 0, 0, 0, C_NULL, C_NULL)
     check(ccall((:moe_ep_config_init, libmoe_ep), Int32, (Ref{Config}, Csize_t), c, sizeof(Config)))
     backend === nothing || (c.backend = backend)
@@ -237,6 +259,18 @@ function Config(; backend=nothing, timeout_ms=nothing, device=nothing, zero_copy
     device === nothing || (c.device = device)
     zero_copy_combine === nothing || (c.zero_copy_combine = Int32(zero_copy_combine))
     micro_batches === nothing || (c.micro_batches = Int32(micro_batches))
+    failure_policy === nothing || (c.failure_policy = Int32(failure_policy))
+    rejoin === nothing || (c.rejoin = Int32(rejoin))
+    kept = String[]
+    if store_address !== nothing
+        push!(kept, _c_string(store_address, "store_address"))
+        c.store_address = Ptr{Cchar}(pointer(kept[end]))
+    end
+    if store_prefix !== nothing
+        push!(kept, _c_string(store_prefix, "store_prefix"))
+        c.store_prefix = Ptr{Cchar}(pointer(kept[end]))
+    end
+    isempty(kept) || (_CONFIG_STRINGS[c] = kept)
     return c
 end
 
@@ -256,6 +290,76 @@ function SingleRankBootstrap()
     return b
 end
 
+# --- the store and its bootstrap (docs/reliability.md, "Surviving a dead rank") ------------
+
+"""A moe_ep store server on threads of this process until `close_store!` (or
+the finalizer: it is not collective).  Serve it from a process that outlives
+the ranks; it has no authentication."""
+mutable struct Store
+    ptr::Ptr{Cvoid}
+    host::Union{String,Nothing}
+end
+
+"""Listens on host:port (`host` nothing = every interface, `port` 0 = any free port)."""
+function serve_store(host::Union{AbstractString,Nothing}=nothing, port::Integer=0)
+    h = host === nothing ? nothing : _c_string(host, "host")
+    out = Ref{Ptr{Cvoid}}(C_NULL)
+    GC.@preserve h begin
+        check(ccall((:moe_ep_store_serve, libmoe_ep), Int32, (Ptr{UInt8}, Int32, Ref{Ptr{Cvoid}}),
+                    h === nothing ? C_NULL : pointer(h), port, out))
+    end
+    s = Store(out[], h)
+    finalizer(close_store!, s)
+    return s
+end
+
+"""The port the store listens on."""
+function store_port(s::Store)
+    s.ptr == C_NULL && throw(MoeEpError(ERROR_INVALID_STATE, "this moe_ep store was closed"))
+    p = Ref{Int32}(0)
+    check(ccall((:moe_ep_store_port, libmoe_ep), Int32, (Ptr{Cvoid}, Ref{Int32}), s.ptr, p))
+    return p[]
+end
+
+"""\"host:port\" for `Config(store_address=...)` and `StoreBootstrap` (127.0.0.1
+for a store on every interface)."""
+store_address(s::Store) = string(something(s.host, "127.0.0.1"), ":", store_port(s))
+
+"""Stops the server; idempotent."""
+function close_store!(s::Store)
+    ref = Ref{Ptr{Cvoid}}(s.ptr)
+    s.ptr = C_NULL
+    check(ccall((:moe_ep_store_destroy, libmoe_ep), Int32, (Ref{Ptr{Cvoid}},), ref))
+end
+
+"""The library's bootstrap over the store at `address` under `prefix` (unique
+per group and run), each wait bounded by `timeout_ms`: for launchers without
+MPI.  Release it with `release_bootstrap!` after every handle made from it is
+destroyed (not before: a callback left running after a timeout uses it)."""
+function StoreBootstrap(address::AbstractString, prefix::AbstractString, rank::Integer, world_size::Integer;
+                        timeout_ms::Integer=30000)
+    a, p = _c_string(address, "address"), _c_string(prefix, "prefix")
+    b = Bootstrap(0, 0, 0, C_NULL, C_NULL, C_NULL)
+    check(ccall((:moe_ep_bootstrap_init, libmoe_ep), Int32, (Ref{Bootstrap}, Csize_t), b, sizeof(Bootstrap)))
+    check(ccall((:moe_ep_bootstrap_from_store, libmoe_ep), Int32,
+                (Cstring, Cstring, Int32, Int32, Int32, Ref{Bootstrap}), a, p, rank, world_size, timeout_ms, b))
+    return b
+end
+
+"""Releases a `StoreBootstrap`; again is a no-op."""
+function release_bootstrap!(b::Bootstrap)
+    check(ccall((:moe_ep_bootstrap_release, libmoe_ep), Int32, (Ref{Bootstrap},), b))
+end
+
+"""Rank and world size only, no callbacks: for a replacement rank,
+`create(RejoinBootstrap(r, w), params, Config(...; rejoin=1))`."""
+function RejoinBootstrap(rank::Integer, world_size::Integer)
+    b = Bootstrap(0, 0, 0, C_NULL, C_NULL, C_NULL)
+    check(ccall((:moe_ep_bootstrap_init, libmoe_ep), Int32, (Ref{Bootstrap}, Csize_t), b, sizeof(Bootstrap)))
+    b.rank, b.world_size = rank, world_size
+    return b
+end
+
 # --- handle ----------------------------------------------------------------------------
 mutable struct Handle
     ptr::Ptr{Cvoid}
@@ -272,8 +376,11 @@ function create(bs::Bootstrap, p::Params, c::Union{Config,Nothing}=nothing)
         check(ccall((:moe_ep_create, libmoe_ep), Int32, (Ref{Bootstrap}, Ref{Params}, Ptr{Cvoid}, Ref{Ptr{Cvoid}}),
                     bs, p, C_NULL, out))
     else
-        check(ccall((:moe_ep_create, libmoe_ep), Int32, (Ref{Bootstrap}, Ref{Params}, Ref{Config}, Ref{Ptr{Cvoid}}),
-                    bs, p, c, out))
+        # The Config keeps the strings its pointers point into (_CONFIG_STRINGS).
+        GC.@preserve c begin
+            check(ccall((:moe_ep_create, libmoe_ep), Int32, (Ref{Bootstrap}, Ref{Params}, Ref{Config}, Ref{Ptr{Cvoid}}),
+                        bs, p, c, out))
+        end
     end
     return Handle(out[], bs, Any[], Dict{Int32,Vector{Any}}())
 end
