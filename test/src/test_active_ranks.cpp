@@ -17,6 +17,7 @@
 
 #include "counting_backend.hpp"
 #include "handle.hpp"
+#include "masked_round.hpp"
 #include "moe_ep_c.h"
 #include "oracle.hpp"
 #include "rank_checks.hpp"
@@ -55,14 +56,6 @@ void with_rank_handles(const WorkloadSpec& w, int32_t timeout_ms, const Body& bo
     moe_ep_destroy(&h);
   });
   checks.assert_all();
-}
-
-moe_ep_health_t poll(moe_ep_handle_t h, moe_ep_status_t* rc = nullptr) {
-  moe_ep_health_t health;
-  moe_ep_health_init(&health, sizeof health);
-  const moe_ep_status_t s = moe_ep_poll_health(h, &health);
-  if (rc) *rc = s;
-  return health;
 }
 
 double ms_since(std::chrono::steady_clock::time_point start) {
@@ -114,7 +107,7 @@ void check_masked(const WorkloadSpec& w, const std::vector<uint8_t>& active, boo
 TEST_CASE("active ranks: the health poll of a healthy handle, without blocking", "[mask]") {
   with_rank_handles(small_workload(2, 7), 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     moe_ep_status_t rc = MOE_EP_ERROR_INTERNAL;
-    const moe_ep_health_t health = poll(h, &rc);
+    const moe_ep_health_t health = poll_health(h, &rc);
     RANK_CHECK(checks, rank, rc == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, health.struct_size == sizeof(moe_ep_health_t));
     RANK_CHECK(checks, rank, health.status == MOE_EP_SUCCESS);
@@ -123,7 +116,7 @@ TEST_CASE("active ranks: the health poll of a healthy handle, without blocking",
     RANK_CHECK(checks, rank, health.mask_epoch == 0);
     // Host loads only: ten thousand polls take far less than one exchange would.
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < 10000; ++i) poll(h);
+    for (int i = 0; i < 10000; ++i) poll_health(h);
     RANK_CHECK(checks, rank, ms_since(start) < 200.0);
   });
 }
@@ -177,14 +170,14 @@ TEST_CASE("active ranks: the poll reports a sticky TIMEOUT at once", "[mask]") {
       RANK_CHECK(checks, rank, moe_ep_dispatch(h, pair.args.get(), &r, nullptr) == MOE_EP_ERROR_TIMEOUT);
       const auto start = std::chrono::steady_clock::now();
       moe_ep_status_t rc = MOE_EP_ERROR_INTERNAL;
-      const moe_ep_health_t health = poll(h, &rc);
+      const moe_ep_health_t health = poll_health(h, &rc);
       RANK_CHECK(checks, rank, ms_since(start) < 50.0);
       RANK_CHECK(checks, rank, rc == MOE_EP_SUCCESS);  // the poll itself succeeded
       RANK_CHECK(checks, rank, health.status == MOE_EP_ERROR_TIMEOUT);
       RANK_CHECK(checks, rank, std::string(moe_ep_last_error()).find("timeout_ms = 200") != std::string::npos);
       // The HOST exchange cannot tell which peer is missing: no rank is named.
       RANK_CHECK(checks, rank, health.failed_rank == -1);
-      RANK_CHECK(checks, rank, poll(h).status == MOE_EP_ERROR_TIMEOUT);  // sticky
+      RANK_CHECK(checks, rank, poll_health(h).status == MOE_EP_ERROR_TIMEOUT);  // sticky
       const uint8_t all[2] = {1, 1};
       RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, all, 2) == MOE_EP_ERROR_TIMEOUT);  // refused too
     }
@@ -200,11 +193,11 @@ TEST_CASE("active ranks: get and set round-trip, and every update counts", "[mas
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, three, 4) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, moe_ep_get_active_ranks(h, got, 4) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, got[0] == 1 && got[1] == 1 && got[2] == 0 && got[3] == 1);
-    moe_ep_health_t health = poll(h);
+    moe_ep_health_t health = poll_health(h);
     RANK_CHECK(checks, rank, health.active_count == 3 && health.mask_epoch == 1);
     const uint8_t all[4] = {1, 1, 1, 1};
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, all, 4) == MOE_EP_SUCCESS);
-    health = poll(h);
+    health = poll_health(h);
     RANK_CHECK(checks, rank, health.active_count == 4 && health.mask_epoch == 2);
     // Local argument checks of get (no collective).
     RANK_CHECK(checks, rank, moe_ep_get_active_ranks(h, got, 3) == MOE_EP_ERROR_INVALID_ARGUMENT);
@@ -229,7 +222,7 @@ TEST_CASE("active ranks: a disagreement or a bad argument on one rank fails on e
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, none, 4) == MOE_EP_ERROR_INVALID_ARGUMENT);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, nullptr, 4) == MOE_EP_ERROR_INVALID_ARGUMENT);
     // Nothing changed, and the handle still works.
-    const moe_ep_health_t health = poll(h);
+    const moe_ep_health_t health = poll_health(h);
     RANK_CHECK(checks, rank, health.status == MOE_EP_SUCCESS && health.mask_epoch == 0 && health.active_count == 4);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, mine, 4) == MOE_EP_SUCCESS);
   });
@@ -255,7 +248,7 @@ TEST_CASE("active ranks: an update between a dispatch and its combine is refused
     RANK_CHECK(checks, rank, moe_ep_combine_send(h, 0, pair.eo.get(), nullptr) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, two, 3) == MOE_EP_ERROR_INVALID_STATE);
     RANK_CHECK(checks, rank, moe_ep_combine_recv(h, 0, nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
-    RANK_CHECK(checks, rank, poll(h).mask_epoch == 0);
+    RANK_CHECK(checks, rank, poll_health(h).mask_epoch == 0);
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, two, 3) == MOE_EP_SUCCESS);  // between pairs
   });
 }
@@ -352,17 +345,17 @@ TEST_CASE("active ranks: a backend without masks takes only all-active; the poll
   CHECK(moe_ep_set_active_ranks(&h, one, 2) == MOE_EP_ERROR_UNSUPPORTED);
   CHECK_THAT(moe_ep_last_error(), Contains("mirror stand-in") && Contains("rank 1 inactive"));
   CHECK(moe_ep_set_active_ranks(&h, both, 2) == MOE_EP_SUCCESS);
-  moe_ep_health_t health = poll(&h);
+  moe_ep_health_t health = poll_health(&h);
   CHECK(health.status == MOE_EP_SUCCESS);
   CHECK(health.mask_epoch == 1);
   CHECK(health.active_count == 2);
   backend->timed_out = true;  // the device watch wrote the host-mapped word
-  health = poll(&h);
+  health = poll_health(&h);
   CHECK(health.status == MOE_EP_ERROR_TIMEOUT);
   CHECK(health.failed_rank == 1);
   CHECK_THAT(moe_ep_last_error(), Contains("rank 1 did not arrive"));
   backend->timed_out = false;  // sticky: the handle keeps it
-  CHECK(poll(&h).status == MOE_EP_ERROR_TIMEOUT);
+  CHECK(poll_health(&h).status == MOE_EP_ERROR_TIMEOUT);
   const WorkloadSpec w = small_workload(2, 1);
   RankPair pair(w, 0);
   moe_ep_dispatch_result_t r;

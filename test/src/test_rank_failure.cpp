@@ -159,16 +159,9 @@ class Rank {
     return 1;
   }
 
-  moe_ep_health_t health() {
-    moe_ep_health_t out;
-    moe_ep_health_init(&out, sizeof out);
-    moe_ep_poll_health(h_, &out);
-    return out;
-  }
-
   // A failure the survivors masked: when it was seen, and which rank it named.
   void note_failure() {
-    const moe_ep_health_t hh = health();
+    const moe_ep_health_t hh = poll_health(h_);
     const std::string victim = std::to_string(hh.failed_rank);
     const std::string at = board_.get("killed_at/" + victim, 5000);
     const std::string n = std::to_string(failures_++);
@@ -193,7 +186,7 @@ class Rank {
         board_.put_number("admit_ms/" + std::to_string(rank_), ms_between(t0, monotonic_ns()));
         return true;
       }
-      if (rc != MOE_EP_ERROR_TIMEOUT || health().status != MOE_EP_SUCCESS) {
+      if (rc != MOE_EP_ERROR_TIMEOUT || poll_health(h_).status != MOE_EP_SUCCESS) {
         report(std::string("set_active_ranks: ") + moe_ep_last_error());
         return false;
       }
@@ -213,7 +206,7 @@ class Rank {
       }
       const MaskedRound m = run_masked_round(h_, round_spec(spec(), round), rank_);
       if (m.status != MOE_EP_SUCCESS) {
-        const moe_ep_health_t hh = health();
+        const moe_ep_health_t hh = poll_health(h_);
         if (m.status == MOE_EP_ERROR_TIMEOUT && hh.status == MOE_EP_SUCCESS) {
           if (rank_ == s_.suicide_on_first_failure) return die_now(board_, rank_);
           note_failure();
@@ -235,7 +228,7 @@ class Rank {
       }
       board_.put("progress/" + std::to_string(rank_), std::to_string(++round));
     }
-    const moe_ep_health_t hh = health();
+    const moe_ep_health_t hh = poll_health(h_);
     board_.put("final/" + std::to_string(rank_),
                std::to_string(hh.active_count) + " active, epoch " + std::to_string(hh.mask_epoch));
     board_.put("wrong/" + std::to_string(rank_), std::to_string(wrong));

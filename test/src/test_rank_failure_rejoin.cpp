@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "host_case_runner.hpp"
+#include "loopback_store.hpp"
 #include "masked_round.hpp"
 #include "moe_ep_c.h"
 #include "rank_checks.hpp"
@@ -35,27 +36,43 @@ moe_ep_verify::WorkloadSpec spec3() {
   return w;
 }
 
-moe_ep_health_t health_of(moe_ep_handle_t h) {
-  moe_ep_health_t out;
-  moe_ep_health_init(&out, sizeof out);
-  moe_ep_poll_health(h, &out);
-  return out;
-}
-
 void wait_for(const std::atomic<int>& counter, int value) {
   while (counter.load() < value) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+// Runs body(r, h, checks) on three rank threads, each with a handle of `w`
+// and `config` over a bootstrap from the store at `address` (`boot_prefix`);
+// the body may destroy h or replace it.  Then asserts what the ranks recorded.
+template <class Body>
+void run_group(const std::string& address, const char* boot_prefix, const moe_ep_config_t& config,
+               const moe_ep_verify::WorkloadSpec& w, const Body& body) {
+  RankChecks checks;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.emplace_back([&, r] {
+      moe_ep_bootstrap_t b;
+      moe_ep_bootstrap_init(&b, sizeof b);
+      RANK_REQUIRE(checks, r,
+                   moe_ep_bootstrap_from_store(address.c_str(), boot_prefix, r, 3, 10000, &b) == MOE_EP_SUCCESS);
+      moe_ep_params_t p = w.params();
+      moe_ep_handle_t h = nullptr;
+      RANK_REQUIRE(checks, r, moe_ep_create(&b, &p, &config, &h) == MOE_EP_SUCCESS);
+      body(r, h, checks);
+      moe_ep_destroy(&h);
+      moe_ep_bootstrap_release(&b);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  checks.assert_all();
 }
 
 }  // namespace
 
 TEST_CASE("rejoin: refused while active, refused with other parameters, then admitted", "[rank_failure]") {
-  moe_ep_store_t store = nullptr;
-  REQUIRE(moe_ep_store_serve("127.0.0.1", 0, &store) == MOE_EP_SUCCESS);
-  int32_t port = 0;
-  moe_ep_store_port(store, &port);
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const LoopbackStore store;
+  REQUIRE(store.serving());
+  const std::string& address = store.address();
   const moe_ep_verify::WorkloadSpec w = spec3();
-  RankChecks checks;
   std::atomic<int> survivors_ready{0}, left{0};
   auto rejoin = [&](int hidden_size) {
     moe_ep_bootstrap_t b;
@@ -70,121 +87,87 @@ TEST_CASE("rejoin: refused while active, refused with other parameters, then adm
     const moe_ep_status_t rc = moe_ep_create(&b, &p, &c, &h);
     return std::make_pair(rc, h);
   };
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 3; ++r) {
-    ranks.emplace_back([&, r] {
-      moe_ep_bootstrap_t b;
-      moe_ep_bootstrap_init(&b, sizeof b);
-      RANK_REQUIRE(checks, r,
-                   moe_ep_bootstrap_from_store(address.c_str(), "rejoin_boot", r, 3, 10000, &b) == MOE_EP_SUCCESS);
-      const moe_ep_config_t c = mask_config(address.c_str(), "rejoin_test", 1000);
-      moe_ep_params_t p = w.params();
-      moe_ep_handle_t h = nullptr;
-      RANK_REQUIRE(checks, r, moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
-      MaskedRound m = run_masked_round(h, round_spec(w, 0), r);
-      RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0);
-      if (r == 2) {
-        // Still active: a replacement for this rank is refused.
-        const auto early = rejoin(w.hidden_size);
-        RANK_CHECK(checks, r, early.first == MOE_EP_ERROR_INVALID_STATE);
-        RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("still active") != std::string::npos);
-        moe_ep_destroy(&h);  // leaves: makes no more calls
-        left = 1;
-        wait_for(survivors_ready, 2);
-        // Other parameters: refused here and on the survivors, naming the field.
-        const auto wrong = rejoin(w.hidden_size + 1);
-        RANK_CHECK(checks, r, wrong.first == MOE_EP_ERROR_INVALID_ARGUMENT);
-        RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("params->hidden_size") != std::string::npos);
-        wait_for(survivors_ready, 4);
-        auto good = rejoin(w.hidden_size);
-        RANK_CHECK(checks, r, good.first == MOE_EP_SUCCESS);
-        h = good.second;
-      } else {
-        wait_for(left, 1);
-        m = run_masked_round(h, round_spec(w, 1), r);  // rank 2 is gone: masked
-        RANK_CHECK(checks, r, m.status == MOE_EP_ERROR_TIMEOUT);
-        RANK_CHECK(checks, r, m.error.find("rank(s) 2 did not answer") != std::string::npos);
-        const moe_ep_health_t hh = health_of(h);
-        RANK_CHECK(checks, r, hh.status == MOE_EP_SUCCESS && hh.failed_rank == 2 && hh.active_count == 2);
-        m = run_masked_round(h, round_spec(w, 1), r);  // the round again, masked
-        RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask[2] == 0);
-        const std::vector<uint8_t> all{1, 1, 1};
-        ++survivors_ready;
-        RANK_CHECK(checks, r, moe_ep_set_active_ranks(h, all.data(), 3) == MOE_EP_ERROR_INVALID_ARGUMENT);
-        RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("params->hidden_size") != std::string::npos);
-        RANK_CHECK(checks, r, health_of(h).active_count == 2);  // unchanged, usable
-        ++survivors_ready;
-        wait_for(survivors_ready, 4);
-        RANK_CHECK(checks, r, moe_ep_set_active_ranks(h, all.data(), 3) == MOE_EP_SUCCESS);
-      }
-      RANK_REQUIRE(checks, r, h != nullptr);
-      for (int round = 2; round < 5; ++round) {
-        m = run_masked_round(h, round_spec(w, round), r);
-        RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask == std::vector<uint8_t>(3, 1));
-      }
-      const moe_ep_health_t hh = health_of(h);
-      RANK_CHECK(checks, r, hh.active_count == 3 && hh.mask_epoch == 2);
-      moe_ep_destroy(&h);
-      moe_ep_bootstrap_release(&b);
-    });
-  }
-  for (auto& t : ranks) t.join();
-  checks.assert_all();
-  moe_ep_store_destroy(&store);
+  const moe_ep_config_t config = mask_config(address.c_str(), "rejoin_test", 1000);
+  run_group(address, "rejoin_boot", config, w, [&](int r, moe_ep_handle_t& h, RankChecks& checks) {
+    MaskedRound m = run_masked_round(h, round_spec(w, 0), r);
+    RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0);
+    if (r == 2) {
+      // Still active: a replacement for this rank is refused.
+      const auto early = rejoin(w.hidden_size);
+      RANK_CHECK(checks, r, early.first == MOE_EP_ERROR_INVALID_STATE);
+      RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("still active") != std::string::npos);
+      moe_ep_destroy(&h);  // leaves: makes no more calls
+      left = 1;
+      wait_for(survivors_ready, 2);
+      // Other parameters: refused here and on the survivors, naming the field.
+      const auto wrong = rejoin(w.hidden_size + 1);
+      RANK_CHECK(checks, r, wrong.first == MOE_EP_ERROR_INVALID_ARGUMENT);
+      RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("params->hidden_size") != std::string::npos);
+      wait_for(survivors_ready, 4);
+      auto good = rejoin(w.hidden_size);
+      RANK_CHECK(checks, r, good.first == MOE_EP_SUCCESS);
+      h = good.second;
+    } else {
+      wait_for(left, 1);
+      m = run_masked_round(h, round_spec(w, 1), r);  // rank 2 is gone: masked
+      RANK_CHECK(checks, r, m.status == MOE_EP_ERROR_TIMEOUT);
+      RANK_CHECK(checks, r, m.error.find("rank(s) 2 did not answer") != std::string::npos);
+      const moe_ep_health_t hh = poll_health(h);
+      RANK_CHECK(checks, r, hh.status == MOE_EP_SUCCESS && hh.failed_rank == 2 && hh.active_count == 2);
+      m = run_masked_round(h, round_spec(w, 1), r);  // the round again, masked
+      RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask[2] == 0);
+      const std::vector<uint8_t> all{1, 1, 1};
+      ++survivors_ready;
+      RANK_CHECK(checks, r, moe_ep_set_active_ranks(h, all.data(), 3) == MOE_EP_ERROR_INVALID_ARGUMENT);
+      RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("params->hidden_size") != std::string::npos);
+      RANK_CHECK(checks, r, poll_health(h).active_count == 2);  // unchanged, usable
+      ++survivors_ready;
+      wait_for(survivors_ready, 4);
+      RANK_CHECK(checks, r, moe_ep_set_active_ranks(h, all.data(), 3) == MOE_EP_SUCCESS);
+    }
+    RANK_REQUIRE(checks, r, h != nullptr);
+    for (int round = 2; round < 5; ++round) {
+      m = run_masked_round(h, round_spec(w, round), r);
+      RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask == std::vector<uint8_t>(3, 1));
+    }
+    const moe_ep_health_t hh = poll_health(h);
+    RANK_CHECK(checks, r, hh.active_count == 3 && hh.mask_epoch == 2);
+  });
 }
 
 TEST_CASE("rank failure: every pair in flight ends, then the next round runs masked", "[rank_failure]") {
-  moe_ep_store_t store = nullptr;
-  REQUIRE(moe_ep_store_serve("127.0.0.1", 0, &store) == MOE_EP_SUCCESS);
-  int32_t port = 0;
-  moe_ep_store_port(store, &port);
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const LoopbackStore store;
+  REQUIRE(store.serving());
+  const std::string& address = store.address();
   const moe_ep_verify::WorkloadSpec w = spec3();
-  RankChecks checks;
   std::atomic<int> left{0};
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 3; ++r) {
-    ranks.emplace_back([&, r] {
-      moe_ep_bootstrap_t b;
-      moe_ep_bootstrap_init(&b, sizeof b);
-      RANK_REQUIRE(checks, r,
-                   moe_ep_bootstrap_from_store(address.c_str(), "inflight_boot", r, 3, 10000, &b) == MOE_EP_SUCCESS);
-      moe_ep_config_t c = mask_config(address.c_str(), "inflight", 500);
-      c.micro_batches = 2;
-      moe_ep_params_t p = w.params();
-      moe_ep_handle_t h = nullptr;
-      RANK_REQUIRE(checks, r, moe_ep_create(&b, &p, &c, &h) == MOE_EP_SUCCESS);
-      const moe_ep_verify::RankInputs in = moe_ep_verify::make_rank_inputs(w, r);
-      moe_ep_verify::DispatchArgs args(w, in.routing.num_tokens, moe_ep_verify::host_memory(in));
-      moe_ep_dispatch_result_t dr;
-      moe_ep_dispatch_result_init(&dr, sizeof dr);
-      // Slot 0 dispatched on every rank; then rank 2 leaves.
-      RANK_REQUIRE(checks, r, moe_ep_dispatch_send(h, 0, args.get(), nullptr) == MOE_EP_SUCCESS);
-      RANK_REQUIRE(checks, r, moe_ep_dispatch_recv(h, 0, &dr, nullptr) == MOE_EP_SUCCESS);
-      if (r == 2) {
-        moe_ep_destroy(&h);
-        left = 1;
-        moe_ep_bootstrap_release(&b);
-        return;
-      }
-      wait_for(left, 1);
-      // Slot 1's send finds rank 2 missing: TIMEOUT, usable, and slot 0's pair is over too.
-      RANK_CHECK(checks, r, moe_ep_dispatch_send(h, 1, args.get(), nullptr) == MOE_EP_ERROR_TIMEOUT);
-      RANK_CHECK(checks, r, health_of(h).status == MOE_EP_SUCCESS && health_of(h).failed_rank == 2);
-      std::vector<uint8_t> expert_output = moe_ep_verify::make_expert_output(w, r);
-      const moe_ep_verify::TensorView eo =
-          moe_ep_verify::expert_output_view(w, expert_output.data(), moe_ep_verify::host_device(), false);
-      RANK_CHECK(checks, r, moe_ep_combine_send(h, 0, eo.get(), nullptr) == MOE_EP_ERROR_INVALID_STATE);
-      RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("IDLE") != std::string::npos);
-      for (int round = 1; round < 4; ++round) {
-        const MaskedRound m = run_masked_round(h, round_spec(w, round), r);
-        RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask == std::vector<uint8_t>({1, 1, 0}));
-      }
+  moe_ep_config_t config = mask_config(address.c_str(), "inflight", 500);
+  config.micro_batches = 2;
+  run_group(address, "inflight_boot", config, w, [&](int r, moe_ep_handle_t& h, RankChecks& checks) {
+    const moe_ep_verify::RankInputs in = moe_ep_verify::make_rank_inputs(w, r);
+    moe_ep_verify::DispatchArgs args(w, in.routing.num_tokens, moe_ep_verify::host_memory(in));
+    moe_ep_dispatch_result_t dr;
+    moe_ep_dispatch_result_init(&dr, sizeof dr);
+    // Slot 0 dispatched on every rank; then rank 2 leaves.
+    RANK_REQUIRE(checks, r, moe_ep_dispatch_send(h, 0, args.get(), nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, r, moe_ep_dispatch_recv(h, 0, &dr, nullptr) == MOE_EP_SUCCESS);
+    if (r == 2) {
       moe_ep_destroy(&h);
-      moe_ep_bootstrap_release(&b);
-    });
-  }
-  for (auto& t : ranks) t.join();
-  checks.assert_all();
-  moe_ep_store_destroy(&store);
+      left = 1;
+      return;
+    }
+    wait_for(left, 1);
+    // Slot 1's send finds rank 2 missing: TIMEOUT, usable, and slot 0's pair is over too.
+    RANK_CHECK(checks, r, moe_ep_dispatch_send(h, 1, args.get(), nullptr) == MOE_EP_ERROR_TIMEOUT);
+    RANK_CHECK(checks, r, poll_health(h).status == MOE_EP_SUCCESS && poll_health(h).failed_rank == 2);
+    std::vector<uint8_t> expert_output = moe_ep_verify::make_expert_output(w, r);
+    const moe_ep_verify::TensorView eo =
+        moe_ep_verify::expert_output_view(w, expert_output.data(), moe_ep_verify::host_device(), false);
+    RANK_CHECK(checks, r, moe_ep_combine_send(h, 0, eo.get(), nullptr) == MOE_EP_ERROR_INVALID_STATE);
+    RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("IDLE") != std::string::npos);
+    for (int round = 1; round < 4; ++round) {
+      const MaskedRound m = run_masked_round(h, round_spec(w, round), r);
+      RANK_CHECK(checks, r, m.status == MOE_EP_SUCCESS && m.wrong == 0 && m.mask == std::vector<uint8_t>({1, 1, 0}));
+    }
+  });
 }

@@ -18,6 +18,7 @@
 
 #include "error.hpp"
 #include "host_case_runner.hpp"
+#include "loopback_store.hpp"
 #include "masked_round.hpp"
 #include "moe_ep_c.h"
 #include "rank_checks.hpp"
@@ -314,9 +315,7 @@ std::string run_masked_group(const moe_ep_bootstrap_t& b, const std::string& add
       problems += w.describe() + ": " + m.error + m.details;
     }
   }
-  moe_ep_health_t health;
-  moe_ep_health_init(&health, sizeof health);
-  moe_ep_poll_health(h, &health);
+  const moe_ep_health_t health = poll_health(h);
   if (health.active_count != 3 || health.mask_epoch != 3 || health.status != MOE_EP_SUCCESS) {
     problems += "health after the mask changes: active " + std::to_string(health.active_count) + ", epoch " +
                 std::to_string(health.mask_epoch);
@@ -328,11 +327,9 @@ std::string run_masked_group(const moe_ep_bootstrap_t& b, const std::string& add
 }  // namespace
 
 TEST_CASE("store: its bootstrap runs a HOST case, and MASK handles match the oracle", "[store]") {
-  moe_ep_store_t store = nullptr;
-  REQUIRE(moe_ep_store_serve("127.0.0.1", 0, &store) == MOE_EP_SUCCESS);
-  int32_t port = 0;
-  moe_ep_store_port(store, &port);
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const LoopbackStore store;
+  REQUIRE(store.serving());
+  const std::string& address = store.address();
   moe_ep_verify::WorkloadSpec w;
   w.world = 3;
   w.num_experts = 6;
@@ -374,5 +371,4 @@ TEST_CASE("store: its bootstrap runs a HOST case, and MASK handles match the ora
     INFO("rank " << r);
     CHECK(problems[size_t(r)] == "");
   }
-  moe_ep_store_destroy(&store);
 }

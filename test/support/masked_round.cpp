@@ -46,6 +46,14 @@ MaskedRound run_masked_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank)
   return r;
 }
 
+moe_ep_health_t poll_health(moe_ep_handle_t h, moe_ep_status_t* status) {
+  moe_ep_health_t health;
+  moe_ep_health_init(&health, sizeof health);
+  const moe_ep_status_t s = moe_ep_poll_health(h, &health);
+  if (status) *status = s;
+  return health;
+}
+
 moe_ep_config_t mask_config(const char* address, const char* prefix, int32_t timeout_ms) {
   moe_ep_config_t c;
   moe_ep_config_init(&c, sizeof c);

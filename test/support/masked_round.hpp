@@ -23,6 +23,10 @@ struct MaskedRound {
 
 MaskedRound run_masked_round(moe_ep_handle_t h, const moe_ep_verify::WorkloadSpec& w, int rank);
 
+// moe_ep_poll_health's report on h; `status` (if given) gets the poll's own
+// status.
+moe_ep_health_t poll_health(moe_ep_handle_t h, moe_ep_status_t* status = nullptr);
+
 // A HOST config with failure_policy MASK over the store at `address` (the
 // strings must outlive the create call).
 moe_ep_config_t mask_config(const char* address, const char* prefix, int32_t timeout_ms);
