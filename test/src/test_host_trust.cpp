@@ -154,6 +154,25 @@ std::vector<Outcome> dispatch_under(const Tamper& tamper) {
   return got;
 }
 
+// Two ranks create a handle, rank 1 with top_k 0 (it fails), under `tamper`;
+// what each rank got.  With `checks`, each rank also records that it was left
+// without a handle.
+std::vector<Outcome> create_failing_on_rank1(const Tamper& tamper, RankChecks* checks = nullptr) {
+  std::vector<Outcome> got(2);
+  run_ranks(
+      2,
+      [&](int rank, const moe_ep_bootstrap_t& b) {
+        moe_ep_params_t p = make_params(4, rank == 1 ? 0 : 2, 4, 8);
+        moe_ep_config_t c = host_config();
+        moe_ep_handle_t h = nullptr;
+        got[rank].status = moe_ep_create(&b, &p, &c, &h);
+        got[rank].message = moe_ep_last_error();
+        if (checks) RANK_CHECK(*checks, rank, h == nullptr);
+      },
+      tamper);
+  return got;
+}
+
 }  // namespace
 
 TEST_CASE("peer data: runtime_max_tokens_per_rank that differs between ranks is INVALID_INPUT on every rank",
@@ -236,22 +255,13 @@ TEST_CASE("peer data: a record that does not match its header is rejected", "[tr
 
 TEST_CASE("peer data: a peer's failure message is read within its field", "[trust]") {
   SECTION("no terminating NUL") {
-    std::vector<Outcome> got(2);
     RankChecks checks;
-    run_ranks(
-        2,
-        [&](int rank, const moe_ep_bootstrap_t& b) {
-          moe_ep_params_t p = make_params(4, rank == 1 ? 0 : 2, 4, 8);  // rank 1 fails: top_k 0
-          moe_ep_config_t c = host_config();
-          moe_ep_handle_t h = nullptr;
-          got[rank].status = moe_ep_create(&b, &p, &c, &h);
-          got[rank].message = moe_ep_last_error();
-          RANK_CHECK(checks, rank, h == nullptr);
-        },
+    const std::vector<Outcome> got = create_failing_on_rank1(
         [](int rank, int64_t, void* recv, size_t bytes) {
           if (rank != 0 || bytes != kOutcomeBytes) return;
           std::memset(static_cast<char*>(recv) + kOutcomeBytes + 4, 'A', kOutcomeBytes - 4);
-        });
+        },
+        &checks);
     checks.assert_all();
     INFO(got[0].message);
     CHECK(got[0].status == MOE_EP_ERROR_INVALID_ARGUMENT);
@@ -260,22 +270,12 @@ TEST_CASE("peer data: a peer's failure message is read within its field", "[trus
     CHECK(got[1].status == MOE_EP_ERROR_INVALID_ARGUMENT);
   }
   SECTION("control characters and bytes outside ASCII are replaced") {
-    std::vector<Outcome> got(2);
-    run_ranks(
-        2,
-        [&](int rank, const moe_ep_bootstrap_t& b) {
-          moe_ep_params_t p = make_params(4, rank == 1 ? 0 : 2, 4, 8);  // rank 1 fails: top_k 0
-          moe_ep_config_t c = host_config();
-          moe_ep_handle_t h = nullptr;
-          got[rank].status = moe_ep_create(&b, &p, &c, &h);
-          got[rank].message = moe_ep_last_error();
-        },
-        [](int rank, int64_t, void* recv, size_t bytes) {
-          if (rank != 0 || bytes != kOutcomeBytes) return;
-          char* text = static_cast<char*>(recv) + kOutcomeBytes + 4;
-          const char hostile[] = {'\n', '\x1b', '[', '2', 'J', '\r', '\x7f', '\xff', 'o', 'k'};
-          for (size_t i = 0; i < kOutcomeBytes - 4; ++i) text[i] = hostile[i % sizeof(hostile)];  // and no NUL
-        });
+    const std::vector<Outcome> got = create_failing_on_rank1([](int rank, int64_t, void* recv, size_t bytes) {
+      if (rank != 0 || bytes != kOutcomeBytes) return;
+      char* text = static_cast<char*>(recv) + kOutcomeBytes + 4;
+      const char hostile[] = {'\n', '\x1b', '[', '2', 'J', '\r', '\x7f', '\xff', 'o', 'k'};
+      for (size_t i = 0; i < kOutcomeBytes - 4; ++i) text[i] = hostile[i % sizeof(hostile)];  // and no NUL
+    });
     INFO(got[0].message);
     CHECK(got[0].status == MOE_EP_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(got[0].message, Contains("rank 1 failed: ??[2J???ok"));
@@ -286,19 +286,9 @@ TEST_CASE("peer data: a peer's failure message is read within its field", "[trus
     CHECK(got[0].message.size() < 300);
   }
   SECTION("a status that is not a moe_ep status") {
-    std::vector<Outcome> got(2);
-    run_ranks(
-        2,
-        [&](int rank, const moe_ep_bootstrap_t& b) {
-          moe_ep_params_t p = make_params(4, rank == 1 ? 0 : 2, 4, 8);
-          moe_ep_config_t c = host_config();
-          moe_ep_handle_t h = nullptr;
-          got[rank].status = moe_ep_create(&b, &p, &c, &h);
-          got[rank].message = moe_ep_last_error();
-        },
-        [](int rank, int64_t, void* recv, size_t bytes) {
-          if (rank == 0 && bytes == kOutcomeBytes) write_i32(recv, kOutcomeBytes, 777);
-        });
+    const std::vector<Outcome> got = create_failing_on_rank1([](int rank, int64_t, void* recv, size_t bytes) {
+      if (rank == 0 && bytes == kOutcomeBytes) write_i32(recv, kOutcomeBytes, 777);
+    });
     CHECK(got[0].status == MOE_EP_ERROR_INVALID_INPUT);
     CHECK_THAT(got[0].message, Contains("rank 1") && Contains("unknown status 777"));
   }
