@@ -21,6 +21,7 @@
 #include "moe_ep_c.h"
 #include "oracle.hpp"
 #include "rank_checks.hpp"
+#include "rank_handles.hpp"
 #include "rank_pair.hpp"
 #include "result_reader.hpp"
 #include "small_workload.hpp"
@@ -35,27 +36,18 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, int32_t timeout_ms = 30000) {
-  moe_ep_params_t p = w.params();
+moe_ep_config_t config_of(int32_t timeout_ms = 30000) {
   moe_ep_config_t c = host_config();
   c.timeout_ms = timeout_ms;
+  return c;
+}
+
+moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w) {
+  moe_ep_params_t p = w.params();
+  const moe_ep_config_t c = config_of();
   moe_ep_handle_t h = nullptr;
   if (moe_ep_create(&b, &p, &c, &h) != MOE_EP_SUCCESS) return nullptr;
   return h;
-}
-
-// Runs body(rank, h, checks) on w.world rank threads, each with its handle of
-// `w`, then asserts what the ranks recorded.
-template <class Body>
-void with_rank_handles(const WorkloadSpec& w, int32_t timeout_ms, const Body& body) {
-  RankChecks checks;
-  run_ranks(w.world, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, w, timeout_ms);
-    RANK_REQUIRE(checks, rank, h != nullptr);
-    body(rank, h, checks);
-    moe_ep_destroy(&h);
-  });
-  checks.assert_all();
 }
 
 double ms_since(std::chrono::steady_clock::time_point start) {
@@ -105,7 +97,7 @@ void check_masked(const WorkloadSpec& w, const std::vector<uint8_t>& active, boo
 }  // namespace
 
 TEST_CASE("active ranks: the health poll of a healthy handle, without blocking", "[mask]") {
-  with_rank_handles(small_workload(2, 7), 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
+  with_rank_handles(small_workload(2, 7), config_of(), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     moe_ep_status_t rc = MOE_EP_ERROR_INTERNAL;
     const moe_ep_health_t health = poll_health(h, &rc);
     RANK_CHECK(checks, rank, rc == MOE_EP_SUCCESS);
@@ -162,7 +154,7 @@ TEST_CASE("active ranks: the health struct grows both ways", "[mask]") {
 
 TEST_CASE("active ranks: the poll reports a sticky TIMEOUT at once", "[mask]") {
   const WorkloadSpec w = small_workload(2, 11);
-  with_rank_handles(w, 200, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
+  with_rank_handles(w, config_of(200), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     if (rank == 0) {  // rank 1 never dispatches
       RankPair pair(w, rank);
       moe_ep_dispatch_result_t r;
@@ -185,7 +177,7 @@ TEST_CASE("active ranks: the poll reports a sticky TIMEOUT at once", "[mask]") {
 }
 
 TEST_CASE("active ranks: get and set round-trip, and every update counts", "[mask]") {
-  with_rank_handles(small_workload(4, 5), 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
+  with_rank_handles(small_workload(4, 5), config_of(), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     uint8_t got[4] = {9, 9, 9, 9};
     RANK_CHECK(checks, rank, moe_ep_get_active_ranks(h, got, 4) == MOE_EP_SUCCESS);
     RANK_CHECK(checks, rank, got[0] == 1 && got[1] == 1 && got[2] == 1 && got[3] == 1);
@@ -207,7 +199,7 @@ TEST_CASE("active ranks: get and set round-trip, and every update counts", "[mas
 }
 
 TEST_CASE("active ranks: a disagreement or a bad argument on one rank fails on every rank", "[mask]") {
-  with_rank_handles(small_workload(4, 6), 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
+  with_rank_handles(small_workload(4, 6), config_of(), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     // Rank 3 drops rank 1, the others rank 2.
     const uint8_t mine[4] = {1, 1, 0, 1}, other[4] = {1, 0, 1, 1};
     RANK_CHECK(checks, rank, moe_ep_set_active_ranks(h, rank == 3 ? other : mine, 4) == MOE_EP_ERROR_INVALID_ARGUMENT);
@@ -230,7 +222,7 @@ TEST_CASE("active ranks: a disagreement or a bad argument on one rank fails on e
 
 TEST_CASE("active ranks: an update between a dispatch and its combine is refused on every rank", "[mask]") {
   const WorkloadSpec w = small_workload(3, 8);
-  with_rank_handles(w, 30000, [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
+  with_rank_handles(w, config_of(), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     RankPair pair(w, rank);
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r, sizeof r);

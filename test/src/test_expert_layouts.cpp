@@ -19,6 +19,7 @@
 #include "oracle.hpp"
 #include "params.hpp"
 #include "rank_checks.hpp"
+#include "rank_handles.hpp"
 #include "rank_pair.hpp"
 #include "result_reader.hpp"
 #include "small_workload.hpp"
@@ -47,11 +48,16 @@ const char* calls_name(Calls c) {
   return "?";
 }
 
-moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, Calls calls) {
-  moe_ep_params_t p = w.params();
+moe_ep_config_t config_of(Calls calls) {
   moe_ep_config_t c = host_config();
   c.micro_batches = calls == Calls::two_in_flight ? 2 : 1;
   c.zero_copy_combine = calls == Calls::zero_copy ? 1 : 0;
+  return c;
+}
+
+moe_ep_handle_t create(const moe_ep_bootstrap_t& b, const WorkloadSpec& w, Calls calls) {
+  moe_ep_params_t p = w.params();
+  const moe_ep_config_t c = config_of(calls);
   moe_ep_handle_t h = nullptr;
   if (moe_ep_create(&b, &p, &c, &h) != MOE_EP_SUCCESS) return nullptr;
   return h;
@@ -343,10 +349,7 @@ TEST_CASE("expert layouts: a capacity that is too small drops pairs, counts them
   CHECK(p.sources[1] == 0);
   CHECK(p.sources[3 * 2 + 1] == 2);
 
-  RankChecks checks;
-  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, w, Calls::fused);
-    RANK_REQUIRE(checks, rank, h != nullptr);
+  with_rank_handles(w, config_of(Calls::fused), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     RankInputs in = make_rank_inputs(w, rank);
     in.routing = all[size_t(rank)];
     DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
@@ -371,9 +374,7 @@ TEST_CASE("expert layouts: a capacity that is too small drops pairs, counts them
     const std::vector<uint8_t> out = read_combine(w, cr, in.routing.num_tokens, host_device(), read_host_memory, cv);
     cv.merge(check_combine(w, all, rank, out));
     RANK_CHECK(checks, rank, cv.wrong == 0);
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 TEST_CASE("expert layouts: EXPERT_PACKED offsets are aligned and the total is offsets[E_local]", "[layouts]") {
@@ -515,10 +516,7 @@ TEST_CASE("expert layouts: the GPU backends refuse them with UNSUPPORTED, in one
 
 TEST_CASE("expert layouts: combine refuses an expert_output of the rank-major shape", "[layouts]") {
   WorkloadSpec w = base_spec(2, MOE_EP_LAYOUT_EXPERT_PACKED, 3);
-  RankChecks checks;
-  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, w, Calls::fused);
-    RANK_REQUIRE(checks, rank, h != nullptr);
+  with_rank_handles(w, config_of(Calls::fused), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     RankPair pair(w, rank);
     moe_ep_dispatch_result_t r;
     moe_ep_dispatch_result_init(&r, sizeof r);
@@ -534,17 +532,12 @@ TEST_CASE("expert layouts: combine refuses an expert_output of the rank-major sh
     const std::string message = moe_ep_last_error();
     RANK_CHECK(checks, rank, message.find("expert_output") != std::string::npos);
     RANK_CHECK(checks, rank, moe_ep_combine(h, pair.eo.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 TEST_CASE("expert layouts: a result struct that ends before the expert fields still gets the others", "[layouts]") {
   WorkloadSpec w = base_spec(1, MOE_EP_LAYOUT_EXPERT_MAJOR, 8);
-  RankChecks checks;
-  run_ranks(1, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_handle_t h = create(b, w, Calls::fused);
-    RANK_REQUIRE(checks, rank, h != nullptr);
+  with_rank_handles(w, config_of(Calls::fused), [&](int rank, moe_ep_handle_t h, RankChecks& checks) {
     RankPair pair(w, rank, true);
     moe_ep_dispatch_result_t r;
     std::memset(&r, 0xCD, sizeof r);
@@ -560,9 +553,7 @@ TEST_CASE("expert layouts: a result struct that ends before the expert fields st
     moe_ep_combine_result_t cr;
     moe_ep_combine_result_init(&cr, sizeof cr);
     RANK_CHECK(checks, rank, moe_ep_combine(h, pair.eo.get(), nullptr, &cr, nullptr) == MOE_EP_SUCCESS);
-    moe_ep_destroy(&h);
   });
-  checks.assert_all();
 }
 
 // The FP8 wire (docs/semantics.md, "A low-precision wire") on the HOST backend
