@@ -301,6 +301,28 @@ std::unique_ptr<ForkLauncher> start_launcher() {
   }
 }
 
+// Every rank runs its original handle (Rank::run_original) in a process of its own.
+std::vector<pid_t> spawn_group(ForkLauncher& launcher, const Script& s) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kWorld; ++r) {
+    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
+  }
+  return pids;
+}
+
+// kill -9 of rank `victim` (process `pid`) once it reached `round`; the time
+// is on the board for the survivors' detection delays.
+void kill_at_round(ForkLauncher& launcher, Board& board, pid_t pid, int victim, int round) {
+  REQUIRE(board.wait_progress({victim}, round, 60000));
+  board.put("killed_at/" + std::to_string(victim), std::to_string(monotonic_ns()));
+  launcher.kill_now(pid);
+}
+
+void print_outcome(const Outcome& out) {
+  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
+  std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
+}
+
 std::vector<int> others(int a, int b = -1) {
   std::vector<int> v;
   for (int r = 0; r < kWorld; ++r) {
@@ -320,14 +342,9 @@ TEST_CASE("rank failure: kill -9 mid-stream, the survivors mask it, a replacemen
   s.rounds = 1000;
   s.replaced = 2;
   s.admit_round = 600;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorld; ++r) {
-    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
-  }
+  const std::vector<pid_t> pids = spawn_group(launcher, s);
   Board board(launcher.store_address());
-  REQUIRE(board.wait_progress({2}, 300, 60000));
-  board.put("killed_at/2", std::to_string(monotonic_ns()));
-  launcher.kill_now(pids[2]);
+  kill_at_round(launcher, board, pids[2], 2, 300);
   REQUIRE(board.wait_progress(others(2), s.admit_round - 2, 60000));
   const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 2, s).run_replacement(); });
   for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
@@ -377,14 +394,9 @@ TEST_CASE("rank failure: two failures, the second while the first is being maske
   Script s;
   s.rounds = 400;
   s.suicide_on_first_failure = 3;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorld; ++r) {
-    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
-  }
+  const std::vector<pid_t> pids = spawn_group(launcher, s);
   Board board(launcher.store_address());
-  REQUIRE(board.wait_progress({1}, 100, 60000));
-  board.put("killed_at/1", std::to_string(monotonic_ns()));
-  launcher.kill_now(pids[1]);
+  kill_at_round(launcher, board, pids[1], 1, 100);
   CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
   for (int r : others(1, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
   for (int r : others(1, 3)) {
@@ -403,8 +415,7 @@ TEST_CASE("rank failure: two failures, the second while the first is being maske
     out.worst["first_masked_ms"] =
         std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + std::to_string(r)));
   }
-  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
-  std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
+  print_outcome(out);
   check_bounds(out, false);
 }
 
@@ -418,14 +429,9 @@ TEST_CASE("rank failure: a rank dies during the mask update that admits a replac
   s.replaced = 0;
   s.admit_round = 250;
   s.suicide_before_admission = 3;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorld; ++r) {
-    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
-  }
+  const std::vector<pid_t> pids = spawn_group(launcher, s);
   Board board(launcher.store_address());
-  REQUIRE(board.wait_progress({0}, 100, 60000));
-  board.put("killed_at/0", std::to_string(monotonic_ns()));
-  launcher.kill_now(pids[0]);
+  kill_at_round(launcher, board, pids[0], 0, 100);
   REQUIRE(board.wait_progress(others(0), s.admit_round - 2, 60000));
   const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 0, s).run_replacement(); });
   CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
@@ -451,7 +457,6 @@ TEST_CASE("rank failure: a rank dies during the mask update that admits a replac
     out.worst["admit_ms"] = std::max(out.worst["admit_ms"], board.number("admit_ms/" + std::to_string(r)));
   }
   out.worst["rejoin_ms"] = board.number("rejoin_ms/0");
-  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
-  std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
+  print_outcome(out);
   check_bounds(out, true);
 }
