@@ -21,8 +21,8 @@ import checks
 import reference
 from conftest import host_kwargs
 
-# Short enough for a fast test, long enough for healthy thread ranks on a
-# loaded machine (they meet within milliseconds).
+# For the refusals and the timed-out bootstraps: short, nothing waits for it
+# but the stalled calls.
 TIMEOUT_MS = 500
 
 
@@ -69,60 +69,69 @@ def test_store_serves_reports_its_port_and_closes():
     assert "port" in e.value.message and "-5" in e.value.message, e.value.message
 
 
-def test_mask_handles_drop_a_stalled_rank_and_go_on():
+def test_mask_handles_drop_a_stalled_rank_go_on_and_admit_its_replacement():
     """3 ranks over the store bootstrap with failure_policy "mask": a pair
     against the model; rank 2 stalls; the survivors' next dispatch raises
     TIMEOUT naming rank 2, their poll shows failed_rank 2 and mask epoch 1, and
-    the next pair matches the masked model; rank 2, back, finds itself dropped."""
-    world, dead = 3, 2
+    the next pairs match the masked model.  Rank 2, back, finds itself dropped
+    (sticky TIMEOUT), destroys its handle and rejoins with a new one
+    (RejoinBootstrap, rejoin=True) as the survivors make it active again: the
+    full group then matches the unmasked model."""
+    world, dead, timeout_ms = 3, 2, 1000
     case = reference.Case(seed=91, world=world, num_experts=2 * world, top_k=2, hidden=5, tokens_per_rank=4,
                           scale_elems=2)
     active = [r != dead for r in range(world)]
     masked = case.masked(active)
     assert any((case.owner(inp["ids"]) == dead).any() for inp in case.inputs), "the failure must matter"
-    survivors_done = threading.Event()
+    masked_done, old_gone = threading.Event(), threading.Event()
+    lock, survivors_masked = threading.Lock(), [0]
     boot, group = prefix("boot"), prefix("mask")
 
     with moe_ep.Store("127.0.0.1", 0) as store:
+        def kw(**extra):
+            return host_kwargs(case, timeout_ms=timeout_ms, failure_policy="mask", store_address=store.address,
+                               store_prefix=group, **extra)
+
         def rank_fn(rank):
+            out = {}
             with moe_ep.StoreBootstrap(store.address, boot, rank, world, timeout_ms=20000) as bs, \
-                 moe_ep.MoeEp(bs, **host_kwargs(case, timeout_ms=TIMEOUT_MS, failure_policy="mask",
-                                                store_address=store.address, store_prefix=group)) as ep:
-                out = {"healthy": ep.poll_health(), "before": checks.run_rank(ep, case, rank)}
-                if rank == dead:  # stops taking part until the survivors are done
-                    survivors_done.wait(60)
+                 moe_ep.MoeEp(bs, **kw()) as ep:
+                out["healthy"], out["before"] = ep.poll_health(), checks.run_rank(ep, case, rank)
+                inp = case.inputs[rank]
+                if rank == dead:  # stops taking part until the survivors ran masked
+                    assert masked_done.wait(60)
                     with pytest.raises(moe_ep.MoeEpError) as dropped:
                         checks.run_rank(ep, case, rank)
                     out["dropped"], out["health"] = dropped.value, ep.poll_health()
-                    return out
-                inp = case.inputs[rank]
-                start = time.monotonic()
-                with pytest.raises(moe_ep.MoeEpError) as failed:
-                    ep.dispatch(inp["x"], inp["ids"], inp["w"], inp["scale"])
-                out["detect_s"] = time.monotonic() - start
-                out["failed"], out["health"], out["mask"] = failed.value, ep.poll_health(), ep.active_ranks()
-                out["after"] = [checks.run_rank(ep, masked, rank, inputs=inp) for _ in range(2)]
-                return out
-
-        done = [0]
-        lock = threading.Lock()
-
-        def counted(rank):  # the last survivor to finish wakes the stalled rank
-            try:
-                return rank_fn(rank)
-            finally:
-                if rank != dead:
+                else:
+                    start = time.monotonic()
+                    with pytest.raises(moe_ep.MoeEpError) as failed:
+                        ep.dispatch(inp["x"], inp["ids"], inp["w"], inp["scale"])
+                    out["detect_s"] = time.monotonic() - start
+                    out["failed"], out["health"], out["mask"] = failed.value, ep.poll_health(), ep.active_ranks()
+                    out["after"] = [checks.run_rank(ep, masked, rank, inputs=inp) for _ in range(2)]
                     with lock:
-                        done[0] += 1
-                        if done[0] == world - 1:
-                            survivors_done.set()
+                        survivors_masked[0] += 1
+                        if survivors_masked[0] == world - 1:
+                            masked_done.set()
+                    assert old_gone.wait(60)
+                    ep.set_active_ranks([True] * world)  # admits the replacement
+                    out["rejoined"], out["final"] = checks.run_rank(ep, case, rank), ep.poll_health()
+                    return out
+            old_gone.set()
+            # The replacement: a new handle of the same rank, met through the store.
+            with moe_ep.MoeEp(moe_ep.RejoinBootstrap(rank, world), **kw(rejoin=True)) as ep:
+                out["rejoined"], out["final"] = checks.run_rank(ep, case, rank), ep.poll_health()
+            return out
 
-        results = run_threads(world, counted)
+        results = run_threads(world, rank_fn)
 
     for rank, out in enumerate(results):
         assert (out["healthy"].status, out["healthy"].failed_rank, out["healthy"].active_count,
                 out["healthy"].mask_epoch) == (moe_ep.SUCCESS, -1, world, 0)
         checks.compare(case, rank, out["before"])
+        checks.compare(case, rank, out["rejoined"])
+        assert (out["final"].status, out["final"].active_count) == (moe_ep.SUCCESS, world), out["final"]
         if rank == dead:
             e = out["dropped"]
             assert e.status == moe_ep.ERROR_TIMEOUT, e
@@ -132,13 +141,14 @@ def test_mask_handles_drop_a_stalled_rank_and_go_on():
         assert e.status == moe_ep.ERROR_TIMEOUT, e
         assert f"rank(s) {dead} did not answer" in e.message and "epoch 1" in e.message, e.message
         # Detection takes timeout_ms plus a store round trip (generous bound for a loaded machine).
-        assert out["detect_s"] < TIMEOUT_MS / 1000 + 5, out["detect_s"]
+        assert out["detect_s"] < timeout_ms / 1000 + 5, out["detect_s"]
         h = out["health"]
         assert (h.status, h.error, h.failed_rank, h.active_count, h.mask_epoch) == \
             (moe_ep.SUCCESS, None, dead, world - 1, 1), h
         assert out["mask"] == active
         for got in out["after"]:
             checks.compare(masked, rank, got)
+        assert out["final"].mask_epoch == 2, out["final"]
 
 
 def test_bad_failure_options_are_refused_with_the_message():
