@@ -726,8 +726,7 @@ fn poll_health_reports_a_sticky_timeout_with_its_message() {
 // bootstrap, FailurePolicy::Mask; and a timed-out handle's bootstrap kept
 // alive while the library may still run its callback.
 
-/// Short enough for a fast test, long enough for healthy thread ranks on a
-/// loaded machine (they meet within milliseconds).
+/// For the refusals: short, nothing waits for it.
 const MASK_TIMEOUT_MS: i32 = 500;
 
 /// A store prefix unique per test and run.
@@ -763,13 +762,29 @@ fn store_serves_and_reports_its_address() {
     assert!(e.message.contains("port") && e.message.contains("-5"), "{e}");
 }
 
+/// What one rank of `mask_handles_drop_a_stalled_rank_go_on_and_admit_its_replacement` saw.
+struct MaskRun {
+    healthy: Health,
+    before: Got,
+    error: Error,        // the survivors' failing dispatch; the stalled rank's "dropped"
+    health: Health,      // right after it
+    detect: std::time::Duration,
+    mask: Vec<bool>,
+    after: Vec<Got>,     // the survivors' pairs under the mask
+    bootstrap_refs: usize,
+    rejoined: Got,       // the full group's pair after the admission
+    last: Health,
+}
+
 #[test]
-fn mask_handles_drop_a_stalled_rank_and_go_on() {
+fn mask_handles_drop_a_stalled_rank_go_on_and_admit_its_replacement() {
     // 3 ranks over the store bootstrap with FailurePolicy::Mask: a pair
     // against the model; rank 1 stalls; the survivors' next dispatch is
     // TIMEOUT naming it, their poll shows failed_rank 1 and mask epoch 1, and
-    // the next pairs match the masked model; rank 1, back, finds itself dropped.
-    let (world, dead) = (3usize, 1usize);
+    // the next pairs match the masked model.  Rank 1, back, finds itself
+    // dropped, drops its handle and rejoins with a RejoinBootstrap as the
+    // survivors make it active again: the full group matches the model.
+    let (world, dead, timeout_ms) = (3usize, 1usize, 1000);
     let case = Arc::new(Case::new(91, world, 2 * world, 2, 5, 4));
     let active: Vec<bool> = (0..world).map(|r| r != dead).collect();
     let masked = Arc::new(case.masked(&active));
@@ -777,16 +792,28 @@ fn mask_handles_drop_a_stalled_rank_and_go_on() {
             "the failure must matter");
     let store = Store::serve(Some("127.0.0.1"), 0).unwrap();
     let (address, boot, group) = (store.address(), unique_prefix("boot"), unique_prefix("mask"));
-    let survivors_done = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
+    // (survivors that ran masked, the stalled rank's old handle is gone)
+    let steps = Arc::new((std::sync::Mutex::new((0usize, false)), std::sync::Condvar::new()));
     let threads: Vec<_> = (0..world)
         .map(|me| {
-            let (c, m, address, boot, group, done) =
-                (case.clone(), masked.clone(), address.clone(), boot.clone(), group.clone(), survivors_done.clone());
+            let (c, m, address, boot, group, steps) =
+                (case.clone(), masked.clone(), address.clone(), boot.clone(), group.clone(), steps.clone());
             std::thread::spawn(move || {
+                let wait = |done: &dyn Fn(&(usize, bool)) -> bool| {
+                    let (lock, cond) = &*steps;
+                    drop(cond.wait_timeout_while(lock.lock().unwrap(), std::time::Duration::from_secs(60),
+                                                 |s| !done(s)).unwrap());
+                };
+                let step = |f: &dyn Fn(&mut (usize, bool))| {
+                    let (lock, cond) = &*steps;
+                    f(&mut lock.lock().unwrap());
+                    cond.notify_all();
+                };
                 let bs = Arc::new(StoreBootstrap::connect(&address, &boot, me as i32, world as i32, 20_000).unwrap());
-                let config = host().timeout_ms(MASK_TIMEOUT_MS).failure_policy(FailurePolicy::Mask)
+                let config = host().timeout_ms(timeout_ms).failure_policy(FailurePolicy::Mask)
                     .store_address(&address).unwrap().store_prefix(&group).unwrap();
-                let mut ep = MoeEp::new(bs.clone(), &f32_params(c.e, c.k, c.tpr, c.h), Some(&config)).unwrap();
+                let params = f32_params(c.e, c.k, c.tpr, c.h);
+                let mut ep = MoeEp::new(bs.clone(), &params, Some(&config)).unwrap();
                 let healthy = ep.poll_health().unwrap();
                 let before = run_pair(&mut ep, &c, me, &c.inputs[me], false);
                 let inp = &c.inputs[me];
@@ -795,52 +822,62 @@ fn mask_handles_drop_a_stalled_rank_and_go_on() {
                                              TensorRef::from_slice(&inp.ids, &[t, k]).unwrap())
                     .weights(TensorRef::from_slice(&inp.w, &[t, k]).unwrap());
                 if me == dead {
-                    // Stops taking part until the survivors are done.
-                    let (lock, cond) = &*done;
-                    drop(cond.wait_timeout_while(lock.lock().unwrap(), std::time::Duration::from_secs(60),
-                                                 |n| *n < world - 1).unwrap());
-                    let dropped = ep.dispatch(&args).map(drop).unwrap_err();
+                    wait(&|s| s.0 == world - 1); // stops taking part until the survivors ran masked
+                    let error = ep.dispatch(&args).map(drop).unwrap_err();
                     let health = ep.poll_health().unwrap();
                     drop(ep);
-                    return (healthy, before, Some(dropped), health, None, Vec::new(), Vec::new(),
-                            Arc::strong_count(&bs));
+                    let bootstrap_refs = Arc::strong_count(&bs);
+                    step(&|s| s.1 = true);
+                    // The replacement: a new handle of the same rank, met through the store.
+                    let mut ep = MoeEp::new(Arc::new(RejoinBootstrap { rank: me as i32, world_size: world as i32 }),
+                                            &params, Some(&config.clone().rejoin(true))).unwrap();
+                    let rejoined = run_pair(&mut ep, &c, me, &c.inputs[me], false);
+                    let last = ep.poll_health().unwrap();
+                    ep.destroy().unwrap();
+                    return MaskRun { healthy, before, error, health, detect: Default::default(), mask: Vec::new(),
+                                     after: Vec::new(), bootstrap_refs, rejoined, last };
                 }
                 let start = std::time::Instant::now();
-                let failed = ep.dispatch(&args).map(drop).unwrap_err();
+                let error = ep.dispatch(&args).map(drop).unwrap_err();
                 let detect = start.elapsed();
                 let (health, mask) = (ep.poll_health().unwrap(), ep.active_ranks().unwrap());
                 let after: Vec<Got> = (0..2).map(|_| run_pair(&mut ep, &m, me, &c.inputs[me], false)).collect();
+                step(&|s| s.0 += 1);
+                wait(&|s| s.1);
+                ep.set_active_ranks(&vec![true; world]).unwrap(); // admits the replacement
+                let rejoined = run_pair(&mut ep, &c, me, &c.inputs[me], false);
+                let last = ep.poll_health().unwrap();
                 ep.destroy().unwrap();
-                let (lock, cond) = &*done;
-                *lock.lock().unwrap() += 1;
-                cond.notify_all();
-                (healthy, before, Some(failed), health, Some(detect), mask, after, Arc::strong_count(&bs))
+                MaskRun { healthy, before, error, health, detect, mask, after, bootstrap_refs: Arc::strong_count(&bs),
+                          rejoined, last }
             })
         })
         .collect();
-    let results: Vec<_> = threads.into_iter().map(|t| t.join().expect("rank thread panicked")).collect();
+    let results: Vec<MaskRun> = threads.into_iter().map(|t| t.join().expect("rank thread panicked")).collect();
     store.close().unwrap();
-    for (me, (healthy, before, err, health, detect, mask, after, bootstrap_refs)) in results.iter().enumerate() {
-        assert_eq!(healthy, &Health { status: Status::SUCCESS, error: None, failed_rank: None,
-                                      active_count: world as i32, mask_epoch: 0 }, "rank {me}");
-        check_rank(&case, me, before);
-        let e = err.as_ref().unwrap();
+    for (me, run) in results.iter().enumerate() {
+        assert_eq!(run.healthy, Health { status: Status::SUCCESS, error: None, failed_rank: None,
+                                         active_count: world as i32, mask_epoch: 0 }, "rank {me}");
+        check_rank(&case, me, &run.before);
+        check_rank(&case, me, &run.rejoined);
+        assert_eq!((run.last.status, run.last.active_count, run.last.mask_epoch), (Status::SUCCESS, world as i32, 2),
+                   "rank {me}");
+        let e = &run.error;
         assert_eq!(e.status, Status::TIMEOUT, "rank {me}: {e}");
         // A MASK handle's timeout leaves no callback running: the bootstrap is released with it.
-        assert_eq!(*bootstrap_refs, 1, "rank {me}: the handle kept its bootstrap");
+        assert_eq!(run.bootstrap_refs, 1, "rank {me}: the handle kept its bootstrap");
         if me == dead {
-            assert_eq!(health.status, Status::TIMEOUT, "a dropped rank's handle is done (sticky)");
+            assert_eq!(run.health.status, Status::TIMEOUT, "a dropped rank's handle is done (sticky)");
             continue;
         }
         assert!(e.message.contains(&format!("rank(s) {dead} did not answer")) && e.message.contains("epoch 1"),
                 "rank {me}: {e}");
-        let detect = detect.unwrap();
         // timeout_ms plus a store round trip (a generous bound for a loaded machine).
-        assert!(detect < std::time::Duration::from_millis(MASK_TIMEOUT_MS as u64 + 5000), "took {detect:?}");
-        assert_eq!(health, &Health { status: Status::SUCCESS, error: None, failed_rank: Some(dead as i32),
-                                     active_count: world as i32 - 1, mask_epoch: 1 }, "rank {me}");
-        assert_eq!(mask, &active);
-        for got in after {
+        assert!(run.detect < std::time::Duration::from_millis(timeout_ms as u64 + 5000), "took {:?}", run.detect);
+        assert_eq!(run.health, Health { status: Status::SUCCESS, error: None, failed_rank: Some(dead as i32),
+                                        active_count: world as i32 - 1, mask_epoch: 1 }, "rank {me}");
+        assert_eq!(run.mask, active);
+        for got in &run.after {
             check_rank(&masked, me, got);
         }
     }
