@@ -583,7 +583,7 @@ device, never waits for a peer, never blocks (cheap enough for every step).
 Returns a NamedTuple: `status` (SUCCESS, or the sticky ERROR_TIMEOUT,
 ERROR_CUDA or ERROR_INTERNAL that broke the handle), `error` (that status as a
 MoeEpError with the library's message, or `nothing`), `failed_rank` (the peer a
-timeout named, 0-based; -1 when none is known, always on HOST and NCCL),
+timeout named, 0-based; -1 when none is known; on HOST set only by ON_FAILURE_MASK),
 `active_count`, `mask_epoch` (0 at create, +1 per `set_active_ranks!`).  Device
 errors only a synchronising query finds stay with `async_error`.  Local."""
 function poll_health(h::Handle)

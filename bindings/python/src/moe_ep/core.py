@@ -659,7 +659,8 @@ class MoeEp:
         every step).  Returns a Health: status (SUCCESS or the sticky TIMEOUT,
         CUDA or INTERNAL that broke the handle), error (that status as a
         MoeEpError with its message, or None), failed_rank (the peer a timeout
-        named, -1 when none is known; always -1 on HOST and NCCL), active_count
+        named, -1 when none is known; on HOST and NCCL set only by failure_policy
+        "mask", the lowest rank the survivors dropped), active_count
         (ranks active in the mask) and mask_epoch (0 at create, +1 per
         set_active_ranks).  Device errors only a synchronising query finds
         (bad expert ids) stay with async_error().  Local."""
@@ -692,7 +693,10 @@ class MoeEp:
         length is not the handle's world_size, or masks that differ between
         ranks, raise MoeEpError(ERROR_INVALID_ARGUMENT) on every rank.
         NVLINK_TWO_SIDED and NCCL accept only the all-active mask
-        (ERROR_UNSUPPORTED otherwise)."""
+        (ERROR_UNSUPPORTED otherwise).  Under failure_policy "mask" it is
+        collective over the ranks active before or after it only, at most one
+        rank becomes active per call, and that is how survivors admit a
+        replacement (rejoin=True) or a rank they dropped."""
         handle = self._live()
         try:
             values = [1 if v else 0 for v in active]

@@ -274,7 +274,8 @@ pub struct Health {
     pub status: Status,
     /// That status with the library's message; None when healthy.
     pub error: Option<Error>,
-    /// The peer a timeout named; None when none is known (always on HOST and NCCL).
+    /// The peer a timeout named; None when none is known (on HOST and NCCL
+    /// set only by `FailurePolicy::Mask`: the lowest rank the survivors dropped).
     pub failed_rank: Option<i32>,
     /// Ranks active in the current mask.
     pub active_count: i32,
@@ -907,7 +908,10 @@ impl MoeEp {
     /// `Health::mask_epoch` increments.  A mask whose length is not the
     /// handle's world size, or masks that differ between ranks, are
     /// INVALID_ARGUMENT on every rank.  NVLINK_TWO_SIDED and NCCL take only
-    /// the all-active mask (UNSUPPORTED otherwise).
+    /// the all-active mask (UNSUPPORTED otherwise).  Under
+    /// `FailurePolicy::Mask` it is collective over the ranks active before
+    /// or after it only, and at most one rank becomes active per call: how
+    /// survivors admit a replacement (`Config::rejoin`).
     pub fn set_active_ranks(&mut self, active: &[bool]) -> Result<()> {
         let mask: Vec<u8> = active.iter().map(|&a| a as u8).collect();
         let n = i32::try_from(mask.len()).map_err(|_| {
