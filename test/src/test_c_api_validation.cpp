@@ -11,6 +11,7 @@
 #include "case_skip.hpp"
 #include "dtypes.hpp"
 #include "moe_ep_c.h"
+#include "rank_handles.hpp"
 #include "tensor_view.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
@@ -300,41 +301,27 @@ TEST_CASE("create: explicit NVLink backend without a GPU", "[validation][no_gpu]
 }
 
 TEST_CASE("create: ranks that disagree all fail, naming the field and the ranks", "[validation]") {
-  std::vector<moe_ep_status_t> status(3);
-  std::vector<std::string> messages(3);
-  run_ranks(3, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_params_t p = small_params();
+  const CreateOutcomes created = create_on_ranks(3, [](int rank, moe_ep_params_t& p, moe_ep_config_t&) {
+    p = small_params();
     p.num_experts = 6;
     if (rank == 2) p.hidden_size = 16;
-    const moe_ep_config_t c = host_config();
-    moe_ep_handle_t h = nullptr;
-    status[rank] = moe_ep_create(&b, &p, &c, &h);
-    messages[rank] = moe_ep_last_error();
-    moe_ep_destroy(&h);
   });
   for (int r = 0; r < 3; ++r) {
-    INFO("rank " << r << ": " << messages[r]);
-    CHECK(status[r] == MOE_EP_ERROR_INVALID_ARGUMENT);
-    CHECK_THAT(messages[r], Contains("params->hidden_size") && Contains("rank 2") && Contains("16"));
+    INFO("rank " << r << ": " << created.messages[r]);
+    CHECK(created.status[r] == MOE_EP_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(created.messages[r], Contains("params->hidden_size") && Contains("rank 2") && Contains("16"));
   }
 }
 
 TEST_CASE("create: one rank's local error fails every rank instead of hanging them", "[validation]") {
-  std::vector<moe_ep_status_t> status(2);
-  std::vector<std::string> messages(2);
-  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_params_t p = small_params();
+  const CreateOutcomes created = create_on_ranks(2, [](int rank, moe_ep_params_t& p, moe_ep_config_t&) {
+    p = small_params();
     if (rank == 1) p.top_k = 99;
-    const moe_ep_config_t c = host_config();
-    moe_ep_handle_t h = nullptr;
-    status[rank] = moe_ep_create(&b, &p, &c, &h);
-    messages[rank] = moe_ep_last_error();
-    moe_ep_destroy(&h);
   });
-  CHECK(status[0] == MOE_EP_ERROR_INVALID_ARGUMENT);
-  CHECK(status[1] == MOE_EP_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(messages[0], Contains("rank 1 failed") && Contains("params->top_k"));
-  CHECK_THAT(messages[1], Contains("params->top_k") && Contains("got 99"));
+  CHECK(created.status[0] == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK(created.status[1] == MOE_EP_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(created.messages[0], Contains("rank 1 failed") && Contains("params->top_k"));
+  CHECK_THAT(created.messages[1], Contains("params->top_k") && Contains("got 99"));
 }
 
 TEST_CASE("destroy is idempotent and NULL is a no-op", "[validation]") {

@@ -18,6 +18,7 @@
 #include "moe_ep_c.h"
 #include "oracle.hpp"
 #include "rank_checks.hpp"
+#include "rank_handles.hpp"
 #include "rank_pair.hpp"
 #include "result_reader.hpp"
 #include "small_workload.hpp"
@@ -400,21 +401,14 @@ TEST_CASE("split phases: micro_batches is checked, counted by moe_ep_workspace_s
   CHECK(problems == "");
 
   // Every rank must agree on it.
-  std::vector<moe_ep_status_t> created(2);
-  std::vector<std::string> messages(2);
-  run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-    moe_ep_params_t params = w.params();
-    moe_ep_config_t config = host_config();
+  const CreateOutcomes created = create_on_ranks(2, [&](int rank, moe_ep_params_t& params, moe_ep_config_t& config) {
+    params = w.params();
     config.micro_batches = rank == 0 ? 1 : 2;
-    moe_ep_handle_t h = nullptr;
-    created[rank] = moe_ep_create(&b, &params, &config, &h);
-    messages[rank] = moe_ep_last_error();
-    moe_ep_destroy(&h);
   });
   for (int rank = 0; rank < 2; ++rank) {
-    INFO(messages[rank]);
-    CHECK(created[rank] != MOE_EP_SUCCESS);
-    CHECK_THAT(messages[rank], Contains("config->micro_batches"));
+    INFO(created.messages[rank]);
+    CHECK(created.status[rank] != MOE_EP_SUCCESS);
+    CHECK_THAT(created.messages[rank], Contains("config->micro_batches"));
   }
 }
 

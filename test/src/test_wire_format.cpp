@@ -15,6 +15,7 @@
 #include "error.hpp"
 #include "moe_ep_c.h"
 #include "params.hpp"
+#include "rank_handles.hpp"
 #include "test_params.hpp"
 #include "thread_bootstrap.hpp"
 #include "wire_format.hpp"
@@ -314,28 +315,22 @@ TEST_CASE("wire: every backend takes both FP8 wires", "[wire]") {
 TEST_CASE("wire: ranks that disagree on a wire field all fail create, naming it", "[wire]") {
   for (const char* field :
        {"params->dispatch_wire", "params->combine_wire", "params->wire_scale", "params->dispatch_dequantize"}) {
-    std::vector<moe_ep_status_t> status(2);
-    std::vector<std::string> messages(2);
-    moe_ep_test::run_ranks(2, [&](int rank, const moe_ep_bootstrap_t& b) {
-      moe_ep_params_t p = fp8_params();
-      p.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
-      if (rank == 1) {
-        const std::string f = field;
-        if (f == "params->dispatch_wire") p.dispatch_wire = MOE_EP_WIRE_AS_IS;
-        if (f == "params->combine_wire") p.combine_wire = MOE_EP_WIRE_AS_IS;
-        if (f == "params->wire_scale") p.wire_scale = MOE_EP_WIRE_SCALE_UE8M0;
-        if (f == "params->dispatch_dequantize") p.dispatch_dequantize = 1;
-      }
-      const moe_ep_config_t c = moe_ep_test::host_config();
-      moe_ep_handle_t h = nullptr;
-      status[rank] = moe_ep_create(&b, &p, &c, &h);
-      messages[rank] = moe_ep_last_error();
-      moe_ep_destroy(&h);
-    });
+    const moe_ep_test::CreateOutcomes created =
+        moe_ep_test::create_on_ranks(2, [&](int rank, moe_ep_params_t& p, moe_ep_config_t&) {
+          p = fp8_params();
+          p.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+          if (rank == 1) {
+            const std::string f = field;
+            if (f == "params->dispatch_wire") p.dispatch_wire = MOE_EP_WIRE_AS_IS;
+            if (f == "params->combine_wire") p.combine_wire = MOE_EP_WIRE_AS_IS;
+            if (f == "params->wire_scale") p.wire_scale = MOE_EP_WIRE_SCALE_UE8M0;
+            if (f == "params->dispatch_dequantize") p.dispatch_dequantize = 1;
+          }
+        });
     for (int r = 0; r < 2; ++r) {
-      INFO(field << ", rank " << r << ": " << messages[r]);
-      CHECK(status[r] == MOE_EP_ERROR_INVALID_ARGUMENT);
-      CHECK_THAT(messages[r], Contains(field) && Contains("rank 1"));
+      INFO(field << ", rank " << r << ": " << created.messages[r]);
+      CHECK(created.status[r] == MOE_EP_ERROR_INVALID_ARGUMENT);
+      CHECK_THAT(created.messages[r], Contains(field) && Contains("rank 1"));
     }
   }
 }
