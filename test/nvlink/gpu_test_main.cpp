@@ -17,6 +17,7 @@
 #include "gpu_case_runner.hpp"
 #include "gpu_test_env.hpp"
 #include "moe_ep_c.h"
+#include "mpi_session.hpp"
 
 namespace moe_ep_test {
 namespace {
@@ -85,10 +86,5 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return moe_ep_test::kSkipExitCode;
   }
-  const int failed = Catch::Session().run(argc, argv);
-  int local[2] = {failed != 0 ? 1 : 0, moe_ep_test::skipped_cases() > 0 ? 1 : 0};
-  int any[2] = {0, 0};
-  MPI_Allreduce(local, any, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return moe_ep_test::test_exit_code(any[0] != 0, any[1] != 0);
+  return moe_ep_test::run_session_on_every_rank(argc, argv);
 }

@@ -5,16 +5,9 @@
 #define CATCH_CONFIG_RUNNER
 #include <mpi.h>
 
-#include <catch2/catch.hpp>
-
-#include "case_skip.hpp"
+#include "mpi_session.hpp"
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
-  const int failed = Catch::Session().run(argc, argv);
-  int local[2] = {failed != 0 ? 1 : 0, moe_ep_test::skipped_cases() > 0 ? 1 : 0};
-  int any[2] = {0, 0};
-  MPI_Allreduce(local, any, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return moe_ep_test::test_exit_code(any[0] != 0, any[1] != 0);
+  return moe_ep_test::run_session_on_every_rank(argc, argv);
 }
