@@ -31,6 +31,7 @@
 #include "host_case_runner.hpp"
 #include "masked_round.hpp"
 #include "moe_ep_c.h"
+#include "small_workload.hpp"
 #include "store/store_client.hpp"
 
 using namespace moe_ep_test;
@@ -42,16 +43,7 @@ namespace {
 constexpr int kWorld = 4;
 constexpr int32_t kTimeoutMs = 1000;
 
-WorkloadSpec spec() {
-  WorkloadSpec w;
-  w.world = kWorld;
-  w.num_experts = 16;
-  w.top_k = 3;
-  w.max_tokens_per_rank = 9;
-  w.hidden_size = 24;
-  w.seed = 20261202;
-  return w;
-}
+WorkloadSpec spec() { return small_workload(kWorld, 20261202); }
 
 double ms_between(int64_t from_ns, int64_t to_ns) { return double(to_ns - from_ns) / 1e6; }
 
