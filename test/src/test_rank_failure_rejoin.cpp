@@ -18,7 +18,7 @@
 #include "masked_round.hpp"
 #include "moe_ep_c.h"
 #include "rank_checks.hpp"
-#include "tensor_view.hpp"
+#include "rank_pair.hpp"
 
 using namespace moe_ep_test;
 using Catch::Matchers::Contains;
@@ -144,12 +144,11 @@ TEST_CASE("rank failure: every pair in flight ends, then the next round runs mas
   moe_ep_config_t config = mask_config(address.c_str(), "inflight", 500);
   config.micro_batches = 2;
   run_group(address, "inflight_boot", config, w, [&](int r, moe_ep_handle_t& h, RankChecks& checks) {
-    const moe_ep_verify::RankInputs in = moe_ep_verify::make_rank_inputs(w, r);
-    moe_ep_verify::DispatchArgs args(w, in.routing.num_tokens, moe_ep_verify::host_memory(in));
+    RankPair pair(w, r);
     moe_ep_dispatch_result_t dr;
     moe_ep_dispatch_result_init(&dr, sizeof dr);
     // Slot 0 dispatched on every rank; then rank 2 leaves.
-    RANK_REQUIRE(checks, r, moe_ep_dispatch_send(h, 0, args.get(), nullptr) == MOE_EP_SUCCESS);
+    RANK_REQUIRE(checks, r, moe_ep_dispatch_send(h, 0, pair.args.get(), nullptr) == MOE_EP_SUCCESS);
     RANK_REQUIRE(checks, r, moe_ep_dispatch_recv(h, 0, &dr, nullptr) == MOE_EP_SUCCESS);
     if (r == 2) {
       moe_ep_destroy(&h);
@@ -158,12 +157,9 @@ TEST_CASE("rank failure: every pair in flight ends, then the next round runs mas
     }
     wait_for(left, 1);
     // Slot 1's send finds rank 2 missing: TIMEOUT, usable, and slot 0's pair is over too.
-    RANK_CHECK(checks, r, moe_ep_dispatch_send(h, 1, args.get(), nullptr) == MOE_EP_ERROR_TIMEOUT);
+    RANK_CHECK(checks, r, moe_ep_dispatch_send(h, 1, pair.args.get(), nullptr) == MOE_EP_ERROR_TIMEOUT);
     RANK_CHECK(checks, r, poll_health(h).status == MOE_EP_SUCCESS && poll_health(h).failed_rank == 2);
-    std::vector<uint8_t> expert_output = moe_ep_verify::make_expert_output(w, r);
-    const moe_ep_verify::TensorView eo =
-        moe_ep_verify::expert_output_view(w, expert_output.data(), moe_ep_verify::host_device(), false);
-    RANK_CHECK(checks, r, moe_ep_combine_send(h, 0, eo.get(), nullptr) == MOE_EP_ERROR_INVALID_STATE);
+    RANK_CHECK(checks, r, moe_ep_combine_send(h, 0, pair.eo.get(), nullptr) == MOE_EP_ERROR_INVALID_STATE);
     RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("IDLE") != std::string::npos);
     for (int round = 1; round < 4; ++round) {
       const MaskedRound m = run_masked_round(h, round_spec(w, round), r);
