@@ -23,6 +23,7 @@
 //! checker enforces the library's validity rules.
 mod bootstrap;
 mod error;
+mod library_bootstrap;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod store;

@@ -2,12 +2,11 @@
 //! (`FailurePolicy::Mask`; docs/reliability.md, "Surviving a dead rank"), the
 //! library's bootstrap over it, and the bootstrap of a replacement rank.
 use crate::bootstrap::{Bootstrap, BoxError};
-use crate::error::{check, Error, Result, Status};
+use crate::error::{check, Result};
+use crate::library_bootstrap::{forward_bootstrap, LibraryBootstrap};
 use crate::c_string;
 use moe_ep_sys as sys;
-use std::ffi::c_void;
 use std::ptr;
-use std::sync::Mutex;
 
 /// A moe_ep store server running on threads of this process until dropped
 /// (`moe_ep_store_serve` .. `moe_ep_store_destroy`).  Serve it from a process
@@ -70,16 +69,7 @@ impl Drop for Store {
 /// under a prefix unique per group and run, each wait bounded by the
 /// bootstrap's own `timeout_ms`.  Drop releases it: the handles made from it
 /// hold it (through `Arc<dyn Bootstrap>`) until they are gone.
-pub struct StoreBootstrap {
-    raw: Mutex<sys::moe_ep_bootstrap_t>,
-    rank: i32,
-    world_size: i32,
-}
-
-// SAFETY: the ctx is the library's heap object (a store connection); every use
-// goes through the Mutex, one call at a time, and Drop has &mut self.
-unsafe impl Send for StoreBootstrap {}
-unsafe impl Sync for StoreBootstrap {}
+pub struct StoreBootstrap(LibraryBootstrap);
 
 impl StoreBootstrap {
     /// Connects to the store at `address` ("host:port") at once: an address
@@ -93,52 +83,11 @@ impl StoreBootstrap {
             sys::moe_ep_bootstrap_from_store(address_c.as_ptr(), prefix_c.as_ptr(), rank, world_size, timeout_ms,
                                              &mut raw)
         })?;
-        Ok(StoreBootstrap { rank: raw.rank, world_size: raw.world_size, raw: Mutex::new(raw) })
-    }
-
-    fn call(&self, what: &str, f: impl FnOnce(&sys::moe_ep_bootstrap_t) -> Option<i32>)
-            -> std::result::Result<(), BoxError> {
-        let raw = self.raw.lock().map_err(|_| "store bootstrap lock poisoned")?;
-        match f(&raw) {
-            Some(0) => Ok(()),
-            // The library's callback leaves its reason in this thread's last error.
-            Some(rc) => Err(Box::new(Error::new(Status::BOOTSTRAP,
-                                                format!("store {what} returned {rc}: {}", crate::error::last_error())))),
-            None => Err(format!("store {what}: the bootstrap was released").into()),
-        }
+        Ok(StoreBootstrap(LibraryBootstrap::new(raw, "store", sys::moe_ep_bootstrap_release)))
     }
 }
 
-impl Bootstrap for StoreBootstrap {
-    fn rank(&self) -> i32 {
-        self.rank
-    }
-    fn world_size(&self) -> i32 {
-        self.world_size
-    }
-    fn allgather(&self, send: &[u8], recv: &mut [u8]) -> std::result::Result<(), BoxError> {
-        if recv.len() != send.len() * self.world_size.max(0) as usize {
-            return Err(format!("allgather: recv holds {} bytes, expected {} x {}", recv.len(), send.len(),
-                               self.world_size).into());
-        }
-        self.call("allgather", |raw| {
-            raw.allgather.map(|f| unsafe {
-                f(raw.ctx, send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, send.len())
-            })
-        })
-    }
-    fn barrier(&self) -> std::result::Result<(), BoxError> {
-        self.call("barrier", |raw| raw.barrier.map(|f| unsafe { f(raw.ctx) }))
-    }
-}
-
-impl Drop for StoreBootstrap {
-    fn drop(&mut self) {
-        if let Ok(raw) = self.raw.get_mut() {
-            unsafe { sys::moe_ep_bootstrap_release(raw) };
-        }
-    }
-}
+forward_bootstrap!(StoreBootstrap);
 
 /// Rank and world size only: what a replacement passes to `MoeEp::new` with
 /// `Config::rejoin(true)`, whose create meets the group through the store and
