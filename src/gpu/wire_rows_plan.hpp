@@ -54,6 +54,25 @@ inline kernels::WireDequantizeRows dispatch_dequantize_rows(const Layout& l, con
   return d;
 }
 
+// A combine sender's rank-major rows (`in`, [rows, combine_row_bytes]) into
+// FP8 wire rows at `wire_rows` (wire_transfer_row_bytes(hidden_size) apart:
+// codes, then scales at wire_transfer_scales_offset), as both GPU backends'
+// combine moves them.
+inline kernels::WireQuantizeRows combine_quantize_rows(const Layout& l, const void* in, char* wire_rows) {
+  const int64_t row_bytes = kernels::wire_transfer_row_bytes(l.hidden_size);
+  kernels::WireQuantizeRows q{};
+  q.elems = l.hidden_size;
+  q.dtype = kernel_dtype(l.combine_dtype);
+  q.scale_rule = l.wire_scale;
+  q.in = in;
+  q.in_stride = static_cast<int64_t>(l.combine_row_bytes);
+  q.codes = reinterpret_cast<uint8_t*>(wire_rows);
+  q.codes_stride = row_bytes;
+  q.scales = reinterpret_cast<float*>(wire_rows + kernels::wire_transfer_scales_offset(l.hidden_size));
+  q.scales_stride = row_bytes;
+  return q;
+}
+
 // The rank-major rows of a receive that hold a row: counts[s] (on the
 // device) of each source's tokens_per_rank.
 inline kernels::WireRowSet received_row_set(const int32_t* counts, int32_t world_size, int32_t tokens_per_rank) {

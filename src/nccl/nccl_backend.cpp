@@ -617,17 +617,7 @@ class NcclBackend final : public Backend {
   // hidden_size into the slot's wire rows, which combine then moves and
   // reduces instead.  Returns them.
   const char* quantize_combine_rows(const NcclSlot& slot, const void* rows, int32_t tpr, cudaStream_t s) const {
-    const int64_t row_bytes = kernels::nccl_combine_wire_row_bytes(shape_);
-    kernels::WireQuantizeRows q{};
-    q.elems = layout_.hidden_size;
-    q.dtype = shape_.combine_dtype;
-    q.scale_rule = layout_.wire_scale;
-    q.in = rows;
-    q.in_stride = static_cast<int64_t>(layout_.combine_row_bytes);
-    q.codes = reinterpret_cast<uint8_t*>(slot.wire.combine_rows);
-    q.codes_stride = row_bytes;
-    q.scales = reinterpret_cast<float*>(slot.wire.combine_rows + kernels::nccl_combine_wire_scales_offset(shape_));
-    q.scales_stride = row_bytes;
+    const kernels::WireQuantizeRows q = combine_quantize_rows(layout_, rows, slot.wire.combine_rows);
     check_cuda(kernels::launch_quantize_rows(q, received_row_set(slot.buffers.recv_counts, layout_.world_size, tpr),
                                              sm_budget_, /*pdl=*/0, s),
                "launching the FP8 quantization of the combine rows");

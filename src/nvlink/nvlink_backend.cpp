@@ -273,16 +273,7 @@ class NvlinkBackend final : public Backend {
     if (!layout_.fp8_combine()) return call;
     const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
     char* base = memory_->local();
-    kernels::WireQuantizeRows q{};
-    q.elems = layout_.hidden_size;
-    q.dtype = kernel_dtype(layout_.combine_dtype);
-    q.scale_rule = layout_.wire_scale;
-    q.in = call.expert_output;
-    q.in_stride = static_cast<int64_t>(layout_.combine_row_bytes);
-    q.codes = reinterpret_cast<uint8_t*>(base + o.combine_wire_rows);
-    q.codes_stride = shape_.combine_partial_bytes;
-    q.scales = reinterpret_cast<float*>(base + o.combine_wire_rows + kernels::wire_transfer_scales_offset(q.elems));
-    q.scales_stride = shape_.combine_partial_bytes;
+    const kernels::WireQuantizeRows q = combine_quantize_rows(layout_, call.expert_output, base + o.combine_wire_rows);
     check_cuda(kernels::launch_quantize_rows(q,
                                              received_row_set(reinterpret_cast<const int32_t*>(base + o.counts_private),
                                                               layout_.world_size, call.tokens_per_rank),

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "gpu/wire_rows_plan.hpp"
 #include "nvlink/workspace_plan.hpp"
 #include "params.hpp"
 #include "test_params.hpp"
@@ -142,4 +143,25 @@ TEST_CASE("NVLink plan: the FP8 combine wire's rows", "[nvlink][wire]") {
   const moe_ep::kernels::GroupShape as_is = moe_ep::group_shape(layout_of(p));
   CHECK(as_is.combine_wire == 0);
   CHECK(as_is.combine_partial_bytes == as_is.combine_row_bytes);
+}
+
+TEST_CASE("GPU wire plan: the combine rows' quantize descriptor both backends launch", "[nvlink][nccl][wire]") {
+  moe_ep_params_t p = deepseek();
+  p.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
+  p.wire_scale = MOE_EP_WIRE_SCALE_UE8M0;
+  const moe_ep::Layout l = layout_of(p);
+  alignas(16) static char in[16], wire[16];
+  const moe_ep::kernels::WireQuantizeRows q = moe_ep::combine_quantize_rows(l, in, wire);
+  constexpr int64_t kWireRow = int64_t(H) + (int64_t(H) + 127) / 128 * 4;
+  CHECK(q.elems == int32_t(H));
+  CHECK(q.dtype == moe_ep::kernels::kCombineBf16);
+  CHECK(q.scale_rule == moe_ep::kernels::kWireScaleUe8m0);
+  CHECK(q.in == static_cast<const void*>(in));
+  CHECK(q.in_stride == int64_t(kRow));
+  CHECK(q.codes == reinterpret_cast<uint8_t*>(wire));
+  CHECK(q.codes_stride == kWireRow);
+  CHECK(reinterpret_cast<const char*>(q.scales) == wire + H);  // after the 7168 codes, a 16-byte multiple
+  CHECK(q.scales_stride == kWireRow);
+  // The NVLink kernels' partial rows and the NCCL backend's wire rows are these rows.
+  CHECK(moe_ep::group_shape(l).combine_partial_bytes == kWireRow);
 }
