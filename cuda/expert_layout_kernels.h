@@ -22,6 +22,9 @@ namespace kernels {
 // block tile (the warps of one block: kBlockThreads / 32).
 constexpr int32_t kExpertTileRows = 32;
 constexpr int32_t kExpertTileWarps = 16;
+// The fill and the reduction give a warp a segment of a row at a time, not a
+// whole row, so that a small batch still spreads over every SM.
+constexpr int64_t kExpertSegmentBytes = 1024;
 
 // A group's expert layout: fixed at create, the same in every call.
 struct ExpertLayoutShape {
@@ -81,6 +84,10 @@ MOE_EP_HOST_DEVICE int64_t expert_layout_warp_tiles(int64_t receive_rows) {
 }
 MOE_EP_HOST_DEVICE int64_t expert_layout_block_tiles(int64_t receive_rows) {
   return (receive_rows + kExpertTileRows * kExpertTileWarps - 1) / (kExpertTileRows * kExpertTileWarps);
+}
+// Segments of a row of `row_bytes` (at least one).
+MOE_EP_HOST_DEVICE int64_t expert_layout_segments(int64_t row_bytes) {
+  return row_bytes <= kExpertSegmentBytes ? 1 : (row_bytes + kExpertSegmentBytes - 1) / kExpertSegmentBytes;
 }
 // Rows of ExpertRowsBuffers::tile_counts: one per warp tile, then one per block tile.
 MOE_EP_HOST_DEVICE int64_t expert_layout_tiles(int64_t receive_rows) {

@@ -2,18 +2,20 @@
 // (expert_layout_kernels.h), in two launches:
 //  1. rank: each warp takes one warp tile of kExpertTileRows rank-major rows
 //     and walks them in order, giving each local pick its place among the
-//     tile's pairs of its expert (a warp match per row; the warp's counters
-//     per expert in shared memory, or in its tile_counts row when E_local is
-//     too large for shared memory).  Each block then scans its warps' counts
+//     tile's pairs of its expert (a warp match per 32 / top_k rows; the
+//     warp's counters per expert in shared memory, or in its tile_counts row
+//     when E_local is too large for shared memory).  Each block then scans its warps' counts
 //     (a block tile), and the last block to finish scans the block tiles'
 //     totals and places the experts (counts, offsets, dropped pairs) exactly
 //     as the HOST backend does.  A pick's place in its expert is then its
 //     block tile's first place + its warp tile's + its rank.
-//  2. fill: a warp per rank-major row places its kept picks (first place +
-//     rank < count), writes their sources and weights, lists them in
-//     combine's order (token_rows) and copies the row's payload and scales to
-//     each of them, reading the row once; the other threads' grid-stride pass
-//     marks every row that holds no pair as padding.
+//  2. fill: a warp per segment of a rank-major row (kExpertSegmentBytes, so
+//     that a small batch spreads over every SM) places the row's kept picks
+//     (first place + rank < count) and copies the segment to each of them,
+//     reading it once; the warp of the first segment also writes their
+//     sources and weights, lists them in combine's order (token_rows) and
+//     copies the scales; the other threads' grid-stride pass marks every row
+//     that holds no pair as padding.
 // So a pair's row is (source rank, source token, pick) order inside its
 // expert without a sort, and the only serial step is the scan over tiles.
 #include <stdint.h>
@@ -65,30 +67,61 @@ __device__ void load_counts(const ExpandParams& p, int32_t* counts) {
 
 // ---- 1. rank ----
 
+// Pick k of row i, of local expert e (-1: not local, or past top_k): its rank
+// among the tile's earlier pairs of its expert, and the warp's counter.
+__device__ __forceinline__ void rank_pick(const ExpandParams& p, int64_t i, int k, int32_t e, int32_t* counter,
+                                          int lane) {
+  // Lanes of one expert match each other; the others match only other non-local lanes.
+  const uint32_t peers = __match_any_sync(kFullMask, e);
+  int32_t base = 0;
+  if (e >= 0) {
+    base = counter[e];
+    p.rows.pick_ranks[i * p.shape.top_k + k] = base + __popc(peers & ((1u << lane) - 1u));
+  }
+  __syncwarp();
+  if (e >= 0 && lane == __ffs(peers) - 1) counter[e] = base + __popc(peers);
+  __syncwarp();
+}
+
 // One warp, one tile: every local pick's rank among the tile's earlier
 // pairs of its expert, and the tile's pairs per expert in `counter`
-// (E_local entries, private to the warp).
+// (E_local entries, private to the warp).  With top_k <= 32 a step takes
+// 32 / top_k rows at once, lane = (row in the step) * top_k + pick, so that
+// the lanes below a lane are exactly its earlier pairs, and the ids of
+// kRankSteps steps are loaded before they are ranked: one row and one load
+// at a time leaves the walk bound by latencies.
+constexpr int kRankSteps = 8;
+
 __device__ void rank_tile(const ExpandParams& p, const int32_t* recv_counts, int64_t tile, int32_t* counter, int lane) {
   const ExpertLayoutShape& s = p.shape;
   const int K = s.top_k, E = s.experts_per_rank;
   for (int e = lane; e < E; e += 32) counter[e] = 0;
   __syncwarp();
-  const int64_t first = tile * kExpertTileRows, end = receive_rows(p);
-  for (int64_t i = first; i < first + kExpertTileRows && i < end; ++i) {
+  const int64_t first = tile * kExpertTileRows;
+  const int64_t end = first + kExpertTileRows < receive_rows(p) ? first + kExpertTileRows : receive_rows(p);
+  if (K <= 32) {
+    const int step_rows = 32 / K, row = lane / K, k = lane % K;
+    for (int64_t g = first; g < end; g += int64_t{step_rows} * kRankSteps) {
+      int32_t e[kRankSteps];
+#pragma unroll
+      for (int u = 0; u < kRankSteps; ++u) {
+        const int64_t i = g + int64_t{u} * step_rows + row;
+        const bool here = row < step_rows && i < end && row_received(p, recv_counts, i);
+        e[u] = here ? local_expert(s, __ldg(p.in.ids + i * K + k)) : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kRankSteps; ++u) {
+        if (g + int64_t{u} * step_rows >= end) break;  // warp-uniform
+        rank_pick(p, g + int64_t{u} * step_rows + row, k, e[u], counter, lane);
+      }
+    }
+    return;
+  }
+  for (int64_t i = first; i < end; ++i) {
     if (!row_received(p, recv_counts, i)) continue;  // warp-uniform
     for (int c = 0; c < K; c += 32) {
       const int k = c + lane;
-      const int32_t e = k < K ? local_expert(s, __ldg(p.in.ids + i * K + k)) : -1;
-      // Lanes of one expert match each other; the others match only other non-local lanes.
-      const uint32_t peers = __match_any_sync(kFullMask, e);
-      int32_t base = 0;
-      if (e >= 0) {
-        base = counter[e];
-        p.rows.pick_ranks[i * K + k] = base + __popc(peers & ((1u << lane) - 1u));
-      }
-      __syncwarp();
-      if (e >= 0 && lane == __ffs(peers) - 1) counter[e] = base + __popc(peers);
-      __syncwarp();
+      rank_pick(p, i, k, k < K ? local_expert(s, __ldg(p.in.ids + i * K + k)) : -1, counter, lane);
     }
   }
 }
@@ -256,18 +289,19 @@ __device__ int32_t combine_position(const ExpandParams& p, int64_t i, int k, con
   return before;
 }
 
-// Copies `bytes` from `src` to each of the `n` rows in `dst_rows` (row
-// indices into `base`, `row_bytes` apart), reading the source once.
-__device__ void copy_to_rows(const char* src, char* base, int64_t row_bytes, int64_t bytes, const int32_t* dst_rows,
-                             int n, int lane) {
-  if (bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0 &&
-      row_bytes % 16 == 0) {
+// Copies bytes [first, end) of the row at `src` to the same bytes of each of
+// the `n` rows in `dst_rows` (row indices into `base`, `row_bytes` apart),
+// reading the source once.
+__device__ void copy_to_rows(const char* src, char* base, int64_t row_bytes, int64_t first, int64_t end,
+                             const int32_t* dst_rows, int n, int lane) {
+  if (first % 16 == 0 && end % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(base) % 16 == 0 && row_bytes % 16 == 0) {
     // kUnroll loads in flight per lane before the stores: one at a time
     // leaves the HBM latency-bound.
     constexpr int kUnroll = 4;
-    const int64_t vectors = bytes / 16;
+    const int64_t vectors = end / 16;
     const uint4* from = reinterpret_cast<const uint4*>(src);
-    for (int64_t v0 = lane; v0 < vectors; v0 += 32 * kUnroll) {
+    for (int64_t v0 = first / 16 + lane; v0 < vectors; v0 += 32 * kUnroll) {
       uint4 x[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -283,7 +317,7 @@ __device__ void copy_to_rows(const char* src, char* base, int64_t row_bytes, int
     }
     return;
   }
-  for (int64_t b = lane; b < bytes; b += 32) {
+  for (int64_t b = first + lane; b < end; b += 32) {
     const char x = src[b];
     for (int j = 0; j < n; ++j) base[dst_rows[j] * row_bytes + b] = x;
   }
@@ -305,25 +339,35 @@ __device__ void copy_scale_columns(const ExpandParams& p, int64_t i, const int32
   }
 }
 
-// One warp, one received row: its kept picks' metadata, combine order, payload and scales.
-__device__ void fill_row(const ExpandParams& p, int64_t i, int32_t* rows_list, int32_t* experts_list, int lane) {
+// One warp, one segment of a received row: the segment's payload bytes to
+// each kept pick's row; with the first segment, also the kept picks'
+// metadata, their combine order and the row's scales.
+__device__ void fill_segment(const ExpandParams& p, int64_t i, int64_t segment, int32_t* rows_list,
+                             int32_t* experts_list, int lane) {
   const ExpertLayoutShape& s = p.shape;
   const int K = s.top_k;
+  const bool first_segment = segment == 0;
+  const int64_t first = segment * kExpertSegmentBytes;
+  const int64_t end = first + kExpertSegmentBytes < s.hidden_row_bytes ? first + kExpertSegmentBytes : s.hidden_row_bytes;
   const int32_t source = static_cast<int32_t>(i / p.in.tokens_per_rank);
-  const int32_t token = __ldg(p.in.source_tokens + i);
+  const int32_t token = first_segment ? __ldg(p.in.source_tokens + i) : 0;
   int32_t kept_total = 0;
   for (int c = 0; c < K; c += 32) {
     const int k = c + lane;
     const Pick mine = pick_of(p, i, k);
     const uint32_t kept = __ballot_sync(kFullMask, mine.row >= 0);
-    const int32_t position = combine_position(p, i, k, mine);
+    if (first_segment) {
+      const int32_t position = combine_position(p, i, k, mine);
+      if (mine.row >= 0) {
+        p.rows.token_rows[i * K + position] = mine.row;
+        int32_t* src = p.rows.sources + static_cast<int64_t>(mine.row) * 3;
+        src[0] = source;
+        src[1] = token;
+        src[2] = k;
+        p.rows.weights[mine.row] = p.in.weights ? __ldg(p.in.weights + i * K + k) : 1.0f;
+      }
+    }
     if (mine.row >= 0) {
-      p.rows.token_rows[i * K + position] = mine.row;
-      int32_t* src = p.rows.sources + static_cast<int64_t>(mine.row) * 3;
-      src[0] = source;
-      src[1] = token;
-      src[2] = k;
-      p.rows.weights[mine.row] = p.in.weights ? __ldg(p.in.weights + i * K + k) : 1.0f;
       const int slot = __popc(kept & ((1u << lane) - 1u));
       rows_list[slot] = mine.row;
       experts_list[slot] = mine.expert;
@@ -331,19 +375,19 @@ __device__ void fill_row(const ExpandParams& p, int64_t i, int32_t* rows_list, i
     __syncwarp();
     const int n = __popc(kept);
     copy_to_rows(static_cast<const char*>(p.in.hidden) + i * s.hidden_row_bytes, static_cast<char*>(p.rows.hidden),
-                 s.hidden_row_bytes, s.hidden_row_bytes, rows_list, n, lane);
-    if (s.scale_row_elems > 0 && p.in.scales != nullptr) {
+                 s.hidden_row_bytes, first, end, rows_list, n, lane);
+    if (first_segment && s.scale_row_elems > 0 && p.in.scales != nullptr) {
       if (s.scale_columns) {
         copy_scale_columns(p, i, rows_list, experts_list, n, lane);
       } else {
         copy_to_rows(static_cast<const char*>(p.in.scales) + i * s.scale_row_bytes, static_cast<char*>(p.rows.scales),
-                     s.scale_row_bytes, s.scale_row_bytes, rows_list, n, lane);
+                     s.scale_row_bytes, 0, s.scale_row_bytes, rows_list, n, lane);
       }
     }
     kept_total += n;
     __syncwarp();  // the lists are rewritten by the next chunk
   }
-  if (lane == 0 && kept_total < K) p.rows.token_rows[i * K + kept_total] = -1;
+  if (first_segment && lane == 0 && kept_total < K) p.rows.token_rows[i * K + kept_total] = -1;
 }
 
 // Whether expert row r holds a pair.
@@ -376,10 +420,11 @@ __global__ void __launch_bounds__(kBlockThreads, 1) expert_fill_kernel(const Exp
   allow_dependent_launch();
   load_counts(p, recv_counts);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t end = receive_rows(p);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + warp; i < end;
-       i += static_cast<int64_t>(gridDim.x) * kWarps) {
-    if (row_received(p, recv_counts, i)) fill_row(p, i, rows_list[warp], experts_list[warp], lane);
+  const int64_t segments = expert_layout_segments(p.shape.hidden_row_bytes), end = receive_rows(p) * segments;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * kWarps + warp; item < end;
+       item += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t i = item / segments;
+    if (row_received(p, recv_counts, i)) fill_segment(p, i, item - i * segments, rows_list[warp], experts_list[warp], lane);
   }
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < p.shape.rows;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -416,8 +461,9 @@ cudaError_t launch_expand_to_expert_rows(const ExpertLayoutShape& shape, const R
                             : 0;  // the warps count in their tile_counts rows instead
   cudaError_t e = launch_kernel(expert_rank_kernel, rank_blocks, kBlockThreads, shared, stream, pdl, p);
   if (e != cudaSuccess) return e;
-  // A warp per received row, and a thread per expert row for the padding.
-  const int64_t fill_items = receive > shape.rows / 32 ? receive : shape.rows / 32;
+  // A warp per segment of a received row, and a thread per expert row for the padding.
+  const int64_t segments = receive * expert_layout_segments(shape.hidden_row_bytes);
+  const int64_t fill_items = segments > shape.rows / 32 ? segments : shape.rows / 32;
   const int32_t fill_blocks = blocks_for(kWarps, fill_items, max_blocks);
   return launch_kernel(expert_fill_kernel, fill_blocks, kBlockThreads, 0, stream, pdl, p);
 }
