@@ -19,8 +19,10 @@ namespace moe_ep {
 namespace kernels {
 
 // Rank-major rows one warp ranks at a time (a warp tile), and warp tiles per
-// block tile (the warps of one block: kBlockThreads / 32).
-constexpr int32_t kExpertTileRows = 32;
+// block tile (the warps of one block: kBlockThreads / 32).  The walk through a
+// tile is serial, so tiles are short: the tile counts they cost are 4 bytes
+// per local expert per tile.
+constexpr int32_t kExpertTileRows = 8;
 constexpr int32_t kExpertTileWarps = 16;
 // The fill and the reduction give a warp a segment of a row at a time, not a
 // whole row, so that a small batch still spreads over every SM.

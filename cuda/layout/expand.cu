@@ -4,8 +4,8 @@
 //     and walks them in order, giving each local pick its place among the
 //     tile's pairs of its expert (a warp match per 32 / top_k rows; the
 //     warp's counters per expert in shared memory, or in its tile_counts row
-//     when E_local is too large for shared memory).  Each block then scans its warps' counts
-//     (a block tile), and the last block to finish scans the block tiles'
+//     when E_local is too large for shared memory).  Each block then scans
+//     its warps' counts (a block tile), and the last block to finish scans the block tiles'
 //     totals and places the experts (counts, offsets, dropped pairs) exactly
 //     as the HOST backend does.  A pick's place in its expert is then its
 //     block tile's first place + its warp tile's + its rank.
@@ -90,7 +90,7 @@ __device__ __forceinline__ void rank_pick(const ExpandParams& p, int64_t i, int 
 // the lanes below a lane are exactly its earlier pairs, and the ids of
 // kRankSteps steps are loaded before they are ranked: one row and one load
 // at a time leaves the walk bound by latencies.
-constexpr int kRankSteps = 8;
+constexpr int kRankSteps = kExpertTileRows;  // a whole tile even at top_k > 16
 
 __device__ void rank_tile(const ExpandParams& p, const int32_t* recv_counts, int64_t tile, int32_t* counter, int lane) {
   const ExpertLayoutShape& s = p.shape;
