@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "bench_report.hpp"
+#include "check.hpp"
 #include "counter_rng.hpp"
 #include "dtypes.hpp"
 #include "ep_calls.hpp"
@@ -93,12 +94,6 @@ int layout_code(const std::string& name) {
   fail("--layout must be rank_major, expert_major, expert_packed, rank_major+user or all, got '" + name + "'");
 }
 
-int wire_scale_code(const std::string& name) {
-  if (name == "fp32") return MOE_EP_WIRE_SCALE_FP32;
-  if (name == "ue8m0") return MOE_EP_WIRE_SCALE_UE8M0;
-  fail("--wire-scale must be fp32 or ue8m0, got '" + name + "'");
-}
-
 // o.wire (one wire) on the workload s: the FP8 wire's parameters, or for
 // quantize+as_is the rows as the reference quantize kernel leaves them
 // (e4m3fn, one fp32 scale per 128 elements) moved AS_IS, combine unchanged.
@@ -117,7 +112,7 @@ void apply_wire(const BenchOptions& o, WorkloadSpec& s) {
     return;
   }
   s.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
-  s.wire_scale = wire_scale_code(o.wire_scale);
+  s.wire_scale = parse_wire_scale(o.wire_scale);
   s.dispatch_dequantize = o.dispatch_dequantize;
   if (o.wire == "fp8") s.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
 }
@@ -129,7 +124,7 @@ WorkloadSpec quantize_source(const BenchOptions& o, const WorkloadSpec& w) {
   s.hidden_dtype = parse_dtype(o.dtype);
   s.scale_row_elems = 0;
   s.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
-  s.wire_scale = wire_scale_code(o.wire_scale);
+  s.wire_scale = parse_wire_scale(o.wire_scale);
   s.dispatch_dequantize = false;
   return s;
 }

@@ -36,6 +36,7 @@ struct CheckOptions {
                                       // layouts every case runs in (a backend without one: SKIPPED)
   std::string wires =
       "as_is";  // as_is | fp8 | fp8_dispatch | fp8_dequantize | all: the wire formats every case runs with
+  std::string wire_scale = "fp32";  // fp32 | ue8m0: params->wire_scale of the FP8 wires
 };
 
 // The receive layouts named by --layouts (MOE_EP_LAYOUT_*); throws ToolError otherwise.
@@ -44,6 +45,8 @@ std::vector<int> parse_layouts(const std::string& name);
 const char* layout_name(int layout);
 // The wire formats named by --wire (MOE_EP_WIRE_*); throws ToolError otherwise.
 std::vector<int> parse_wires(const std::string& name);
+// The MOE_EP_WIRE_SCALE_* named by --wire-scale (fp32 or ue8m0); throws ToolError otherwise.
+int parse_wire_scale(const std::string& name);
 
 int run_check(const World& world, const CheckOptions& options);
 
@@ -79,6 +82,7 @@ struct CheckCase {
   // (rows already quantized by the caller keep the AS_IS dispatch wire);
   // kWireFp8DispatchOnly, kWireFp8Dequantize: that dispatch wire alone, combine AS_IS.
   int wire = MOE_EP_WIRE_AS_IS;
+  int wire_scale = MOE_EP_WIRE_SCALE_FP32;  // the FP8 wires' scale rule (from --wire-scale)
 };
 
 // --wire fp8_dispatch's and fp8_dequantize's values of CheckCase::wire (the

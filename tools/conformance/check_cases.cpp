@@ -218,6 +218,12 @@ std::vector<int> parse_wires(const std::string& name) {
   fail("--wire must be as_is, fp8, fp8_dispatch, fp8_dequantize or all, got '" + name + "'");
 }
 
+int parse_wire_scale(const std::string& name) {
+  if (name == "fp32") return MOE_EP_WIRE_SCALE_FP32;
+  if (name == "ue8m0") return MOE_EP_WIRE_SCALE_UE8M0;
+  fail("--wire-scale must be fp32 or ue8m0, got '" + name + "'");
+}
+
 WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t count_seed) {
   WorkloadSpec s = c.shape;
   s.world = world;
@@ -238,6 +244,7 @@ WorkloadSpec instantiate(const CheckCase& c, int world, uint64_t seed, uint64_t 
     s.scale_layout = c.column_major_scales ? MOE_EP_SCALES_COLUMN_MAJOR : MOE_EP_SCALES_ROW_MAJOR;
   }
   if (c.wire != MOE_EP_WIRE_AS_IS) {
+    s.wire_scale = c.wire_scale;
     if (c.wire == MOE_EP_WIRE_FP8_E4M3_BLOCK128) s.combine_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
     if (is_float_dtype(s.hidden_dtype) && s.scale_row_elems == 0) s.dispatch_wire = MOE_EP_WIRE_FP8_E4M3_BLOCK128;
     if (s.dispatch_wire != MOE_EP_WIRE_AS_IS && c.wire == kWireFp8Dequantize) {

@@ -304,6 +304,7 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
       "\"+fp8dq\", "
       "that dispatch_wire with dispatch_dequantize)\n",
       o.wires.c_str());
+  std::printf("# wire scales: %s (params->wire_scale of the FP8 wires)\n", o.wire_scale.c_str());
   std::printf("#\n# %-22s %-6s %-*s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode",
               kLayoutColumn, "layout", "E", "K", "maxT", "tpr", "H", "hidden", "scales", "combine", "tokens/rank",
               "#wrong", "result");
@@ -353,6 +354,7 @@ int run_check(const World& world, const CheckOptions& o) {
   }
   const std::vector<int> layouts = parse_layouts(o.layouts);
   const std::vector<int> wires = parse_wires(o.wires);
+  const int wire_scale = parse_wire_scale(o.wire_scale);
   std::vector<CheckCase> runs;  // every case in every layout it belongs to, with every wire
   for (const CheckCase& c : cases) {
     for (int layout : layouts) {
@@ -361,6 +363,7 @@ int run_check(const World& world, const CheckOptions& o) {
         runs.push_back(c);
         runs.back().layout = layout;
         runs.back().wire = wire;
+        runs.back().wire_scale = wire_scale;
       }
     }
   }

@@ -123,6 +123,11 @@ void add_check(CLI::App& app, CheckOptions& o) {
                    "fp8_dispatch: that dispatch wire only; fp8_dequantize: that dispatch wire, rows dequantized "
                    "on receipt; a backend without it: those runs are skipped)")
       ->check(CLI::IsMember({"as_is", "fp8", "fp8_dispatch", "fp8_dequantize", "all"}));
+  check
+      ->add_option("--wire-scale", o.wire_scale,
+                   "params->wire_scale of the FP8 wires every case runs with: fp32 (amax / 448) | ue8m0 (the "
+                   "power of two at or above it)")
+      ->check(CLI::IsMember({"fp32", "ue8m0"}));
   check->add_flag("!--no-poison-results", o.poison_results,
                   "do not overwrite dispatch payload results before combine");
   check->add_flag("--list", o.list, "print the case names and exit");
