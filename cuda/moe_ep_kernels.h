@@ -231,6 +231,14 @@ struct DispatchLaunch {
                                // and source are 16-byte aligned); zero: through registers
   int32_t part;                // CallPart: kPartFused, or kPartSend (no wait; launch_dispatch_receive
                                // then waits and counts, with the same lookback and small_batch)
+  int32_t quantize;            // nonzero: the FP8 dispatch wire encoded in the send loop (the host's path
+                               // selection checked that `hidden` is 16-byte aligned and the shape's code
+                               // rows a multiple of 16 bytes); `hidden` is then the caller's rows of
+                               // quantize_dtype, quantize_row_bytes apart, the shape's rows and scales
+                               // the wire's, and `scales` unused
+  int32_t quantize_dtype;      // CombineDtype of those rows: bf16, fp16 or fp32
+  int32_t quantize_rule;       // WireScaleRule (wire_kernels.h)
+  int64_t quantize_row_bytes;
 #ifdef MOE_EP_DIAGNOSTICS
   int32_t diagnostic;  // hidden rows not written to this rank (1) or to the peers (2), for timing
                        // (wrong results); 4: per-block phase times (MOE_EP_DISPATCH_DIAGNOSTIC)
@@ -349,8 +357,9 @@ cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& off
 cudaError_t launch_dispatch_receive(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
                                     const DispatchLaunch& args, cudaStream_t stream);
 // At create, outside any stream capture: lets the bulk-copy dispatch kernels
-// (bulk_rows nonzero) use their shared memory on the current device.
-cudaError_t prepare_dispatch(int32_t bulk_rows);
+// (bulk_rows nonzero) and the quantizing ones (quantize nonzero) use their
+// shared memory on the current device.
+cudaError_t prepare_dispatch(int32_t bulk_rows, int32_t quantize);
 cudaError_t launch_combine(const GroupShape& shape, const WorkspaceOffsets& offsets,
                            const HandleState& state, const CombineLaunch& args,
                            cudaStream_t stream);

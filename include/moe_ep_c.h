@@ -532,26 +532,30 @@ enum {
  * size, its tensors and the settings (docs/api.md, "Environment variables").
  * Results are the same on every path. */
 enum {
-  MOE_EP_PATH_NONE = 0,                    /* no call of that phase yet        */
-  MOE_EP_PATH_HOST = 1,                    /* HOST backend                     */
-  MOE_EP_PATH_NCCL = 2,                    /* NCCL backend                     */
-  MOE_EP_PATH_DISPATCH_SMALL = 16,         /* NVLink small-batch kernel, rows
-                                              through registers                */
-  MOE_EP_PATH_DISPATCH_SMALL_BULK = 17,    /* ... rows by bulk copies          */
-  MOE_EP_PATH_DISPATCH_SCAN = 18,          /* general kernel routing by scan   */
-  MOE_EP_PATH_DISPATCH_SCAN_BULK = 19,     /* ... rows by bulk copies          */
-  MOE_EP_PATH_DISPATCH_LOOKBACK = 20,      /* general kernel routing by
-                                              look-back                        */
-  MOE_EP_PATH_DISPATCH_LOOKBACK_BULK = 21, /* ... rows by bulk copies          */
-  MOE_EP_PATH_COMBINE_SMALL_PUSH = 32,     /* NVLink small-batch push kernel   */
-  MOE_EP_PATH_COMBINE_SERIAL_PUSH = 33,    /* push, then reduce                */
-  MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH = 34,/* reduce while the rows arrive     */
-  MOE_EP_PATH_COMBINE_PULL_ROWS = 35,      /* zero-copy pull, whole rows per
-                                              bulk copy                        */
-  MOE_EP_PATH_COMBINE_PULL_SEGMENTS = 36,  /* zero-copy pull, 2 KiB segments   */
-  MOE_EP_PATH_COMBINE_PULL_REGISTERS = 37, /* zero-copy pull through registers */
-  MOE_EP_PATH_COMBINE_PULL_UNALIGNED = 38  /* zero-copy pull of rows that are
-                                              not 16-byte aligned              */
+  MOE_EP_PATH_NONE = 0,                        /* no call of that phase yet        */
+  MOE_EP_PATH_HOST = 1,                        /* HOST backend                     */
+  MOE_EP_PATH_NCCL = 2,                        /* NCCL backend                     */
+  MOE_EP_PATH_DISPATCH_SMALL = 16,             /* NVLink small-batch kernel, rows
+                                                  through registers                */
+  MOE_EP_PATH_DISPATCH_SMALL_BULK = 17,        /* ... rows by bulk copies          */
+  MOE_EP_PATH_DISPATCH_SCAN = 18,              /* general kernel routing by scan   */
+  MOE_EP_PATH_DISPATCH_SCAN_BULK = 19,         /* ... rows by bulk copies          */
+  MOE_EP_PATH_DISPATCH_LOOKBACK = 20,          /* general kernel routing by
+                                                  look-back                        */
+  MOE_EP_PATH_DISPATCH_LOOKBACK_BULK = 21,     /* ... rows by bulk copies          */
+  MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE = 22,    /* small-batch kernel, FP8 dispatch
+                                                  wire encoded as rows are sent */
+  MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE = 23,     /* scan, the same               */
+  MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE = 24, /* look-back, the same          */
+  MOE_EP_PATH_COMBINE_SMALL_PUSH = 32,         /* NVLink small-batch push kernel   */
+  MOE_EP_PATH_COMBINE_SERIAL_PUSH = 33,        /* push, then reduce                */
+  MOE_EP_PATH_COMBINE_OVERLAPPED_PUSH = 34,    /* reduce while the rows arrive     */
+  MOE_EP_PATH_COMBINE_PULL_ROWS = 35,          /* zero-copy pull, whole rows per
+                                                  bulk copy                        */
+  MOE_EP_PATH_COMBINE_PULL_SEGMENTS = 36,      /* zero-copy pull, 2 KiB segments   */
+  MOE_EP_PATH_COMBINE_PULL_REGISTERS = 37,     /* zero-copy pull through registers */
+  MOE_EP_PATH_COMBINE_PULL_UNALIGNED = 38      /* zero-copy pull of rows that are
+                                                  not 16-byte aligned              */
 };
 
 /* The path (MOE_EP_PATH_*) of this handle's last call of `phase`

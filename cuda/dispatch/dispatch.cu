@@ -11,7 +11,9 @@
 //      grids) skip the look-back: L is the block index, the block scans the
 //      tokens up to its last itself, block G - 1 counts every pick;
 //   3. writes its tokens' rows, rewritten ids, weights and scales straight into
-//      the final receive rows of each destination (row = rank*tpr + slot), and
+//      the final receive rows of each destination (row = rank*tpr + slot;
+//      with the FP8 dispatch wire, rows encoded on the way where the host
+//      chose it: dispatch/quantize_segments.cuh), and
 //      its padding rows (ids = invalid, weights = 0): one per own token that
 //      does not go there, from the back, and its share of [T, tpr);
 //   4. publishes with one release-add per destination (arrival counters).
@@ -34,6 +36,7 @@
 #include "common/kernel_launch.cuh"
 #include "dispatch/bulk_segments.cuh"
 #include "dispatch/general_kernel.cuh"
+#include "dispatch/quantize_segments.cuh"
 #include "dispatch/receive_kernel.cuh"
 #include "dispatch/register_segments.cuh"
 #include "dispatch/small_kernel.cuh"
@@ -54,9 +57,14 @@ int32_t dispatch_blocks(const GroupShape& shape, int32_t num_tokens, int32_t tok
 
 namespace {
 
-// The bulk kernels' shared-memory limit is raised once per device and kernel,
-// not on every call (dispatch is on the caller's hot path): [small][send half].
-std::atomic<uint64_t> bulk_raised_on[2][2];
+// A policy's kernels' shared-memory limit is raised once per device and
+// kernel, not on every call (dispatch is on the caller's hot path):
+// [small][send half].
+template <typename Segments>
+std::atomic<uint64_t>* shared_raised(bool small, bool send_half) {
+  static std::atomic<uint64_t> raised_on[2][2];
+  return &raised_on[small][send_half];
+}
 
 template <typename Segments>
 void (*dispatch_kernel_for(bool small, bool send_half))(DispatchParams) {
@@ -64,15 +72,13 @@ void (*dispatch_kernel_for(bool small, bool send_half))(DispatchParams) {
   return small ? dispatch_small_kernel<Segments, false> : dispatch_kernel<Segments, false>;
 }
 
-std::atomic<uint64_t>* bulk_raised(bool small, bool send_half) { return &bulk_raised_on[small][send_half]; }
-
 template <typename Segments>
 cudaError_t launch_with(bool small, const DispatchParams& p, cudaStream_t stream) {
   const size_t shared = Segments::kSharedBytes;
   const bool send_half = p.args.part == kPartSend;
   if (shared > 0) {
     const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small, send_half), shared,
-                                                          bulk_raised(small, send_half));
+                                                          shared_raised<Segments>(small, send_half));
     if (e != cudaSuccess) return e;
   }
   return launch_kernel(dispatch_kernel_for<Segments>(small, send_half), p.args.num_blocks, kBlockThreads, shared,
@@ -99,25 +105,40 @@ cudaError_t launch_dispatch_receive(const GroupShape& shape, const WorkspaceOffs
   return launch_kernel(dispatch_receive_kernel, 1, kBlockThreads, 0, stream, p.args.pdl, p);
 }
 
-cudaError_t prepare_dispatch(int32_t bulk_rows) {
-  if (bulk_rows == 0) return cudaSuccess;
+namespace {
+
+template <typename Segments>
+cudaError_t prepare_policy() {
   for (const bool small : {false, true}) {
     for (const bool send_half : {false, true}) {
-      const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<BulkSegments>(small, send_half),
-                                                            BulkSegments::kSharedBytes, bulk_raised(small, send_half));
+      const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small, send_half),
+                                                            Segments::kSharedBytes,
+                                                            shared_raised<Segments>(small, send_half));
       if (e != cudaSuccess) return e;
     }
   }
   return cudaSuccess;
 }
 
+}  // namespace
+
+cudaError_t prepare_dispatch(int32_t bulk_rows, int32_t quantize) {
+  if (bulk_rows != 0) {
+    const cudaError_t e = prepare_policy<BulkSegments>();
+    if (e != cudaSuccess) return e;
+  }
+  return quantize != 0 ? prepare_policy<QuantizeSegments>() : cudaSuccess;
+}
+
 cudaError_t launch_dispatch(const GroupShape& shape, const WorkspaceOffsets& offsets, const HandleState& state,
                             const DispatchLaunch& args, cudaStream_t stream) {
   const DispatchParams p = dispatch_params(shape, offsets, state, args);
   // The host's path selection (src/nvlink/path_selection.cpp) chose the
-  // kernel and the row copies: bulk copies only for 16-byte aligned rows and
-  // sources, registers (rows of any size) otherwise.
+  // kernel and the row copies: the FP8 wire encoded in registers, bulk copies
+  // (both only for 16-byte aligned rows and sources), or registers (rows of
+  // any size).
   const bool small = args.small_batch != 0;
+  if (args.quantize != 0) return launch_with<QuantizeSegments>(small, p, stream);
   const bool bulk = args.bulk_rows != 0;
   return bulk ? launch_with<BulkSegments>(small, p, stream) : launch_with<RegisterSegments>(small, p, stream);
 }

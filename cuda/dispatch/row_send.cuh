@@ -68,8 +68,9 @@ __device__ inline void send_hidden_row_any(const DispatchParams& p, int32_t toke
 }
 
 // Step 2, the small parts of a token: ids rewritten for each destination
-// (picks it does not own become the invalid id), weights (0 without), scales;
-// in an expert layout also the token's index, which the receiver's expansion
+// (picks it does not own become the invalid id), weights (0 without), scales
+// (unless the send loop quantizes: its segments carry their own); in an
+// expert layout also the token's index, which the receiver's expansion
 // records as each expert row's source token.
 __device__ inline void send_token_meta(const DispatchParams& p, int32_t token, const TokenDestinations& dests,
                                        int lane) {
@@ -89,7 +90,7 @@ __device__ inline void send_token_meta(const DispatchParams& p, int32_t token, c
       weights_dst[k] = weights ? __ldg(weights + k) : 0.0f;
     }
     if (s.send_token_index != 0 && lane == 0) p.ctx.remote<int32_t>(d, p.ctx.offsets.recv_tokens)[row] = token;
-    if (s.scale_row_bytes > 0) {
+    if (s.scale_row_bytes > 0 && p.args.quantize == 0) {
       warp_copy_bytes(p.ctx.rank_base(d) + p.ctx.offsets.recv_scales + row * s.scale_row_bytes,
                       static_cast<const char*>(p.args.scales) + static_cast<int64_t>(token) * s.scale_row_bytes,
                       s.scale_row_bytes, lane);

@@ -1,11 +1,9 @@
 // Rows into the FP8 wire (wire_kernels.h): a warp per segment of a row walks
 // it in chunks of two 128-element blocks, 8 elements a lane, every chunk's
 // loads issued first; each half warp reduces its block's amax over finite
-// values with four shuffles, derives the scale, divides (one fp32 division
-// rounded to nearest even, as the host does; an fp32 scale's reciprocal is
-// inexact, so a multiplication by it would round differently; a UE8M0
-// scale's is exact, and there the multiplication gives the same bits) and
-// stores the 8 codes with one 8-byte store.
+// values with four shuffles, derives the scale, encodes the values
+// (encode_lane: a division, or a multiplication by a UE8M0 scale's exact
+// reciprocal) and stores the 8 codes with one 8-byte store.
 #include <stdint.h>
 
 #include "common/kernel_launch.cuh"
@@ -22,17 +20,12 @@ struct QuantizeParams {
   int32_t vectors;  // nonzero: 16-byte loads and 8-byte code stores
 };
 
-__device__ __forceinline__ float finite_max(float amax, float x) {
-  const float a = fabsf(x);
-  return a <= 3.402823466e38f ? fmaxf(amax, a) : amax;  // NaN and Inf left out
-}
-
 // The lane's 8 elements from element `first` on, as fp32 (0 past the row).
 template <class E>
 __device__ __forceinline__ void load_lane(const char* src, int32_t first, int32_t n, bool vectors,
                                           float (&v)[kLaneElems]) {
   if (vectors && first < n) {
-    E::load_vector(src + static_cast<int64_t>(first) * E::kBytes, v);
+    load_vector<E>(src + static_cast<int64_t>(first) * E::kBytes, v);
   } else {
 #pragma unroll
     for (int k = 0; k < kLaneElems; ++k) {
@@ -56,21 +49,7 @@ __device__ __forceinline__ void quantize_chunk(const QuantizeParams& p, const fl
   const int32_t block_first = base + (lane & 16) * kLaneElems;
   if ((lane & 15) == 0 && block_first < n) scales[block_first / kWireBlockElems] = scale;
   uint32_t pairs[kLaneElems / 2];
-  if (p.q.scale_rule == kWireScaleUe8m0) {
-    // A power of two from 2^-127 to 2^120: its reciprocal is a float exactly,
-    // and x times it is the same real number as x / scale, rounded once to
-    // nearest even as the division is, so the codes are the same bits.
-    const float inverse = __fdiv_rn(1.0f, scale);
-#pragma unroll
-    for (int k = 0; k < kLaneElems / 2; ++k) {
-      pairs[k] = floats_to_e4m3x2(__fmul_rn(v[2 * k], inverse), __fmul_rn(v[2 * k + 1], inverse));
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < kLaneElems / 2; ++k) {
-      pairs[k] = floats_to_e4m3x2(__fdiv_rn(v[2 * k], scale), __fdiv_rn(v[2 * k + 1], scale));
-    }
-  }
+  encode_lane(v, scale, p.q.scale_rule, pairs);
   if (p.vectors != 0 && first < n) {
     *reinterpret_cast<uint2*>(codes + first) = make_uint2(pairs[0] | pairs[1] << 16, pairs[2] | pairs[3] << 16);
   } else {

@@ -137,7 +137,9 @@ __device__ __forceinline__ float block_scale(float amax, int32_t rule) {
 }
 
 // Loads of 8 elements of a row as fp32 (exact), from a 16-byte vector or one
-// by one (elements at or past `elems` read as 0).
+// by one (elements at or past `elems` read as 0).  A vector load is its
+// kVectors raw 16-byte words, then `convert`, so that a caller may issue many
+// loads before it converts any.
 __device__ __forceinline__ uint4 load_nc(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
 
 template <int kDtype>
@@ -146,9 +148,9 @@ struct Elements;
 template <>
 struct Elements<kCombineBf16> {
   static constexpr int kBytes = 2;
-  static __device__ __forceinline__ void load_vector(const char* p, float (&v)[kLaneElems]) {
-    const uint4 x = load_nc(p);
-    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+  static constexpr int kVectors = 1;
+  static __device__ __forceinline__ void convert(const uint4* x, float (&v)[kLaneElems]) {
+    const uint32_t w[4] = {x[0].x, x[0].y, x[0].z, x[0].w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       v[2 * k] = __uint_as_float(w[k] << 16);
@@ -163,9 +165,9 @@ struct Elements<kCombineBf16> {
 template <>
 struct Elements<kCombineFp16> {
   static constexpr int kBytes = 2;
-  static __device__ __forceinline__ void load_vector(const char* p, float (&v)[kLaneElems]) {
-    const uint4 x = load_nc(p);
-    const __half2* h = reinterpret_cast<const __half2*>(&x);
+  static constexpr int kVectors = 1;
+  static __device__ __forceinline__ void convert(const uint4* x, float (&v)[kLaneElems]) {
+    const __half2* h = reinterpret_cast<const __half2*>(x);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float2 f = __half22float2(h[k]);
@@ -181,13 +183,51 @@ struct Elements<kCombineFp16> {
 template <>
 struct Elements<kCombineFp32> {
   static constexpr int kBytes = 4;
-  static __device__ __forceinline__ void load_vector(const char* p, float (&v)[kLaneElems]) {
-    const uint4 a = load_nc(p), b = load_nc(p + 16);
+  static constexpr int kVectors = 2;
+  static __device__ __forceinline__ void convert(const uint4* x, float (&v)[kLaneElems]) {
+    const uint4 a = x[0], b = x[1];
     v[0] = __uint_as_float(a.x), v[1] = __uint_as_float(a.y), v[2] = __uint_as_float(a.z), v[3] = __uint_as_float(a.w);
     v[4] = __uint_as_float(b.x), v[5] = __uint_as_float(b.y), v[6] = __uint_as_float(b.z), v[7] = __uint_as_float(b.w);
   }
   static __device__ __forceinline__ float load(const char* p) { return *reinterpret_cast<const float*>(p); }
 };
+
+template <class E>
+__device__ __forceinline__ void load_vector(const char* p, float (&v)[kLaneElems]) {
+  uint4 x[E::kVectors];
+#pragma unroll
+  for (int i = 0; i < E::kVectors; ++i) x[i] = load_nc(p + 16 * i);
+  E::convert(x, v);
+}
+
+// The block's amax is taken over its finite elements: NaN and Inf left out.
+__device__ __forceinline__ float finite_max(float amax, float x) {
+  const float a = fabsf(x);
+  return a <= 3.402823466e38f ? fmaxf(amax, a) : amax;
+}
+
+// 8 elements of a block of `scale` into their codes, two a word (the lower
+// element in the lower byte).  FP32 scales: one division each, rounded to
+// nearest even, as the host does (the scale's reciprocal is inexact, so a
+// multiplication by it would round differently).  UE8M0 scales: a power of
+// two from 2^-127 to 2^120, whose reciprocal is a float exactly, and x times
+// it is the same real number as x / scale, rounded once to nearest even as
+// the division is: the same codes.
+__device__ __forceinline__ void encode_lane(const float (&v)[kLaneElems], float scale, int32_t rule,
+                                            uint32_t (&pairs)[kLaneElems / 2]) {
+  if (rule == kWireScaleUe8m0) {
+    const float inverse = __fdiv_rn(1.0f, scale);
+#pragma unroll
+    for (int k = 0; k < kLaneElems / 2; ++k) {
+      pairs[k] = floats_to_e4m3x2(__fmul_rn(v[2 * k], inverse), __fmul_rn(v[2 * k + 1], inverse));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kLaneElems / 2; ++k) {
+      pairs[k] = floats_to_e4m3x2(__fdiv_rn(v[2 * k], scale), __fdiv_rn(v[2 * k + 1], scale));
+    }
+  }
+}
 
 // Whether row `row` of the set is taken.
 __device__ __forceinline__ bool row_taken(const WireRowSet& set, int64_t row) {

@@ -25,6 +25,9 @@ const char* path_name(int32_t path) noexcept {
       return "dispatch_lookback";
     case MOE_EP_PATH_DISPATCH_LOOKBACK_BULK:
       return "dispatch_lookback_bulk";
+    case MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE: return "dispatch_small_quantize";
+    case MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE: return "dispatch_scan_quantize";
+    case MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE: return "dispatch_lookback_quantize";
     case MOE_EP_PATH_COMBINE_SMALL_PUSH:
       return "combine_small_push";
     case MOE_EP_PATH_COMBINE_SERIAL_PUSH:

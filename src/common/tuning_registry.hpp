@@ -68,6 +68,10 @@ struct KnobSpec {
     "NVLink general dispatch: route by look-back (each block its own tokens, then the earlier blocks' counts) "  \
     "or by scan (early blocks send sooner, late ones route longer); auto looks back for calls of more than 2048 " \
     "tokens on at most 32 blocks")                                                                               \
+  X(QuantizeInSend, "MOE_EP_QUANTIZE_IN_SEND", kBool, 0, 0, 1, nullptr,                                          \
+    "NVLink FP8 dispatch wire: 1 encodes the rows in the dispatch kernel's send loop where they allow it "       \
+    "(16-byte aligned, hidden size a multiple of 16), saving a pass over the rows and a launch; 0 quantizes "    \
+    "every call in a separate kernel first, the path with published figures")                                                                         \
   X(CombineSchedule, "MOE_EP_COMBINE_SCHEDULE", kChoice, 2, 0, 0, "serial|overlapped|auto",                        \
     "NVLink push combine: overlapped reduces while the rows arrive (pays on many SMs and large calls), serial "   \
     "pushes, waits, then reduces (shorter for small calls); auto chooses per call; the same on every rank")       \

@@ -136,7 +136,7 @@ class NvlinkBackend final : public Backend {
     const DeviceGuard guard(device_);
     int32_t path = 0;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const kernels::DispatchLaunch a = dispatch_launch(quantize_for_wire(0, call, s), kernels::kPartFused, &path);
+    const kernels::DispatchLaunch a = dispatch_launch(0, call, kernels::kPartFused, s, &path);
     check_cuda(kernels::launch_dispatch(shape_, offsets_, slot_state(0), a, s), "launching the dispatch kernel");
     split_[0].has_weights = call.has_weights;  // the expert layouts' combine reads it too
     dequantize_received(0, call.tokens_per_rank, s);
@@ -172,7 +172,7 @@ class NvlinkBackend final : public Backend {
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    k.dispatch = dispatch_launch(quantize_for_wire(slot, call, s), kernels::kPartSend, &k.dispatch_path);
+    k.dispatch = dispatch_launch(slot, call, kernels::kPartSend, s, &k.dispatch_path);
     k.has_weights = call.has_weights;
     check_cuda(kernels::launch_dispatch(shape_, slot_offsets_[slot], slot_state(slot), k.dispatch, s),
                "launching the dispatch send kernel");
@@ -230,9 +230,10 @@ class NvlinkBackend final : public Backend {
 
   // ---- The FP8 dispatch wire (docs/nvlink_backend.md, "The FP8 dispatch wire") ----
 
-  // Before the dispatch kernel, on the same stream: the caller's [T, R] rows
-  // quantized into the slot's private codes and scales, and the call the
-  // dispatch kernels then send (AS_IS: `call` as it is).
+  // Before the dispatch kernel, on the same stream, where its path does not
+  // encode the rows in the send loop: the caller's [T, R] rows quantized into
+  // the slot's private codes and scales, and the call the dispatch kernels
+  // then send (AS_IS: `call` as it is).
   DispatchCall quantize_for_wire(int32_t slot, const DispatchCall& call, cudaStream_t s) {
     if (!layout_.fp8_dispatch()) return call;
     const kernels::WorkspaceOffsets& o = slot_offsets_[slot];
@@ -457,8 +458,21 @@ class NvlinkBackend final : public Backend {
   };
 
   // The dispatch kernels' arguments for this call and `part`; *path is the
-  // path selection's choice.
-  kernels::DispatchLaunch dispatch_launch(const DispatchCall& call, int32_t part, int32_t* path) const {
+  // path selection's choice.  With the FP8 wire the send loop encodes the
+  // caller's rows, or a quantize kernel launched here on `s` first writes
+  // the codes the kernels send (the path decides).
+  kernels::DispatchLaunch dispatch_launch(int32_t slot, const DispatchCall& caller, int32_t part, cudaStream_t s,
+                                          int32_t* path) {
+    DispatchPathCall pc;
+    pc.num_tokens = caller.num_tokens;
+    pc.tokens_per_rank = caller.tokens_per_rank;
+    pc.num_blocks = kernels::dispatch_blocks(shape_, caller.num_tokens, caller.tokens_per_rank, sm_budget_);
+    pc.hidden_row_bytes = shape_.hidden_row_bytes;
+    pc.hidden = caller.hidden;
+    pc.fp8_wire = layout_.fp8_dispatch();
+    *path = select_dispatch_path(paths_, pc);
+    const bool quantize = dispatch_path_quantizes(*path);
+    const DispatchCall call = quantize ? caller : quantize_for_wire(slot, caller, s);
     kernels::DispatchLaunch a{};
     a.num_tokens = call.num_tokens;
     a.tokens_per_rank = call.tokens_per_rank;
@@ -467,15 +481,14 @@ class NvlinkBackend final : public Backend {
     a.topk_weights = call.topk_weights;
     a.scales = call.scales;
     a.eplb_local = call.eplb_local;
-    a.num_blocks = kernels::dispatch_blocks(shape_, call.num_tokens, call.tokens_per_rank, sm_budget_);
+    a.num_blocks = pc.num_blocks;
     a.max_blocks = sm_budget_ < kernels::kMaxDispatchBlocks ? sm_budget_ : kernels::kMaxDispatchBlocks;
-    DispatchPathCall pc;
-    pc.num_tokens = call.num_tokens;
-    pc.tokens_per_rank = call.tokens_per_rank;
-    pc.num_blocks = a.num_blocks;
-    pc.hidden_row_bytes = shape_.hidden_row_bytes;
-    pc.hidden = call.hidden;
-    *path = select_dispatch_path(paths_, pc);
+    if (quantize) {
+      a.quantize = 1;
+      a.quantize_dtype = kernel_dtype(layout_.hidden_dtype);
+      a.quantize_rule = layout_.wire_scale;
+      a.quantize_row_bytes = static_cast<int64_t>(layout_.hidden_row_bytes);
+    }
     a.lookback = dispatch_path_looks_back(*path) ? 1 : 0;
     // What a token sends to each destination: its row, scales, ids and weights.
     const int64_t token_bytes = shape_.hidden_row_bytes + shape_.scale_row_bytes + int64_t{8} * shape_.top_k;
@@ -675,8 +688,9 @@ class NvlinkBackend final : public Backend {
   void initialise_workspace() {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-    check_cuda(kernels::prepare_dispatch(paths_.dispatch_bulk ? 1 : 0),
-               "raising the bulk dispatch kernels' shared-memory limit");
+    check_cuda(kernels::prepare_dispatch(paths_.dispatch_bulk ? 1 : 0,
+                                         layout_.fp8_dispatch() && paths_.quantize_in_send ? 1 : 0),
+               "raising the dispatch kernels' shared-memory limit");
     for (int32_t slot = 0; slot < slots_; ++slot) own_work_.push_back(std::make_unique<OwnWork>());
     const MirrorSlot mirror = acquire_mirror_slot();
     mirror_ = mirror.host;

@@ -28,6 +28,7 @@ NvlinkPathSettings read_nvlink_path_settings(int32_t cc, int32_t sm_budget) {
   s.bulk_copies = cc >= 90;
   s.dispatch_bulk = s.bulk_copies && knob_switch(Knob::kDispatchBulk).value_or(sm_budget <= kDispatchBulkAutoMaxSms);
   s.dispatch_lookback = knob_switch(Knob::kDispatchLookback);
+  s.quantize_in_send = knob_bool(Knob::kQuantizeInSend);
   s.combine_schedule = knob_int(Knob::kCombineSchedule);
   s.pull_rows = knob_bool(Knob::kPullRows);
   s.pdl = cc >= 90 && knob_bool(Knob::kPdl);
@@ -36,20 +37,31 @@ NvlinkPathSettings read_nvlink_path_settings(int32_t cc, int32_t sm_budget) {
 
 int32_t select_dispatch_path(const NvlinkPathSettings& s, const DispatchPathCall& call) {
   // Bulk copies need 16-byte aligned rows and sources; any other call keeps
-  // the register path (which also takes rows of any size).
-  const bool bulk = s.dispatch_bulk && call.hidden_row_bytes % 16 == 0 && aligned16(call.hidden);
+  // the register path (which also takes rows of any size).  The send loop
+  // encodes FP8 codes as 16-byte vectors of the caller's aligned rows; other
+  // rows are quantized first, into aligned workspace rows.
+  const bool rows16 = call.hidden_row_bytes % 16 == 0;
+  const bool quantize = call.fp8_wire && s.quantize_in_send && rows16 && aligned16(call.hidden);
+  const bool bulk = !quantize && s.dispatch_bulk && rows16 && (call.fp8_wire || aligned16(call.hidden));
+  const auto variant = [&](int32_t registers, int32_t bulk_path, int32_t quantize_path) {
+    return quantize ? quantize_path : bulk ? bulk_path : registers;
+  };
   if (s.small_batch && call.tokens_per_rank <= s.small_dispatch_tokens &&
       call.tokens_per_rank <= kernels::kSmallDispatchMaxTokens) {
-    return bulk ? MOE_EP_PATH_DISPATCH_SMALL_BULK : MOE_EP_PATH_DISPATCH_SMALL;
+    return variant(MOE_EP_PATH_DISPATCH_SMALL, MOE_EP_PATH_DISPATCH_SMALL_BULK, MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE);
   }
   const bool lookback =
       s.dispatch_lookback.value_or(call.num_tokens > kLookbackMinTokens && call.num_blocks <= kLookbackMaxBlocks);
-  if (lookback) return bulk ? MOE_EP_PATH_DISPATCH_LOOKBACK_BULK : MOE_EP_PATH_DISPATCH_LOOKBACK;
-  return bulk ? MOE_EP_PATH_DISPATCH_SCAN_BULK : MOE_EP_PATH_DISPATCH_SCAN;
+  if (lookback) {
+    return variant(MOE_EP_PATH_DISPATCH_LOOKBACK, MOE_EP_PATH_DISPATCH_LOOKBACK_BULK,
+                   MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE);
+  }
+  return variant(MOE_EP_PATH_DISPATCH_SCAN, MOE_EP_PATH_DISPATCH_SCAN_BULK, MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE);
 }
 
 bool dispatch_path_is_small(int32_t path) {
-  return path == MOE_EP_PATH_DISPATCH_SMALL || path == MOE_EP_PATH_DISPATCH_SMALL_BULK;
+  return path == MOE_EP_PATH_DISPATCH_SMALL || path == MOE_EP_PATH_DISPATCH_SMALL_BULK ||
+         path == MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE;
 }
 
 bool dispatch_path_is_bulk(int32_t path) {
@@ -58,7 +70,13 @@ bool dispatch_path_is_bulk(int32_t path) {
 }
 
 bool dispatch_path_looks_back(int32_t path) {
-  return path == MOE_EP_PATH_DISPATCH_LOOKBACK || path == MOE_EP_PATH_DISPATCH_LOOKBACK_BULK;
+  return path == MOE_EP_PATH_DISPATCH_LOOKBACK || path == MOE_EP_PATH_DISPATCH_LOOKBACK_BULK ||
+         path == MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE;
+}
+
+bool dispatch_path_quantizes(int32_t path) {
+  return path == MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE || path == MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE ||
+         path == MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE;
 }
 
 int32_t select_combine_path(const NvlinkPathSettings& s, const CombinePathCall& call) {

@@ -17,6 +17,7 @@ struct NvlinkPathSettings {
   int32_t small_dispatch_tokens = 0;       // MOE_EP_SMALL_DISPATCH_TOKENS
   int32_t small_combine_tokens = 0;        // MOE_EP_SMALL_COMBINE_TOKENS
   bool dispatch_bulk = false;              // bulk-copy dispatch rows wanted (MOE_EP_DISPATCH_BULK, by SM budget)
+  bool quantize_in_send = false;           // MOE_EP_QUANTIZE_IN_SEND
   std::optional<bool> dispatch_lookback;   // MOE_EP_DISPATCH_LOOKBACK forced it, or none (by the call)
   int32_t combine_schedule = 0;            // MOE_EP_COMBINE_SCHEDULE as requested (kernels::CombineSchedule)
   bool pull_rows = true;                   // MOE_EP_PULL_ROWS
@@ -46,13 +47,18 @@ struct DispatchPathCall {
   int32_t num_tokens = 0;
   int32_t tokens_per_rank = 0;
   int32_t num_blocks = 0;        // the grid (kernels::dispatch_blocks)
-  int64_t hidden_row_bytes = 0;
+  int64_t hidden_row_bytes = 0;  // the rows that cross (with the FP8 wire: the codes)
   const void* hidden = nullptr;  // the caller's rows (their alignment matters)
+  bool fp8_wire = false;         // the FP8 dispatch wire: `hidden` holds the rows to encode; the paths
+                                 // that do not encode them in the send loop send the codes of a separate
+                                 // quantize kernel, from the workspace (16-byte aligned)
 };
 int32_t select_dispatch_path(const NvlinkPathSettings& s, const DispatchPathCall& call);
 bool dispatch_path_is_small(int32_t path);
 bool dispatch_path_is_bulk(int32_t path);
 bool dispatch_path_looks_back(int32_t path);
+// The FP8 wire encoded in the send loop (otherwise the codes are quantized first, where the wire is FP8).
+bool dispatch_path_quantizes(int32_t path);
 
 struct CombinePathCall {
   bool zero_copy_combine = false;  // config.zero_copy_combine (the same on every rank)

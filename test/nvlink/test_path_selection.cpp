@@ -41,6 +41,7 @@ NvlinkPathSettings defaults() {
   s.pull_rows = true;
   s.bulk_copies = true;
   s.pdl = true;
+  s.quantize_in_send = true;
   return s;
 }
 
@@ -120,6 +121,46 @@ TEST_CASE("dispatch path: a forced look-back or scan, and bulk rows only for ali
   CHECK_FALSE(moe_ep::dispatch_path_looks_back(MOE_EP_PATH_DISPATCH_SMALL));
 }
 
+TEST_CASE("dispatch path: the FP8 wire encoded in the send loop only for aligned rows, else quantized first",
+          "[path]") {
+  NvlinkPathSettings s = defaults();
+  const auto fp8 = [](int32_t tokens, int32_t blocks, const void* hidden = kAligned, int64_t code_bytes = 7168) {
+    DispatchPathCall c = dispatch_call(tokens, blocks, hidden, code_bytes);
+    c.fp8_wire = true;
+    return c;
+  };
+  CHECK(moe_ep::select_dispatch_path(s, fp8(128, 8)) == MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE);
+  CHECK(moe_ep::select_dispatch_path(s, fp8(1024, 132)) == MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE);
+  CHECK(moe_ep::select_dispatch_path(s, fp8(4096, 8)) == MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE);
+  // Unaligned caller rows or code rows that are not whole vectors: the
+  // separate quantize kernel, then the paths of any rows.
+  CHECK(moe_ep::select_dispatch_path(s, fp8(128, 8, kUnaligned)) == MOE_EP_PATH_DISPATCH_SMALL);
+  CHECK(moe_ep::select_dispatch_path(s, fp8(4096, 8, kAligned, 7176)) == MOE_EP_PATH_DISPATCH_LOOKBACK);
+  // The quantized codes are aligned workspace rows: bulk copies take them
+  // whatever the caller's alignment, when their rows are whole vectors.
+  s.dispatch_bulk = true;
+  CHECK(moe_ep::select_dispatch_path(s, fp8(128, 8)) == MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE);
+  CHECK(moe_ep::select_dispatch_path(s, fp8(128, 8, kUnaligned)) == MOE_EP_PATH_DISPATCH_SMALL_BULK);
+  CHECK(moe_ep::select_dispatch_path(s, fp8(128, 8, kUnaligned, 7176)) == MOE_EP_PATH_DISPATCH_SMALL);
+  s.quantize_in_send = false;
+  CHECK(moe_ep::select_dispatch_path(s, fp8(1024, 132)) == MOE_EP_PATH_DISPATCH_SCAN_BULK);
+  s.dispatch_bulk = false;
+  CHECK(moe_ep::select_dispatch_path(s, fp8(4096, 8)) == MOE_EP_PATH_DISPATCH_LOOKBACK);
+  // AS_IS rows never take a quantizing path.
+  s.quantize_in_send = true;
+  CHECK(moe_ep::select_dispatch_path(s, dispatch_call(128, 8)) == MOE_EP_PATH_DISPATCH_SMALL);
+  for (const int32_t path : {MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE, MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE,
+                             MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE}) {
+    CHECK(moe_ep::dispatch_path_quantizes(path));
+    CHECK_FALSE(moe_ep::dispatch_path_is_bulk(path));
+  }
+  CHECK_FALSE(moe_ep::dispatch_path_quantizes(MOE_EP_PATH_DISPATCH_SMALL_BULK));
+  CHECK(moe_ep::dispatch_path_is_small(MOE_EP_PATH_DISPATCH_SMALL_QUANTIZE));
+  CHECK_FALSE(moe_ep::dispatch_path_is_small(MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE));
+  CHECK(moe_ep::dispatch_path_looks_back(MOE_EP_PATH_DISPATCH_LOOKBACK_QUANTIZE));
+  CHECK_FALSE(moe_ep::dispatch_path_looks_back(MOE_EP_PATH_DISPATCH_SCAN_QUANTIZE));
+}
+
 TEST_CASE(
     "combine path: the pull with the zero-copy view, by row size and alignment; else the push schedule, "
     "small push up to its bound",
@@ -178,8 +219,10 @@ TEST_CASE("path settings from the knobs: defaults, the bulk rows by SM budget, P
   const ScopedEnvironment bulk("MOE_EP_DISPATCH_BULK", nullptr);
   const ScopedEnvironment lookback("MOE_EP_DISPATCH_LOOKBACK", nullptr);
   const ScopedEnvironment pdl("MOE_EP_PDL", nullptr);
+  const ScopedEnvironment quantize("MOE_EP_QUANTIZE_IN_SEND", nullptr);
   {
     const NvlinkPathSettings s = moe_ep::read_nvlink_path_settings(90, 132);
+    CHECK_FALSE(s.quantize_in_send);
     CHECK(s.small_batch);
     CHECK(s.small_dispatch_tokens == 512);
     CHECK(s.small_combine_tokens == 384);
@@ -212,6 +255,10 @@ TEST_CASE("path settings from the knobs: defaults, the bulk rows by SM budget, P
   {
     const ScopedEnvironment off("MOE_EP_PDL", "0");
     CHECK_FALSE(moe_ep::read_nvlink_path_settings(90, 132).pdl);
+  }
+  {
+    const ScopedEnvironment on("MOE_EP_QUANTIZE_IN_SEND", "1");
+    CHECK(moe_ep::read_nvlink_path_settings(90, 132).quantize_in_send);
   }
   {
     const ScopedEnvironment bad("MOE_EP_DISPATCH_LOOKBACK", "junk");

@@ -1,0 +1,200 @@
+// The quantizing segment policy of the send path: the FP8 dispatch wire
+// (docs/nvlink_backend.md, "The FP8 wires") encoded where the rows are sent,
+// so that the caller's rows are read once and only codes and scales are
+// written, to every destination.
+//
+// Part of the dispatch kernels' one translation unit (dispatch/dispatch.cu):
+// device code with internal linkage, included there only.
+#pragma once
+
+#include <stdint.h>
+
+#include "dispatch/row_send.cuh"
+#include "wire/wire_rows.cuh"
+
+namespace moe_ep {
+namespace kernels {
+namespace {
+
+// A segment item is kSegmentBytes of codes: 4096 elements, 32 blocks of 128.
+// Lane l holds, for each u < kVectorsPerLane, the 16 elements of code vector
+// u * 32 + l, so a block is 8 lanes of one u (its amax three shuffles) and
+// the codes are the 16-byte vectors a register segment stores; lane l then
+// holds block l's scale, and a segment's scales cross as one 128-byte store
+// per destination.  The bits are the quantize kernel's (cuda/wire/quantize.cu):
+// the same finite amax, block_scale and encode_lane.
+constexpr int kQuantizeVectorElems = 16;
+constexpr int kQuantizeBlockLanes = kWireBlockElems / kQuantizeVectorElems;
+constexpr int kQuantizeBlocksPerVector = 32 / kQuantizeBlockLanes;
+static_assert(kSegmentBytes / kWireBlockElems == 32, "a segment's scales are one per lane");
+static_assert(kVectorsPerLane * kQuantizeBlocksPerVector == 32, "a segment's blocks are one per lane");
+
+// Where a lane's quantized vectors go: every destination's receive row
+// (send), or the warp's shared buffer (start).
+struct SegmentTarget {
+  const DispatchParams& p;
+  const TokenDestinations* dests;  // null: `shared`
+  char* shared;
+  int segment;
+
+  // Code vector `vector` (u * 32 + lane) of the segment.
+  __device__ __forceinline__ void codes(int vector, const uint4& c) const {
+    if (dests == nullptr) {
+      reinterpret_cast<uint4*>(shared)[vector] = c;
+      return;
+    }
+    const GroupShape& s = p.ctx.shape;
+    const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes + int64_t{16} * vector;
+    for (uint64_t rest = dests->mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
+      const int d = lowest_rank(rest);
+      const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests->slot(d);
+      *reinterpret_cast<uint4*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden + row * s.hidden_row_bytes + offset) = c;
+    }
+  }
+  // The scale of the segment's block `block` (one lane each).
+  __device__ __forceinline__ void scale(int block, float v) const {
+    if (dests == nullptr) {
+      reinterpret_cast<float*>(shared + kSegmentBytes)[block] = v;
+      return;
+    }
+    const GroupShape& s = p.ctx.shape;
+    for (uint64_t rest = dests->mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
+      const int d = lowest_rank(rest);
+      const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests->slot(d);
+      reinterpret_cast<float*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_scales +
+                               row * s.scale_row_bytes)[segment * 32 + block] = v;
+    }
+  }
+};
+
+// Vector u's 16 elements (E::kVectors raw words per 8) into codes; returns
+// its block's scale in the lanes of the block.  Every lane of the warp calls
+// it.
+template <class E>
+__device__ __forceinline__ uint4 quantize_vector(const uint4 (&x)[2 * E::kVectors], int32_t rule, float& scale) {
+  float lo[wire::kLaneElems], hi[wire::kLaneElems];
+  E::convert(x, lo);
+  E::convert(x + E::kVectors, hi);
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < wire::kLaneElems; ++k) amax = wire::finite_max(wire::finite_max(amax, lo[k]), hi[k]);
+#pragma unroll
+  for (int d = kQuantizeBlockLanes / 2; d >= 1; d /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, d));
+  scale = wire::block_scale(amax, rule);
+  uint32_t a[wire::kLaneElems / 2], b[wire::kLaneElems / 2];
+  wire::encode_lane(lo, scale, rule, a);
+  wire::encode_lane(hi, scale, rule, b);
+  return make_uint4(a[0] | a[1] << 16, a[2] | a[3] << 16, b[0] | b[1] << 16, b[2] | b[3] << 16);
+}
+
+// A segment of token `token`'s row into `target`: its loads issued in groups
+// of 32 registers (4 vectors of bf16 or fp16, 2 of fp32, as many bytes in
+// flight as a register segment), each group encoded and stored before the
+// next is loaded, so that a group's codes are all the send loop holds.  Lane
+// j gathers block j's scale and stores it last.  A vector past the row is
+// skipped by the whole warp (the shuffles stay convergent).
+template <class E>
+__device__ __forceinline__ void quantize_segment_as(const DispatchParams& p, int32_t token, int segment, int lane,
+                                                    const SegmentTarget& target) {
+  constexpr int kRaw = 2 * E::kVectors;
+  constexpr int kGroup = kVectorsPerLane / E::kBytes;
+  const int vectors = segment_vectors(p.ctx.shape, segment);
+  const char* src = static_cast<const char*>(p.args.hidden) + static_cast<int64_t>(token) * p.args.quantize_row_bytes +
+                    (static_cast<int64_t>(segment) * kSegmentBytes + lane * kQuantizeVectorElems) * E::kBytes;
+  float lane_scale = 1.0f;
+#pragma unroll
+  for (int g = 0; g < kVectorsPerLane; g += kGroup) {
+    if (g * 32 >= vectors) break;
+    uint4 x[kGroup][kRaw];
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const bool in_row = (g + u) * 32 + lane < vectors;
+      const char* v = src + static_cast<int64_t>(g + u) * 32 * kQuantizeVectorElems * E::kBytes;
+#pragma unroll
+      for (int i = 0; i < kRaw; ++i) x[u][i] = in_row ? wire::load_nc(v + 16 * i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
+      const int vector = (g + u) * 32 + lane;
+      if ((g + u) * 32 >= vectors) break;
+      float scale;
+      const uint4 c = quantize_vector<E>(x[u], p.args.quantize_rule, scale);
+      if (vector < vectors) target.codes(vector, c);
+      // Lane l' holds block (g + u) * 4 + l' / 8; lane j takes block j.
+      const float gathered = __shfl_sync(0xFFFFFFFFu, scale, (lane % kQuantizeBlocksPerVector) * kQuantizeBlockLanes);
+      if (lane / kQuantizeBlocksPerVector == g + u) lane_scale = gathered;
+    }
+  }
+  const int blocks = (vectors + kQuantizeBlockLanes - 1) / kQuantizeBlockLanes;
+  if (lane < blocks) target.scale(lane, lane_scale);
+}
+
+__device__ __forceinline__ void quantize_segment(const DispatchParams& p, int32_t token, int segment, int lane,
+                                                 const SegmentTarget& target) {
+  switch (p.args.quantize_dtype) {
+    case kCombineFp16: quantize_segment_as<wire::Elements<kCombineFp16>>(p, token, segment, lane, target); break;
+    case kCombineFp32: quantize_segment_as<wire::Elements<kCombineFp32>>(p, token, segment, lane, target); break;
+    default: quantize_segment_as<wire::Elements<kCombineBf16>>(p, token, segment, lane, target); break;
+  }
+}
+
+// A segment start() quantized into `shared`, to every destination.
+__device__ __forceinline__ void store_shared_segment(const DispatchParams& p, int segment, const char* shared,
+                                                     const SegmentTarget& target, int lane) {
+  const int vectors = segment_vectors(p.ctx.shape, segment);
+#pragma unroll
+  for (int u = 0; u < kVectorsPerLane; ++u) {
+    const int vector = u * 32 + lane;
+    if (vector < vectors) target.codes(vector, reinterpret_cast<const uint4*>(shared)[vector]);
+  }
+  const int blocks = (vectors + kQuantizeBlockLanes - 1) / kQuantizeBlockLanes;
+  if (lane < blocks) target.scale(lane, reinterpret_cast<const float*>(shared + kSegmentBytes)[lane]);
+}
+
+// Dynamic shared memory of a block: each warp's first segment, codes then
+// scales, quantized before routing.
+constexpr size_t kQuantizeWarpSharedBytes = kSegmentBytes + 32 * sizeof(float);
+constexpr size_t kQuantizeSegmentsSharedBytes = size_t{kWarpsPerBlock} * kQuantizeWarpSharedBytes;
+
+// QuantizeSegments (DispatchLaunch::quantize): as RegisterSegments, each
+// segment quantized in registers and stored to every destination with its
+// scales.  The first segment of each warp is quantized before routing, into
+// shared memory: held in registers across the routing it would spill the
+// send loop's.  The token's other item (send_token_meta) sends no scales.
+class QuantizeSegments {
+ public:
+  __device__ QuantizeSegments(const DispatchParams& p, int t0, int t1, char* shared)
+      : p_(p), items_(p, t0, t1), first_(shared + (threadIdx.x / 32) * kQuantizeWarpSharedBytes) {}
+  static constexpr size_t kSharedBytes = kQuantizeSegmentsSharedBytes;
+
+  // Each lane reads back only the vectors and the scale it wrote: no other
+  // lane's, so no warp barrier.
+  __device__ void start() {
+    const int item = threadIdx.x / 32;
+    prefetched_ = items_.is_segment(item);
+    if (!prefetched_) return;
+    const int segment = item % items_.parts;
+    quantize_segment(p_, items_.t0 + item / items_.parts, segment, threadIdx.x % 32,
+                     SegmentTarget{p_, nullptr, first_, segment});
+  }
+  __device__ void abandon() {}
+  __device__ void send(int item, int32_t token, int segment, const TokenDestinations& dests, int lane) {
+    const SegmentTarget target{p_, &dests, nullptr, segment};
+    if (item == threadIdx.x / 32 && prefetched_) {
+      store_shared_segment(p_, segment, first_, target, lane);
+    } else {
+      quantize_segment(p_, token, segment, lane, target);
+    }
+  }
+  __device__ void finish() {}
+
+ private:
+  const DispatchParams& p_;
+  const OwnItems items_;
+  char* const first_;
+  bool prefetched_ = false;
+};
+
+}  // namespace
+}  // namespace kernels
+}  // namespace moe_ep
