@@ -111,9 +111,9 @@ template <typename Segments>
 cudaError_t prepare_policy() {
   for (const bool small : {false, true}) {
     for (const bool send_half : {false, true}) {
-      const cudaError_t e = raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small, send_half),
-                                                            Segments::kSharedBytes,
-                                                            shared_raised<Segments>(small, send_half));
+      const cudaError_t e =
+          raise_dynamic_shared_limit_once(dispatch_kernel_for<Segments>(small, send_half), Segments::kSharedBytes,
+                                          shared_raised<Segments>(small, send_half));
       if (e != cudaSuccess) return e;
     }
   }
