@@ -43,12 +43,10 @@ struct SegmentTarget {
       reinterpret_cast<uint4*>(shared)[vector] = c;
       return;
     }
-    const GroupShape& s = p.ctx.shape;
     const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes + int64_t{16} * vector;
     for (uint64_t rest = dests->mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
       const int d = lowest_rank(rest);
-      const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests->slot(d);
-      *reinterpret_cast<uint4*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_hidden + row * s.hidden_row_bytes + offset) = c;
+      *reinterpret_cast<uint4*>(receive_row(d, p.ctx.offsets.recv_hidden, p.ctx.shape.hidden_row_bytes) + offset) = c;
     }
   }
   // The scale of the segment's block `block` (one lane each).
@@ -57,13 +55,17 @@ struct SegmentTarget {
       reinterpret_cast<float*>(shared + kSegmentBytes)[block] = v;
       return;
     }
-    const GroupShape& s = p.ctx.shape;
     for (uint64_t rest = dests->mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
       const int d = lowest_rank(rest);
-      const int64_t row = static_cast<int64_t>(s.rank) * p.args.tokens_per_rank + dests->slot(d);
-      reinterpret_cast<float*>(p.ctx.rank_base(d) + p.ctx.offsets.recv_scales +
-                               row * s.scale_row_bytes)[segment * 32 + block] = v;
+      reinterpret_cast<float*>(
+          receive_row(d, p.ctx.offsets.recv_scales, p.ctx.shape.scale_row_bytes))[segment * 32 + block] = v;
     }
+  }
+  // The token's row at destination d in the receive region at `region`,
+  // rows `row_bytes` apart.
+  __device__ __forceinline__ char* receive_row(int d, uint64_t region, int64_t row_bytes) const {
+    const int64_t row = static_cast<int64_t>(p.ctx.shape.rank) * p.args.tokens_per_rank + dests->slot(d);
+    return p.ctx.rank_base(d) + region + row * row_bytes;
   }
 };
 
