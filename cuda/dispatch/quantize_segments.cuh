@@ -37,32 +37,34 @@ struct SegmentTarget {
   char* shared;
   int segment;
 
-  // Code vector `vector` (u * 32 + lane) of the segment.
-  __device__ __forceinline__ void codes(int vector, const uint4& c) const {
+  // Code vector `vector` (u * 32 + lane) of the segment, where `in_row`.
+  // Every lane of the warp calls it: a destination's row is warp-collective
+  // (TokenDestinations::slot), only the store is predicated.
+  __device__ __forceinline__ void codes(int vector, const uint4& c, bool in_row) const {
     if (dests == nullptr) {
-      reinterpret_cast<uint4*>(shared)[vector] = c;
+      if (in_row) reinterpret_cast<uint4*>(shared)[vector] = c;
       return;
     }
     const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes + int64_t{16} * vector;
     for (uint64_t rest = dests->mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
-      const int d = lowest_rank(rest);
-      *reinterpret_cast<uint4*>(receive_row(d, p.ctx.offsets.recv_hidden, p.ctx.shape.hidden_row_bytes) + offset) = c;
+      char* row = receive_row(lowest_rank(rest), p.ctx.offsets.recv_hidden, p.ctx.shape.hidden_row_bytes);
+      if (in_row) *reinterpret_cast<uint4*>(row + offset) = c;
     }
   }
-  // The scale of the segment's block `block` (one lane each).
-  __device__ __forceinline__ void scale(int block, float v) const {
+  // The scale of the segment's block `block` (one lane each), where `in_row`;
+  // every lane calls it, as codes().
+  __device__ __forceinline__ void scale(int block, float v, bool in_row) const {
     if (dests == nullptr) {
-      reinterpret_cast<float*>(shared + kSegmentBytes)[block] = v;
+      if (in_row) reinterpret_cast<float*>(shared + kSegmentBytes)[block] = v;
       return;
     }
     for (uint64_t rest = dests->mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
-      const int d = lowest_rank(rest);
-      reinterpret_cast<float*>(
-          receive_row(d, p.ctx.offsets.recv_scales, p.ctx.shape.scale_row_bytes))[segment * 32 + block] = v;
+      char* row = receive_row(lowest_rank(rest), p.ctx.offsets.recv_scales, p.ctx.shape.scale_row_bytes);
+      if (in_row) reinterpret_cast<float*>(row)[segment * 32 + block] = v;
     }
   }
   // The token's row at destination d in the receive region at `region`,
-  // rows `row_bytes` apart.
+  // rows `row_bytes` apart (warp-collective).
   __device__ __forceinline__ char* receive_row(int d, uint64_t region, int64_t row_bytes) const {
     const int64_t row = static_cast<int64_t>(p.ctx.shape.rank) * p.args.tokens_per_rank + dests->slot(d);
     return p.ctx.rank_base(d) + region + row * row_bytes;
@@ -121,14 +123,14 @@ __device__ __forceinline__ void quantize_segment_as(const DispatchParams& p, int
       if ((g + u) * 32 >= vectors) break;
       float scale;
       const uint4 c = quantize_vector<E>(x[u], p.args.quantize_rule, scale);
-      if (vector < vectors) target.codes(vector, c);
+      target.codes(vector, c, vector < vectors);
       // Lane l' holds block (g + u) * 4 + l' / 8; lane j takes block j.
       const float gathered = __shfl_sync(0xFFFFFFFFu, scale, (lane % kQuantizeBlocksPerVector) * kQuantizeBlockLanes);
       if (lane / kQuantizeBlocksPerVector == g + u) lane_scale = gathered;
     }
   }
   const int blocks = (vectors + kQuantizeBlockLanes - 1) / kQuantizeBlockLanes;
-  if (lane < blocks) target.scale(lane, lane_scale);
+  target.scale(lane, lane_scale, lane < blocks);
 }
 
 __device__ __forceinline__ void quantize_segment(const DispatchParams& p, int32_t token, int segment, int lane,
@@ -146,11 +148,14 @@ __device__ __forceinline__ void store_shared_segment(const DispatchParams& p, in
   const int vectors = segment_vectors(p.ctx.shape, segment);
 #pragma unroll
   for (int u = 0; u < kVectorsPerLane; ++u) {
+    if (u * 32 >= vectors) break;  // warp-uniform
     const int vector = u * 32 + lane;
-    if (vector < vectors) target.codes(vector, reinterpret_cast<const uint4*>(shared)[vector]);
+    const bool in_row = vector < vectors;
+    target.codes(vector, in_row ? reinterpret_cast<const uint4*>(shared)[vector] : uint4{}, in_row);
   }
   const int blocks = (vectors + kQuantizeBlockLanes - 1) / kQuantizeBlockLanes;
-  if (lane < blocks) target.scale(lane, reinterpret_cast<const float*>(shared + kSegmentBytes)[lane]);
+  const bool has_block = lane < blocks;
+  target.scale(lane, has_block ? reinterpret_cast<const float*>(shared + kSegmentBytes)[lane] : 0.0f, has_block);
 }
 
 // Dynamic shared memory of a block: each warp's first segment, codes then
