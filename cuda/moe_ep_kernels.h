@@ -163,6 +163,11 @@ struct ControlBlock {
   uint32_t receives_done;    // receive kernels finished (ReceiveWatch::completed's source)
   uint32_t watchdog_released;  // nonzero: the host's watchdog released a receive half's stream wait
                                // after timeout_ms; waits for the peers then give up at once
+  // The active-rank mask as dispatch routes by it: bit r set when rank r is
+  // inactive (its experts' picks are dropped), every bit when this rank is
+  // (its picks all are).  0 at create: every rank active.  Written by the
+  // host between pairs, read by every dispatch, so a captured graph follows it.
+  uint64_t masked_ranks;
   DeviceErrors errors;
 };
 

@@ -10,6 +10,7 @@
 #include "error.hpp"
 #include "expert_layout.hpp"
 #include "input_errors.hpp"
+#include "mask_agreement.hpp"
 #include "reference_model.hpp"
 #include "store/membership_change.hpp"
 #include "store/rank_failure.hpp"
@@ -344,17 +345,7 @@ class HostBackend final : public Backend {
       change_mask(active, local_status, local_message);
       return;
     }
-    exchange_->agree(local_status, local_message);
-    const size_t world = static_cast<size_t>(layout_.world_size);
-    std::vector<uint8_t> all(world * world);
-    exchange_->allgather(active.data(), all.data(), world, "HOST set_active_ranks: masks");
-    for (size_t s = 1; s < world; ++s) {
-      if (std::memcmp(all.data() + s * world, all.data(), world) != 0) {
-        fail(MOE_EP_ERROR_INVALID_ARGUMENT,
-             "moe_ep_set_active_ranks: active: every rank must pass the same mask; rank ", s, " passed ",
-             mask_text(all.data() + s * world), ", rank 0 ", mask_text(all.data()));
-      }
-    }
+    agree_on_mask(*exchange_, active, local_status, local_message, "HOST set_active_ranks: masks");
     set_mask(active, mask_epoch_ + 1);
   }
 
@@ -629,12 +620,6 @@ class HostBackend final : public Backend {
         "call, got ranks " +
         newcomers + " (make one call per rank)";
     return MOE_EP_ERROR_INVALID_ARGUMENT;
-  }
-
-  std::string mask_text(const uint8_t* mask) const {
-    std::string text = "{";
-    for (int32_t r = 0; r < layout_.world_size; ++r) text += (r ? "," : "") + std::to_string(mask[r]);
-    return text + "}";
   }
 
   // Bad ids are dropped by the model (they match no rank); remember the first.

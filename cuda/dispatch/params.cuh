@@ -47,6 +47,13 @@ __device__ __forceinline__ int owner_of(const GroupShape& s, int32_t id) {
   return static_cast<int>(divide_by_magic(static_cast<uint32_t>(id), s.owner_magic, s.owner_shift));
 }
 
+// The ranks whose experts this call routes to (ControlBlock::masked_ranks,
+// inverted): every bit while every rank is active.  Read once per thread; the
+// host changes it only between calls.
+__device__ __forceinline__ uint64_t routable_ranks(const DispatchParams& p) {
+  return ~__ldg(reinterpret_cast<const unsigned long long*>(&p.ctx.control()->masked_ranks));
+}
+
 __device__ __forceinline__ int32_t* histogram_of(const DispatchParams& p, RoutingShared& sh) {
   return p.ctx.shape.num_experts <= kSharedHistogram ? sh.histogram : p.ctx.local<int32_t>(p.ctx.offsets.expert_hist);
 }

@@ -21,22 +21,25 @@ __device__ __forceinline__ void add_owner(const GroupShape& s, int32_t id, uint6
   if (is_valid_expert(s, id)) mask |= uint64_t{1} << owner_of(s, id);
 }
 
-// Ranks that own at least one valid pick of the token.  (Unrolled by 4:
-// unrolled by 8, one load round for top-8, the general kernel's register
-// path spills more.)
-__device__ inline uint64_t token_mask(const GroupShape& s, const int32_t* ids_row) {
+// Ranks that own at least one valid pick of the token, among `routable`
+// (routable_ranks).  (Unrolled by 4: unrolled by 8, one load round for
+// top-8, the general kernel's register path spills more.)
+__device__ inline uint64_t token_mask(const GroupShape& s, const int32_t* ids_row, uint64_t routable) {
   uint64_t mask = 0;
 #pragma unroll 4
   for (int k = 0; k < s.top_k; ++k) add_owner(s, __ldg(ids_row + k), mask);
-  return mask;
+  return mask & routable;
 }
 
-// Counts pick k of a token, `id`, for its expert, or reports it when it is
-// bad (first = lowest (token, pick), as the HOST backend reports it).
-__device__ __forceinline__ void count_pick(const DispatchParams& p, int32_t token, int k, int32_t id, int32_t* hist) {
+// Counts pick k of a token, `id`, for its expert unless its owner is masked
+// (not in `routable`), or reports it when it is bad (first = lowest
+// (token, pick), as the HOST backend reports it): a masked pick counts
+// nowhere, a bad one is reported whatever the mask.
+__device__ __forceinline__ void count_pick(const DispatchParams& p, int32_t token, int k, int32_t id, int32_t* hist,
+                                           uint64_t routable) {
   const GroupShape& s = p.ctx.shape;
   if (is_valid_expert(s, id)) {
-    atomicAdd(hist + id, 1);
+    if (routable == ~uint64_t{0} || ((routable >> owner_of(s, id)) & 1u) != 0) atomicAdd(hist + id, 1);
   } else if (id != s.invalid_expert_id) {
     DeviceErrors* errors = &p.ctx.control()->errors;
     atomicAdd(&errors->bad_id_count, 1u);
@@ -48,11 +51,11 @@ __device__ __forceinline__ void count_pick(const DispatchParams& p, int32_t toke
 
 // Counts every pick of a token, one load at a time (unrolled, the general
 // kernel's register path spills more).
-__device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist) {
+__device__ inline void count_picks(const DispatchParams& p, int32_t token, int32_t* hist, uint64_t routable) {
   const int top_k = p.ctx.shape.top_k;
   const int32_t* row = p.args.topk_ids + static_cast<int64_t>(token) * top_k;
 #pragma unroll 1
-  for (int k = 0; k < top_k; ++k) count_pick(p, token, k, __ldg(row + k), hist);
+  for (int k = 0; k < top_k; ++k) count_pick(p, token, k, __ldg(row + k), hist, routable);
 }
 
 // One round of kBlockThreads tokens starting at `base`: per-rank counts of
@@ -126,6 +129,7 @@ __device__ void route_tokens(const DispatchParams& p, int from, int t0, int t1, 
   if (counts_picks && hist == sh.histogram) {
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.histogram[x] = 0;
   }
+  const uint64_t routable = routable_ranks(p);
   __syncthreads();
   trace.mark(DispatchTrace::kSetUp);
   for (int pass = from; pass < t1; pass += kBlockThreads * kRoundsPerPass) {
@@ -133,13 +137,13 @@ __device__ void route_tokens(const DispatchParams& p, int from, int t0, int t1, 
 #pragma unroll
     for (int i = 0; i < kRoundsPerPass; ++i) {
       const int t = pass + i * kBlockThreads + static_cast<int>(threadIdx.x);
-      masks[i] = t < t1 ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k) : 0;
+      masks[i] = t < t1 ? token_mask(s, p.args.topk_ids + static_cast<int64_t>(t) * s.top_k, routable) : 0;
     }
     if (counts_picks) {
 #pragma unroll
       for (int i = 0; i < kRoundsPerPass; ++i) {
         const int t = pass + i * kBlockThreads + static_cast<int>(threadIdx.x);
-        if (t < t1) count_picks(p, t, hist);
+        if (t < t1) count_picks(p, t, hist, routable);
       }
     }
 #pragma unroll

@@ -64,6 +64,7 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   int32_t id[kHeldPicks];
 #pragma unroll
   for (int k = 0; k < kHeldPicks; ++k) id[k] = k < held ? __ldg(ids + k) : 0;
+  const uint64_t routable = routable_ranks(p);
   if (counts_picks && hist == sh.r.histogram) {
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) sh.r.histogram[x] = 0;
   }
@@ -73,13 +74,14 @@ __device__ void route_small(const DispatchParams& p, int t0, int t1, uint32_t ti
   for (int k = 0; k < kHeldPicks; ++k) {
     if (k >= held) break;
     add_owner(s, id[k], mask);
-    if (counts_picks) count_pick(p, t, k, id[k], hist);
+    if (counts_picks) count_pick(p, t, k, id[k], hist, routable);
   }
   for (int k = kHeldPicks; t < T && k < s.top_k; ++k) {  // top_k > kHeldPicks: the rest one by one
     const int32_t x = __ldg(ids + k);
     add_owner(s, x, mask);
-    if (counts_picks) count_pick(p, t, k, x, hist);
+    if (counts_picks) count_pick(p, t, k, x, hist, routable);
   }
+  mask &= routable;
   sh.masks[t] = mask;
   for (int d = 0; d < world; ++d) {
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "bounded_exchange.hpp"
 #include "collective_step.hpp"
 #include "common/cuda_check.hpp"
 #include "common/log.hpp"
@@ -27,11 +28,13 @@
 #include "gpu/peer_segments_copy.hpp"
 #include "gpu/wire_rows_plan.hpp"
 #include "input_errors.hpp"
+#include "mask_agreement.hpp"
 #include "moe_ep_kernels.h"
 #include "nvlink/driver_api.hpp"
 #include "nvlink/mirror_pool.hpp"
 #include "nvlink/path_selection.hpp"
 #include "nvlink/receive_watchdog.hpp"
+#include "nvlink/routing_mask.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/workspace_plan.hpp"
 #include "wire_kernels.h"
@@ -82,7 +85,7 @@ class NvlinkBackend final : public Backend {
   // of leaving the peers waiting), and whatever was acquired is released here
   // (the destructor does not run for a constructor that throws).
   NvlinkBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
-      : layout_(layout), config_(config) {
+      : layout_(layout), config_(config), bootstrap_(bootstrap) {
     try {
       join_group(bootstrap);
     } catch (...) {
@@ -376,6 +379,27 @@ class NvlinkBackend final : public Backend {
     h.failed_rank = mirror_->timeout_peer;
     h.message = timeout_message(phase, h.failed_rank);
     return h;
+  }
+
+  // Collective over the whole group, inactive ranks included (they still
+  // make every call: the mask changes what moves, not who takes part).  The
+  // ranks agree through the bootstrap; then each writes the mask into its
+  // own slots' control blocks once its own queued work is done, so no call
+  // in flight sees it change and every later dispatch (a graph replay too)
+  // reads it.
+  void set_active_ranks(const std::vector<uint8_t>& active, moe_ep_status_t local_status,
+                        const std::string& local_message) override {
+    {
+      const BoundedExchange exchange(bootstrap_, config_.timeout_ms);
+      agree_on_mask(exchange, active, local_status, local_message, "NVLINK_TWO_SIDED set_active_ranks: masks");
+    }
+    const DeviceGuard guard(device_);
+    wait_for_own_work();
+    const uint64_t masked = masked_ranks(active, layout_.rank);
+    for (int32_t slot = 0; slot < slots_; ++slot) {
+      write_to_device(&control_device(slot)->masked_ranks, &masked, sizeof masked, private_stream_,
+                      "writing the active-rank mask");
+    }
   }
 
   moe_ep_status_t poll_async_error(std::string* message) override {
@@ -791,6 +815,7 @@ class NvlinkBackend final : public Backend {
 
   Layout layout_;
   moe_ep_config_t config_;
+  Bootstrap bootstrap_;  // valid until destroy (moe_ep_bootstrap_t): set_active_ranks agrees through it
   int device_ = 0;
   int sm_count_ = 0;
   int sm_budget_ = 0;

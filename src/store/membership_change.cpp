@@ -4,6 +4,7 @@
 
 #include "common/host_identity.hpp"
 #include "error.hpp"
+#include "mask_agreement.hpp"
 
 namespace moe_ep {
 
@@ -45,12 +46,6 @@ ChangeRecord unpack(const uint8_t* bytes, size_t world, size_t values) {
   r.values.resize(values);
   if (values != 0) std::memcpy(r.values.data(), bytes + sizeof r.head + world, values * sizeof(int32_t));
   return r;
-}
-
-std::string mask_text(const std::vector<uint8_t>& mask) {
-  std::string text = "{";
-  for (size_t r = 0; r < mask.size(); ++r) text += (r ? "," : "") + std::to_string(int(mask[r]));
-  return text + "}";
 }
 
 // The checks every participant runs on the same records, in the same order.

@@ -37,6 +37,7 @@ struct CheckOptions {
   std::string wires =
       "as_is";  // as_is | fp8 | fp8_dispatch | fp8_dequantize | all: the wire formats every case runs with
   std::string wire_scale = "fp32";  // fp32 | ue8m0: params->wire_scale of the FP8 wires
+  std::vector<int> inactive_ranks;  // every case under an active-rank mask without these ranks
 };
 
 // The receive layouts named by --layouts (MOE_EP_LAYOUT_*); throws ToolError otherwise.

@@ -16,6 +16,18 @@ namespace moe_ep_tool {
 
 namespace {
 
+// --inactive-ranks as an active-rank mask; ToolError for a rank outside the world.
+std::vector<uint8_t> active_mask(const std::vector<int>& inactive, int world) {
+  std::vector<uint8_t> active(static_cast<size_t>(world), 1);
+  for (int r : inactive) {
+    if (r < 0 || r >= world) {
+      fail("--inactive-ranks: expected ranks in [0, " + std::to_string(world) + "), got " + std::to_string(r));
+    }
+    active[static_cast<size_t>(r)] = 0;
+  }
+  return active;
+}
+
 uint64_t name_hash(const std::string& name) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a: seeds do not move when cases are filtered
   for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
@@ -39,8 +51,12 @@ constexpr int kFirstSplitRound = 200;
 class CaseRunner {
  public:
   CaseRunner(const Session& session, const CheckOptions& options, const CheckCase& c)
-      : s_(session), o_(options), c_(c), me_(session.world().rank),
-        fault_(me_ == 0 ? parse_fault(options.inject_fault) : Fault::none) {}
+      : s_(session),
+        o_(options),
+        c_(c),
+        me_(session.world().rank),
+        fault_(me_ == 0 ? parse_fault(options.inject_fault) : Fault::none),
+        active_(active_mask(options.inactive_ranks, session.world().size)) {}
 
   // Eager: `rounds` dispatch/combine pairs on one handle with fresh inputs and
   // token counts each time; results owned by the caller and by the library
@@ -51,7 +67,7 @@ class CaseRunner {
     const WorkloadSpec first = spec(0, false);
     moe_ep_status_t created = MOE_EP_SUCCESS;
     EpHandle handle(s_.bootstrap(), first.params(), config(), MOE_EP_ERROR_UNSUPPORTED, &created);
-    if (created == MOE_EP_ERROR_UNSUPPORTED) {
+    if (created == MOE_EP_ERROR_UNSUPPORTED || !apply_mask(handle)) {
       skipped = moe_ep_last_error();
       return;
     }
@@ -65,7 +81,7 @@ class CaseRunner {
     const WorkloadSpec first = spec(kFirstGraphRound, true);
     moe_ep_status_t created = MOE_EP_SUCCESS;
     EpHandle handle(s_.bootstrap(), first.params(), config(), MOE_EP_ERROR_UNSUPPORTED, &created);
-    if (created == MOE_EP_ERROR_UNSUPPORTED) {
+    if (created == MOE_EP_ERROR_UNSUPPORTED || !apply_mask(handle)) {
       skipped = moe_ep_last_error();
       return;
     }
@@ -113,7 +129,7 @@ class CaseRunner {
     cfg.micro_batches = 2;
     moe_ep_status_t created = MOE_EP_SUCCESS;
     EpHandle handle(s_.bootstrap(), first.params(), cfg, MOE_EP_ERROR_UNSUPPORTED, &created);
-    if (created == MOE_EP_ERROR_UNSUPPORTED) {
+    if (created == MOE_EP_ERROR_UNSUPPORTED || !apply_mask(handle)) {
       skipped = moe_ep_last_error();
       return;
     }
@@ -154,6 +170,30 @@ class CaseRunner {
   };
 
   moe_ep_config_t config() const { return with_zero_copy_combine(s_.config(), c_.zero_copy); }
+
+  bool masked() const {
+    for (uint8_t a : active_) {
+      if (!a) return true;
+    }
+    return false;
+  }
+
+  // --inactive-ranks: the mask on a new handle.  False when the backend has
+  // no masks (UNSUPPORTED, the same answer on every rank: the run is skipped).
+  bool apply_mask(EpHandle& handle) {
+    if (!masked()) return true;
+    const moe_ep_status_t st =
+        moe_ep_set_active_ranks(handle.get(), active_.data(), static_cast<int32_t>(active_.size()));
+    if (st == MOE_EP_ERROR_UNSUPPORTED) return false;
+    TOOL_CHECK_MOE(st);
+    return true;
+  }
+
+  // What every rank must receive: the oracle on the routing as the library
+  // routes it under the mask (the inputs stay the unmasked routing).
+  std::vector<RankRouting> expected(const WorkloadSpec& w, const std::vector<RankRouting>& all) const {
+    return masked() ? mask_routing(w, all, active_) : all;
+  }
 
   // Where this round's expert output goes: the tool's buffer, or (zero-copy)
   // the dispatch result's combine_input view.  Returns what combine gets.
@@ -207,7 +247,7 @@ class CaseRunner {
                        Verdict& v) {
     ReceivedDispatch got = read_dispatch(w, dr, s_.place().dlpack(), reader(s_.place(), s_.stream()), v);
     inject_fault(fault_, w, got);
-    v.merge(check_dispatch(w, all, me_, got));
+    v.merge(check_dispatch(w, expected(w, all), me_, got));
     if (o_.poison_results) poison_dispatch_payload(w, s_.place(), dr, s_.stream());
   }
 
@@ -218,7 +258,7 @@ class CaseRunner {
     }
     std::vector<uint8_t> out = read_combine(w, cr, num_tokens, s_.place().dlpack(), reader(s_.place(), s_.stream()), v);
     inject_fault(fault_, w, out);
-    if (num_tokens > 0) v.merge(check_combine(w, all, me_, out));
+    if (num_tokens > 0) v.merge(check_combine(w, expected(w, all), me_, out));
   }
 
   // Bad ids must be reported (INVALID_INPUT) on the rank that passed them;
@@ -257,6 +297,7 @@ class CaseRunner {
   const CheckCase& c_;
   int me_;
   Fault fault_;
+  std::vector<uint8_t> active_;  // --inactive-ranks as a mask (every rank active without it)
 };
 
 std::string tokens_text(const std::vector<int>& tokens) {
@@ -305,6 +346,14 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
       "that dispatch_wire with dispatch_dequantize)\n",
       o.wires.c_str());
   std::printf("# wire scales: %s (params->wire_scale of the FP8 wires)\n", o.wire_scale.c_str());
+  if (!o.inactive_ranks.empty()) {
+    std::string ranks;
+    for (int r : o.inactive_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    std::printf(
+        "# inactive ranks: %s (moe_ep_set_active_ranks after create; results against the oracle with their experts "
+        "and tokens masked)\n",
+        ranks.c_str());
+  }
   std::printf("#\n# %-22s %-6s %-*s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode",
               kLayoutColumn, "layout", "E", "K", "maxT", "tpr", "H", "hidden", "scales", "combine", "tokens/rank",
               "#wrong", "result");
@@ -334,6 +383,7 @@ int run_check(const World& world, const CheckOptions& o) {
     }
     return 0;
   }
+  active_mask(o.inactive_ranks, world.size);  // a rank outside the world: refused on every rank alike
   Session session(world, o.common);
   if (!session.skip_reason().empty()) {
     if (world.is_root()) std::printf("# moe_ep_conformance check: skipped: %s\n", session.skip_reason().c_str());

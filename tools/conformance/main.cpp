@@ -128,6 +128,13 @@ void add_check(CLI::App& app, CheckOptions& o) {
                    "params->wire_scale of the FP8 wires every case runs with: fp32 (amax / 448) | ue8m0 (the "
                    "power of two at or above it)")
       ->check(CLI::IsMember({"fp32", "ue8m0"}));
+  check
+      ->add_option("--inactive-ranks", o.inactive_ranks,
+                   "comma-separated ranks made inactive (moe_ep_set_active_ranks) on every handle after create: "
+                   "every result is then compared with the oracle on the routing with their experts and their "
+                   "tokens masked (a backend without masks: those runs are skipped)")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   check->add_flag("!--no-poison-results", o.poison_results,
                   "do not overwrite dispatch payload results before combine");
   check->add_flag("--list", o.list, "print the case names and exit");
