@@ -654,19 +654,22 @@ MOE_EP_API moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8
  * rank of the group, each passing the same mask (a disagreement fails on every
  * rank with INVALID_ARGUMENT naming the first differing rank); at least one
  * rank stays active; no pair in flight on any slot (INVALID_STATE otherwise).
- * Takes effect from the next dispatch; mask_epoch increments.  On HOST an
- * inactive rank still makes every collective call, in the same order (the
- * bootstrap's allgather gathers from the whole group): its dispatch sends and
- * receives nothing, its combine output is zeros.  Under failure_policy MASK
+ * Takes effect from the next dispatch; mask_epoch increments.  On HOST and
+ * NVLINK_TWO_SIDED an inactive rank still makes every collective call, in
+ * the same order (the whole group still takes part in every exchange): its
+ * dispatch sends and receives nothing, its combine output is zeros.  On
+ * NVLINK_TWO_SIDED the mask lives on the device (the call waits for the
+ * handle's queued work before writing it): a captured CUDA graph follows it
+ * without recapture.  Under failure_policy MASK
  * the call is collective over the ranks active before or after it only
  * (through the store), at most one rank becomes active per call, and that is
  * how survivors admit a replacement (config->rejoin) or a rank they masked:
  * both sides' parameters are compared as at create.  An inactive rank makes
  * no exchange there (its dispatch and combine are local and empty); a peer
  * that fails during the call is masked out and the call returns TIMEOUT
- * naming it, the requested mask not applied.  Only the HOST
- * backend has masks other than all-active yet: NVLINK_TWO_SIDED and NCCL
- * answer UNSUPPORTED for them (all-active is accepted). */
+ * naming it, the requested mask not applied (failure_policy MASK is HOST
+ * only).  NCCL has no masks other than all-active yet: it answers
+ * UNSUPPORTED for them (all-active is accepted). */
 MOE_EP_API moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* active, int32_t world_size);
 
 /* Collective when the group is healthy; releases everything and sets *handle
