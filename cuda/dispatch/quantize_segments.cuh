@@ -37,18 +37,30 @@ struct SegmentTarget {
   char* shared;
   int segment;
 
-  // Code vector `vector` (u * 32 + lane) of the segment, where `in_row`.
-  // Every lane of the warp calls it: a destination's row is warp-collective
-  // (TokenDestinations::slot), only the store is predicated.
-  __device__ __forceinline__ void codes(int vector, const uint4& c, bool in_row) const {
+  // Code vectors (first + u) * 32 + lane of the segment, u < kCount, those
+  // before `vectors` (the segment's).  Every lane of the warp calls it: a
+  // destination's row is warp-collective (TokenDestinations::slot), only
+  // the stores are predicated, and each destination's row is found once
+  // for the kCount vectors.
+  template <int kCount>
+  __device__ __forceinline__ void codes(int first, const uint4 (&c)[kCount], int vectors, int lane) const {
     if (dests == nullptr) {
-      if (in_row) reinterpret_cast<uint4*>(shared)[vector] = c;
+#pragma unroll
+      for (int u = 0; u < kCount; ++u) {
+        const int vector = (first + u) * 32 + lane;
+        if (vector < vectors) reinterpret_cast<uint4*>(shared)[vector] = c[u];
+      }
       return;
     }
-    const int64_t offset = static_cast<int64_t>(segment) * kSegmentBytes + int64_t{16} * vector;
     for (uint64_t rest = dests->mask & ~rows_left_out(p); rest != 0; rest &= rest - 1) {
-      char* row = receive_row(lowest_rank(rest), p.ctx.offsets.recv_hidden, p.ctx.shape.hidden_row_bytes);
-      if (in_row) *reinterpret_cast<uint4*>(row + offset) = c;
+      uint4* row = reinterpret_cast<uint4*>(
+          receive_row(lowest_rank(rest), p.ctx.offsets.recv_hidden, p.ctx.shape.hidden_row_bytes) +
+          static_cast<int64_t>(segment) * kSegmentBytes);
+#pragma unroll
+      for (int u = 0; u < kCount; ++u) {
+        const int vector = (first + u) * 32 + lane;
+        if (vector < vectors) row[vector] = c[u];
+      }
     }
   }
   // The scale of the segment's block `block` (one lane each), where `in_row`;
@@ -94,7 +106,9 @@ __device__ __forceinline__ uint4 quantize_vector(const uint4 (&x)[2 * E::kVector
 // A segment of token `token`'s row into `target`: its loads issued in groups
 // of 32 registers (4 vectors of bf16 or fp16, 2 of fp32, as many bytes in
 // flight as a register segment), each group encoded and stored before the
-// next is loaded, so that a group's codes are all the send loop holds.  Lane
+// next is loaded, so that a group's codes are all the send loop holds (its
+// vectors encoded side by side, then stored together, each destination's row
+// found once per group).  Lane
 // j gathers block j's scale and stores it last.  A vector past the row is
 // skipped by the whole warp (the shuffles stay convergent).
 template <class E>
@@ -117,15 +131,23 @@ __device__ __forceinline__ void quantize_segment_as(const DispatchParams& p, int
 #pragma unroll
       for (int i = 0; i < kRaw; ++i) x[u][i] = in_row ? wire::load_nc(v + 16 * i) : make_uint4(0u, 0u, 0u, 0u);
     }
+    // The group's vectors are encoded side by side (independent chains), then
+    // stored together.
+    uint4 c[kGroup];
+    float scale[kGroup];
 #pragma unroll
     for (int u = 0; u < kGroup; ++u) {
-      const int vector = (g + u) * 32 + lane;
+      c[u] = make_uint4(0u, 0u, 0u, 0u);
+      scale[u] = 1.0f;
+      if ((g + u) * 32 < vectors) c[u] = quantize_vector<E>(x[u], p.args.quantize_rule, scale[u]);
+    }
+    target.codes(g, c, vectors, lane);
+#pragma unroll
+    for (int u = 0; u < kGroup; ++u) {
       if ((g + u) * 32 >= vectors) break;
-      float scale;
-      const uint4 c = quantize_vector<E>(x[u], p.args.quantize_rule, scale);
-      target.codes(vector, c, vector < vectors);
       // Lane l' holds block (g + u) * 4 + l' / 8; lane j takes block j.
-      const float gathered = __shfl_sync(0xFFFFFFFFu, scale, (lane % kQuantizeBlocksPerVector) * kQuantizeBlockLanes);
+      const float gathered =
+          __shfl_sync(0xFFFFFFFFu, scale[u], (lane % kQuantizeBlocksPerVector) * kQuantizeBlockLanes);
       if (lane / kQuantizeBlocksPerVector == g + u) lane_scale = gathered;
     }
   }
@@ -146,13 +168,13 @@ __device__ __forceinline__ void quantize_segment(const DispatchParams& p, int32_
 __device__ __forceinline__ void store_shared_segment(const DispatchParams& p, int segment, const char* shared,
                                                      const SegmentTarget& target, int lane) {
   const int vectors = segment_vectors(p.ctx.shape, segment);
+  uint4 c[kVectorsPerLane];
 #pragma unroll
   for (int u = 0; u < kVectorsPerLane; ++u) {
-    if (u * 32 >= vectors) break;  // warp-uniform
     const int vector = u * 32 + lane;
-    const bool in_row = vector < vectors;
-    target.codes(vector, in_row ? reinterpret_cast<const uint4*>(shared)[vector] : uint4{}, in_row);
+    c[u] = vector < vectors ? reinterpret_cast<const uint4*>(shared)[vector] : make_uint4(0u, 0u, 0u, 0u);
   }
+  target.codes(0, c, vectors, lane);
   const int blocks = (vectors + kQuantizeBlockLanes - 1) / kQuantizeBlockLanes;
   const bool has_block = lane < blocks;
   target.scale(lane, has_block ? reinterpret_cast<const float*>(shared + kSegmentBytes)[lane] : 0.0f, has_block);
