@@ -76,12 +76,14 @@ class CaseRunner {
   }
 
   // Graph: dispatch and combine captured once (fixed token counts), replayed
-  // on new inputs twice, then one eager call on the same handle.
+  // on new inputs twice, then one eager call on the same handle.  With
+  // --inactive-ranks the mask is set between the two replays: a captured
+  // graph must follow it.
   void run_graph(Verdict& v, std::string& skipped) {
     const WorkloadSpec first = spec(kFirstGraphRound, true);
     moe_ep_status_t created = MOE_EP_SUCCESS;
     EpHandle handle(s_.bootstrap(), first.params(), config(), MOE_EP_ERROR_UNSUPPORTED, &created);
-    if (created == MOE_EP_ERROR_UNSUPPORTED || !apply_mask(handle)) {
+    if (created == MOE_EP_ERROR_UNSUPPORTED) {
       skipped = moe_ep_last_error();
       return;
     }
@@ -99,6 +101,12 @@ class CaseRunner {
                            st);
       });
       for (int replay = 0; replay < 2; ++replay) {
+        // --inactive-ranks: the graph was captured with every rank active;
+        // its second replay runs under the mask, without recapture.
+        if (replay == 1 && !apply_mask(handle)) {
+          skipped = moe_ep_last_error();
+          return;
+        }
         const WorkloadSpec w = spec(kFirstGraphRound + replay, true);
         const std::vector<RankRouting> all = make_all_routing(w);
         b.inputs.load(w, me_, all[me_], s_.stream());
@@ -186,13 +194,15 @@ class CaseRunner {
         moe_ep_set_active_ranks(handle.get(), active_.data(), static_cast<int32_t>(active_.size()));
     if (st == MOE_EP_ERROR_UNSUPPORTED) return false;
     TOOL_CHECK_MOE(st);
+    mask_applied_ = true;
     return true;
   }
 
   // What every rank must receive: the oracle on the routing as the library
-  // routes it under the mask (the inputs stay the unmasked routing).
+  // routes it under the mask once it is set (the inputs stay the unmasked
+  // routing).
   std::vector<RankRouting> expected(const WorkloadSpec& w, const std::vector<RankRouting>& all) const {
-    return masked() ? mask_routing(w, all, active_) : all;
+    return mask_applied_ ? mask_routing(w, all, active_) : all;
   }
 
   // Where this round's expert output goes: the tool's buffer, or (zero-copy)
@@ -298,6 +308,7 @@ class CaseRunner {
   int me_;
   Fault fault_;
   std::vector<uint8_t> active_;  // --inactive-ranks as a mask (every rank active without it)
+  bool mask_applied_ = false;    // set on this runner's handle (graph mode: from its second replay on)
 };
 
 std::string tokens_text(const std::vector<int>& tokens) {
@@ -350,8 +361,8 @@ void print_header(const Session& s, const CheckOptions& o, size_t cases) {
     std::string ranks;
     for (int r : o.inactive_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
     std::printf(
-        "# inactive ranks: %s (moe_ep_set_active_ranks after create; results against the oracle with their experts "
-        "and tokens masked)\n",
+        "# inactive ranks: %s (moe_ep_set_active_ranks after create, in graph mode between the two replays; results "
+        "against the oracle with their experts and tokens masked)\n",
         ranks.c_str());
   }
   std::printf("#\n# %-22s %-6s %-*s %5s %4s %5s %4s %6s %-16s %-13s %-8s %-14s %8s  %s\n", "case", "mode",

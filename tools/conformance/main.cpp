@@ -130,7 +130,8 @@ void add_check(CLI::App& app, CheckOptions& o) {
       ->check(CLI::IsMember({"fp32", "ue8m0"}));
   check
       ->add_option("--inactive-ranks", o.inactive_ranks,
-                   "comma-separated ranks made inactive (moe_ep_set_active_ranks) on every handle after create: "
+                   "comma-separated ranks made inactive (moe_ep_set_active_ranks) on every handle after create (in "
+                   "graph mode between the two replays of a graph captured before): "
                    "every result is then compared with the oracle on the routing with their experts and their "
                    "tokens masked (a backend without masks: those runs are skipped)")
       ->delimiter(',')
