@@ -371,8 +371,18 @@ std::string run_gpu_case(const WorkloadSpec& spec_in, const moe_ep_bootstrap_t& 
                                                                       [](cudaStream_t* s) { cudaStreamDestroy(*s); });
   GraphExecs graphs;
   std::ostringstream failures;
+  std::vector<uint8_t> active(static_cast<size_t>(spec.world), 1);
 
   for (int round = 0; round < o.rounds; ++round) {
+    if (o.active_ranks) {
+      const std::vector<uint8_t> next = o.active_ranks(round);
+      if (next != active) {
+        const int32_t world = static_cast<int32_t>(next.size());
+        expect_ok(moe_ep_set_active_ranks(nv.get(), next.data(), world), "set_active_ranks");
+        expect_ok(moe_ep_set_active_ranks(host.get(), next.data(), world), "HOST set_active_ranks");
+        active = next;
+      }
+    }
     for (const auto& lane_ptr : lanes) {
       Lane& lane = *lane_ptr;
       lane.w = round_spec(lane.spec, round);

@@ -102,6 +102,11 @@ struct GpuCaseOptions {
   std::vector<int> second_tokens;
   // Called before each half of an eager split round.
   std::function<void(const GpuHalfCall&)> before_half;
+  // The active-rank mask of each round, set on both handles
+  // (moe_ep_set_active_ranks) before the round where it changes: with
+  // `graph`, between replays of the graph captured in round 0.  Empty:
+  // every rank stays active.
+  std::function<std::vector<uint8_t>(int round)> active_ranks;
 
   int32_t micro_batches() const { return phases == GpuPhases::micro_batches2 ? 2 : 1; }
 };

@@ -352,6 +352,37 @@ TEST_CASE("a CUDA graph of dispatch + combine replays with results identical to 
   check_case(s, graph);
 }
 
+TEST_CASE(
+    "active-rank mask: ranks made inactive and active again, eager, split and in a replayed graph, "
+    "equal the HOST backend",
+    "[gpu][mask]") {
+  const int world = mpi_world_size();
+  if (world < 2) {
+    WARN("skipped: a mask needs two ranks or more (one must stay active)");
+    return;
+  }
+  // Round 0 all active, then the last rank out, then rank 0 out (the last
+  // back), then every rank active again.
+  GpuCaseOptions o;
+  o.rounds = 4;
+  o.active_ranks = [world](int round) {
+    std::vector<uint8_t> a(static_cast<size_t>(world), 1);
+    if (round == 1) a[static_cast<size_t>(world - 1)] = 0;
+    if (round == 2) a[0] = 0;
+    return a;
+  };
+  WorkloadSpec s = spec_for_world(64, 8, 1024, 64);
+  s.seed = 81;
+  check_case(s, o);
+  o.graph = true;
+  s.seed = 82;
+  check_case(s, o);
+  o.graph = false;
+  o.phases = GpuPhases::micro_batches2;
+  s.seed = 83;
+  check_case(s, o);
+}
+
 TEST_CASE("bad expert ids are dropped and reported as INVALID_INPUT, like the HOST backend", "[gpu][bad_ids]") {
   WorkloadSpec s = spec_for_world(64, 8, 512, 48);
   s.seed = 81;
