@@ -168,6 +168,14 @@ struct ControlBlock {
   // (its picks all are).  0 at create: every rank active.  Written by the
   // host between pairs, read by every dispatch, so a captured graph follows it.
   uint64_t masked_ranks;
+  // The ranks that take no part in the protocol any more (failure_policy
+  // MASK: the survivors dropped them, or this rank is out of the mask and the
+  // others are, from its side): bit r set when rank r is absent, never this
+  // rank's own bit.  No wait is made for an absent rank, and this rank writes
+  // its segments' padding and counts itself.  A subset of masked_ranks; 0 at
+  // create.  Written by the host when the survivors resynchronise, with every
+  // kernel of the group ended.
+  uint64_t absent_ranks;
   DeviceErrors errors;
 };
 

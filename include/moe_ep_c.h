@@ -326,12 +326,13 @@ typedef struct moe_ep_config_t {
    * every rank.                                                               */
   int32_t failure_policy;    /* 0 = MOE_EP_ON_FAILURE_FAIL_HANDLE (default): TIMEOUT,
                                 the handle is unusable.  MOE_EP_ON_FAILURE_MASK
-                                (HOST backend only): the survivors drop the
-                                failed rank from the active-rank mask through
-                                the store at store_address and go on; needs
-                                store_address.                                   */
+                                (HOST and NVLINK_TWO_SIDED): the survivors drop
+                                the failed rank from the active-rank mask
+                                through the store at store_address and go on;
+                                needs store_address.                             */
   int32_t rejoin;            /* 0 (default), or 1: this process replaces a failed
-                                rank of a running MASK group.  moe_ep_create then
+                                rank of a running MASK group (HOST; NVLINK_TWO_SIDED
+                                answers UNSUPPORTED).  moe_ep_create then
                                 reads only rank and world_size of the bootstrap
                                 (its callbacks may be NULL: the group is met
                                 through the store) and returns once the
@@ -586,7 +587,12 @@ typedef struct moe_ep_health_t {
   uint32_t struct_size;
   moe_ep_status_t status; /* the handle's error state: SUCCESS, or the sticky
                              status that broke it (TIMEOUT, CUDA, INTERNAL),
-                             its message in moe_ep_last_error()            */
+                             its message in moe_ep_last_error().  Under
+                             failure_policy MASK on NVLINK_TWO_SIDED also
+                             TIMEOUT when a kernel gave up on a peer: the
+                             results of the calls since are invalid, and the
+                             handle's next call recovers (it returns TIMEOUT,
+                             and the poll SUCCESS again)                   */
   int32_t failed_rank;    /* the peer a timeout named; -1 when none is known */
   int32_t active_count;   /* ranks active in the current mask             */
   uint64_t mask_epoch;    /* 0 at create, +1 per moe_ep_set_active_ranks   */
@@ -609,8 +615,9 @@ MOE_EP_API moe_ep_status_t moe_ep_poll_health(moe_ep_handle_t handle, moe_ep_hea
 /* config->failure_policy. */
 enum {
   MOE_EP_ON_FAILURE_FAIL_HANDLE = 0, /* a dead peer: TIMEOUT, the handle is unusable  */
-  MOE_EP_ON_FAILURE_MASK = 1         /* HOST: a dead peer is masked out, the
-                                        survivors go on (needs a store)          */
+  MOE_EP_ON_FAILURE_MASK = 1         /* HOST, NVLINK_TWO_SIDED: a dead peer is
+                                        masked out, the survivors go on (needs
+                                        a store)                                 */
 };
 
 /* The store: a small key/value server over TCP that survivors of a failure
@@ -667,8 +674,10 @@ MOE_EP_API moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8
  * both sides' parameters are compared as at create.  An inactive rank makes
  * no exchange there (its dispatch and combine are local and empty); a peer
  * that fails during the call is masked out and the call returns TIMEOUT
- * naming it, the requested mask not applied (failure_policy MASK is HOST
- * only).  NCCL has no masks other than all-active yet: it answers
+ * naming it, the requested mask not applied.  On NVLINK_TWO_SIDED under
+ * MASK ranks only leave (one that comes back needs its memory exchanged
+ * again: UNSUPPORTED), and the participants reset their workspaces to the
+ * new mask, so that a captured graph still replays.  NCCL has no masks other than all-active yet: it answers
  * UNSUPPORTED for them (all-active is accepted). */
 MOE_EP_API moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* active, int32_t world_size);
 

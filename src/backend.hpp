@@ -66,6 +66,9 @@ struct HostHealth {
   moe_ep_status_t status = MOE_EP_SUCCESS;  // a sticky failure the host can see, SUCCESS if none
   int32_t failed_rank = -1;                 // the peer it names, -1 if none
   std::string message;                      // set when status is not SUCCESS
+  // The failure is not sticky: failure_policy MASK, where the handle's next
+  // call recovers from it (the results of the calls since are invalid).
+  bool recoverable = false;
 };
 
 class Backend {

@@ -135,7 +135,7 @@ moe_ep_handle_s* create_handle(const moe_ep_bootstrap_t* bootstrap_arg, const mo
   handle->active.assign(static_cast<size_t>(handle->layout.world_size), 1);
 
   if (failure.policy == MOE_EP_ON_FAILURE_MASK) {
-    handle->backend = make_masking_backend(*exchange, *handle, failure, group_fingerprint(*handle));
+    handle->backend = make_masking_backend(bootstrap, *exchange, *handle, failure, group_fingerprint(*handle));
     return handle.release();
   }
   handle->backend =
@@ -593,12 +593,19 @@ int32_t backend_of(const moe_ep_handle_s& h) { return h.config.backend; }
 moe_ep_health_t poll_health(moe_ep_handle_s& h) {
   moe_ep_health_t out{};
   out.struct_size = sizeof(out);
+  HostHealth seen;
   if (!h.health.broken()) {
-    HostHealth seen = h.backend->host_health();
-    if (seen.status != MOE_EP_SUCCESS) h.health.record(seen.status, seen.message, seen.failed_rank);
+    seen = h.backend->host_health();
+    if (seen.status != MOE_EP_SUCCESS && !seen.recoverable)
+      h.health.record(seen.status, seen.message, seen.failed_rank);
   }
   out.status = h.health.status();
   out.failed_rank = h.health.broken() ? h.health.failed_rank() : h.last_failed_rank;
+  if (!h.health.broken() && seen.status != MOE_EP_SUCCESS) {  // found, and the next call recovers from it
+    out.status = seen.status;
+    out.failed_rank = seen.failed_rank;
+    set_last_error(seen.message);
+  }
   int32_t count = 0;
   for (uint8_t a : h.active) count += a ? 1 : 0;
   out.active_count = count;

@@ -10,6 +10,7 @@
 #include "error.hpp"
 #include "handle.hpp"
 #include "host_backend.hpp"
+#include "nvlink/nvlink_backend.hpp"
 #include "store/frame.hpp"
 #include "store/store_client.hpp"
 #include "store/store_exchange.hpp"
@@ -75,19 +76,25 @@ FailureConfig read_failure_config(const moe_ep_config_t& c) {
   if (f.rejoin && f.policy != MOE_EP_ON_FAILURE_MASK) {
     fail_argument("config->failure_policy", "MOE_EP_ON_FAILURE_MASK (1) with config->rejoin = 1", c.failure_policy);
   }
-  if (f.policy == MOE_EP_ON_FAILURE_MASK && c.backend != MOE_EP_BACKEND_HOST && c.backend != MOE_EP_BACKEND_AUTO) {
-    fail(MOE_EP_ERROR_UNSUPPORTED, "config->failure_policy: MOE_EP_ON_FAILURE_MASK is implemented by the HOST ",
-         "backend only; got config->backend ", c.backend, " (the GPU backends keep the handle broken on a failure)");
+  if (f.policy == MOE_EP_ON_FAILURE_MASK && c.backend != MOE_EP_BACKEND_HOST && c.backend != MOE_EP_BACKEND_AUTO &&
+      c.backend != MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "config->failure_policy: MOE_EP_ON_FAILURE_MASK is implemented by the HOST and ",
+         "NVLINK_TWO_SIDED backends; got config->backend ", c.backend, " (NCCL keeps the handle broken on a failure)");
+  }
+  if (f.rejoin && c.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "config->rejoin: a replacement rejoins a HOST group only; the NVLINK_TWO_SIDED ",
+         "backend's survivors go on masked, and a returning rank needs its memory exchanged again (not built)");
   }
   return f;
 }
 
-std::unique_ptr<Backend> make_masking_backend(const Exchange& exchange, moe_ep_handle_s& h,
+std::unique_ptr<Backend> make_masking_backend(const Bootstrap& bootstrap, const Exchange& exchange, moe_ep_handle_s& h,
                                               const FailureConfig& failure, const std::vector<RankValue>& fingerprint) {
-  if (h.config.backend != MOE_EP_BACKEND_HOST) {  // agreed: the same answer on every rank
+  const bool nvlink = h.config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+  if (h.config.backend != MOE_EP_BACKEND_HOST && !nvlink) {  // agreed: the same answer on every rank
     fail(MOE_EP_ERROR_UNSUPPORTED, "config->failure_policy: MOE_EP_ON_FAILURE_MASK is implemented by the HOST ",
-         "backend only; the group runs ", backend_entry(h.config.backend).name,
-         " (the GPU backends keep the handle broken on a failure)");
+         "and NVLINK_TWO_SIDED backends; the group runs ", backend_entry(h.config.backend).name,
+         " (NCCL keeps the handle broken on a failure)");
   }
   const int32_t rank = h.layout.rank, world = h.layout.world_size, timeout = h.config.timeout_ms;
   std::shared_ptr<store::StoreClient> client;
@@ -104,8 +111,14 @@ std::unique_ptr<Backend> make_masking_backend(const Exchange& exchange, moe_ep_h
       client->set(failure.store_prefix + "/group", std::vector<uint8_t>(group.begin(), group.end()));
       store->publish_latest();
     }
-    backend = make_host_backend(h.layout, h.config.micro_batches, masking_exchange(store, fingerprint, h));
+    if (!nvlink) backend = make_host_backend(h.layout, h.config.micro_batches, masking_exchange(store, fingerprint, h));
   });
+  if (nvlink) {  // collective over the bootstrap (memory exchange), which is alive at create
+    h.mask_state = std::make_shared<MembershipState>();
+    h.mask_state->active.assign(static_cast<size_t>(world), 1);
+    backend =
+        make_masking_nvlink_backend(h.layout, h.config, bootstrap, NvlinkMasking{store, fingerprint, h.mask_state});
+  }
   sync_mask(h);
   return backend;
 }

@@ -1,8 +1,8 @@
 // What a handle does when a peer fails, chosen by config->failure_policy
 // (docs/reliability.md, "Surviving a dead rank"): the default leaves the
-// handle broken (handle_health.hpp); MASK (HOST only) builds the backend over
-// the store, so that a failure becomes a mask, and lets a replacement process
-// rejoin (config->rejoin).
+// handle broken (handle_health.hpp); MASK (HOST and NVLINK_TWO_SIDED) lets the
+// survivors agree through the store, so that a failure becomes a mask, and
+// lets a replacement process rejoin a HOST group (config->rejoin).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "bootstrap.hpp"
 #include "bounded_exchange.hpp"
 #include "collective_step.hpp"
 #include "moe_ep_c.h"
@@ -31,8 +32,10 @@ FailureConfig read_failure_config(const moe_ep_config_t& config);
 
 // Create, failure_policy MASK: connects every rank to the store, agrees on the
 // group's key in it (over the bootstrap, still alive at create), and builds
-// the HOST backend over the store.  Collective over `exchange`.
-std::unique_ptr<Backend> make_masking_backend(const Exchange& exchange, moe_ep_handle_s& h,
+// the HOST backend over the store, or the NVLINK_TWO_SIDED backend (over the
+// bootstrap, agreeing through the store after create).  Collective over
+// `exchange`.
+std::unique_ptr<Backend> make_masking_backend(const Bootstrap& bootstrap, const Exchange& exchange, moe_ep_handle_s& h,
                                               const FailureConfig& failure, const std::vector<RankValue>& fingerprint);
 
 // Create with config->rejoin: a replacement joins its group through the

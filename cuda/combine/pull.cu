@@ -96,10 +96,11 @@ __device__ void announce_then_ready(const KernelContext& c, uint64_t epoch) {
   for (int q = threadIdx.x; q < s.world_size; q += blockDim.x) {
     if (q != s.rank) store_release_sys(c.remote<uint64_t>(q, c.offsets.combine_started) + s.rank, epoch);
   }
+  const uint64_t absent = threadIdx.x == 0 ? absent_ranks(c.control()) : 0;
   __syncthreads();
   if (threadIdx.x == 0) {
     fence_acq_rel_sys();
-    add_ready_at_peers(c, c.offsets.combine_ready, static_cast<uint32_t>(kArrivalsPerCall));  // one block: all of it
+    add_ready_at_peers(c, c.offsets.combine_ready, static_cast<uint32_t>(kArrivalsPerCall), absent);  // one block: all
   }
 }
 

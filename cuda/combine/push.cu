@@ -128,9 +128,10 @@ __device__ void push_rows(const CombineParams& p, const int32_t* counts, int pus
     }
     __syncthreads();
     if (threadIdx.x == 0) {
+      const uint64_t absent = absent_ranks(c.control());  // loaded before the fence, which hides it
       fence_acq_rel_sys();
       for (int q = 0; q < s.world_size; ++q) {
-        if (q == s.rank) continue;
+        if (q == s.rank || ((absent >> q) & 1u) != 0) continue;  // nothing to an absent rank
         red_relaxed_sys_add(c.remote<uint64_t>(q, c.offsets.combine_chunk_flags) +
                                 static_cast<int64_t>(s.rank) * s.max_tokens_per_rank + phase,
                             weight);
@@ -237,10 +238,17 @@ __device__ void publish_serial_arrival(const CombineParams& p) {
   const GroupShape& s = c.shape;
   __syncthreads();
   if (threadIdx.x == 0) {
+    // Nothing to an absent rank; its share of the ready word is this rank's
+    // to add (common/split_ready.cuh).  Loaded before the fence, which hides it.
+    const uint64_t absent = absent_ranks(c.control());
     fence_acq_rel_sys();
     const uint64_t weight = arrival_weight();
+    if (kPart == kPartSend && absent != 0) {
+      red_relaxed_sys_add(c.local<uint32_t>(c.offsets.combine_ready), static_cast<uint32_t>(weight) * __popcll(absent));
+    }
     for (int i = 1; i < s.world_size; ++i) {
       const int q = (s.rank + i) % s.world_size;
+      if ((absent >> q) & 1u) continue;
       red_relaxed_sys_add(c.remote<uint64_t>(q, c.offsets.combine_arrivals) + s.rank, weight);
       if (kPart == kPartSend) red_relaxed_sys_add(c.remote<uint32_t>(q, c.offsets.combine_ready), weight);
       if (blockIdx.x != 0) continue;

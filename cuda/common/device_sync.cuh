@@ -73,6 +73,13 @@ __device__ __forceinline__ bool handle_timed_out(const ControlBlock* control) {
   return *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) != kPhaseNone;
 }
 
+// The ranks that take no part in the protocol any more
+// (ControlBlock::absent_ranks); the host changes the word only while no
+// kernel of the handle runs.
+__device__ __forceinline__ uint64_t absent_ranks(const ControlBlock* control) {
+  return __ldg(reinterpret_cast<const unsigned long long*>(&control->absent_ranks));
+}
+
 // Whether the host's watchdog released a receive half's stream wait: the
 // peers missed timeout_ms already, so a wait for them gives up at once.
 __device__ __forceinline__ bool watchdog_released(const ControlBlock* control) {
@@ -99,13 +106,18 @@ __device__ __forceinline__ void red_relaxed_sys_add(uint64_t* p, uint64_t v) {
 // kReleasable: a receive half's wait, which also gives up once the host's
 // watchdog released the slot (a template argument: the fused kernels' waits
 // compile as if the split did not exist).
-template <bool kReleasable = false, typename Ready>
+// A wait for an absent peer (ControlBlock::absent_ranks) is over after a few
+// polls; kPeerMayBeAbsent = false where the caller knows the peer takes part.
+template <bool kReleasable = false, bool kPeerMayBeAbsent = true, typename Ready>
 __device__ inline bool bounded_wait(const Ready& ready, ControlBlock* control, HostTimeoutMirror* mirror,
                                     int64_t timeout_ns, uint32_t phase, int32_t peer) {
   if (ready()) return true;
+  // Issued now, looked at a few polls later: the load costs no wait.
+  const uint64_t absent = kPeerMayBeAbsent && peer >= 0 ? absent_ranks(control) : 0;
   const uint64_t start = global_timer_ns();
   for (uint32_t polls = 1;; ++polls) {
     if (ready()) return true;
+    if (polls == 4 && ((absent >> (peer & 63)) & 1u) != 0) return true;
     if (polls > 64) __nanosleep(32);  // many waiters: leave the memory system to the data
     if ((polls & 255u) == 0) {
       if (handle_timed_out(control)) return false;
@@ -118,12 +130,12 @@ __device__ inline bool bounded_wait(const Ready& ready, ControlBlock* control, H
 }
 
 // Spins until *word >= target (acquire), bounded as above.
-template <bool kReleasable = false>
+template <bool kReleasable = false, bool kPeerMayBeAbsent = true>
 __device__ inline bool wait_until_at_least(const uint64_t* word, uint64_t target, ControlBlock* control,
                                            HostTimeoutMirror* mirror, int64_t timeout_ns, uint32_t phase,
                                            int32_t peer) {
-  return bounded_wait<kReleasable>([&] { return load_acquire_sys(word) >= target; }, control, mirror, timeout_ns, phase,
-                                   peer);
+  return bounded_wait<kReleasable, kPeerMayBeAbsent>([&] { return load_acquire_sys(word) >= target; }, control, mirror,
+                                                     timeout_ns, phase, peer);
 }
 
 // Relaxed 32-bit add at system scope (a split call's ready word; after a

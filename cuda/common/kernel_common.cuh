@@ -72,8 +72,12 @@ struct TokenDestinations {
 // (kSendHalf) also adds the weight to every peer's ready word at
 // `ready_offset` (common/split_ready.cuh); a template argument, so that the
 // fused kernels compile as if the split did not exist.
+// Nothing goes to an absent rank (`absent`: ControlBlock::absent_ranks, as
+// thread 0 read it at kernel start): a rank the survivors dropped while it
+// was alive then finds that nobody answers, times out and learns it was
+// dropped.
 template <bool kSendHalf = false>
-__device__ inline void publish_block_arrival(const KernelContext& c, uint64_t counters_offset,
+__device__ inline void publish_block_arrival(const KernelContext& c, uint64_t absent, uint64_t counters_offset,
                                              uint64_t ready_offset = 0) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -82,9 +86,9 @@ __device__ inline void publish_block_arrival(const KernelContext& c, uint64_t co
     const int world = c.shape.world_size;
     for (int i = 1; i <= world; ++i) {
       const int d = (c.shape.rank + i) % world;
-      red_relaxed_sys_add(c.remote<uint64_t>(d, counters_offset) + c.shape.rank, weight);
+      if (((absent >> d) & 1u) == 0) red_relaxed_sys_add(c.remote<uint64_t>(d, counters_offset) + c.shape.rank, weight);
     }
-    if (kSendHalf) add_ready_at_peers(c, ready_offset, static_cast<uint32_t>(weight));
+    if (kSendHalf) add_ready_at_peers(c, ready_offset, static_cast<uint32_t>(weight), absent);
   }
 }
 

@@ -27,14 +27,20 @@ namespace kernels {
 
 // Thread 0, after its fence.acq_rel.sys: this block's weight into every
 // peer's ready word at `ready_offset` (this rank's own blocks are ordered
-// before its receive by the stream).
+// before its receive by the stream).  An absent peer (ControlBlock::
+// absent_ranks) gets nothing and adds nothing here, so this rank adds that
+// peer's share to its own word: the target stays the same whatever the mask
+// (a captured graph waits for the same value).
+// `absent`: ControlBlock::absent_ranks, read by the caller before its barrier
+// (off the critical path).
 template <typename Context>
-__device__ inline void add_ready_at_peers(const Context& c, uint64_t ready_offset, uint32_t weight) {
+__device__ inline void add_ready_at_peers(const Context& c, uint64_t ready_offset, uint32_t weight, uint64_t absent) {
   const int world = c.shape.world_size;
   for (int i = 1; i < world; ++i) {
     const int d = (c.shape.rank + i) % world;
-    red_relaxed_sys_add(c.template remote<uint32_t>(d, ready_offset), weight);
+    if (((absent >> d) & 1u) == 0) red_relaxed_sys_add(c.template remote<uint32_t>(d, ready_offset), weight);
   }
+  if (absent != 0) red_relaxed_sys_add(c.template local<uint32_t>(ready_offset), weight * __popcll(absent));
 }
 
 // One thread of the receive kernel, after its waits for the peers passed (or

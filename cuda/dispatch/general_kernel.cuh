@@ -46,6 +46,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
     sh.timed_out = *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase);
     sh.epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1;
     sh.tag = *reinterpret_cast<const volatile uint32_t*>(&control->lookback_tag) + 1u;
+    sh.absent = absent_ranks(control);
   }
   __syncthreads();
   if (sh.timed_out != kPhaseNone) return;  // block-uniform; the ticket was drawn (and reset)
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_kernel(const Dispat
   });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  publish_block_arrival<kSendHalf>(p.ctx, p.ctx.offsets.dispatch_arrivals,
+  publish_block_arrival<kSendHalf>(p.ctx, sh.absent, p.ctx.offsets.dispatch_arrivals,
                                    p.ctx.offsets.dispatch_ready);  // step 4 (starts with a barrier)
   trace.mark_published();
   store_placed_slots(p, t0, t1, sh);

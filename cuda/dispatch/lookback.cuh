@@ -51,7 +51,7 @@ __device__ bool look_back(const DispatchParams& p, RoutingShared& sh) {
       if (i >= n || !ok) continue;
       if (!lookback_word_is_current(w[u], tag)) {
         uint64_t* seen = &w[u];
-        ok = bounded_wait(
+        ok = bounded_wait<false, false>(  // this rank's own blocks: never absent
             [&] {
               *seen = load_relaxed_gpu(words + i);
               return lookback_word_is_current(*seen, tag);

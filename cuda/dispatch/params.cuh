@@ -31,6 +31,7 @@ struct RoutingShared {
   uint32_t totals[kMaxWorldSize];       // tokens bound to each rank so far (general kernel: own tokens only)
   int32_t histogram[kSharedHistogram];  // valid picks per expert counted by this block (histogram_of)
   uint32_t timed_out;                   // the handle's timeout record at kernel start
+  uint64_t absent;                      // ControlBlock::absent_ranks, read by thread 0 at kernel start
   // General kernel only (the look-back):
   uint32_t before[kMaxWorldSize];    // tokens of blocks 0 .. L - 1 bound to each rank
   uint32_t all_rows[kMaxWorldSize];  // last block: the rows this rank sends each rank

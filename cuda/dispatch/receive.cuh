@@ -26,6 +26,29 @@ namespace {
 // leaves the global histogram at zero here (large E); the general kernel's
 // last block does it (send_totals).
 // kReleasable: the split receive kernel's waits (bounded_wait).
+// The segments of absent sources (ControlBlock::absent_ranks), which no
+// peer writes any more: every row padding, their EPLB rows zero.  The
+// absent source's per-expert counts stay at the zeros the survivors'
+// resynchronisation left.
+__device__ void pad_absent_sources(const DispatchParams& p, uint64_t absent) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  const int64_t picks = static_cast<int64_t>(p.args.tokens_per_rank) * s.top_k;
+  for (int src = 0; src < s.world_size; ++src) {
+    if (((absent >> src) & 1u) == 0) continue;
+    int32_t* ids = c.local<int32_t>(c.offsets.recv_ids) + src * picks;
+    float* weights = c.local<float>(c.offsets.recv_weights) + src * picks;
+    for (int64_t i = threadIdx.x; i < picks; i += blockDim.x) {
+      ids[i] = s.invalid_expert_id;
+      weights[i] = 0.0f;
+    }
+    if (s.eplb_enabled) {
+      int32_t* eplb = c.local<int32_t>(c.offsets.eplb_gathered) + static_cast<int64_t>(src) * s.num_experts;
+      for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) eplb[x] = 0;
+    }
+  }
+}
+
 template <bool kReleasable = false>
 __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh, uint32_t* wait_ok,
                                 bool zero_histogram, DispatchTrace& trace) {
@@ -34,11 +57,14 @@ __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, Routing
   const int world = s.world_size, epr = s.experts_per_rank;
   for (int src = threadIdx.x; src < world; src += blockDim.x) {
     const uint64_t* arrivals = c.local<uint64_t>(c.offsets.dispatch_arrivals) + src;
-    wait_ok[src] = wait_until_at_least<kReleasable>(arrivals, epoch * kArrivalsPerCall, c.control(), c.state.mirror,
-                                                    c.state.timeout_ns, kPhaseDispatch, src)
+    // An absent source sends nothing: no rows (wait_ok 0 counts none), no wait.
+    wait_ok[src] = ((sh.absent >> src) & 1u) == 0 && wait_until_at_least<kReleasable, false>(
+                                                         arrivals, epoch * kArrivalsPerCall, c.control(),
+                                                         c.state.mirror, c.state.timeout_ns, kPhaseDispatch, src)
                        ? 1u
                        : 0u;
   }
+  if (sh.absent != 0) pad_absent_sources(p, sh.absent);
   if (zero_histogram && s.num_experts > kSharedHistogram) {  // the global histogram starts the next call at zero
     int32_t* hist = histogram_of(p, sh);
     for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) hist[x] = 0;

@@ -29,6 +29,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_receive_kernel(cons
   allow_dependent_launch();
   ControlBlock* control = p.ctx.control();
   DispatchTrace trace(p);
+  if (threadIdx.x == 0) sh.absent = absent_ranks(control);
+  __syncthreads();
   if (!handle_timed_out(control)) {  // uniform: only the kernels of this stream write it, and they have ended
     const uint64_t epoch = *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1;
     // The small send kernel leaves the global histogram for this block to zero.

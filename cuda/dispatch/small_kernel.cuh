@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, p.args.first_block_share, kTokenShareUnit, &t0, &t1);
   const uint32_t timed_out =
       threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
+  if (threadIdx.x == 0) sh.r.absent = absent_ranks(control);  // seen by all after route_small's barrier
   const uint64_t epoch =
       blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
   Segments segments(p, t0, t1, segment_shared);
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  publish_block_arrival<kSendHalf>(p.ctx, p.ctx.offsets.dispatch_arrivals, p.ctx.offsets.dispatch_ready);
+  publish_block_arrival<kSendHalf>(p.ctx, sh.r.absent, p.ctx.offsets.dispatch_arrivals, p.ctx.offsets.dispatch_ready);
   trace.mark_published();
   if (blockIdx.x == 0 && !kSendHalf) {
     finish_dispatch(p, epoch, sh.r, sh.wait_ok, true, trace);

@@ -37,6 +37,7 @@
 #include "nvlink/routing_mask.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/workspace_plan.hpp"
+#include "store/rank_failure.hpp"
 #include "wire_kernels.h"
 
 namespace moe_ep {
@@ -84,8 +85,9 @@ class NvlinkBackend final : public Backend {
   // run_then_agree (a failure on one rank fails create on every rank instead
   // of leaving the peers waiting), and whatever was acquired is released here
   // (the destructor does not run for a constructor that throws).
-  NvlinkBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
-      : layout_(layout), config_(config), bootstrap_(bootstrap) {
+  NvlinkBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap, NvlinkMasking masking)
+      : layout_(layout), config_(config), bootstrap_(bootstrap), masking_(std::move(masking)) {
+    if (masking_.store) active_ = masking_.store->membership().active;
     try {
       join_group(bootstrap);
     } catch (...) {
@@ -135,7 +137,7 @@ class NvlinkBackend final : public Backend {
   moe_ep_device_t device() const override { return moe_ep_device_t{MOE_EP_DEVICE_CUDA, device_}; }
 
   DispatchBuffers dispatch(const DispatchCall& call, void* stream) override {
-    refuse_after_timeout();
+    check_in_step();
     const DeviceGuard guard(device_);
     int32_t path = 0;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -150,7 +152,7 @@ class NvlinkBackend final : public Backend {
   }
 
   void* combine(const CombineCall& call, void* stream) override {
-    refuse_after_timeout();
+    check_in_step();
     const DeviceGuard guard(device_);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     int32_t path = 0;
@@ -171,7 +173,7 @@ class NvlinkBackend final : public Backend {
   bool fused_calls_are_faster() const override { return true; }
 
   void dispatch_send(int32_t slot, const DispatchCall& call, void* stream) override {
-    refuse_after_timeout();
+    check_in_step();
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -183,7 +185,7 @@ class NvlinkBackend final : public Backend {
   }
 
   DispatchBuffers dispatch_recv(int32_t slot, void* stream) override {
-    refuse_after_timeout();
+    check_in_step();
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -199,7 +201,7 @@ class NvlinkBackend final : public Backend {
   }
 
   void combine_send(int32_t slot, const CombineCall& call, void* stream) override {
-    refuse_after_timeout();
+    check_in_step();
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -216,7 +218,7 @@ class NvlinkBackend final : public Backend {
   }
 
   void* combine_recv(int32_t slot, void* output, void* stream) override {
-    refuse_after_timeout();
+    check_in_step();
     const DeviceGuard guard(device_);
     SplitSlot& k = split_.at(static_cast<size_t>(slot));
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -378,6 +380,7 @@ class NvlinkBackend final : public Backend {
     h.status = MOE_EP_ERROR_TIMEOUT;
     h.failed_rank = mirror_->timeout_peer;
     h.message = timeout_message(phase, h.failed_rank);
+    h.recoverable = masking_.store != nullptr;  // MASK: the next call recovers (check_in_step)
     return h;
   }
 
@@ -389,6 +392,10 @@ class NvlinkBackend final : public Backend {
   // reads it.
   void set_active_ranks(const std::vector<uint8_t>& active, moe_ep_status_t local_status,
                         const std::string& local_message) override {
+    if (masking_.store) {
+      change_mask(active, local_status, local_message);
+      return;
+    }
     {
       const BoundedExchange exchange(bootstrap_, config_.timeout_ms);
       agree_on_mask(exchange, active, local_status, local_message, "NVLINK_TWO_SIDED set_active_ranks: masks");
@@ -400,6 +407,176 @@ class NvlinkBackend final : public Backend {
       write_to_device(&control_device(slot)->masked_ranks, &masked, sizeof masked, private_stream_,
                       "writing the active-rank mask");
     }
+  }
+
+  // ---- failure_policy MASK (docs/nvlink_backend.md, "Surviving a dead rank") ----
+
+  // Before every call: under FAIL_HANDLE a timeout leaves the handle out of
+  // step for good; under MASK the survivors recover from it here, and the
+  // call returns the outcome (RankFailure: TIMEOUT, the handle usable).
+  void check_in_step() {
+    if (!masking_.store) {
+      refuse_after_timeout();
+      return;
+    }
+    if (mirror_->timeout_phase != kernels::kPhaseNone) recover();
+  }
+
+  // A kernel of this rank gave up on a peer (its mirror names it).  Every
+  // survivor comes here once its own kernels give up (each waits for a dead
+  // peer, or for a survivor that stopped publishing); they agree on who is
+  // gone through the store, reset their workspaces to the state of create,
+  // and go on under the new mask.
+  [[noreturn]] void recover() {
+    const DeviceGuard guard(device_);
+    const uint32_t phase = mirror_->timeout_phase;
+    const int32_t suspect = mirror_->timeout_peer;
+    wait_for_own_work();  // every wait is bounded, and the later kernels give up at once
+    const int32_t world = layout_.world_size;
+    std::vector<uint8_t> suspects(static_cast<size_t>(world), 0);
+    if (suspect >= 0 && suspect < world && suspect != layout_.rank) suspects[static_cast<size_t>(suspect)] = 1;
+    std::vector<int32_t> failed;
+    std::string why = timeout_message(phase, suspect);
+    std::vector<uint8_t> active = active_;
+    try {
+      std::vector<int32_t> seen(static_cast<size_t>(world), -1);
+      masking_.store->allgather_suspecting(&suspect, seen.data(), sizeof suspect,
+                                           "NVLINK_TWO_SIDED recovery after a timeout", suspects);
+    } catch (const RankFailure& f) {
+      active = f.active();
+      failed = f.failed();
+      why = f.what();
+    }
+    const bool changed = active != active_;
+    resynchronise(&active, &failed, &why);
+    set_mask(active, mask_epoch() + (changed || !failed.empty() ? 1 : 0));
+    throw RankFailure(failed.empty() ? why +
+                                           "; no rank was dropped: the group resynchronised, every pair in flight "
+                                           "is ended, the next dispatch runs as before"
+                                     : why,
+                      active, failed);
+  }
+
+  // After an agreement among the survivors (they have all drained their
+  // work): each resets its own workspace, then they meet once more, so that
+  // no survivor writes into a peer that has not reset yet.  A failure at
+  // that meeting drops more ranks and resets again.
+  void resynchronise(std::vector<uint8_t>* active, std::vector<int32_t>* failed, std::string* why) {
+    for (int attempt = 0;; ++attempt) {
+      expel(*failed);
+      reset_workspace(*active);
+      try {
+        const uint8_t mine = 1;
+        std::vector<uint8_t> all(static_cast<size_t>(layout_.world_size), 0);
+        masking_.store->allgather(&mine, all.data(), 1, "NVLINK_TWO_SIDED resynchronisation");
+        break;
+      } catch (const RankFailure& f) {
+        *active = f.active();
+        failed->insert(failed->end(), f.failed().begin(), f.failed().end());
+        std::sort(failed->begin(), failed->end());
+        *why = f.what();
+        if (attempt > layout_.world_size) throw;
+      }
+    }
+  }
+
+  uint64_t mask_epoch() const { return masking_.mirror ? masking_.mirror->mask_epoch : 0; }
+
+  // Writes "every pick dropped" into the control blocks of the ranks the
+  // survivors dropped (a dead rank's memory stays mapped here, so the stores
+  // are harmless): a dropped rank that is in fact alive then routes nothing,
+  // and what it still writes into its segments here (padding, zero counts)
+  // is what the survivors write themselves.  It still waits for every peer:
+  // nobody publishes to it any more, so its next wait gives up and it finds
+  // the verdict that dropped it.
+  void expel(const std::vector<int32_t>& failed) {
+    staged_expelled_ = ~uint64_t{0};
+    for (int32_t r : failed) {
+      if (r == layout_.rank || r < 0 || r >= layout_.world_size) continue;
+      for (int32_t slot = 0; slot < slots_; ++slot) {
+        char* at = static_cast<char*>(memory_->rank_base(r)) + slot_offsets_[slot].control +
+                   offsetof(kernels::ControlBlock, masked_ranks);
+        check_cuda(
+            cudaMemcpyAsync(at, &staged_expelled_, sizeof staged_expelled_, cudaMemcpyHostToDevice, private_stream_),
+            "expelling a dropped rank");
+      }
+    }
+    check_cuda(cudaStreamSynchronize(private_stream_), "expelling the dropped ranks");
+  }
+
+  // This rank's workspace as create left it, under `active`: every flag and
+  // counter at epoch 0, the control blocks' masks, the host-mapped mirror
+  // clear, the watchdog stopped (the next receive half starts a fresh one).
+  void reset_workspace(const std::vector<uint8_t>& active) {
+    const DeviceGuard guard(device_);
+    watchdog_.reset();
+    if (watchdog_stream_) check_cuda(cudaStreamSynchronize(watchdog_stream_), "waiting for the watchdog's writes");
+    char* base = memory_->local();
+    check_cuda(cudaMemsetAsync(base, 0, memory_->size(), private_stream_), "zeroing the workspace");
+    write_peer_tables_and_controls(masked_ranks(active, layout_.rank), absent_ranks(active, layout_.rank));
+    check_cuda(cudaStreamSynchronize(private_stream_), "resetting the workspace");
+    mirror_->timeout_peer = -1;
+    for (kernels::ReceiveWatch& w : mirror_->watch) {
+      w.completed = 0;
+      w.waiting = 0;
+    }
+    mirror_->timeout_phase = kernels::kPhaseNone;
+  }
+
+  void set_mask(const std::vector<uint8_t>& active, uint64_t epoch) {
+    active_ = active;
+    if (masking_.mirror) {
+      masking_.mirror->active = active;
+      masking_.mirror->mask_epoch = epoch;
+    }
+  }
+
+  // moe_ep_set_active_ranks under MASK: the change runs through the store
+  // among the ranks active before or after it (store/membership_change.hpp),
+  // once every participant's work has drained, and the participants then
+  // resynchronise under the new mask.  Ranks only leave here: a rank that
+  // comes back needs the memory exchange of a rejoin, not built for this
+  // backend.
+  void change_mask(const std::vector<uint8_t>& active, moe_ep_status_t local_status, std::string local_message) {
+    check_in_step();
+    const size_t me = static_cast<size_t>(layout_.rank);
+    if (local_status == MOE_EP_SUCCESS) {
+      for (size_t r = 0; r < active.size(); ++r) {
+        if (active[r] && !active_[r]) {
+          local_status = MOE_EP_ERROR_UNSUPPORTED;
+          local_message = "moe_ep_set_active_ranks: active: rank " + std::to_string(r) +
+                          " is out of the mask; under failure_policy MASK the NVLINK_TWO_SIDED backend lets ranks "
+                          "leave but not come back (a returning rank needs its memory exchanged again); recreate "
+                          "the group to take it back";
+          break;
+        }
+      }
+    }
+    if (local_status == MOE_EP_SUCCESS && !active_[me] && !active[me]) {  // stays out: nothing to agree on
+      set_mask(active, mask_epoch() + 1);
+      return;
+    }
+    const DeviceGuard guard(device_);
+    wait_for_own_work();  // no kernel of the participants runs while they change
+    const std::vector<uint8_t>& proposed = local_status == MOE_EP_SUCCESS ? active : active_;
+    const MembershipState now{active_, 0, mask_epoch()};
+    std::vector<uint8_t> next_active;
+    try {
+      next_active =
+          change_membership(*masking_.store, now, proposed, local_status, local_message, masking_.fingerprint).active;
+    } catch (const RankFailure& f) {
+      std::vector<uint8_t> survivors = f.active();
+      std::vector<int32_t> failed = f.failed();
+      std::string why = f.what();
+      resynchronise(&survivors, &failed, &why);
+      set_mask(survivors, mask_epoch() + 1);
+      throw RankFailure(why, survivors, failed);
+    }
+    std::vector<int32_t> failed;
+    std::string why;
+    resynchronise(&next_active, &failed, &why);
+    set_mask(next_active, mask_epoch() + 1);
+    if (!failed.empty()) throw RankFailure(why, next_active, failed);
   }
 
   moe_ep_status_t poll_async_error(std::string* message) override {
@@ -721,21 +898,7 @@ class NvlinkBackend final : public Backend {
 
     char* base = memory_->local();
     check_cuda(cudaMemsetAsync(base, 0, memory_->size(), private_stream_), "zeroing the workspace");
-    std::vector<uint64_t> bases(layout_.world_size);
-    for (int r = 0; r < layout_.world_size; ++r) bases[r] = reinterpret_cast<uintptr_t>(memory_->rank_base(r));
-    kernels::ControlBlock control{};
-    control.epoch = 0;  // the first dispatch is epoch 1; flags and counters start at 0
-    control.errors.timeout_peer = -1;
-    control.errors.bad_id_first = ~uint64_t{0};
-    control.errors.first_peer_count_error.source = -1;
-    for (int32_t slot = 0; slot < slots_; ++slot) {  // each slot its own copy (its own epochs)
-      check_cuda(cudaMemcpyAsync(base + slot_offsets_[slot].peer_bases, bases.data(), bases.size() * sizeof(uint64_t),
-                                 cudaMemcpyHostToDevice, private_stream_),
-                 "writing the peer table");
-      check_cuda(
-          cudaMemcpyAsync(control_device(slot), &control, sizeof(control), cudaMemcpyHostToDevice, private_stream_),
-          "writing the control block");
-    }
+    write_peer_tables_and_controls(0, 0);
     check_cuda(cudaStreamSynchronize(private_stream_), "initialising the workspace");
 
     if (stream_wait_ && layout_.world_size > 1) {
@@ -745,6 +908,32 @@ class NvlinkBackend final : public Backend {
     state_.mirror = mirror.device;
     state_.timeout_ns = static_cast<int64_t>(config_.timeout_ms) * 1000000;
     state_.slot = 0;
+  }
+
+  // Every slot's peer table and control block (epoch 0, no error, the
+  // masks), on the private stream; the host copies are staged in members so
+  // that they outlive the asynchronous copies.
+  void write_peer_tables_and_controls(uint64_t masked, uint64_t absent) {
+    char* base = memory_->local();
+    staged_bases_.assign(static_cast<size_t>(layout_.world_size), 0);
+    for (int r = 0; r < layout_.world_size; ++r) {
+      staged_bases_[static_cast<size_t>(r)] = reinterpret_cast<uintptr_t>(memory_->rank_base(r));
+    }
+    staged_control_ = kernels::ControlBlock{};
+    staged_control_.epoch = 0;  // the first dispatch is epoch 1; flags and counters start at 0
+    staged_control_.errors.timeout_peer = -1;
+    staged_control_.errors.bad_id_first = ~uint64_t{0};
+    staged_control_.errors.first_peer_count_error.source = -1;
+    staged_control_.masked_ranks = masked;
+    staged_control_.absent_ranks = absent;
+    for (int32_t slot = 0; slot < slots_; ++slot) {  // each slot its own copy (its own epochs)
+      check_cuda(cudaMemcpyAsync(base + slot_offsets_[slot].peer_bases, staged_bases_.data(),
+                                 staged_bases_.size() * sizeof(uint64_t), cudaMemcpyHostToDevice, private_stream_),
+                 "writing the peer table");
+      check_cuda(cudaMemcpyAsync(control_device(slot), &staged_control_, sizeof(staged_control_),
+                                 cudaMemcpyHostToDevice, private_stream_),
+                 "writing the control block");
+    }
   }
 
   kernels::ControlBlock* control_device(int32_t slot) const {
@@ -788,7 +977,10 @@ class NvlinkBackend final : public Backend {
     const std::string whom = peer >= 0 ? "rank " + std::to_string(peer) : std::string("its copies of the peers' rows");
     return phase_name(phase) + " waiting for " + whom +
            ": no answer within timeout_ms = " + std::to_string(config_.timeout_ms) + " on rank " +
-           std::to_string(layout_.rank) + " (the group is out of step; destroy this handle)";
+           std::to_string(layout_.rank) +
+           (masking_.store ? " (failure_policy MASK: the results of the calls since are invalid; the next call "
+                             "recovers, dropping the ranks that are gone)"
+                           : " (the group is out of step; destroy this handle)");
   }
 
   std::string input_errors_message(const kernels::DeviceErrors& e) const {
@@ -816,6 +1008,11 @@ class NvlinkBackend final : public Backend {
   Layout layout_;
   moe_ep_config_t config_;
   Bootstrap bootstrap_;  // valid until destroy (moe_ep_bootstrap_t): set_active_ranks agrees through it
+  NvlinkMasking masking_;               // failure_policy MASK: the store; empty otherwise
+  std::vector<uint8_t> active_;         // failure_policy MASK: the mask the workspace was reset to
+  std::vector<uint64_t> staged_bases_;  // write_peer_tables_and_controls' host copies
+  kernels::ControlBlock staged_control_{};
+  uint64_t staged_expelled_ = 0;  // expel's host copy of a dropped rank's masked_ranks
   int device_ = 0;
   int sm_count_ = 0;
   int sm_budget_ = 0;
@@ -884,7 +1081,12 @@ uint64_t nvlink_workspace_bytes(const Layout& layout, const moe_ep_config_t& con
 
 std::unique_ptr<Backend> make_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
                                              const Bootstrap& bootstrap) {
-  return std::make_unique<NvlinkBackend>(layout, config, bootstrap);
+  return std::make_unique<NvlinkBackend>(layout, config, bootstrap, NvlinkMasking{});
+}
+
+std::unique_ptr<Backend> make_masking_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
+                                                     const Bootstrap& bootstrap, NvlinkMasking masking) {
+  return std::make_unique<NvlinkBackend>(layout, config, bootstrap, std::move(masking));
 }
 
 }  // namespace moe_ep

@@ -4,10 +4,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "backend.hpp"
 #include "bootstrap.hpp"
+#include "collective_step.hpp"
 #include "params.hpp"
+#include "store/membership_change.hpp"
+#include "store/store_exchange.hpp"
 
 namespace moe_ep {
 
@@ -21,5 +25,17 @@ uint64_t nvlink_workspace_bytes(const Layout& layout, const moe_ep_config_t& con
 // Collective.
 std::unique_ptr<Backend> make_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
                                              const Bootstrap& bootstrap);
+
+// failure_policy MASK: create runs over `bootstrap` as above; afterwards the
+// group agrees through the store only (a failure found by a kernel, a mask
+// change), and the survivors resynchronise their workspaces
+// (docs/nvlink_backend.md, "Surviving a dead rank").  Collective.
+struct NvlinkMasking {
+  std::shared_ptr<StoreExchange> store;
+  std::vector<RankValue> fingerprint;       // what a mask change compares
+  std::shared_ptr<MembershipState> mirror;  // the handle's copy of the mask
+};
+std::unique_ptr<Backend> make_masking_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
+                                                     const Bootstrap& bootstrap, NvlinkMasking masking);
 
 }  // namespace moe_ep

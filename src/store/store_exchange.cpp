@@ -1,5 +1,6 @@
 #include "store/store_exchange.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "checked_math.hpp"
@@ -122,6 +123,19 @@ Membership StoreExchange::read_latest(store::StoreClient& client, const std::str
 }
 
 void StoreExchange::do_allgather(const void* send, void* recv, size_t bytes, const char* step) const {
+  gather_all(send, recv, bytes, step, nullptr);
+}
+
+void StoreExchange::allgather_suspecting(const void* send, void* recv, size_t bytes, const char* step,
+                                         const std::vector<uint8_t>& suspects) const {
+  if (suspects.size() != static_cast<size_t>(world_)) {
+    fail(MOE_EP_ERROR_INTERNAL, step, ": a suspect mask of ", suspects.size(), " ranks for a group of ", world_);
+  }
+  gather_all(send, recv, bytes, step, &suspects);
+}
+
+void StoreExchange::gather_all(const void* send, void* recv, size_t bytes, const char* step,
+                               const std::vector<uint8_t>* suspects) const {
   if (dropped_) {
     fail(MOE_EP_ERROR_TIMEOUT, step, " on rank ", rank_, ": not attempted, this rank was dropped from the group's ",
          "mask by its peers; destroy the handle (a replacement rejoins with config->rejoin = 1)");
@@ -137,7 +151,7 @@ void StoreExchange::do_allgather(const void* send, void* recv, size_t bytes, con
   try {
     const auto* data = static_cast<const uint8_t*>(send);
     client_->set(key(k, "r" + std::to_string(rank_)), std::vector<uint8_t>(data, data + bytes));
-    const std::vector<uint8_t> missing = gather_peers(k, out, bytes, step);
+    const std::vector<uint8_t> missing = gather_peers(k, out, bytes, step, suspects);
     const std::vector<uint8_t> failed = decide(k, missing, step);
     if (failed.empty()) {
       reread_missing(k, missing, out, bytes, step);
@@ -156,21 +170,31 @@ void StoreExchange::do_allgather(const void* send, void* recv, size_t bytes, con
   }
 }
 
-std::vector<uint8_t> StoreExchange::gather_peers(uint64_t k, uint8_t* out, size_t bytes, const char* step) const {
+// Every participant but the suspects first, within timeout_ms of this
+// rank's post; then the suspects, each within a short grace (a suspect that
+// is alive is in the same recovery and posts at about the same time).
+std::vector<uint8_t> StoreExchange::gather_peers(uint64_t k, uint8_t* out, size_t bytes, const char* step,
+                                                 const std::vector<uint8_t>* suspects) const {
+  constexpr int64_t kSuspectGraceMs = 250;
   const store::Deadline deadline = store::deadline_after_ms(timeout_ms_);
   std::vector<uint8_t> missing(static_cast<size_t>(world_), 0);
-  for (int32_t p = 0; p < world_; ++p) {
-    if (p == rank_ || !participants_[static_cast<size_t>(p)]) continue;
-    const std::optional<std::vector<uint8_t>> v = client_->get(key(k, "r" + std::to_string(p)), ms_left(deadline));
-    if (!v) {
-      missing[static_cast<size_t>(p)] = 1;
-      continue;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int32_t p = 0; p < world_; ++p) {
+      if (p == rank_ || !participants_[static_cast<size_t>(p)]) continue;
+      const bool suspect = suspects != nullptr && (*suspects)[static_cast<size_t>(p)] != 0;
+      if (suspect != (pass == 1)) continue;
+      const int64_t wait_ms = suspect ? std::min(ms_left(deadline), kSuspectGraceMs) : ms_left(deadline);
+      const std::optional<std::vector<uint8_t>> v = client_->get(key(k, "r" + std::to_string(p)), wait_ms);
+      if (!v) {
+        missing[static_cast<size_t>(p)] = 1;
+        continue;
+      }
+      if (v->size() != bytes) {
+        fail(MOE_EP_ERROR_INVALID_INPUT, step, " on rank ", rank_, ": rank ", p, " posted ", v->size(),
+             " bytes, this rank expects ", bytes, " (the ranks did not make the same calls)");
+      }
+      if (bytes != 0) std::memcpy(out + bytes * static_cast<size_t>(p), v->data(), bytes);
     }
-    if (v->size() != bytes) {
-      fail(MOE_EP_ERROR_INVALID_INPUT, step, " on rank ", rank_, ": rank ", p, " posted ", v->size(),
-           " bytes, this rank expects ", bytes, " (the ranks did not make the same calls)");
-    }
-    if (bytes != 0) std::memcpy(out + bytes * static_cast<size_t>(p), v->data(), bytes);
   }
   return missing;
 }

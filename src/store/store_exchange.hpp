@@ -59,6 +59,13 @@ class StoreExchange final : public Exchange {
   // Publishes the current membership at <group>/latest (only ever newer).
   void publish_latest() const;
 
+  // An allgather among the participants in which the ranks marked in
+  // `suspects` (this rank's device already waited timeout_ms for them) get
+  // only a short grace once every other participant has posted: a dead
+  // peer costs one timeout, not two (the NVLink backend's recovery).
+  void allgather_suspecting(const void* send, void* recv, size_t bytes_per_rank, const char* step,
+                            const std::vector<uint8_t>& suspects) const;
+
   // The newest membership of `group` (waits up to wait_ms for it), checked.
   static Membership read_latest(store::StoreClient& client, const std::string& group, int32_t world_size,
                                 int64_t wait_ms);
@@ -67,10 +74,13 @@ class StoreExchange final : public Exchange {
   void do_allgather(const void* send, void* recv, size_t bytes_per_rank, const char* step) const override;
 
  private:
+  void gather_all(const void* send, void* recv, size_t bytes, const char* step,
+                  const std::vector<uint8_t>* suspects) const;
   std::string key(uint64_t k, const std::string& leaf) const;
   std::vector<uint8_t> decide(uint64_t k, const std::vector<uint8_t>& missing, const char* step) const;
   void adopt_failure(uint64_t k, const std::vector<uint8_t>& failed, const char* step) const;
-  std::vector<uint8_t> gather_peers(uint64_t k, uint8_t* recv, size_t bytes, const char* step) const;
+  std::vector<uint8_t> gather_peers(uint64_t k, uint8_t* recv, size_t bytes, const char* step,
+                                    const std::vector<uint8_t>* suspects) const;
   void erase_previous(uint64_t k) const;
   void reread_missing(uint64_t k, const std::vector<uint8_t>& missing, uint8_t* recv, size_t bytes,
                       const char* step) const;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "device_inputs.hpp"
 #include "moe_ep_c.h"
 #include "tensor_view.hpp"
 #include "workload.hpp"
@@ -132,32 +133,6 @@ std::string run_gpu_case(const WorkloadSpec& spec, const moe_ep_bootstrap_t& boo
 // backend with halves refuses as INVALID_STATE before launching anything.
 std::string split_phases_unsupported(const WorkloadSpec& spec, const moe_ep_bootstrap_t& bootstrap,
                                      const GpuCaseOptions& options);
-
-// Device memory of a fixed size, freed with the object.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return p_; }
-  size_t size() const { return bytes_; }
-  void upload(const void* src, size_t bytes);
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_;
-};
-
-// One rank's tensors on the GPU, sized for max_tokens_per_rank rows at fixed
-// addresses, so that a captured graph sees each round's new contents.
-struct DeviceInputs {
-  explicit DeviceInputs(const WorkloadSpec& s);
-  void upload(const RankInputs& in, const std::vector<uint8_t>& expert_output_bytes);
-  moe_ep_verify::DispatchMemory memory() const;
-
-  DeviceBuffer hidden, ids, weights, scales, eplb, expert_output, output;
-};
 
 // A handle of `backend` for `spec`, configured from the options (timeout,
 // SMs, zero-copy combine, micro_batches; the HOST backend takes one slot and

@@ -16,311 +16,23 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
-#include <unistd.h>
 
-#include <chrono>
+#include <algorithm>
 #include <cstdio>
-#include <map>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "case_skip.hpp"
-#include "fork_launcher.hpp"
-#include "host_case_runner.hpp"
 #include "masked_round.hpp"
-#include "moe_ep_c.h"
-#include "small_workload.hpp"
-#include "store/store_client.hpp"
+#include "rank_failure_scenario.hpp"
 
 using namespace moe_ep_test;
-using moe_ep::store::StoreClient;
-using moe_ep_verify::WorkloadSpec;
 
 namespace {
 
-constexpr int kWorld = 4;
-constexpr int32_t kTimeoutMs = 1000;
-
-WorkloadSpec spec() { return small_workload(kWorld, 20261202); }
-
-double ms_between(int64_t from_ns, int64_t to_ns) { return double(to_ns - from_ns) / 1e6; }
-
-// What the ranks tell the test (through the store: the children share no memory).
-class Board {
- public:
-  explicit Board(const std::string& address) : client_(address, 5000) {}
-  void put(const std::string& key, const std::string& value) {
-    client_.set("t/" + key, std::vector<uint8_t>(value.begin(), value.end()));
-  }
-  void put_number(const std::string& key, double v) { put(key, std::to_string(v)); }
-  std::string get(const std::string& key, int64_t wait_ms = 0) {
-    const auto v = client_.get("t/" + key, wait_ms);
-    return v ? std::string(v->begin(), v->end()) : std::string();
-  }
-  double number(const std::string& key, double missing = -1) {
-    const std::string s = get(key);
-    return s.empty() ? missing : std::stod(s);
-  }
-  // Waits until every rank in `ranks` reported progress >= round.
-  bool wait_progress(const std::vector<int>& ranks, int round, int timeout_ms) {
-    const int64_t deadline = monotonic_ns() + int64_t(timeout_ms) * 1000000;
-    for (;;) {
-      bool all = true;
-      for (int r : ranks) all = all && number("progress/" + std::to_string(r)) >= round;
-      if (all) return true;
-      if (monotonic_ns() > deadline) return false;
-      usleep(2000);
-    }
-  }
-
- private:
-  StoreClient client_;
-};
-
-// What each rank of a scenario does besides serving rounds.
-struct Script {
-  int rounds = 600;
-  int replaced = -1;     // the rank a replacement (or the rank itself, with a new handle) brings back
-  int admit_round = -1;  // survivors admit it before this round
-  int stall_rank = -1;   // sleeps 2.5 x timeout_ms before stall_round, without dying
-  int stall_round = -1;
-  int suicide_on_first_failure = -1;  // kills itself when its call returns the first failure
-  int suicide_before_admission = -1;  // kills itself just before calling moe_ep_set_active_ranks
-};
-
-int die_now(Board& board, int rank) {
-  board.put("killed_at/" + std::to_string(rank), std::to_string(monotonic_ns()));
-  kill(getpid(), SIGKILL);
-  return 9;
-}
-
-class Rank {
- public:
-  Rank(const std::string& address, int rank, const Script& s)
-      : address_(address), rank_(rank), s_(s), board_(address) {}
-
-  // An original rank: create over the store's bootstrap, then serve rounds.
-  int run_original() {
-    moe_ep_bootstrap_t b;
-    moe_ep_bootstrap_init(&b, sizeof b);
-    if (moe_ep_bootstrap_from_store(address_.c_str(), "boot", rank_, kWorld, 20000, &b) != MOE_EP_SUCCESS) {
-      return report(std::string("bootstrap: ") + moe_ep_last_error());
-    }
-    const moe_ep_config_t c = mask_config(address_.c_str(), "ep", kTimeoutMs);
-    moe_ep_params_t p = spec().params();
-    if (moe_ep_create(&b, &p, &c, &h_) != MOE_EP_SUCCESS) return report(std::string("create: ") + moe_ep_last_error());
-    const int code = serve(0);
-    moe_ep_destroy(&h_);
-    moe_ep_bootstrap_release(&b);
-    return code;
-  }
-
-  // A replacement process (or a dropped rank's new handle): rejoin, then serve from the admission round.
-  int run_replacement() {
-    if (!board_.wait_progress({lowest_survivor()}, s_.admit_round - 2, 60000)) return report("survivors too slow");
-    for (int attempt = 0; attempt < 4 && h_ == nullptr; ++attempt) {
-      board_.put("replacement_started", "1");
-      const int64_t t0 = monotonic_ns();
-      moe_ep_bootstrap_t b;
-      moe_ep_bootstrap_init(&b, sizeof b);
-      b.rank = rank_;
-      b.world_size = kWorld;  // no callbacks: the group is met through the store
-      moe_ep_config_t c = mask_config(address_.c_str(), "ep", kTimeoutMs);
-      c.rejoin = 1;
-      moe_ep_params_t p = spec().params();
-      const moe_ep_status_t rc = moe_ep_create(&b, &p, &c, &h_);
-      if (rc == MOE_EP_SUCCESS) {
-        board_.put_number("rejoin_ms/" + std::to_string(rank_), ms_between(t0, monotonic_ns()));
-      } else {
-        board_.put("rejoin_refused/" + std::to_string(attempt), moe_ep_last_error());
-      }
-    }
-    if (h_ == nullptr) return report("rejoin failed: " + board_.get("rejoin_refused/3"));
-    const int code = serve(s_.admit_round);
-    moe_ep_destroy(&h_);
-    return code;
-  }
-
- private:
-  int lowest_survivor() const { return rank_ == 0 ? 1 : 0; }
-
-  int report(const std::string& problem) {
-    board_.put("error/" + std::to_string(rank_), problem);
-    return 1;
-  }
-
-  // A failure the survivors masked: when it was seen, and which rank it named.
-  void note_failure() {
-    const moe_ep_health_t hh = poll_health(h_);
-    const std::string victim = std::to_string(hh.failed_rank);
-    const std::string at = board_.get("killed_at/" + victim, 5000);
-    const std::string n = std::to_string(failures_++);
-    board_.put("failed_rank/" + std::to_string(rank_) + "/" + n, victim);
-    if (!at.empty()) {
-      board_.put_number("detect_ms/" + std::to_string(rank_) + "/" + n, ms_between(std::stoll(at), monotonic_ns()));
-    }
-    detected_ns_ = monotonic_ns();
-  }
-
-  // Survivors: bring s_.replaced back (retrying when a peer fails during the change).
-  bool admit() {
-    board_.get("replacement_started", 60000);
-    if (rank_ == s_.suicide_before_admission) die_now(board_, rank_);
-    for (int attempt = 0; attempt < 4; ++attempt) {
-      std::vector<uint8_t> mask(kWorld);
-      moe_ep_get_active_ranks(h_, mask.data(), kWorld);
-      mask[size_t(s_.replaced)] = 1;
-      const int64_t t0 = monotonic_ns();
-      const moe_ep_status_t rc = moe_ep_set_active_ranks(h_, mask.data(), kWorld);
-      if (rc == MOE_EP_SUCCESS) {
-        board_.put_number("admit_ms/" + std::to_string(rank_), ms_between(t0, monotonic_ns()));
-        return true;
-      }
-      if (rc != MOE_EP_ERROR_TIMEOUT || poll_health(h_).status != MOE_EP_SUCCESS) {
-        report(std::string("set_active_ranks: ") + moe_ep_last_error());
-        return false;
-      }
-      note_failure();  // a peer failed during the mask change: masked, try again
-    }
-    report("admission did not succeed in 4 attempts");
-    return false;
-  }
-
-  int serve(int first_round) {
-    int64_t wrong = 0, rounds_run = 0;
-    for (int round = first_round; round < s_.rounds;) {
-      if (round == s_.admit_round && rank_ != s_.replaced && !admit()) return 1;
-      if (rank_ == s_.stall_rank && round == s_.stall_round) {
-        board_.put("killed_at/" + std::to_string(rank_), std::to_string(monotonic_ns()));
-        std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs * 5 / 2));
-      }
-      const MaskedRound m = run_masked_round(h_, round_spec(spec(), round), rank_);
-      if (m.status != MOE_EP_SUCCESS) {
-        const moe_ep_health_t hh = poll_health(h_);
-        if (m.status == MOE_EP_ERROR_TIMEOUT && hh.status == MOE_EP_SUCCESS) {
-          if (rank_ == s_.suicide_on_first_failure) return die_now(board_, rank_);
-          note_failure();
-          continue;  // the round again, under the new mask
-        }
-        if (rank_ == s_.stall_rank && hh.status == MOE_EP_ERROR_TIMEOUT) {
-          board_.put("dropped/" + std::to_string(rank_), m.error);
-          board_.put("wrong_before_drop/" + std::to_string(rank_), std::to_string(wrong));
-          return 0;  // dropped by its peers, as it must be: rejoins with a new handle
-        }
-        return report("round " + std::to_string(round) + ": " + m.error);
-      }
-      if (m.wrong && wrong == 0) board_.put("wrong_details/" + std::to_string(rank_), m.details);
-      wrong += m.wrong;
-      ++rounds_run;
-      if (detected_ns_ != 0) {
-        board_.put_number("first_masked_ms/" + std::to_string(rank_), ms_between(detected_ns_, monotonic_ns()));
-        detected_ns_ = 0;
-      }
-      board_.put("progress/" + std::to_string(rank_), std::to_string(++round));
-    }
-    const moe_ep_health_t hh = poll_health(h_);
-    board_.put("final/" + std::to_string(rank_),
-               std::to_string(hh.active_count) + " active, epoch " + std::to_string(hh.mask_epoch));
-    board_.put("wrong/" + std::to_string(rank_), std::to_string(wrong));
-    board_.put("rounds/" + std::to_string(rank_), std::to_string(rounds_run));
-    return 0;
-  }
-
-  std::string address_;
-  int rank_;
-  Script s_;
-  Board board_;
-  moe_ep_handle_t h_ = nullptr;
-  int failures_ = 0;
-  int64_t detected_ns_ = 0;
-};
-
-// Collects and checks what every rank reported.
-struct Outcome {
-  std::map<std::string, double> worst;  // metric -> largest value over ranks
-  int64_t wrong = 0, rounds = 0;
-};
-
-void check_reports(Board& board, const std::vector<int>& finishers, Outcome& out) {
-  for (int r = 0; r < kWorld; ++r) {
-    INFO("rank " << r << " error: " << board.get("error/" + std::to_string(r)));
-    CHECK(board.get("error/" + std::to_string(r)).empty());
-  }
-  for (int r : finishers) {
-    INFO("rank " << r << ": " << board.get("wrong_details/" + std::to_string(r)));
-    REQUIRE(!board.get("wrong/" + std::to_string(r)).empty());
-    out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
-    out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
-    CHECK(board.get("final/" + std::to_string(r)).find("4 active") == 0);
-  }
-  for (const char* metric : {"detect_ms", "first_masked_ms", "rejoin_ms", "admit_ms"}) {
-    for (int r = 0; r < kWorld; ++r) {
-      for (int n = -1; n < 3; ++n) {
-        const std::string key = std::string(metric) + "/" + std::to_string(r) + (n < 0 ? "" : "/" + std::to_string(n));
-        const double v = board.number(key);
-        if (v >= 0 && v > out.worst[metric]) out.worst[metric] = v;
-      }
-    }
-  }
-  std::printf("  %lld rounds served by the finishing ranks, %lld wrong entries\n", (long long)out.rounds,
-              (long long)out.wrong);
-  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
-}
-
-void check_bounds(const Outcome& out, bool rejoined) {
-  CHECK(out.wrong == 0);
-  REQUIRE(out.worst.count("detect_ms"));
-  CHECK(out.worst.at("detect_ms") <= kTimeoutMs + 1000);
-  REQUIRE(out.worst.count("first_masked_ms"));
-  CHECK(out.worst.at("first_masked_ms") <= 2000);
-  if (rejoined) {
-    REQUIRE(out.worst.count("rejoin_ms"));
-    CHECK(out.worst.at("rejoin_ms") <= 5000);
-    CHECK(out.worst.at("admit_ms") <= 5000);
-  }
-}
-
-// The launcher and its store, or a skip where this machine cannot fork or
-// listen on the loopback interface.
-std::unique_ptr<ForkLauncher> start_launcher() {
-  try {
-    return std::make_unique<ForkLauncher>();
-  } catch (const std::exception& e) {
-    skip_case(std::string("no fork launcher here: ") + e.what());
-    return nullptr;
-  }
-}
-
-// Every rank runs its original handle (Rank::run_original) in a process of its own.
-std::vector<pid_t> spawn_group(ForkLauncher& launcher, const Script& s) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorld; ++r) {
-    pids.push_back(launcher.spawn([&, r] { return Rank(launcher.store_address(), r, s).run_original(); }));
-  }
-  return pids;
-}
-
-// kill -9 of rank `victim` (process `pid`) once it reached `round`; the time
-// is on the board for the survivors' detection delays.
-void kill_at_round(ForkLauncher& launcher, Board& board, pid_t pid, int victim, int round) {
-  REQUIRE(board.wait_progress({victim}, round, 60000));
-  board.put("killed_at/" + std::to_string(victim), std::to_string(monotonic_ns()));
-  launcher.kill_now(pid);
-}
-
-void print_outcome(const Outcome& out) {
-  for (const auto& m : out.worst) std::printf("  worst %s: %.1f ms\n", m.first.c_str(), m.second);
-  std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
-}
-
-std::vector<int> others(int a, int b = -1) {
-  std::vector<int> v;
-  for (int r = 0; r < kWorld; ++r) {
-    if (r != a && r != b) v.push_back(r);
-  }
-  return v;
+RankSetup host_setup() {
+  RankSetup setup;
+  setup.config = [](const char* address, int) { return mask_config(address, "ep", kTimeoutMs); };
+  return setup;
 }
 
 }  // namespace
@@ -334,11 +46,12 @@ TEST_CASE("rank failure: kill -9 mid-stream, the survivors mask it, a replacemen
   s.rounds = 1000;
   s.replaced = 2;
   s.admit_round = 600;
-  const std::vector<pid_t> pids = spawn_group(launcher, s);
+  const std::vector<pid_t> pids = spawn_group(launcher, s, host_setup());
   Board board(launcher.store_address());
   kill_at_round(launcher, board, pids[2], 2, 300);
   REQUIRE(board.wait_progress(others(2), s.admit_round - 2, 60000));
-  const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 2, s).run_replacement(); });
+  const pid_t replacement =
+      launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 2, s, host_setup()); });
   for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
   CHECK(launcher.wait_exit(replacement, 120000) == 0);
   for (int r : others(2)) CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "2");
@@ -361,10 +74,9 @@ TEST_CASE("rank failure: a rank that stalls is dropped, learns it, and rejoins w
   std::vector<pid_t> pids;
   for (int r = 0; r < kWorld; ++r) {
     pids.push_back(launcher.spawn([&, r] {
-      Rank rank(launcher.store_address(), r, s);
-      const int code = rank.run_original();
+      const int code = run_original_rank(launcher.store_address(), r, s, host_setup());
       if (r != 3 || code != 0) return code;
-      return Rank(launcher.store_address(), r, s).run_replacement();  // the same process, a new handle
+      return run_replacement_rank(launcher.store_address(), r, s, host_setup());  // the same process, a new handle
     }));
   }
   Board board(launcher.store_address());
@@ -386,7 +98,7 @@ TEST_CASE("rank failure: two failures, the second while the first is being maske
   Script s;
   s.rounds = 400;
   s.suicide_on_first_failure = 3;
-  const std::vector<pid_t> pids = spawn_group(launcher, s);
+  const std::vector<pid_t> pids = spawn_group(launcher, s, host_setup());
   Board board(launcher.store_address());
   kill_at_round(launcher, board, pids[1], 1, 100);
   CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
@@ -421,11 +133,12 @@ TEST_CASE("rank failure: a rank dies during the mask update that admits a replac
   s.replaced = 0;
   s.admit_round = 250;
   s.suicide_before_admission = 3;
-  const std::vector<pid_t> pids = spawn_group(launcher, s);
+  const std::vector<pid_t> pids = spawn_group(launcher, s, host_setup());
   Board board(launcher.store_address());
   kill_at_round(launcher, board, pids[0], 0, 100);
   REQUIRE(board.wait_progress(others(0), s.admit_round - 2, 60000));
-  const pid_t replacement = launcher.spawn([&] { return Rank(launcher.store_address(), 0, s).run_replacement(); });
+  const pid_t replacement =
+      launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 0, s, host_setup()); });
   CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
   for (int r : others(0, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
   CHECK(launcher.wait_exit(replacement, 120000) == 0);

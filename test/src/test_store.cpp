@@ -23,8 +23,10 @@
 #include "moe_ep_c.h"
 #include "rank_checks.hpp"
 #include "store/frame.hpp"
+#include "store/rank_failure.hpp"
 #include "store/socket_io.hpp"
 #include "store/store_client.hpp"
+#include "store/store_exchange.hpp"
 #include "store/store_server.hpp"
 #include "thread_bootstrap.hpp"
 
@@ -271,9 +273,13 @@ TEST_CASE("store: the C entry points check their arguments", "[store]") {
   CHECK(moe_ep_create(&one, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(moe_ep_last_error(), Contains("config->failure_policy"));
   c.failure_policy = MOE_EP_ON_FAILURE_MASK;
-  c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;
+  c.backend = MOE_EP_BACKEND_NCCL;
   CHECK(moe_ep_create(&one, &p, &c, &h) == MOE_EP_ERROR_UNSUPPORTED);
-  CHECK_THAT(moe_ep_last_error(), Contains("HOST"));
+  CHECK_THAT(moe_ep_last_error(), Contains("HOST and NVLINK_TWO_SIDED"));
+  c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;  // MASK is built there, a rejoin is not
+  c.rejoin = 1;
+  CHECK(moe_ep_create(&one, &p, &c, &h) == MOE_EP_ERROR_UNSUPPORTED);
+  CHECK_THAT(moe_ep_last_error(), Contains("config->rejoin"));
   c = mask_config(address.c_str(), "p", 1000);
   c.store_prefix = "has space";
   CHECK(moe_ep_create(&one, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);
@@ -370,5 +376,49 @@ TEST_CASE("store: its bootstrap runs a HOST case, and MASK handles match the ora
   for (int r = 0; r < 3; ++r) {
     INFO("rank " << r);
     CHECK(problems[size_t(r)] == "");
+  }
+}
+
+// The NVLink backend's recovery (StoreExchange::allgather_suspecting): the
+// ranks its device already waited timeout_ms for get a short grace once every
+// other participant has posted, so a dead one costs one timeout, not two; a
+// suspect that is alive and posts within the grace stays.
+TEST_CASE("store exchange: a suspect that never posts is dropped after a short grace", "[store]") {
+  const LoopbackStore store;
+  REQUIRE(store.serving());
+  constexpr int32_t kTimeout = 5000;
+  for (const bool suspect_alive : {false, true}) {
+    INFO((suspect_alive ? "rank 2 posts 100 ms late" : "rank 2 never posts"));
+    const std::string group = suspect_alive ? "suspects/alive" : "suspects/dead";
+    std::vector<std::string> outcome(3);
+    std::vector<double> seconds(3, 0.0);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < (suspect_alive ? 3 : 2); ++r) {
+      ranks.emplace_back([&, r] {
+        auto client = std::make_shared<StoreClient>(store.address(), kTimeout);
+        moe_ep::StoreExchange x(client, group, r, 3, kTimeout, moe_ep::Membership{0, {1, 1, 1}});
+        if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        const std::vector<uint8_t> suspects{0, 0, uint8_t(r == 2 ? 0 : 1)};
+        const int32_t mine = r;
+        std::vector<int32_t> all(3, -1);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          x.allgather_suspecting(&mine, all.data(), sizeof mine, "recovery", suspects);
+          outcome[size_t(r)] = "ok " + std::to_string(all[0]) + std::to_string(all[1]) + std::to_string(all[2]);
+        } catch (const moe_ep::RankFailure& f) {
+          outcome[size_t(r)] = "failed";
+          for (int32_t q : f.failed()) outcome[size_t(r)] += " " + std::to_string(q);
+        } catch (const std::exception& e) {
+          outcome[size_t(r)] = std::string("error: ") + e.what();
+        }
+        seconds[size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < (suspect_alive ? 3 : 2); ++r) {
+      INFO("rank " << r << ": " << outcome[size_t(r)] << " after " << seconds[size_t(r)] << " s");
+      CHECK(outcome[size_t(r)] == (suspect_alive ? "ok 012" : "failed 2"));
+      CHECK(seconds[size_t(r)] < 0.4 * kTimeout / 1000.0);  // the grace, far from a whole timeout
+    }
   }
 }

@@ -20,29 +20,50 @@ bool ok(MaskedRound& r, moe_ep_status_t s, const char* call) {
 
 }  // namespace
 
-MaskedRound run_masked_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank) {
+RoundMemory host_round_memory() {
+  RoundMemory m;
+  m.device = host_device();
+  m.place = [](const RankInputs& in, const std::vector<uint8_t>& expert_output, DispatchMemory* inputs) {
+    *inputs = host_memory(in);
+    return static_cast<const void*>(expert_output.data());
+  };
+  m.read = read_host_memory;
+  return m;
+}
+
+MaskedRound run_masked_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, const RoundMemory& memory) {
   MaskedRound r;
   r.mask.assign(size_t(w.world), 0);
   if (!ok(r, moe_ep_get_active_ranks(h, r.mask.data(), w.world), "moe_ep_get_active_ranks")) return r;
   const std::vector<RankRouting> masked = mask_routing(w, make_all_routing(w), r.mask);
   const RankInputs in = make_rank_inputs(w, rank);  // unmasked: the library masks it
-  DispatchArgs args(w, in.routing.num_tokens, host_memory(in));
+  const std::vector<uint8_t> expert_output = make_expert_output(w, rank);
+  DispatchMemory inputs;
+  const void* expert_output_data = memory.place(in, expert_output, &inputs);
+  DispatchArgs args(w, in.routing.num_tokens, inputs, memory.device);
   moe_ep_dispatch_result_t dr;
   moe_ep_dispatch_result_init(&dr, sizeof dr);
   if (!ok(r, moe_ep_dispatch(h, args.get(), &dr, nullptr), "moe_ep_dispatch")) return r;
   Verdict v;
-  const ReceivedDispatch got = read_dispatch(w, dr, host_device(), read_host_memory, v);
+  const ReceivedDispatch got = read_dispatch(w, dr, memory.device, memory.read, v);
   v.merge(check_dispatch(w, masked, rank, got));
-  const std::vector<uint8_t> expert_output = make_expert_output(w, rank);
-  const TensorView eo = expert_output_view(w, expert_output.data(), host_device(), false);
+  const TensorView eo = expert_output_view(w, expert_output_data, memory.device, false);
   moe_ep_combine_result_t cr;
   moe_ep_combine_result_init(&cr, sizeof cr);
   if (ok(r, moe_ep_combine(h, eo.get(), nullptr, &cr, nullptr), "moe_ep_combine")) {
-    const std::vector<uint8_t> out = read_combine(w, cr, in.routing.num_tokens, host_device(), read_host_memory, v);
+    const std::vector<uint8_t> out = read_combine(w, cr, in.routing.num_tokens, memory.device, memory.read, v);
     if (in.routing.num_tokens > 0) v.merge(check_combine(w, masked, rank, out));
   }
   r.wrong = v.wrong;
   r.details = v.details;
+  if (r.status == MOE_EP_SUCCESS) {  // the results were read: every kernel of the round has ended
+    const moe_ep_health_t health = poll_health(h);
+    if (health.status != MOE_EP_SUCCESS) {
+      r.status = health.status;
+      r.error = std::string("health after the round: ") + moe_ep_last_error();
+      r.pending = true;
+    }
+  }
   return r;
 }
 

@@ -5,10 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "moe_ep_c.h"
+#include "result_reader.hpp"
+#include "tensor_view.hpp"
 #include "workload.hpp"
 
 namespace moe_ep_test {
@@ -19,9 +22,27 @@ struct MaskedRound {
   int64_t wrong = 0;                        // entries that differ from the oracle
   std::string details;
   std::vector<uint8_t> mask;  // the mask the round ran under
+  // Every call succeeded, but the health poll after the results were read
+  // reports a failure the next call recovers from (an asynchronous backend
+  // under failure_policy MASK): the round's results are not valid.
+  bool pending = false;
 };
 
-MaskedRound run_masked_round(moe_ep_handle_t h, const moe_ep_verify::WorkloadSpec& w, int rank);
+// Where a round's tensors live: the host (the default), or a GPU, through
+// the caller's copies into memory it owns.
+struct RoundMemory {
+  moe_ep_device_t device{MOE_EP_DEVICE_CPU, 0};
+  // Places this round's inputs and expert output where the handle reads
+  // them; returns the inputs' addresses and the expert output's.
+  std::function<const void*(const moe_ep_verify::RankInputs& in, const std::vector<uint8_t>& expert_output,
+                            moe_ep_verify::DispatchMemory* inputs)>
+      place;
+  moe_ep_verify::MemoryReader read;  // reads results back to the host
+};
+RoundMemory host_round_memory();
+
+MaskedRound run_masked_round(moe_ep_handle_t h, const moe_ep_verify::WorkloadSpec& w, int rank,
+                             const RoundMemory& memory = host_round_memory());
 
 // moe_ep_poll_health's report on h; `status` (if given) gets the poll's own
 // status.
