@@ -16,6 +16,29 @@ namespace moe_ep {
 namespace kernels {
 namespace {
 
+// The segments of absent sources (ControlBlock::absent_ranks), which no
+// peer writes any more: every row padding, their EPLB rows zero.  The
+// absent source's per-expert counts stay at the zeros the survivors'
+// resynchronisation left.  (picks = tokens_per_rank * top_k < 2^31.)
+__device__ void pad_absent_sources(const DispatchParams& p, uint64_t absent) {
+  const KernelContext& c = p.ctx;
+  const GroupShape& s = c.shape;
+  const int32_t picks = p.args.tokens_per_rank * s.top_k;
+  for (uint64_t left = absent; left != 0; left &= left - 1) {
+    const int src = __ffsll(static_cast<long long>(left)) - 1;
+    int32_t* ids = c.local<int32_t>(c.offsets.recv_ids) + static_cast<int64_t>(src) * picks;
+    float* weights = c.local<float>(c.offsets.recv_weights) + static_cast<int64_t>(src) * picks;
+    for (int32_t i = threadIdx.x; i < picks; i += blockDim.x) {
+      ids[i] = s.invalid_expert_id;
+      weights[i] = 0.0f;
+    }
+    if (s.eplb_enabled) {
+      int32_t* eplb = c.local<int32_t>(c.offsets.eplb_gathered) + static_cast<int64_t>(src) * s.num_experts;
+      for (int32_t x = threadIdx.x; x < s.num_experts; x += blockDim.x) eplb[x] = 0;
+    }
+  }
+}
+
 // Block 0, last: wait until every rank's blocks have all arrived here, then
 // produce recv_counts and local_expert_counts.  One barrier after every wait,
 // then every count load in one round (L2 loads, ordered after the waits'
@@ -26,29 +49,6 @@ namespace {
 // leaves the global histogram at zero here (large E); the general kernel's
 // last block does it (send_totals).
 // kReleasable: the split receive kernel's waits (bounded_wait).
-// The segments of absent sources (ControlBlock::absent_ranks), which no
-// peer writes any more: every row padding, their EPLB rows zero.  The
-// absent source's per-expert counts stay at the zeros the survivors'
-// resynchronisation left.
-__device__ void pad_absent_sources(const DispatchParams& p, uint64_t absent) {
-  const KernelContext& c = p.ctx;
-  const GroupShape& s = c.shape;
-  const int64_t picks = static_cast<int64_t>(p.args.tokens_per_rank) * s.top_k;
-  for (int src = 0; src < s.world_size; ++src) {
-    if (((absent >> src) & 1u) == 0) continue;
-    int32_t* ids = c.local<int32_t>(c.offsets.recv_ids) + src * picks;
-    float* weights = c.local<float>(c.offsets.recv_weights) + src * picks;
-    for (int64_t i = threadIdx.x; i < picks; i += blockDim.x) {
-      ids[i] = s.invalid_expert_id;
-      weights[i] = 0.0f;
-    }
-    if (s.eplb_enabled) {
-      int32_t* eplb = c.local<int32_t>(c.offsets.eplb_gathered) + static_cast<int64_t>(src) * s.num_experts;
-      for (int x = threadIdx.x; x < s.num_experts; x += blockDim.x) eplb[x] = 0;
-    }
-  }
-}
-
 template <bool kReleasable = false>
 __device__ void finish_dispatch(const DispatchParams& p, uint64_t epoch, RoutingShared& sh, uint32_t* wait_ok,
                                 bool zero_histogram, DispatchTrace& trace) {

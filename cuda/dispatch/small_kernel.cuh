@@ -42,7 +42,6 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   own_token_range(p.args.num_tokens, gridDim.x, blockIdx.x, p.args.first_block_share, kTokenShareUnit, &t0, &t1);
   const uint32_t timed_out =
       threadIdx.x == 0 ? *reinterpret_cast<const volatile uint32_t*>(&control->errors.timeout_phase) : 0u;
-  if (threadIdx.x == 0) sh.r.absent = absent_ranks(control);  // seen by all after route_small's barrier
   const uint64_t epoch =
       blockIdx.x == 0 ? *reinterpret_cast<const volatile uint64_t*>(&control->epoch) + 1 : uint64_t{0};
   Segments segments(p, t0, t1, segment_shared);
@@ -65,12 +64,16 @@ __global__ void __launch_bounds__(kBlockThreads, 1) dispatch_small_kernel(const 
   send_own_tokens(p, t0, t1, segments,
                   [&](int32_t token, int lane) { return small_destinations(sh, token, world, lane); });
   trace.mark(DispatchTrace::kSent);
+  // Issued before the padding, used at the publication (block 0's receive
+  // reads it from shared memory after publish_block_arrival's barrier).
+  const uint64_t absent = threadIdx.x == 0 ? absent_ranks(control) : 0;
   write_block_padding(p, t0, t1, static_cast<int32_t>(blockIdx.x), [&](int d) {
     return BoundRows{small_bound_before(sh, t0, d), small_bound_before(sh, t1, d)};
   });
   trace.mark(DispatchTrace::kPadded);
   trace.store();
-  publish_block_arrival<kSendHalf>(p.ctx, sh.r.absent, p.ctx.offsets.dispatch_arrivals, p.ctx.offsets.dispatch_ready);
+  if (threadIdx.x == 0) sh.r.absent = absent;
+  publish_block_arrival<kSendHalf>(p.ctx, absent, p.ctx.offsets.dispatch_arrivals, p.ctx.offsets.dispatch_ready);
   trace.mark_published();
   if (blockIdx.x == 0 && !kSendHalf) {
     finish_dispatch(p, epoch, sh.r, sh.wait_ok, true, trace);

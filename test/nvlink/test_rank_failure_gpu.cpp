@@ -7,7 +7,9 @@
 // mid-stream, or stalls without dying; the survivors' kernels give up on it
 // after timeout_ms, the survivors agree through the store, reset their
 // workspaces and go on under the mask with 0 wrong entries against the
-// oracle.  Exits 77 (skipped) where no process can use a GPU.
+// oracle.  The kill is also run with every round a replay of one CUDA graph
+// captured before the failure.  Exits 77 (skipped) where no process can use
+// a GPU.
 #include <cuda_runtime_api.h>
 #include <signal.h>
 #include <catch2/catch.hpp>
@@ -22,15 +24,107 @@
 #include "device_inputs.hpp"
 #include "gpu_test_env.hpp"
 #include "masked_round.hpp"
+#include "oracle.hpp"
 #include "rank_failure_scenario.hpp"
+#include "result_reader.hpp"
+#include "tensor_view.hpp"
 
 using namespace moe_ep_test;
+using namespace moe_ep_verify;
 
 namespace {
+
+int rank_device(int rank) {
+  int count = 0;
+  cuda_ok(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  return rank % count;
+}
+
+// Every round a replay of one graph (dispatch, then combine into the handle's
+// output) captured in the first round, on fixed device inputs refilled each
+// round; every rank sends max_tokens_per_rank tokens, so the shapes never
+// change.  After a failure, which the health poll reports once the replay has
+// ended, no eager call is left to recover in: the round calls
+// moe_ep_set_active_ranks with the current mask, where the handle recovers
+// (it returns TIMEOUT), and the next round replays the same graph.
+class GraphRounds {
+ public:
+  explicit GraphRounds(int rank) : rank_(rank), device_(rank_device(rank)) {
+    cuda_ok(cudaSetDevice(device_), "cudaSetDevice");
+    inputs_ = std::make_unique<DeviceInputs>(scenario_spec());
+    cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~GraphRounds() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  GraphRounds(const GraphRounds&) = delete;
+  GraphRounds& operator=(const GraphRounds&) = delete;
+
+  MaskedRound run(moe_ep_handle_t h, WorkloadSpec w) {
+    w.tokens.assign(size_t(w.world), w.max_tokens_per_rank);
+    MaskedRound r;
+    r.mask.assign(size_t(w.world), 0);
+    if (!ok(r, moe_ep_get_active_ranks(h, r.mask.data(), w.world), "moe_ep_get_active_ranks")) return r;
+    const std::vector<RankRouting> masked = mask_routing(w, make_all_routing(w), r.mask);
+    const RankInputs in = make_rank_inputs(w, rank_);
+    inputs_->upload(in, make_expert_output(w, rank_));
+    if (!exec_ && !capture(h, w, r)) return r;
+    cuda_ok(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    Verdict v;
+    const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, device_};
+    v.merge(check_dispatch(w, masked, rank_, read_dispatch(w, dispatched_, dev, read_device_memory, v)));
+    v.merge(
+        check_combine(w, masked, rank_, read_combine(w, combined_, in.routing.num_tokens, dev, read_device_memory, v)));
+    if (poll_health(h).status != MOE_EP_SUCCESS) {  // the replay's results are invalid: recover
+      ok(r, moe_ep_set_active_ranks(h, r.mask.data(), w.world), "moe_ep_set_active_ranks (the recovery)");
+      if (r.status == MOE_EP_SUCCESS) ok(r, MOE_EP_ERROR_INTERNAL, "recovery after a failed replay");
+      return r;
+    }
+    r.wrong = v.wrong;
+    r.details = v.details;
+    return r;
+  }
+
+ private:
+  static bool ok(MaskedRound& r, moe_ep_status_t s, const char* call) {
+    if (s != MOE_EP_SUCCESS && r.status == MOE_EP_SUCCESS) {
+      r.status = s;
+      r.error = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error();
+    }
+    return s == MOE_EP_SUCCESS;
+  }
+
+  bool capture(moe_ep_handle_t h, const WorkloadSpec& w, MaskedRound& r) {
+    const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, device_};
+    DispatchArgs args(w, w.num_tokens(rank_), inputs_->memory(), dev);
+    const TensorView eo = expert_output_view(w, inputs_->expert_output.get(), dev, false);
+    moe_ep_dispatch_result_init(&dispatched_, sizeof dispatched_);
+    moe_ep_combine_result_init(&combined_, sizeof combined_);
+    cuda_ok(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    const bool issued = ok(r, moe_ep_dispatch(h, args.get(), &dispatched_, stream_), "moe_ep_dispatch (capture)") &&
+                        ok(r, moe_ep_combine(h, eo.get(), nullptr, &combined_, stream_), "moe_ep_combine (capture)");
+    cudaGraph_t graph = nullptr;
+    cuda_ok(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    if (issued) cuda_ok(cudaGraphInstantiate(&exec_, graph, 0), "cudaGraphInstantiate");
+    cudaGraphDestroy(graph);
+    return issued;
+  }
+
+  int rank_;
+  int device_;
+  std::unique_ptr<DeviceInputs> inputs_;
+  cudaStream_t stream_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+  moe_ep_dispatch_result_t dispatched_{};
+  moe_ep_combine_result_t combined_{};
+};
 
 // The handle of rank r on GPU r % count, NVLINK_TWO_SIDED under MASK.
 RankSetup nvlink_setup() {
   RankSetup setup;
+  setup.align_rounds_after_failure = true;
   setup.config = [](const char* address, int rank) {
     moe_ep_config_t c = mask_config(address, "ep", kTimeoutMs);
     int count = 0;
@@ -39,9 +133,7 @@ RankSetup nvlink_setup() {
     return c;
   };
   setup.memory = [](int rank) {
-    int count = 0;
-    cuda_ok(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-    const int device = rank % count;
+    const int device = rank_device(rank);
     cuda_ok(cudaSetDevice(device), "cudaSetDevice");
     auto inputs = std::make_shared<DeviceInputs>(scenario_spec());
     RoundMemory m;
@@ -54,6 +146,16 @@ RankSetup nvlink_setup() {
     };
     m.read = read_device_memory;
     return m;
+  };
+  return setup;
+}
+
+RankSetup graph_setup() {
+  RankSetup setup = nvlink_setup();
+  setup.memory = nullptr;
+  setup.rounds = [](int rank) {
+    auto rounds = std::make_shared<GraphRounds>(rank);
+    return RoundRunner([rounds](moe_ep_handle_t h, const WorkloadSpec& w) { return rounds->run(h, w); });
   };
   return setup;
 }
@@ -132,5 +234,21 @@ TEST_CASE("nvlink rank failure: a rank that stalls is dropped and learns it", "[
   CHECK(board.get("dropped/3").find("dropped it from the group") != std::string::npos);
   CHECK(board.get("wrong_before_drop/3") == "0");
   const Outcome out = survivors_outcome(board, others(3), 3);
+  check_bounds(out, false);
+}
+
+TEST_CASE("nvlink rank failure: a CUDA graph captured before a kill -9 replays under the mask after it",
+          "[rank_failure][gpu]") {
+  std::printf("NVLINK_TWO_SIDED, graph replays: kill -9 of rank 1 of 4 at round 200 of 600:\n");
+  const std::unique_ptr<ForkLauncher> started = start_gpu_launcher();
+  if (!started) return;
+  ForkLauncher& launcher = *started;
+  Script s;
+  s.rounds = 600;
+  const std::vector<pid_t> pids = spawn_group(launcher, s, graph_setup());
+  Board board(launcher.store_address());
+  kill_at_round(launcher, board, pids[1], 1, 200);
+  for (int r : others(1)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
+  const Outcome out = survivors_outcome(board, others(1), 1);
   check_bounds(out, false);
 }

@@ -39,7 +39,8 @@ class Rank {
         s_(s),
         setup_(setup),
         board_(address),
-        memory_(setup.memory ? setup.memory(rank) : host_round_memory()) {}
+        memory_(setup.memory ? setup.memory(rank) : host_round_memory()),
+        rounds_(setup.rounds ? setup.rounds(rank) : RoundRunner{}) {}
 
   // An original rank: create over the store's bootstrap, then serve rounds.
   int run_original() {
@@ -104,6 +105,23 @@ class Rank {
     detected_ns_ = monotonic_ns();
   }
 
+  // After the survivors' failures_-th failure: every survivor posts the round
+  // it failed in and restarts at the earliest (a survivor that does not post
+  // within 10 s is left out: it failed too, the next round finds it).
+  int aligned_round(int round) {
+    const std::string n = std::to_string(failures_);
+    board_.put("failed_round/" + n + "/" + std::to_string(rank_), std::to_string(round));
+    std::vector<uint8_t> mask(kWorld);
+    moe_ep_get_active_ranks(h_, mask.data(), kWorld);
+    int earliest = round;
+    for (int r = 0; r < kWorld; ++r) {
+      if (r == rank_ || !mask[size_t(r)]) continue;
+      const std::string theirs = board_.get("failed_round/" + n + "/" + std::to_string(r), 10000);
+      if (!theirs.empty()) earliest = std::min(earliest, std::stoi(theirs));
+    }
+    return earliest;
+  }
+
   // Survivors: bring s_.replaced back (retrying when a peer fails during the change).
   bool admit() {
     board_.get("replacement_started", 60000);
@@ -136,13 +154,15 @@ class Rank {
         board_.put("killed_at/" + std::to_string(rank_), std::to_string(monotonic_ns()));
         std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs * 5 / 2));
       }
-      const MaskedRound m = run_masked_round(h_, round_spec(scenario_spec(), round), rank_, memory_);
+      const moe_ep_verify::WorkloadSpec w = round_spec(scenario_spec(), round);
+      const MaskedRound m = rounds_ ? rounds_(h_, w) : run_masked_round(h_, w, rank_, memory_);
       if (m.status != MOE_EP_SUCCESS) {
         if (m.pending) continue;  // found after the round: its next call recovers (and returns TIMEOUT)
         const moe_ep_health_t hh = poll_health(h_);
         if (m.status == MOE_EP_ERROR_TIMEOUT && hh.status == MOE_EP_SUCCESS) {
           if (rank_ == s_.suicide_on_first_failure) return die_now(board_, rank_);
           note_failure();
+          if (setup_.align_rounds_after_failure) round = aligned_round(round);
           continue;  // the round again, under the new mask
         }
         if (rank_ == s_.stall_rank && hh.status == MOE_EP_ERROR_TIMEOUT) {
@@ -175,6 +195,7 @@ class Rank {
   RankSetup setup_;
   Board board_;
   RoundMemory memory_;
+  RoundRunner rounds_;
   moe_ep_handle_t h_ = nullptr;
   int failures_ = 0;
   int64_t detected_ns_ = 0;

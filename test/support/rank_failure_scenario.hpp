@@ -67,9 +67,18 @@ class Board {
 // How a scenario's ranks make their handles: the config of rank `rank` over
 // the store at `address` (failure_policy MASK), and, in the rank's process
 // before create, where its rounds' tensors live (NULL: the host).
+using RoundRunner = std::function<MaskedRound(moe_ep_handle_t h, const moe_ep_verify::WorkloadSpec& w)>;
 struct RankSetup {
   std::function<moe_ep_config_t(const char* address, int rank)> config;
   std::function<RoundMemory(int rank)> memory;
+  // In the rank's process, before create: how its rounds run (NULL:
+  // run_masked_round over `memory`).
+  std::function<RoundRunner(int rank)> rounds;
+  // An asynchronous backend's survivors may find a failure one round apart (a
+  // survivor whose round completed before the peer died finds it in its next
+  // one): after each failure they restart together at the earliest round any
+  // of them failed in, as a server's scheduler would re-issue the step.
+  bool align_rounds_after_failure = false;
 };
 
 // What each rank of a scenario does besides serving rounds.
