@@ -40,13 +40,16 @@ int rank_device(int rank) {
   return rank % count;
 }
 
-// Every round a replay of one graph (dispatch, then combine into the handle's
-// output) captured in the first round, on fixed device inputs refilled each
-// round; every rank sends max_tokens_per_rank tokens, so the shapes never
-// change.  After a failure, which the health poll reports once the replay has
-// ended, no eager call is left to recover in: the round calls
-// moe_ep_set_active_ranks with the current mask, where the handle recovers
-// (it returns TIMEOUT), and the next round replays the same graph.
+// Every round a replay of two graphs captured in the first round, one of the
+// dispatch and one of the combine (into the handle's output), on fixed device
+// inputs refilled each round; every rank sends max_tokens_per_rank tokens, so
+// the shapes never change.  The dispatch results are read between the two
+// replays: they are valid only until the matching combine is issued (a peer's
+// next dispatch may overwrite them after that).  After a failure, which the
+// health poll reports once a replay has ended, no eager call is left to
+// recover in: the round calls moe_ep_set_active_ranks with the current mask,
+// where the handle recovers (it returns TIMEOUT), and the next round replays
+// the same graphs.
 class GraphRounds {
  public:
   explicit GraphRounds(int rank) : rank_(rank), device_(rank_device(rank)) {
@@ -55,7 +58,8 @@ class GraphRounds {
     cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   }
   ~GraphRounds() {
-    if (exec_) cudaGraphExecDestroy(exec_);
+    if (dispatch_exec_) cudaGraphExecDestroy(dispatch_exec_);
+    if (combine_exec_) cudaGraphExecDestroy(combine_exec_);
     if (stream_) cudaStreamDestroy(stream_);
   }
   GraphRounds(const GraphRounds&) = delete;
@@ -69,19 +73,16 @@ class GraphRounds {
     const std::vector<RankRouting> masked = mask_routing(w, make_all_routing(w), r.mask);
     const RankInputs in = make_rank_inputs(w, rank_);
     inputs_->upload(in, make_expert_output(w, rank_));
-    if (!exec_ && !capture(h, w, r)) return r;
-    cuda_ok(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
-    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (!dispatch_exec_ && !capture(h, w, r)) return r;
     Verdict v;
     const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, device_};
+    replay(dispatch_exec_);
     v.merge(check_dispatch(w, masked, rank_, read_dispatch(w, dispatched_, dev, read_device_memory, v)));
+    if (failed(h, w, r)) return r;
+    replay(combine_exec_);
     v.merge(
         check_combine(w, masked, rank_, read_combine(w, combined_, in.routing.num_tokens, dev, read_device_memory, v)));
-    if (poll_health(h).status != MOE_EP_SUCCESS) {  // the replay's results are invalid: recover
-      ok(r, moe_ep_set_active_ranks(h, r.mask.data(), w.world), "moe_ep_set_active_ranks (the recovery)");
-      if (r.status == MOE_EP_SUCCESS) ok(r, MOE_EP_ERROR_INTERNAL, "recovery after a failed replay");
-      return r;
-    }
+    if (failed(h, w, r)) return r;
     r.wrong = v.wrong;
     r.details = v.details;
     return r;
@@ -96,27 +97,52 @@ class GraphRounds {
     return s == MOE_EP_SUCCESS;
   }
 
+  void replay(cudaGraphExec_t exec) {
+    cuda_ok(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
+    cuda_ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  // After a replay: a failure the poll reports makes the round's results
+  // invalid; the round recovers (TIMEOUT expected) and says so in r.
+  bool failed(moe_ep_handle_t h, const WorkloadSpec& w, MaskedRound& r) {
+    if (poll_health(h).status == MOE_EP_SUCCESS) return false;
+    ok(r, moe_ep_set_active_ranks(h, r.mask.data(), w.world), "moe_ep_set_active_ranks (the recovery)");
+    if (r.status == MOE_EP_SUCCESS) ok(r, MOE_EP_ERROR_INTERNAL, "recovery after a failed replay");
+    return true;
+  }
+
+  // One call into one graph.
+  template <typename Call>
+  bool capture_one(cudaGraphExec_t* exec, const Call& call) {
+    cuda_ok(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    const bool issued = call();
+    cudaGraph_t graph = nullptr;
+    cuda_ok(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    if (issued) cuda_ok(cudaGraphInstantiate(exec, graph, 0), "cudaGraphInstantiate");
+    cudaGraphDestroy(graph);
+    return issued;
+  }
+
   bool capture(moe_ep_handle_t h, const WorkloadSpec& w, MaskedRound& r) {
     const moe_ep_device_t dev{MOE_EP_DEVICE_CUDA, device_};
     DispatchArgs args(w, w.num_tokens(rank_), inputs_->memory(), dev);
     const TensorView eo = expert_output_view(w, inputs_->expert_output.get(), dev, false);
     moe_ep_dispatch_result_init(&dispatched_, sizeof dispatched_);
     moe_ep_combine_result_init(&combined_, sizeof combined_);
-    cuda_ok(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    const bool issued = ok(r, moe_ep_dispatch(h, args.get(), &dispatched_, stream_), "moe_ep_dispatch (capture)") &&
-                        ok(r, moe_ep_combine(h, eo.get(), nullptr, &combined_, stream_), "moe_ep_combine (capture)");
-    cudaGraph_t graph = nullptr;
-    cuda_ok(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
-    if (issued) cuda_ok(cudaGraphInstantiate(&exec_, graph, 0), "cudaGraphInstantiate");
-    cudaGraphDestroy(graph);
-    return issued;
+    return capture_one(
+               &dispatch_exec_,
+               [&] { return ok(r, moe_ep_dispatch(h, args.get(), &dispatched_, stream_), "dispatch (capture)"); }) &&
+           capture_one(&combine_exec_, [&] {
+             return ok(r, moe_ep_combine(h, eo.get(), nullptr, &combined_, stream_), "combine (capture)");
+           });
   }
 
   int rank_;
   int device_;
   std::unique_ptr<DeviceInputs> inputs_;
   cudaStream_t stream_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
+  cudaGraphExec_t dispatch_exec_ = nullptr;
+  cudaGraphExec_t combine_exec_ = nullptr;
   moe_ep_dispatch_result_t dispatched_{};
   moe_ep_combine_result_t combined_{};
 };
