@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdio>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -109,7 +110,9 @@ TEST_CASE("active ranks: the health poll of a healthy handle, without blocking",
     // Host loads only: ten thousand polls take far less than one exchange would.
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < 10000; ++i) poll_health(h);
-    RANK_CHECK(checks, rank, ms_since(start) < 200.0);
+    const double ms = ms_since(start);
+    RANK_CHECK(checks, rank, ms < 200.0);
+    std::printf("rank %d: %.0f ns per health poll\n", rank, ms * 1e6 / 10000);  // a figure, not a bound
   });
 }
 
