@@ -290,10 +290,12 @@ pub struct Health {
 pub enum FailurePolicy {
     /// TIMEOUT, and the handle is unusable (the default).
     FailHandle,
-    /// HOST backend: the survivors drop the failed rank from the active-rank
-    /// mask through the store at `Config::store_address` and go on; the
-    /// failing call returns TIMEOUT naming it, `MoeEp::poll_health` shows
-    /// `failed_rank` and the new `mask_epoch`.
+    /// HOST and NVLINK_TWO_SIDED: the survivors drop the failed rank from the
+    /// active-rank mask through the store at `Config::store_address` and go
+    /// on; the failing call returns TIMEOUT naming it, `MoeEp::poll_health`
+    /// shows `failed_rank` and the new `mask_epoch` (on NVLINK_TWO_SIDED the
+    /// poll reports TIMEOUT, not sticky, as soon as a kernel gave up: the
+    /// next call recovers).
     Mask,
 }
 
@@ -905,14 +907,15 @@ impl MoeEp {
     /// inactive ranks do not exist for the group: their picks are dropped,
     /// combine sums over the active ranks (not renormalised), an inactive
     /// rank's dispatch receives nothing and its combine output is zeros; on
-    /// HOST an inactive rank still makes every collective call.
-    /// `Health::mask_epoch` increments.  A mask whose length is not the
-    /// handle's world size, or masks that differ between ranks, are
-    /// INVALID_ARGUMENT on every rank.  NVLINK_TWO_SIDED and NCCL take only
-    /// the all-active mask (UNSUPPORTED otherwise).  Under
+    /// HOST and NVLINK_TWO_SIDED an inactive rank still makes every
+    /// collective call.  `Health::mask_epoch` increments.  A mask whose
+    /// length is not the handle's world size, or masks that differ between
+    /// ranks, are INVALID_ARGUMENT on every rank.  NCCL takes only the
+    /// all-active mask (UNSUPPORTED otherwise).  Under
     /// `FailurePolicy::Mask` it is collective over the ranks active before
     /// or after it only, and at most one rank becomes active per call: how
-    /// survivors admit a replacement (`Config::rejoin`).
+    /// survivors admit a replacement (`Config::rejoin`, HOST; on
+    /// NVLINK_TWO_SIDED ranks only leave).
     pub fn set_active_ranks(&mut self, active: &[bool]) -> Result<()> {
         let mask: Vec<u8> = active.iter().map(|&a| a as u8).collect();
         let n = i32::try_from(mask.len()).map_err(|_| {
