@@ -205,22 +205,27 @@ std::unique_ptr<ForkLauncher> start_gpu_launcher() {
   return launcher;
 }
 
-// The survivors' reports when nobody rejoins: every survivor named `victim`
-// first, ends with `active` ranks at mask epoch 1, and got 0 wrong entries.
-Outcome survivors_outcome(Board& board, const std::vector<int>& survivors, int victim) {
+// The survivors' reports when nobody rejoins: every survivor named the
+// victims in order, ends with the survivors active at mask epoch
+// victims.size(), and got 0 wrong entries.
+Outcome survivors_outcome(Board& board, const std::vector<int>& survivors, const std::vector<int>& victims) {
   Outcome out;
   for (int r : survivors) {
-    INFO("rank " << r << " error: " << board.get("error/" + std::to_string(r)));
-    CHECK(board.get("error/" + std::to_string(r)).empty());
-    INFO("rank " << r << ": " << board.get("wrong_details/" + std::to_string(r)));
-    CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == std::to_string(victim));
-    CHECK(board.get("final/" + std::to_string(r)) == std::to_string(survivors.size()) + " active, epoch 1");
-    REQUIRE(!board.get("wrong/" + std::to_string(r)).empty());
-    out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
-    out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
-    out.worst["detect_ms"] = std::max(out.worst["detect_ms"], board.number("detect_ms/" + std::to_string(r) + "/0"));
-    out.worst["first_masked_ms"] =
-        std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + std::to_string(r)));
+    const std::string me = std::to_string(r);
+    INFO("rank " << r << " error: " << board.get("error/" + me));
+    CHECK(board.get("error/" + me).empty());
+    INFO("rank " << r << ": " << board.get("wrong_details/" + me));
+    for (size_t n = 0; n < victims.size(); ++n) {
+      const std::string at = me + "/" + std::to_string(n);
+      CHECK(board.get("failed_rank/" + at) == std::to_string(victims[n]));
+      out.worst["detect_ms"] = std::max(out.worst["detect_ms"], board.number("detect_ms/" + at));
+    }
+    CHECK(board.get("final/" + me) ==
+          std::to_string(survivors.size()) + " active, epoch " + std::to_string(victims.size()));
+    REQUIRE(!board.get("wrong/" + me).empty());
+    out.wrong += std::stoll(board.get("wrong/" + me));
+    out.rounds += std::stoll(board.get("rounds/" + me));
+    out.worst["first_masked_ms"] = std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + me));
   }
   print_outcome(out);
   return out;
@@ -240,7 +245,7 @@ TEST_CASE("nvlink rank failure: kill -9 of one of 4 ranks mid-stream, the surviv
   Board board(launcher.store_address());
   kill_at_round(launcher, board, pids[2], 2, 300);
   for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
-  const Outcome out = survivors_outcome(board, others(2), 2);
+  const Outcome out = survivors_outcome(board, others(2), {2});
   check_bounds(out, false);
 }
 
@@ -259,7 +264,7 @@ TEST_CASE("nvlink rank failure: a rank that stalls is dropped and learns it", "[
   INFO("the stalled rank's last error: " << board.get("dropped/3"));
   CHECK(board.get("dropped/3").find("dropped it from the group") != std::string::npos);
   CHECK(board.get("wrong_before_drop/3") == "0");
-  const Outcome out = survivors_outcome(board, others(3), 3);
+  const Outcome out = survivors_outcome(board, others(3), {3});
   check_bounds(out, false);
 }
 
@@ -275,6 +280,25 @@ TEST_CASE("nvlink rank failure: a CUDA graph captured before a kill -9 replays u
   Board board(launcher.store_address());
   kill_at_round(launcher, board, pids[1], 1, 200);
   for (int r : others(1)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
-  const Outcome out = survivors_outcome(board, others(1), 1);
+  const Outcome out = survivors_outcome(board, others(1), {1});
+  check_bounds(out, false);
+}
+
+TEST_CASE("nvlink rank failure: two failures, the second right after the first was masked", "[rank_failure][gpu]") {
+  std::printf(
+      "NVLINK_TWO_SIDED: rank 1 of 4 killed at round 100; rank 3 dies as its call returns that failure; "
+      "400 rounds:\n");
+  const std::unique_ptr<ForkLauncher> started = start_gpu_launcher();
+  if (!started) return;
+  ForkLauncher& launcher = *started;
+  Script s;
+  s.rounds = 400;
+  s.suicide_on_first_failure = 3;
+  const std::vector<pid_t> pids = spawn_group(launcher, s, nvlink_setup());
+  Board board(launcher.store_address());
+  kill_at_round(launcher, board, pids[1], 1, 100);
+  CHECK(launcher.wait_exit(pids[3], 120000) == 128 + SIGKILL);
+  for (int r : others(1, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
+  const Outcome out = survivors_outcome(board, others(1, 3), {1, 3});
   check_bounds(out, false);
 }

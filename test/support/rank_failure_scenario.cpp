@@ -107,8 +107,11 @@ class Rank {
 
   // After the survivors' failures_-th failure: every survivor posts the round
   // it failed in and restarts at the earliest (a survivor that does not post
-  // within 10 s is left out: it failed too, the next round finds it).
+  // within 2 x timeout_ms is left out: it failed too, the next round finds
+  // it).  The wait is the harness's own (a server's scheduler), so the first
+  // masked round is timed from its end.
   int aligned_round(int round) {
+    const int64_t start = monotonic_ns();
     const std::string n = std::to_string(failures_);
     board_.put("failed_round/" + n + "/" + std::to_string(rank_), std::to_string(round));
     std::vector<uint8_t> mask(kWorld);
@@ -116,9 +119,10 @@ class Rank {
     int earliest = round;
     for (int r = 0; r < kWorld; ++r) {
       if (r == rank_ || !mask[size_t(r)]) continue;
-      const std::string theirs = board_.get("failed_round/" + n + "/" + std::to_string(r), 10000);
+      const std::string theirs = board_.get("failed_round/" + n + "/" + std::to_string(r), 2 * kTimeoutMs);
       if (!theirs.empty()) earliest = std::min(earliest, std::stoi(theirs));
     }
+    detected_ns_ += monotonic_ns() - start;
     return earliest;
   }
 
