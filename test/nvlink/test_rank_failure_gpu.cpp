@@ -69,7 +69,7 @@ class GraphRounds {
     w.tokens.assign(size_t(w.world), w.max_tokens_per_rank);
     MaskedRound r;
     r.mask.assign(size_t(w.world), 0);
-    if (!ok(r, moe_ep_get_active_ranks(h, r.mask.data(), w.world), "moe_ep_get_active_ranks")) return r;
+    if (!note_call(r, moe_ep_get_active_ranks(h, r.mask.data(), w.world), "moe_ep_get_active_ranks")) return r;
     const std::vector<RankRouting> masked = mask_routing(w, make_all_routing(w), r.mask);
     const RankInputs in = make_rank_inputs(w, rank_);
     inputs_->upload(in, make_expert_output(w, rank_));
@@ -89,13 +89,6 @@ class GraphRounds {
   }
 
  private:
-  static bool ok(MaskedRound& r, moe_ep_status_t s, const char* call) {
-    if (s != MOE_EP_SUCCESS && r.status == MOE_EP_SUCCESS) {
-      r.status = s;
-      r.error = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error();
-    }
-    return s == MOE_EP_SUCCESS;
-  }
 
   void replay(cudaGraphExec_t exec) {
     cuda_ok(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
@@ -106,8 +99,8 @@ class GraphRounds {
   // invalid; the round recovers (TIMEOUT expected) and says so in r.
   bool failed(moe_ep_handle_t h, const WorkloadSpec& w, MaskedRound& r) {
     if (poll_health(h).status == MOE_EP_SUCCESS) return false;
-    ok(r, moe_ep_set_active_ranks(h, r.mask.data(), w.world), "moe_ep_set_active_ranks (the recovery)");
-    if (r.status == MOE_EP_SUCCESS) ok(r, MOE_EP_ERROR_INTERNAL, "recovery after a failed replay");
+    note_call(r, moe_ep_set_active_ranks(h, r.mask.data(), w.world), "moe_ep_set_active_ranks (the recovery)");
+    if (r.status == MOE_EP_SUCCESS) note_call(r, MOE_EP_ERROR_INTERNAL, "recovery after a failed replay");
     return true;
   }
 
@@ -129,11 +122,13 @@ class GraphRounds {
     const TensorView eo = expert_output_view(w, inputs_->expert_output.get(), dev, false);
     moe_ep_dispatch_result_init(&dispatched_, sizeof dispatched_);
     moe_ep_combine_result_init(&combined_, sizeof combined_);
-    return capture_one(
-               &dispatch_exec_,
-               [&] { return ok(r, moe_ep_dispatch(h, args.get(), &dispatched_, stream_), "dispatch (capture)"); }) &&
+    return capture_one(&dispatch_exec_,
+                       [&] {
+                         return note_call(r, moe_ep_dispatch(h, args.get(), &dispatched_, stream_),
+                                          "dispatch (capture)");
+                       }) &&
            capture_one(&combine_exec_, [&] {
-             return ok(r, moe_ep_combine(h, eo.get(), nullptr, &combined_, stream_), "combine (capture)");
+             return note_call(r, moe_ep_combine(h, eo.get(), nullptr, &combined_, stream_), "combine (capture)");
            });
   }
 
@@ -231,22 +226,27 @@ Outcome survivors_outcome(Board& board, const std::vector<int>& survivors, const
   return out;
 }
 
+// 4 ranks under `setup`, rank `victim` killed with SIGKILL at `round` of
+// `rounds`: the survivors name it, go on at mask epoch 1, 0 wrong entries.
+void kill_scenario(const RankSetup& setup, int victim, int round, int rounds) {
+  const std::unique_ptr<ForkLauncher> started = start_gpu_launcher();
+  if (!started) return;
+  ForkLauncher& launcher = *started;
+  Script s;
+  s.rounds = rounds;
+  const std::vector<pid_t> pids = spawn_group(launcher, s, setup);
+  Board board(launcher.store_address());
+  kill_at_round(launcher, board, pids[size_t(victim)], victim, round);
+  for (int r : others(victim)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
+  check_bounds(survivors_outcome(board, others(victim), {victim}), false);
+}
+
 }  // namespace
 
 TEST_CASE("nvlink rank failure: kill -9 of one of 4 ranks mid-stream, the survivors go on masked",
           "[rank_failure][gpu]") {
   std::printf("NVLINK_TWO_SIDED: kill -9 of rank 2 of 4 at round 300 of 1000:\n");
-  const std::unique_ptr<ForkLauncher> started = start_gpu_launcher();
-  if (!started) return;
-  ForkLauncher& launcher = *started;
-  Script s;
-  s.rounds = 1000;
-  const std::vector<pid_t> pids = spawn_group(launcher, s, nvlink_setup());
-  Board board(launcher.store_address());
-  kill_at_round(launcher, board, pids[2], 2, 300);
-  for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
-  const Outcome out = survivors_outcome(board, others(2), {2});
-  check_bounds(out, false);
+  kill_scenario(nvlink_setup(), 2, 300, 1000);
 }
 
 TEST_CASE("nvlink rank failure: a rank that stalls is dropped and learns it", "[rank_failure][gpu]") {
@@ -271,17 +271,7 @@ TEST_CASE("nvlink rank failure: a rank that stalls is dropped and learns it", "[
 TEST_CASE("nvlink rank failure: a CUDA graph captured before a kill -9 replays under the mask after it",
           "[rank_failure][gpu]") {
   std::printf("NVLINK_TWO_SIDED, graph replays: kill -9 of rank 1 of 4 at round 200 of 600:\n");
-  const std::unique_ptr<ForkLauncher> started = start_gpu_launcher();
-  if (!started) return;
-  ForkLauncher& launcher = *started;
-  Script s;
-  s.rounds = 600;
-  const std::vector<pid_t> pids = spawn_group(launcher, s, graph_setup());
-  Board board(launcher.store_address());
-  kill_at_round(launcher, board, pids[1], 1, 200);
-  for (int r : others(1)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
-  const Outcome out = survivors_outcome(board, others(1), {1});
-  check_bounds(out, false);
+  kill_scenario(graph_setup(), 1, 200, 600);
 }
 
 TEST_CASE("nvlink rank failure: two failures, the second right after the first was masked", "[rank_failure][gpu]") {

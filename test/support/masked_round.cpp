@@ -8,17 +8,13 @@ namespace moe_ep_test {
 
 using namespace moe_ep_verify;
 
-namespace {
-
-bool ok(MaskedRound& r, moe_ep_status_t s, const char* call) {
+bool note_call(MaskedRound& r, moe_ep_status_t s, const char* call) {
   if (s != MOE_EP_SUCCESS && r.status == MOE_EP_SUCCESS) {
     r.status = s;
     r.error = std::string(call) + ": " + moe_ep_status_string(s) + ": " + moe_ep_last_error();
   }
   return s == MOE_EP_SUCCESS;
 }
-
-}  // namespace
 
 RoundMemory host_round_memory() {
   RoundMemory m;
@@ -34,7 +30,7 @@ RoundMemory host_round_memory() {
 MaskedRound run_masked_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank, const RoundMemory& memory) {
   MaskedRound r;
   r.mask.assign(size_t(w.world), 0);
-  if (!ok(r, moe_ep_get_active_ranks(h, r.mask.data(), w.world), "moe_ep_get_active_ranks")) return r;
+  if (!note_call(r, moe_ep_get_active_ranks(h, r.mask.data(), w.world), "moe_ep_get_active_ranks")) return r;
   const std::vector<RankRouting> masked = mask_routing(w, make_all_routing(w), r.mask);
   const RankInputs in = make_rank_inputs(w, rank);  // unmasked: the library masks it
   const std::vector<uint8_t> expert_output = make_expert_output(w, rank);
@@ -43,14 +39,14 @@ MaskedRound run_masked_round(moe_ep_handle_t h, const WorkloadSpec& w, int rank,
   DispatchArgs args(w, in.routing.num_tokens, inputs, memory.device);
   moe_ep_dispatch_result_t dr;
   moe_ep_dispatch_result_init(&dr, sizeof dr);
-  if (!ok(r, moe_ep_dispatch(h, args.get(), &dr, nullptr), "moe_ep_dispatch")) return r;
+  if (!note_call(r, moe_ep_dispatch(h, args.get(), &dr, nullptr), "moe_ep_dispatch")) return r;
   Verdict v;
   const ReceivedDispatch got = read_dispatch(w, dr, memory.device, memory.read, v);
   v.merge(check_dispatch(w, masked, rank, got));
   const TensorView eo = expert_output_view(w, expert_output_data, memory.device, false);
   moe_ep_combine_result_t cr;
   moe_ep_combine_result_init(&cr, sizeof cr);
-  if (ok(r, moe_ep_combine(h, eo.get(), nullptr, &cr, nullptr), "moe_ep_combine")) {
+  if (note_call(r, moe_ep_combine(h, eo.get(), nullptr, &cr, nullptr), "moe_ep_combine")) {
     const std::vector<uint8_t> out = read_combine(w, cr, in.routing.num_tokens, memory.device, memory.read, v);
     if (in.routing.num_tokens > 0) v.merge(check_combine(w, masked, rank, out));
   }

@@ -41,6 +41,10 @@ struct RoundMemory {
 };
 RoundMemory host_round_memory();
 
+// Records in r the first call that failed (its status and message); returns
+// whether `s` is SUCCESS.
+bool note_call(MaskedRound& r, moe_ep_status_t s, const char* call);
+
 MaskedRound run_masked_round(moe_ep_handle_t h, const moe_ep_verify::WorkloadSpec& w, int rank,
                              const RoundMemory& memory = host_round_memory());
 
