@@ -331,8 +331,9 @@ typedef struct moe_ep_config_t {
                                 through the store at store_address and go on;
                                 needs store_address.                             */
   int32_t rejoin;            /* 0 (default), or 1: this process replaces a failed
-                                rank of a running MASK group (HOST; NVLINK_TWO_SIDED
-                                answers UNSUPPORTED).  moe_ep_create then
+                                rank of a running MASK group (HOST or
+                                NVLINK_TWO_SIDED; backend AUTO takes the
+                                group's).  moe_ep_create then
                                 reads only rank and world_size of the bootstrap
                                 (its callbacks may be NULL: the group is met
                                 through the store) and returns once the
@@ -675,9 +676,9 @@ MOE_EP_API moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8
  * no exchange there (its dispatch and combine are local and empty); a peer
  * that fails during the call is masked out and the call returns TIMEOUT
  * naming it, the requested mask not applied.  On NVLINK_TWO_SIDED under
- * MASK ranks only leave (one that comes back needs its memory exchanged
- * again: UNSUPPORTED), and the participants reset their workspaces to the
- * new mask, so that a captured graph still replays.  NCCL has no masks other than all-active yet: it answers
+ * MASK a rank that comes back has its memory exchanged again with the same
+ * credential checks as create, and the participants reset their workspaces
+ * to the new mask, so that a captured graph still replays.  NCCL has no masks other than all-active yet: it answers
  * UNSUPPORTED for them (all-active is accepted). */
 MOE_EP_API moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* active, int32_t world_size);
 

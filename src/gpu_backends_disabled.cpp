@@ -35,6 +35,11 @@ std::unique_ptr<Backend> make_masking_nvlink_backend(const Layout& /*layout*/, c
   not_built("NVLINK_TWO_SIDED");
 }
 
+std::unique_ptr<Backend> make_rejoining_nvlink_backend(const Layout& /*layout*/, const moe_ep_config_t& /*config*/,
+                                                       NvlinkMasking /*masking*/) {
+  not_built("NVLINK_TWO_SIDED");
+}
+
 bool nccl_platform_supported(int32_t /*device*/, std::string* why) {
   if (why != nullptr) *why = "NCCL: not in this build of moe_ep (MOE_EP_WITH_CUDA=OFF)";
   return false;

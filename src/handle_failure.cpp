@@ -6,6 +6,7 @@
 #include <random>
 
 #include "backend_table.hpp"
+#include "common/host_identity.hpp"
 #include "common/tuning_registry.hpp"
 #include "error.hpp"
 #include "handle.hpp"
@@ -81,10 +82,6 @@ FailureConfig read_failure_config(const moe_ep_config_t& c) {
     fail(MOE_EP_ERROR_UNSUPPORTED, "config->failure_policy: MOE_EP_ON_FAILURE_MASK is implemented by the HOST and ",
          "NVLINK_TWO_SIDED backends; got config->backend ", c.backend, " (NCCL keeps the handle broken on a failure)");
   }
-  if (f.rejoin && c.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
-    fail(MOE_EP_ERROR_UNSUPPORTED, "config->rejoin: a replacement rejoins a HOST group only; the NVLINK_TWO_SIDED ",
-         "backend's survivors go on masked, and a returning rank needs its memory exchanged again (not built)");
-  }
   return f;
 }
 
@@ -107,8 +104,10 @@ std::unique_ptr<Backend> make_masking_backend(const Bootstrap& bootstrap, const 
                                                Membership{0, std::vector<uint8_t>(static_cast<size_t>(world), 1)});
   std::unique_ptr<Backend> backend;
   run_then_agree(exchange, [&] {
-    if (rank == 0) {  // where a replacement finds the group
+    if (rank == 0) {  // where a replacement finds the group, and which backend it runs
       client->set(failure.store_prefix + "/group", std::vector<uint8_t>(group.begin(), group.end()));
+      const std::string backend = std::to_string(h.config.backend);
+      client->set(group + "/backend", std::vector<uint8_t>(backend.begin(), backend.end()));
       store->publish_latest();
     }
     if (!nvlink) backend = make_host_backend(h.layout, h.config.micro_batches, masking_exchange(store, fingerprint, h));
@@ -150,6 +149,25 @@ std::string read_group(store::StoreClient& client, const std::string& prefix, in
   return group;
 }
 
+// The backend the group runs (published at create), which a replacement
+// must run too; config->backend AUTO takes it.
+int32_t read_group_backend(store::StoreClient& client, const std::string& group, int32_t requested,
+                           int32_t timeout_ms) {
+  const auto bytes = client.get(group + "/backend", timeout_ms);
+  const std::string text = bytes ? std::string(bytes->begin(), bytes->end()) : std::string();
+  const int32_t backend = text == std::to_string(MOE_EP_BACKEND_HOST)               ? MOE_EP_BACKEND_HOST
+                          : text == std::to_string(MOE_EP_BACKEND_NVLINK_TWO_SIDED) ? MOE_EP_BACKEND_NVLINK_TWO_SIDED
+                                                                                    : -1;
+  if (backend < 0) {
+    fail(MOE_EP_ERROR_INVALID_INPUT, "rejoin: the store names no backend this process can run for group \"", group,
+         "\" (", bytes ? "\"" + peer_text(text.c_str(), text.size()) + "\"" : std::string("no key"), ")");
+  }
+  if (requested != MOE_EP_BACKEND_AUTO && requested != backend) {
+    fail_argument("config->backend", "the group's backend " + std::to_string(backend) + " or AUTO (0)", requested);
+  }
+  return backend;
+}
+
 }  // namespace
 
 moe_ep_handle_s* create_rejoining_handle(const moe_ep_bootstrap_t* bootstrap_arg, const moe_ep_params_t* params_arg,
@@ -163,23 +181,30 @@ moe_ep_handle_s* create_rejoining_handle(const moe_ep_bootstrap_t* bootstrap_arg
   h->store_prefix = failure.store_prefix;
   h->config.store_address = nullptr;
   h->config.store_prefix = nullptr;
-  h->config.backend = MOE_EP_BACKEND_HOST;  // the only backend with MASK (AUTO included)
   h->layout = make_layout(read_params(params_arg), b.world_size, b.rank);
   h->layout.zero_copy_combine = h->config.zero_copy_combine != 0;
-  check_backend_capabilities(MOE_EP_BACKEND_HOST, h->layout, h->config.micro_batches);
-  h->slots.resize(static_cast<size_t>(h->config.micro_batches));
   const int32_t timeout = h->config.timeout_ms;
   auto client = std::make_shared<store::StoreClient>(failure.store_address, timeout, "config->store_address");
   const std::string group = read_group(*client, failure.store_prefix, timeout);
+  h->config.backend = read_group_backend(*client, group, h->config.backend, timeout);
+  check_backend_capabilities(h->config.backend, h->layout, h->config.micro_batches);
+  h->slots.resize(static_cast<size_t>(h->config.micro_batches));
   const Membership latest = StoreExchange::read_latest(*client, group, b.world_size, timeout);
   if (latest.active[static_cast<size_t>(b.rank)]) {
     fail(MOE_EP_ERROR_INVALID_STATE, "rejoin: rank ", b.rank, " is still active in its group (the survivors have ",
          "not masked it out: they do after timeout_ms without it); try again once they have");
   }
   auto store = std::make_shared<StoreExchange>(client, group, b.rank, b.world_size, timeout, latest);
-  MembershipState joined;
-  h->backend = make_rejoining_host_backend(h->layout, h->config.micro_batches,
-                                           masking_exchange(store, group_fingerprint(*h), *h), &joined);
+  if (h->config.backend == MOE_EP_BACKEND_NVLINK_TWO_SIDED) {
+    h->mask_state = std::make_shared<MembershipState>();
+    h->mask_state->active = latest.active;
+    h->backend =
+        make_rejoining_nvlink_backend(h->layout, h->config, NvlinkMasking{store, group_fingerprint(*h), h->mask_state});
+  } else {
+    MembershipState joined;
+    h->backend = make_rejoining_host_backend(h->layout, h->config.micro_batches,
+                                             masking_exchange(store, group_fingerprint(*h), *h), &joined);
+  }
   sync_mask(*h);
   return h.release();
 }

@@ -359,7 +359,7 @@ class HostBackend final : public Backend {
       return;
     }
     if (!active_[me]) refresh_membership();
-    if (local_status == MOE_EP_SUCCESS) local_status = check_one_newcomer(active, &local_message);
+    if (local_status == MOE_EP_SUCCESS) local_status = check_one_newcomer(active_, active, &local_message);
     const std::vector<uint8_t>& proposed = local_status == MOE_EP_SUCCESS ? active : active_;
     MembershipState now{active_, dispatch_sequence_, mask_epoch_};
     try {
@@ -606,20 +606,6 @@ class HostBackend final : public Backend {
         StoreExchange::read_latest(store_->client(), store_->group(), layout_.world_size, store_->timeout_ms());
     store_->adopt(latest);
     set_mask(latest.active, mask_epoch_);
-  }
-
-  moe_ep_status_t check_one_newcomer(const std::vector<uint8_t>& active, std::string* message) const {
-    std::string newcomers;
-    int32_t count = 0;
-    for (size_t r = 0; r < active.size(); ++r) {
-      if (active[r] && !active_[r]) newcomers += (count++ ? ", " : "") + std::to_string(r);
-    }
-    if (count <= 1) return MOE_EP_SUCCESS;
-    *message =
-        "moe_ep_set_active_ranks: active: under failure_policy MASK at most one rank becomes active per "
-        "call, got ranks " +
-        newcomers + " (make one call per rank)";
-    return MOE_EP_ERROR_INVALID_ARGUMENT;
   }
 
   // Bad ids are dropped by the model (they match no rank); remember the first.

@@ -16,6 +16,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "collective_step.hpp"
 #include "error.hpp"
@@ -167,7 +168,8 @@ struct Datagram {
 
 class FdRound {
  public:
-  FdRound(int me, int world, int my_fd) : me_(me), world_(world), my_fd_(my_fd), my_uid_(getuid()), fds_(world) {}
+  FdRound(int me, int world, int my_fd, HandlePeers peers)
+      : me_(me), world_(world), my_fd_(my_fd), my_uid_(getuid()), peers_(std::move(peers)), fds_(world) {}
 
   // Removes the socket's name and the directory; the socket itself is closed
   // in the background, as strangers' datagrams may still be queued in it.
@@ -202,14 +204,19 @@ class FdRound {
     return socket_path_;
   }
 
-  // Every peer's record, from the bootstrap: the group's secret (rank 0's),
-  // pids and socket paths.  A record this rank cannot use fails.
+  // Every participant's record, from the exchange: the group's secret (the
+  // lowest participant's), pids and socket paths.  A record this rank cannot
+  // use fails.
   void join(const std::vector<Invitation>& invitations) {
-    secret_ = invitations[0].secret;
+    int first = 0;
+    while (!peers_.participants[static_cast<size_t>(first)]) ++first;  // this rank takes part
+    secret_ = invitations[first].secret;
     addresses_.resize(world_);
     lengths_.resize(world_);
+    pids_.assign(world_, 0);
     for (int r = 0; r < world_; ++r) {
-      pids_.push_back(invitations[r].pid);
+      if (!peers_.participants[static_cast<size_t>(r)]) continue;
+      pids_[r] = invitations[r].pid;
       if (!fd_exchange_wire::socket_address(invitations[r], &addresses_[r], &lengths_[r])) {
         fail(MOE_EP_ERROR_INVALID_INPUT, "fd exchange: rank ", r,
              " published no usable socket path (expected a NUL-terminated absolute path of at most ",
@@ -222,9 +229,13 @@ class FdRound {
   // rank blocks on a full queue while its own queue waits to be read.
   void send_and_receive(Clock::time_point deadline, int timeout_ms) {
     std::vector<bool> sent(world_, false);
-    int to_send = world_ - 1;
-    sent[me_] = true;
-    while (to_send > 0 || received_ < world_ - 1) {
+    int to_send = 0, expected = 0;
+    for (int peer = 0; peer < world_; ++peer) {
+      sent[peer] = !peers_.wants(peer, me_);
+      to_send += sent[peer] ? 0 : 1;
+      expected += peers_.wants(me_, peer) ? 1 : 0;
+    }
+    while (to_send > 0 || received_ < expected) {
       bool progress = false;
       for (int peer = 0; peer < world_; ++peer) {
         if (!sent[peer] && try_send(peer)) {
@@ -238,7 +249,7 @@ class FdRound {
       if (try_receive() != Received::kNothing) progress = true;
       if (Clock::now() > deadline) {
         fail(MOE_EP_ERROR_BOOTSTRAP, "exchanging memory handles over AF_UNIX sockets timed out after ", timeout_ms,
-             " ms on rank ", me_, " (", to_send, " peers not reached, ", world_ - 1 - received_,
+             " ms on rank ", me_, " (", to_send, " peers not reached, ", expected - received_,
              " descriptors not received, ", dropped_,
              " datagrams from outside the group dropped; are all ranks in one PID namespace?)");
       }
@@ -332,8 +343,8 @@ class FdRound {
   // rank of the group.  Anything else is a stranger's and is dropped.
   bool from_group_member(const Datagram& d) const {
     if (!d.has_credentials || d.credentials.uid != my_uid_) return false;
-    for (int32_t pid : pids_) {
-      if (d.credentials.pid == pid) return true;
+    for (int r = 0; r < world_; ++r) {
+      if (peers_.participants[static_cast<size_t>(r)] && d.credentials.pid == pids_[r]) return true;
     }
     return false;
   }
@@ -352,7 +363,7 @@ class FdRound {
     const int claimed = d.message.rank;
     const bool well_formed = d.bytes == sizeof(Message) && !d.truncated && d.fds.size() == 1 &&
                              same_random(d.message.secret, secret_) && claimed >= 0 && claimed < world_ &&
-                             claimed != me_ && pids_[claimed] == d.credentials.pid;
+                             peers_.wants(me_, claimed) && pids_[claimed] == d.credentials.pid;
     if (!well_formed) {
       fail(MOE_EP_ERROR_BOOTSTRAP, "fd exchange on rank ", me_, ": unexpected message from pid ",
            d.credentials.pid, " (a member of this group: ", d.bytes, " bytes, ", d.fds.size(),
@@ -372,6 +383,7 @@ class FdRound {
   const int world_;
   const int my_fd_;
   const uid_t my_uid_;
+  const HandlePeers peers_;
   Random secret_{};
   std::vector<int32_t> pids_;
   std::vector<sockaddr_un> addresses_;
@@ -386,34 +398,53 @@ class FdRound {
 
 }  // namespace
 
-std::vector<UniqueFd> exchange_fds(const Bootstrap& bootstrap, int my_fd, int timeout_ms) {
-  const int world = bootstrap.world_size();
-  if (world == 1) return std::vector<UniqueFd>(1);
+HandlePeers HandlePeers::everyone(int world) {
+  HandlePeers p;
+  p.participants.assign(static_cast<size_t>(world), 1);
+  p.joining.assign(static_cast<size_t>(world), 1);
+  return p;
+}
 
-  FdRound exchange(bootstrap.rank(), world, my_fd);
+std::vector<UniqueFd> exchange_fds(const Exchange& exchange, int my_fd, int timeout_ms) {
+  return exchange_fds(exchange, my_fd, timeout_ms, HandlePeers::everyone(exchange.world_size()));
+}
+
+std::vector<UniqueFd> exchange_fds(const Exchange& exchange, int my_fd, int timeout_ms, const HandlePeers& peers) {
+  const int world = exchange.world_size();
+  const int me = exchange.rank();
+  if (peers.participants.size() != static_cast<size_t>(world) || peers.joining.size() != static_cast<size_t>(world) ||
+      !peers.participants[static_cast<size_t>(me)]) {
+    fail(MOE_EP_ERROR_INTERNAL, "fd exchange: rank ", me, " is not among the exchange's participants");
+  }
+  int others = 0;
+  for (int r = 0; r < world; ++r) others += r != me && peers.participants[static_cast<size_t>(r)] ? 1 : 0;
+  if (others == 0) return std::vector<UniqueFd>(static_cast<size_t>(world));
+
+  FdRound round(me, world, my_fd, peers);
   Invitation mine{};
-  run_then_agree(bootstrap, [&] {  // every socket exists before anyone learns where
+  run_then_agree(exchange, [&] {  // every socket exists before anyone learns where
     mine.secret = draw_random();
     mine.pid = static_cast<int32_t>(getpid());
     mine.uid = static_cast<uint32_t>(getuid());
-    const std::string& path = exchange.bind_socket();
+    const std::string& path = round.bind_socket();
     std::memcpy(mine.path, path.c_str(), path.size() + 1);
   });
-  const std::vector<Invitation> invitations = bootstrap.allgather_value(mine);
-  run_then_agree(bootstrap, [&] {
+  const std::vector<Invitation> invitations = exchange.allgather_value(mine, "fd exchange: invitations");
+  run_then_agree(exchange, [&] {
     for (int r = 0; r < world; ++r) {
-      if (invitations[r].uid != mine.uid) {  // its messages would be dropped: say why now
-        fail(MOE_EP_ERROR_UNSUPPORTED, "fd exchange: rank ", r, " runs as uid ", invitations[r].uid, ", rank ",
-             bootstrap.rank(), " as uid ", mine.uid, "; descriptors are accepted only from the same user");
+      if (peers.participants[static_cast<size_t>(r)] && invitations[r].uid != mine.uid) {
+        // its messages would be dropped: say why now
+        fail(MOE_EP_ERROR_UNSUPPORTED, "fd exchange: rank ", r, " runs as uid ", invitations[r].uid, ", rank ", me,
+             " as uid ", mine.uid, "; descriptors are accepted only from the same user");
       }
     }
-    exchange.join(invitations);
+    round.join(invitations);
   });
   // One deadline for this rank's local work: sending, receiving and draining.
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  run_then_agree(bootstrap, [&] { exchange.send_and_receive(deadline, timeout_ms); });
-  run_then_agree(bootstrap, [&] { exchange.check_nothing_more_from_the_group(deadline); });
-  return exchange.take_fds();
+  run_then_agree(exchange, [&] { round.send_and_receive(deadline, timeout_ms); });
+  run_then_agree(exchange, [&] { round.check_nothing_more_from_the_group(deadline); });
+  return round.take_fds();
 }
 
 }  // namespace moe_ep

@@ -38,14 +38,35 @@
 
 namespace moe_ep {
 
-// Collective.  Returns, for every rank r != this rank, a descriptor received
-// from r (this rank's entry is empty).  Fails on every rank (BOOTSTRAP error
-// with a message) if any rank cannot bind, send or receive within timeout_ms,
-// or receives a duplicate or malformed message from a member of the group.
-// The local work of the exchange (sending, receiving, draining, closing) ends
-// within timeout_ms whatever strangers send; the bootstrap steps around it are
-// bounded by the bootstrap.
-std::vector<UniqueFd> exchange_fds(const Bootstrap& bootstrap, int my_fd, int timeout_ms);
+// Who sends its descriptor to whom.  At create every rank takes part and
+// every rank is new: each sends to every other.  When a replacement process
+// rejoins a group (failure_policy MASK), the participants are the ranks
+// active after the change and the joining ranks are the new ones: a joining
+// rank needs every participant's descriptor, the others need only the
+// joining ranks' (they hold each other's already).
+struct HandlePeers {
+  std::vector<uint8_t> participants;  // 1 = takes part in this exchange
+  std::vector<uint8_t> joining;       // 1 = has nobody's descriptor yet
+
+  static HandlePeers everyone(int world);
+  // Whether rank `to` receives the descriptor of rank `from`.
+  bool wants(int to, int from) const {
+    return to != from && participants[static_cast<size_t>(to)] && participants[static_cast<size_t>(from)] &&
+           (joining[static_cast<size_t>(to)] || joining[static_cast<size_t>(from)]);
+  }
+};
+
+// Collective among peers.participants (the exchange's non-participants take
+// no part).  Returns, for every rank r that this rank wants, a descriptor
+// received from r (the other entries are empty).  Fails on every participant
+// (BOOTSTRAP error with a message) if any cannot bind, send or receive within
+// timeout_ms, or receives a duplicate, unexpected or malformed message from a
+// member of the group.  The local work of the exchange (sending, receiving,
+// draining, closing) ends within timeout_ms whatever strangers send; the
+// exchange steps around it are bounded by the exchange.
+std::vector<UniqueFd> exchange_fds(const Exchange& exchange, int my_fd, int timeout_ms, const HandlePeers& peers);
+// The exchange of create: every rank with every rank.
+std::vector<UniqueFd> exchange_fds(const Exchange& exchange, int my_fd, int timeout_ms);
 
 // Closes `fd` on a detached thread: the caller never waits for it, however
 // long the close takes.  For descriptors that came from outside this process.
@@ -62,8 +83,8 @@ struct Random {
   unsigned char bytes[kRandomBytes];
 };
 
-// What every rank contributes to the exchange's one bootstrap allgather.  The
-// group uses rank 0's secret.
+// What every rank contributes to the exchange's one allgather.  The group
+// uses the lowest participant's secret.
 struct Invitation {
   Random secret;          // carried in every message, never in a path
   int32_t pid;            // the pid this rank's messages must carry

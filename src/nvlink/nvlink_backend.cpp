@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "bounded_exchange.hpp"
@@ -34,6 +36,7 @@
 #include "nvlink/mirror_pool.hpp"
 #include "nvlink/path_selection.hpp"
 #include "nvlink/receive_watchdog.hpp"
+#include "nvlink/rejoin_plan.hpp"
 #include "nvlink/routing_mask.hpp"
 #include "nvlink/shared_memory.hpp"
 #include "nvlink/workspace_plan.hpp"
@@ -96,6 +99,19 @@ class NvlinkBackend final : public Backend {
     }
   }
 
+  // A replacement process for a rank the group masked (config->rejoin):
+  // joins through the store as the survivors admit it (rejoin_group).
+  NvlinkBackend(const Layout& layout, const moe_ep_config_t& config, NvlinkMasking masking)
+      : layout_(layout), config_(config), masking_(std::move(masking)) {
+    active_ = masking_.store->membership().active;
+    try {
+      rejoin_group();
+    } catch (...) {
+      shutdown();
+      throw;
+    }
+  }
+
   ~NvlinkBackend() override { shutdown(); }
 
   void join_group(const Bootstrap& bootstrap) {
@@ -114,7 +130,45 @@ class NvlinkBackend final : public Backend {
           std::make_unique<SharedMemory>(bootstrap, device_, slots_total_bytes(offsets_, slots_), config_.timeout_ms);
     }
     // No peer writes here before this rank is ready.
-    run_then_agree(bootstrap, [&] { initialise_workspace(); });
+    run_then_agree(bootstrap, [&] { initialise_workspace(0, 0); });
+    log_settings();
+  }
+
+  // The newcomer's side of an admission (the survivors': change_mask):
+  // the mask change through the store, the settings check, the memory
+  // exchange among the ranks active after it, this rank's workspace under the
+  // new mask, and the meeting that ends the survivors' reset.  Any failure
+  // fails create; the survivors then drop this rank again.
+  void rejoin_group() {
+    prepare_locally();
+    StoreExchange& store = *masking_.store;
+    const std::vector<uint8_t> before = active_;
+    std::vector<uint8_t> proposed = before;
+    proposed[static_cast<size_t>(layout_.rank)] = 1;
+    const MembershipState now{before, 0, store.membership().epoch};
+    const MembershipState next = change_membership(store, now, proposed, MOE_EP_SUCCESS, "", masking_.fingerprint);
+    const HandlePeers peers = rejoin_peers(before, next.active);
+    group_min_sm_budget_ = agree_on_rejoin_settings(store, peers, rejoin_settings());
+    {
+      const DeviceGuard guard(device_);
+      memory_ = std::make_unique<SharedMemory>(store, device_, slots_total_bytes(offsets_, slots_), config_.timeout_ms,
+                                               peers);
+    }
+    initialise_workspace(masked_ranks(next.active, layout_.rank), absent_ranks(next.active, layout_.rank));
+    meet_after_reset();
+    set_mask(next.active, next.mask_epoch);
+    log_settings();
+  }
+
+  RejoinSettings rejoin_settings() const {
+    RejoinSettings s;
+    s.combine_schedule = paths_.combine_schedule + 4 * combine_phases_;
+    s.group_min_sm_budget = group_min_sm_budget_;
+    s.sm_budget = sm_budget_;
+    return s;
+  }
+
+  void log_settings() const {
     log_info(
         "rank ", layout_.rank, ": NVLINK_TWO_SIDED on device ", device_, ", ", sm_budget_, " of ", sm_count_,
         " SMs, workspace ", memory_->size(), " bytes (", slots_total_bytes(offsets_, slots_), " used, ", slots_,
@@ -397,7 +451,7 @@ class NvlinkBackend final : public Backend {
       return;
     }
     {
-      const BoundedExchange exchange(bootstrap_, config_.timeout_ms);
+      const BoundedExchange exchange(*bootstrap_, config_.timeout_ms);
       agree_on_mask(exchange, active, local_status, local_message, "NVLINK_TWO_SIDED set_active_ranks: masks");
     }
     const DeviceGuard guard(device_);
@@ -466,9 +520,7 @@ class NvlinkBackend final : public Backend {
       expel(*failed);
       reset_workspace(*active);
       try {
-        const uint8_t mine = 1;
-        std::vector<uint8_t> all(static_cast<size_t>(layout_.world_size), 0);
-        masking_.store->allgather(&mine, all.data(), 1, "NVLINK_TWO_SIDED resynchronisation");
+        meet_after_reset();
         break;
       } catch (const RankFailure& f) {
         *active = f.active();
@@ -478,6 +530,14 @@ class NvlinkBackend final : public Backend {
         if (attempt > layout_.world_size) throw;
       }
     }
+  }
+
+  // The meeting after every participant reset its workspace: nobody writes
+  // into a peer before it reset.
+  void meet_after_reset() {
+    const uint8_t mine = 1;
+    std::vector<uint8_t> all(static_cast<size_t>(layout_.world_size), 0);
+    masking_.store->allgather(&mine, all.data(), 1, "NVLINK_TWO_SIDED resynchronisation");
   }
 
   uint64_t mask_epoch() const { return masking_.mirror ? masking_.mirror->mask_epoch : 0; }
@@ -492,7 +552,7 @@ class NvlinkBackend final : public Backend {
   void expel(const std::vector<int32_t>& failed) {
     staged_expelled_ = ~uint64_t{0};
     for (int32_t r : failed) {
-      if (r == layout_.rank || r < 0 || r >= layout_.world_size) continue;
+      if (r == layout_.rank || r < 0 || r >= layout_.world_size || !memory_->mapped(r)) continue;
       for (int32_t slot = 0; slot < slots_; ++slot) {
         char* at = static_cast<char*>(memory_->rank_base(r)) + slot_offsets_[slot].control +
                    offsetof(kernels::ControlBlock, masked_ranks);
@@ -533,50 +593,79 @@ class NvlinkBackend final : public Backend {
 
   // moe_ep_set_active_ranks under MASK: the change runs through the store
   // among the ranks active before or after it (store/membership_change.hpp),
-  // once every participant's work has drained, and the participants then
-  // resynchronise under the new mask.  Ranks only leave here: a rank that
-  // comes back needs the memory exchange of a rejoin, not built for this
-  // backend.
+  // once every participant's work has drained.  Ranks that come back
+  // (a replacement process rejoining, or a masked rank made active again)
+  // are then admitted: memory handles exchanged again among the ranks active
+  // after the change (admit).  The participants then resynchronise under the
+  // new mask.
   void change_mask(const std::vector<uint8_t>& active, moe_ep_status_t local_status, std::string local_message) {
     check_in_step();
     const size_t me = static_cast<size_t>(layout_.rank);
-    if (local_status == MOE_EP_SUCCESS) {
-      for (size_t r = 0; r < active.size(); ++r) {
-        if (active[r] && !active_[r]) {
-          local_status = MOE_EP_ERROR_UNSUPPORTED;
-          local_message = "moe_ep_set_active_ranks: active: rank " + std::to_string(r) +
-                          " is out of the mask; under failure_policy MASK the NVLINK_TWO_SIDED backend lets ranks "
-                          "leave but not come back (a returning rank needs its memory exchanged again); recreate "
-                          "the group to take it back";
-          break;
-        }
-      }
-    }
+    if (local_status == MOE_EP_SUCCESS) local_status = check_one_newcomer(active_, active, &local_message);
     if (local_status == MOE_EP_SUCCESS && !active_[me] && !active[me]) {  // stays out: nothing to agree on
       set_mask(active, mask_epoch() + 1);
       return;
     }
     const DeviceGuard guard(device_);
     wait_for_own_work();  // no kernel of the participants runs while they change
+    const std::vector<uint8_t> before = active_;
     const std::vector<uint8_t>& proposed = local_status == MOE_EP_SUCCESS ? active : active_;
     const MembershipState now{active_, 0, mask_epoch()};
     std::vector<uint8_t> next_active;
     try {
       next_active =
           change_membership(*masking_.store, now, proposed, local_status, local_message, masking_.fingerprint).active;
+      if (next_active[me]) admit(rejoin_peers(before, next_active));
     } catch (const RankFailure& f) {
-      std::vector<uint8_t> survivors = f.active();
-      std::vector<int32_t> failed = f.failed();
-      std::string why = f.what();
-      resynchronise(&survivors, &failed, &why);
-      set_mask(survivors, mask_epoch() + 1);
-      throw RankFailure(why, survivors, failed);
+      resynchronise_and_throw(f.active(), f.failed(), f.what());
+    } catch (const Error& e) {
+      if (next_active.empty() || !any_joining(rejoin_peers(before, next_active))) throw;
+      drop_failed_admission(before, next_active, e);
     }
     std::vector<int32_t> failed;
     std::string why;
     resynchronise(&next_active, &failed, &why);
     set_mask(next_active, mask_epoch() + 1);
     if (!failed.empty()) throw RankFailure(why, next_active, failed);
+  }
+
+  // The members' side of an admission (a replacement's: rejoin_group):
+  // the settings check and the memory exchange.
+  void admit(const HandlePeers& peers) {
+    if (!any_joining(peers)) return;
+    agree_on_rejoin_settings(*masking_.store, peers, rejoin_settings());
+    memory_->admit(*masking_.store, peers, config_.timeout_ms);
+  }
+
+  // An admission that failed on every participant alike (a refused setting,
+  // a handle that would not map): the joining ranks leave again.  They have
+  // given up (their create failed, or their call returns the error), so the
+  // members agree without them, after a short grace, as after a timeout.
+  [[noreturn]] void drop_failed_admission(const std::vector<uint8_t>& before, const std::vector<uint8_t>& after,
+                                          const Error& e) {
+    const HandlePeers peers = rejoin_peers(before, after);
+    std::vector<uint8_t> active = after;
+    std::vector<int32_t> failed;
+    if (peers.joining[static_cast<size_t>(layout_.rank)]) throw e;  // a returning rank: the members drop it
+    try {
+      const uint8_t mine = 1;
+      std::vector<uint8_t> all(static_cast<size_t>(layout_.world_size), 0);
+      masking_.store->allgather_suspecting(&mine, all.data(), 1, "NVLINK_TWO_SIDED: a failed admission", peers.joining);
+    } catch (const RankFailure& f) {
+      active = f.active();
+      failed = f.failed();
+    }
+    std::string why = e.what();
+    resynchronise(&active, &failed, &why);
+    set_mask(active, mask_epoch() + 1);
+    fail(e.status(), e.what(), " (the ranks that were to come back stay out of the mask)");
+  }
+
+  [[noreturn]] void resynchronise_and_throw(std::vector<uint8_t> survivors, std::vector<int32_t> failed,
+                                            std::string why) {
+    resynchronise(&survivors, &failed, &why);
+    set_mask(survivors, mask_epoch() + 1);
+    throw RankFailure(why, survivors, failed);
   }
 
   moe_ep_status_t poll_async_error(std::string* message) override {
@@ -884,9 +973,10 @@ class NvlinkBackend final : public Backend {
   }
 
   // Zeroes the workspace (flags at epoch 0; the expansion's tickets, which
-  // must start at zero), writes the peer table and the control block
-  // (epoch 1), and allocates the host-side helpers.
-  void initialise_workspace() {
+  // must start at zero), writes the peer table and the control block with
+  // the masks (none at create; the group's mask for a replacement), and
+  // allocates the host-side helpers.
+  void initialise_workspace(uint64_t masked, uint64_t absent) {
     const DeviceGuard guard(device_);
     check_cuda(cudaStreamCreateWithFlags(&private_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check_cuda(kernels::prepare_dispatch(paths_.dispatch_bulk ? 1 : 0,
@@ -898,7 +988,7 @@ class NvlinkBackend final : public Backend {
 
     char* base = memory_->local();
     check_cuda(cudaMemsetAsync(base, 0, memory_->size(), private_stream_), "zeroing the workspace");
-    write_peer_tables_and_controls(0, 0);
+    write_peer_tables_and_controls(masked, absent);
     check_cuda(cudaStreamSynchronize(private_stream_), "initialising the workspace");
 
     if (stream_wait_ && layout_.world_size > 1) {
@@ -1007,7 +1097,9 @@ class NvlinkBackend final : public Backend {
 
   Layout layout_;
   moe_ep_config_t config_;
-  Bootstrap bootstrap_;  // valid until destroy (moe_ep_bootstrap_t): set_active_ranks agrees through it
+  // Valid until destroy (moe_ep_bootstrap_t): set_active_ranks agrees through
+  // it under FAIL_HANDLE.  A replacement process (config->rejoin) has none.
+  std::optional<Bootstrap> bootstrap_;
   NvlinkMasking masking_;               // failure_policy MASK: the store; empty otherwise
   std::vector<uint8_t> active_;         // failure_policy MASK: the mask the workspace was reset to
   std::vector<uint64_t> staged_bases_;  // write_peer_tables_and_controls' host copies
@@ -1087,6 +1179,11 @@ std::unique_ptr<Backend> make_nvlink_backend(const Layout& layout, const moe_ep_
 std::unique_ptr<Backend> make_masking_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
                                                      const Bootstrap& bootstrap, NvlinkMasking masking) {
   return std::make_unique<NvlinkBackend>(layout, config, bootstrap, std::move(masking));
+}
+
+std::unique_ptr<Backend> make_rejoining_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
+                                                       NvlinkMasking masking) {
+  return std::make_unique<NvlinkBackend>(layout, config, std::move(masking));
 }
 
 }  // namespace moe_ep

@@ -37,5 +37,11 @@ struct NvlinkMasking {
 };
 std::unique_ptr<Backend> make_masking_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
                                                      const Bootstrap& bootstrap, NvlinkMasking masking);
+// A replacement process for a rank that such a group masked (config->rejoin):
+// joins through the store only, collective with the survivors' call to
+// moe_ep_set_active_ranks that makes it active (docs/nvlink_backend.md,
+// "Taking a rank back").  masking.store holds the group's newest membership.
+std::unique_ptr<Backend> make_rejoining_nvlink_backend(const Layout& layout, const moe_ep_config_t& config,
+                                                       NvlinkMasking masking);
 
 }  // namespace moe_ep

@@ -61,28 +61,51 @@ uint64_t SharedMemory::allocation_size(int device, uint64_t bytes) {
   return align_up(bytes == 0 ? 1 : bytes, g, "workspace", MOE_EP_ERROR_OUT_OF_MEMORY);
 }
 
-SharedMemory::SharedMemory(const Bootstrap& bootstrap, int device, uint64_t bytes, int timeout_ms)
-    : device_(device), rank_(bootstrap.rank()), world_(bootstrap.world_size()), mapped_(world_, false) {
-  run_then_agree(bootstrap, [&] {
-    cu_device_ = cu_device_of(device);
-    if (!device_attribute(device, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+// Local checks and the size of this rank's allocation, agreed: a rank that
+// cannot fails create on every rank.
+void SharedMemory::check_and_size(const Exchange& exchange, uint64_t bytes) {
+  run_then_agree(exchange, [&] {
+    cu_device_ = cu_device_of(device_);
+    if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
                           "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED")) {
-      fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device, " does not support CUDA virtual memory management");
+      fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " does not support CUDA virtual memory management");
     }
-    size_ = allocation_size(device, bytes);
+    size_ = allocation_size(device_, bytes);
     if (size_ > UINT64_MAX / static_cast<uint64_t>(world_)) {
       fail(MOE_EP_ERROR_OUT_OF_MEMORY, "workspace of ", size_, " bytes for ", world_, " ranks: too large");
     }
   });
+}
 
+SharedMemory::SharedMemory(const Exchange& exchange, int device, uint64_t bytes, int timeout_ms)
+    : device_(device), rank_(exchange.rank()), world_(exchange.world_size()), mapped_(world_, false) {
+  check_and_size(exchange, bytes);
   try {
-    if (!try_fabric(bootstrap)) share_posix_fds(bootstrap, timeout_ms);
+    if (!try_fabric(exchange)) share_posix_fds(exchange, timeout_ms);
   } catch (...) {
     release_all();
     throw;
   }
   log_info("rank ", rank_, ": workspace handle type ", handle_type_, ", ", size_, " bytes per rank mapped for ",
            world_, " ranks", fabric_note_.empty() ? "" : " (FABRIC not used: " + fabric_note_ + ")");
+}
+
+SharedMemory::SharedMemory(const Exchange& exchange, int device, uint64_t bytes, int timeout_ms,
+                           const HandlePeers& peers)
+    : device_(device), rank_(exchange.rank()), world_(exchange.world_size()), mapped_(world_, false) {
+  check_and_size(exchange, bytes);
+  try {
+    exchange_at_rejoin(exchange, peers, timeout_ms, /*joining=*/true);
+  } catch (...) {
+    release_all();
+    throw;
+  }
+  log_info("rank ", rank_, ": rejoined; workspace handle type ", handle_type_, ", ", size_,
+           " bytes per rank mapped for the active ranks");
+}
+
+void SharedMemory::admit(const Exchange& exchange, const HandlePeers& peers, int timeout_ms) {
+  exchange_at_rejoin(exchange, peers, timeout_ms, /*joining=*/false);
 }
 
 SharedMemory::~SharedMemory() { release_all(); }
@@ -119,7 +142,7 @@ bool SharedMemory::export_fabric(CUmemFabricHandle* handle) {
 
 // FABRIC handles, if every rank can create and export one.  Returns false
 // (with nothing left allocated) when the group must use another handle type.
-bool SharedMemory::try_fabric(const Bootstrap& bootstrap) {
+bool SharedMemory::try_fabric(const Exchange& bootstrap) {
   CUmemFabricHandle mine{};
   int32_t ok = 0;
   try {
@@ -161,7 +184,7 @@ bool SharedMemory::try_fabric(const Bootstrap& bootstrap) {
 }
 
 // POSIX file descriptors over AF_UNIX sockets: all ranks on one host.
-void SharedMemory::share_posix_fds(const Bootstrap& bootstrap, int timeout_ms) {
+void SharedMemory::share_posix_fds(const Exchange& bootstrap, int timeout_ms) {
   const std::vector<HostIdentity> hosts = bootstrap.allgather_value(local_host_identity());
   for (int r = 1; r < world_; ++r) {
     if (!same_host(hosts[r], hosts[0])) {
@@ -173,18 +196,8 @@ void SharedMemory::share_posix_fds(const Bootstrap& bootstrap, int timeout_ms) {
 
   UniqueFd my_fd;
   run_then_agree(bootstrap, [&] {
-    if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-                          "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED")) {
-      fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " cannot export POSIX file descriptor handles");
-    }
-    const DriverApi& api = driver_api();
-    const CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    check_driver(api.mem_create(&local_handle_, size_, &prop, 0), "cuMemCreate(POSIX_FILE_DESCRIPTOR)");
-    have_local_handle_ = true;
-    int fd = -1;
-    check_driver(api.mem_export(&fd, local_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
-                 "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)");
-    my_fd = UniqueFd(fd);
+    create_posix_allocation();
+    my_fd = UniqueFd(export_posix_fd());
   });
 
   // Only descriptors from authenticated group members come back (fd_exchange.hpp).
@@ -200,6 +213,141 @@ void SharedMemory::share_posix_fds(const Bootstrap& bootstrap, int timeout_ms) {
     });
   });
   handle_type_ = "POSIX_FILE_DESCRIPTOR";
+}
+
+void SharedMemory::create_posix_allocation() {
+  if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                        "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED")) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " cannot export POSIX file descriptor handles");
+  }
+  const CUmemAllocationProp prop = allocation_prop(cu_device_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  check_driver(driver_api().mem_create(&local_handle_, size_, &prop, 0), "cuMemCreate(POSIX_FILE_DESCRIPTOR)");
+  have_local_handle_ = true;
+}
+
+// A new descriptor of this rank's allocation (the caller owns it).
+int SharedMemory::export_posix_fd() {
+  int fd = -1;
+  check_driver(driver_api().mem_export(&fd, local_handle_, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+               "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)");
+  return fd;
+}
+
+namespace {
+
+constexpr int32_t kNoHandle = 0, kFabricHandle = 1, kPosixHandle = 2;
+
+// What each participant of a rejoin says first: the handle type and size of
+// the group's allocations (a joining rank: none yet, and the size it would
+// allocate), and its host, for POSIX descriptors.
+struct RejoinOffer {
+  int32_t handle_type;
+  int32_t reserved;
+  uint64_t size;
+  HostIdentity host;
+};
+
+}  // namespace
+
+// The memory side of a rejoin, on every participant alike: every offer is
+// checked the same way on every participant (one handle type and one size
+// for the whole group, one host for POSIX descriptors), so a mismatch fails
+// every participant with the same message; then the joining ranks allocate
+// with the group's type, and the handles go where HandlePeers::wants says.
+void SharedMemory::exchange_at_rejoin(const Exchange& exchange, const HandlePeers& peers, int timeout_ms,
+                                      bool joining) {
+  RejoinOffer mine{};
+  mine.handle_type = joining ? kNoHandle : std::strcmp(handle_type_, "FABRIC") == 0 ? kFabricHandle : kPosixHandle;
+  mine.size = size_;
+  mine.host = local_host_identity();
+  const std::vector<RejoinOffer> offers = exchange.allgather_value(mine, "rejoin: memory offers");
+  int32_t type = kNoHandle;
+  run_then_agree(exchange, [&] {
+    int first = -1;
+    for (int r = 0; r < world_; ++r) {
+      const RejoinOffer& o = offers[static_cast<size_t>(r)];
+      if (!peers.participants[static_cast<size_t>(r)]) continue;
+      if (o.size != size_) {
+        fail(MOE_EP_ERROR_INVALID_ARGUMENT, "rejoin: rank ", r, "'s workspace is ", o.size, " bytes, rank ", rank_,
+             "'s ", size_, " (the replacement must be made with the params and config of create)");
+      }
+      if (peers.joining[static_cast<size_t>(r)]) continue;
+      if (o.handle_type != kFabricHandle && o.handle_type != kPosixHandle) {
+        fail(MOE_EP_ERROR_INVALID_INPUT, "rejoin: rank ", r, " offers handle type ", o.handle_type,
+             " (expected 1, FABRIC, or 2, POSIX_FILE_DESCRIPTOR)");
+      }
+      if (first < 0) {
+        first = r;
+        type = o.handle_type;
+      } else if (o.handle_type != type) {
+        fail(MOE_EP_ERROR_INVALID_INPUT, "rejoin: rank ", r, " offers handle type ", o.handle_type, ", rank ", first,
+             " ", type, " (one group, one handle type)");
+      }
+    }
+    if (first < 0) fail(MOE_EP_ERROR_INVALID_STATE, "rejoin: no active rank of the group takes part");
+    for (int r = 0; r < world_ && type == kPosixHandle; ++r) {
+      if (peers.participants[static_cast<size_t>(r)] && !same_host(offers[static_cast<size_t>(r)].host, mine.host)) {
+        fail(MOE_EP_ERROR_UNSUPPORTED, "rejoin: the group shares POSIX file descriptors, which work within one ",
+             "host; rank ", r, " is on ", describe_host(offers[static_cast<size_t>(r)].host), ", rank ", rank_, " on ",
+             describe_host(mine.host));
+      }
+    }
+  });
+
+  // The handles: a joining rank's new allocation, the others' existing one.
+  CUmemFabricHandle fabric{};
+  UniqueFd my_fd;
+  run_then_agree(exchange, [&] {
+    if (type == kFabricHandle) {
+      if (joining ? !export_fabric(&fabric)
+                  : driver_api().mem_export(&fabric, local_handle_, CU_MEM_HANDLE_TYPE_FABRIC, 0) != CUDA_SUCCESS) {
+        fail(MOE_EP_ERROR_UNSUPPORTED, "rejoin: the group shares FABRIC handles and rank ", rank_, " cannot export one",
+             fabric_note_.empty() ? std::string() : ": " + fabric_note_);
+      }
+    } else {
+      if (joining) create_posix_allocation();
+      my_fd = UniqueFd(export_posix_fd());
+    }
+  });
+  std::vector<CUmemFabricHandle> handles;
+  std::vector<UniqueFd> fds;
+  if (type == kFabricHandle) {
+    handles = exchange.allgather_value(fabric, "rejoin: FABRIC handles");
+  } else {
+    fds = exchange_fds(exchange, my_fd.get(), timeout_ms, peers);
+  }
+  run_then_agree(exchange, [&] {
+    const DriverApi& api = driver_api();
+    if (joining) {
+      reserve();
+      map(rank_, local_handle_);
+    }
+    for (int r = 0; r < world_; ++r) {
+      if (!peers.wants(rank_, r)) continue;
+      CUmemGenericAllocationHandle imported = 0;
+      if (type == kFabricHandle) {
+        check_driver(api.mem_import(&imported, &handles[static_cast<size_t>(r)], CU_MEM_HANDLE_TYPE_FABRIC),
+                     "cuMemImportFromShareableHandle(FABRIC)");
+      } else {
+        check_driver(api.mem_import(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[r].get())),
+                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                     "cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)");
+        fds[r].reset();
+      }
+      if (mapped_[r]) {  // what this rank held for it: the memory of the process it replaces
+        api.mem_unmap(va_ + static_cast<uint64_t>(r) * size_, size_);
+        mapped_[r] = false;
+      }
+      try {
+        map(r, imported);
+      } catch (...) {
+        api.mem_release(imported);
+        throw;
+      }
+      api.mem_release(imported);
+    }
+  });
+  handle_type_ = type == kFabricHandle ? "FABRIC" : "POSIX_FILE_DESCRIPTOR";
 }
 
 // Reserves the group's range and maps every rank's allocation at its place:

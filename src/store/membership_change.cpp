@@ -99,6 +99,21 @@ MembershipState check_records(const std::vector<ChangeRecord>& all, const std::v
 
 }  // namespace
 
+moe_ep_status_t check_one_newcomer(const std::vector<uint8_t>& current, const std::vector<uint8_t>& proposed,
+                                   std::string* message) {
+  std::string newcomers;
+  int32_t count = 0;
+  for (size_t r = 0; r < proposed.size() && r < current.size(); ++r) {
+    if (proposed[r] && !current[r]) newcomers += (count++ ? ", " : "") + std::to_string(r);
+  }
+  if (count <= 1) return MOE_EP_SUCCESS;
+  *message =
+      "moe_ep_set_active_ranks: active: under failure_policy MASK at most one rank becomes active per "
+      "call, got ranks " +
+      newcomers + " (make one call per rank)";
+  return MOE_EP_ERROR_INVALID_ARGUMENT;
+}
+
 MembershipState change_membership(StoreExchange& exchange, const MembershipState& current,
                                   const std::vector<uint8_t>& proposed, moe_ep_status_t status,
                                   const std::string& message, const std::vector<RankValue>& fingerprint) {

@@ -23,6 +23,11 @@ struct MembershipState {
   uint64_t mask_epoch = 0;         // mask changes (moe_ep_health_t.mask_epoch)
 };
 
+// At most one rank becomes active per mask change (each rejoin is its own
+// agreement).  INVALID_ARGUMENT with the message naming them otherwise.
+moe_ep_status_t check_one_newcomer(const std::vector<uint8_t>& current, const std::vector<uint8_t>& proposed,
+                                   std::string* message);
+
 // Collective among the ranks active in `current` or in `proposed`.  `status`
 // and `message` are this rank's local outcome.  Returns the new state (the
 // current one plus one epoch).  Throws the first refusal (on every

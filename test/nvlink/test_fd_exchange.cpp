@@ -533,3 +533,110 @@ TEST_CASE("a socket path a peer publishes unterminated, relative or empty fails 
     }
   }
 }
+
+namespace {
+
+// The exchange of a rejoin as the store gives it: `world` ranks of which only
+// `participants` take part; the non-participants' slots of every allgather
+// are zeros.  Runs over a thread bootstrap of the participants alone.
+class SubgroupExchange final : public moe_ep::Exchange {
+ public:
+  SubgroupExchange(const moe_ep::Bootstrap& inner, std::vector<int> participants, int world)
+      : inner_(inner), participants_(std::move(participants)), world_(world) {}
+  int32_t rank() const override { return participants_[static_cast<size_t>(inner_.rank())]; }
+  int32_t world_size() const override { return world_; }
+
+ protected:
+  void do_allgather(const void* send, void* recv, size_t bytes, const char* step) const override {
+    std::vector<char> sub(bytes * participants_.size());
+    inner_.allgather(send, sub.data(), bytes, step);
+    std::memset(recv, 0, bytes * static_cast<size_t>(world_));
+    for (size_t i = 0; i < participants_.size(); ++i) {
+      std::memcpy(static_cast<char*>(recv) + static_cast<size_t>(participants_[i]) * bytes, sub.data() + i * bytes,
+                  bytes);
+    }
+  }
+
+ private:
+  const moe_ep::Bootstrap& inner_;
+  std::vector<int> participants_;
+  int world_;
+};
+
+// Ranks 0, 1 and 3 of 4 take part, rank 3 joins (rank 2 stays out): what
+// each participant received, or its error.
+std::vector<RankOutcome> rejoin_exchange(std::function<void(const Invitations&)> inject) {
+  const std::vector<int> participants = {0, 1, 3};
+  const int world = 4;
+  moe_ep::HandlePeers peers;
+  peers.participants = {1, 1, 0, 1};
+  peers.joining = {0, 0, 0, 1};
+  std::vector<RankOutcome> outcomes(world);
+  std::vector<int> genuine(world);
+  for (int r = 0; r < world; ++r) genuine[r] = memfd_holding(1000 + r);
+  moe_ep_test::run_ranks(int(participants.size()), [&](int sub, const moe_ep_bootstrap_t& b) {
+    InjectingBootstrap spy;
+    spy.inner = b;
+    spy.inject = &inject;
+    const moe_ep_bootstrap_t viewed = spy.view();
+    const moe_ep::Bootstrap bootstrap(&viewed);
+    const SubgroupExchange exchange(bootstrap, participants, world);
+    const int rank = exchange.rank();
+    RankOutcome& out = outcomes[rank];
+    try {
+      std::vector<moe_ep::UniqueFd> fds = moe_ep::exchange_fds(exchange, genuine[rank], 5000, peers);
+      for (int r = 0; r < world; ++r) {
+        const bool wanted = peers.wants(rank, r);
+        if (wanted != fds[r].valid()) {
+          out.problems += (wanted ? "nothing from rank " : "a descriptor from rank ") + std::to_string(r) + "; ";
+        } else if (wanted && value_in(fds[r].get()) != 1000 + r) {
+          out.problems += "a foreign descriptor as rank " + std::to_string(r) + "; ";
+        }
+      }
+    } catch (const moe_ep::Error& e) {
+      out.status = e.status();
+      out.error = e.what();
+    }
+  });
+  for (int fd : genuine) close(fd);
+  return outcomes;
+}
+
+}  // namespace
+
+TEST_CASE("at a rejoin the joining rank gets every participant's descriptor, the others only the joining rank's",
+          "[fd_exchange]") {
+  moe_ep::HandlePeers p;
+  p.participants = {1, 1, 0, 1};
+  p.joining = {0, 0, 0, 1};
+  CHECK(p.wants(3, 0));
+  CHECK(p.wants(0, 3));
+  CHECK_FALSE(p.wants(0, 1));  // members hold each other's already
+  CHECK_FALSE(p.wants(3, 2));  // rank 2 takes no part
+  CHECK_FALSE(p.wants(3, 3));
+  const auto outcomes = rejoin_exchange([](const Invitations&) {});
+  for (int r : {0, 1, 3}) {
+    INFO("rank " << r << ": " << outcomes[r].error);
+    CHECK(outcomes[r].error == "");
+    CHECK(outcomes[r].problems == "");
+  }
+}
+
+TEST_CASE("at a rejoin a descriptor between two members is unexpected and fails the exchange on every participant",
+          "[fd_exchange][trust]") {
+  // From this process (a member's credentials) to rank 1 (the subgroup's
+  // second rank), claiming rank 0, whose descriptor rank 1 already holds.
+  const int decoy = memfd_holding(0xD0);
+  const auto outcomes = rejoin_exchange([&](const Invitations& g) {
+    const int sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    CHECK(send_claim(sock, g, 1, 0, {decoy}));
+    close(sock);
+  });
+  close(decoy);
+  for (int r : {0, 1, 3}) {
+    INFO("rank " << r << ": " << outcomes[r].error);
+    CHECK(outcomes[r].status == MOE_EP_ERROR_BOOTSTRAP);
+  }
+  CHECK(outcomes[1].error.find("unexpected message") != std::string::npos);
+  CHECK(outcomes[0].error.find("rank 1 failed") != std::string::npos);
+}

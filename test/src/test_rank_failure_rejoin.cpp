@@ -74,13 +74,14 @@ TEST_CASE("rejoin: refused while active, refused with other parameters, then adm
   const std::string& address = store.address();
   const moe_ep_verify::WorkloadSpec w = spec3();
   std::atomic<int> survivors_ready{0}, left{0};
-  auto rejoin = [&](int hidden_size) {
+  auto rejoin = [&](int hidden_size, int32_t backend = MOE_EP_BACKEND_HOST) {
     moe_ep_bootstrap_t b;
     moe_ep_bootstrap_init(&b, sizeof b);
     b.rank = 2;
     b.world_size = 3;
     moe_ep_config_t c = mask_config(address.c_str(), "rejoin_test", 1000);
     c.rejoin = 1;
+    c.backend = backend;
     moe_ep_params_t p = w.params();
     p.hidden_size = hidden_size;
     moe_ep_handle_t h = nullptr;
@@ -103,8 +104,12 @@ TEST_CASE("rejoin: refused while active, refused with other parameters, then adm
       const auto wrong = rejoin(w.hidden_size + 1);
       RANK_CHECK(checks, r, wrong.first == MOE_EP_ERROR_INVALID_ARGUMENT);
       RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("params->hidden_size") != std::string::npos);
+      // Another backend than the group's: refused here, before the survivors are asked.
+      const auto other = rejoin(w.hidden_size, MOE_EP_BACKEND_NVLINK_TWO_SIDED);
+      RANK_CHECK(checks, r, other.first == MOE_EP_ERROR_INVALID_ARGUMENT);
+      RANK_CHECK(checks, r, std::string(moe_ep_last_error()).find("config->backend") != std::string::npos);
       wait_for(survivors_ready, 4);
-      auto good = rejoin(w.hidden_size);
+      auto good = rejoin(w.hidden_size, MOE_EP_BACKEND_AUTO);  // AUTO: the group's backend
       RANK_CHECK(checks, r, good.first == MOE_EP_SUCCESS);
       h = good.second;
     } else {

@@ -256,7 +256,7 @@ TEST_CASE("store: the C entry points check their arguments", "[store]") {
   int not_ours = 0;
   foreign.ctx = &not_ours;
   CHECK(moe_ep_bootstrap_release(&foreign) == MOE_EP_ERROR_INVALID_ARGUMENT);
-  // A MASK config without a store, a rejoin without MASK, a GPU backend with MASK.
+  // A MASK config without a store, a rejoin without MASK, NCCL with MASK.
   moe_ep_config_t c = mask_config(nullptr, nullptr, 1000);
   moe_ep_params_t p;
   moe_ep_params_init(&p, sizeof p);
@@ -276,10 +276,10 @@ TEST_CASE("store: the C entry points check their arguments", "[store]") {
   c.backend = MOE_EP_BACKEND_NCCL;
   CHECK(moe_ep_create(&one, &p, &c, &h) == MOE_EP_ERROR_UNSUPPORTED);
   CHECK_THAT(moe_ep_last_error(), Contains("HOST and NVLINK_TWO_SIDED"));
-  c.backend = MOE_EP_BACKEND_NVLINK_TWO_SIDED;  // MASK is built there, a rejoin is not
+  c.backend = MOE_EP_BACKEND_NCCL;  // no MASK there, so no rejoin either
   c.rejoin = 1;
   CHECK(moe_ep_create(&one, &p, &c, &h) == MOE_EP_ERROR_UNSUPPORTED);
-  CHECK_THAT(moe_ep_last_error(), Contains("config->rejoin"));
+  CHECK_THAT(moe_ep_last_error(), Contains("config->failure_policy"));
   c = mask_config(address.c_str(), "p", 1000);
   c.store_prefix = "has space";
   CHECK(moe_ep_create(&one, &p, &c, &h) == MOE_EP_ERROR_INVALID_ARGUMENT);

@@ -696,8 +696,8 @@ class MoeEp:
         (ERROR_UNSUPPORTED otherwise).  Under failure_policy "mask" it is
         collective over the ranks active before or after it only, at most one
         rank becomes active per call, and that is how survivors admit a
-        replacement (rejoin=True, HOST) or a rank they dropped (HOST; on
-        NVLINK_TWO_SIDED ranks only leave)."""
+        replacement (rejoin=True) or a rank they dropped (HOST and
+        NVLINK_TWO_SIDED)."""
         handle = self._live()
         try:
             values = [1 if v else 0 for v in active]

@@ -914,8 +914,8 @@ impl MoeEp {
     /// all-active mask (UNSUPPORTED otherwise).  Under
     /// `FailurePolicy::Mask` it is collective over the ranks active before
     /// or after it only, and at most one rank becomes active per call: how
-    /// survivors admit a replacement (`Config::rejoin`, HOST; on
-    /// NVLINK_TWO_SIDED ranks only leave).
+    /// survivors admit a replacement (`Config::rejoin`, HOST and
+    /// NVLINK_TWO_SIDED).
     pub fn set_active_ranks(&mut self, active: &[bool]) -> Result<()> {
         let mask: Vec<u8> = active.iter().map(|&a| a as u8).collect();
         let n = i32::try_from(mask.len()).map_err(|_| {
