@@ -253,25 +253,16 @@ TEST_CASE("nvlink rank failure: kill -9 of one of 4 ranks mid-stream, the surviv
 TEST_CASE("nvlink rank failure: kill -9, the survivors go on masked, a replacement process rejoins",
           "[rank_failure][gpu]") {
   std::printf("NVLINK_TWO_SIDED: kill -9 of rank 2 of 4 at round 300 of 1000, replacement admitted at round 600:\n");
-  const std::unique_ptr<ForkLauncher> started = start_gpu_launcher();
-  if (!started) return;
-  ForkLauncher& launcher = *started;
-  Script s;
-  s.rounds = 1000;
-  s.replaced = 2;
-  s.admit_round = 600;
-  const RankSetup setup = nvlink_setup();
-  const std::vector<pid_t> pids = spawn_group(launcher, s, setup);
-  Board board(launcher.store_address());
-  kill_at_round(launcher, board, pids[2], 2, 300);
-  REQUIRE(board.wait_progress(others(2), s.admit_round - 2, 120000));
-  const pid_t replacement = launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 2, s, setup); });
-  for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
-  CHECK(launcher.wait_exit(replacement, 240000) == 0);
-  for (int r : others(2)) CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "2");
-  Outcome out;
-  check_reports(board, {0, 1, 2, 3}, out);
-  check_bounds(out, true);
+  const std::unique_ptr<ForkLauncher> launcher = start_gpu_launcher();
+  if (launcher) kill_and_rejoin_scenario(*launcher, nvlink_setup());
+}
+
+TEST_CASE("nvlink rank failure: a rank dies during the mask update that admits a replacement", "[rank_failure][gpu]") {
+  std::printf(
+      "NVLINK_TWO_SIDED: rank 0 of 4 killed at round 100; at its admission (round 250) rank 3 dies; "
+      "400 rounds:\n");
+  const std::unique_ptr<ForkLauncher> launcher = start_gpu_launcher();
+  if (launcher) failure_during_admission_scenario(*launcher, nvlink_setup());
 }
 
 TEST_CASE("nvlink rank failure: a rank that stalls is dropped and learns it", "[rank_failure][gpu]") {

@@ -39,25 +39,8 @@ RankSetup host_setup() {
 
 TEST_CASE("rank failure: kill -9 mid-stream, the survivors mask it, a replacement rejoins", "[rank_failure]") {
   std::printf("kill -9 of rank 2 of 4 at round 300 of 1000, replacement admitted at round 600:\n");
-  const std::unique_ptr<ForkLauncher> started = start_launcher();
-  if (!started) return;
-  ForkLauncher& launcher = *started;
-  Script s;
-  s.rounds = 1000;
-  s.replaced = 2;
-  s.admit_round = 600;
-  const std::vector<pid_t> pids = spawn_group(launcher, s, host_setup());
-  Board board(launcher.store_address());
-  kill_at_round(launcher, board, pids[2], 2, 300);
-  REQUIRE(board.wait_progress(others(2), s.admit_round - 2, 60000));
-  const pid_t replacement =
-      launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 2, s, host_setup()); });
-  for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
-  CHECK(launcher.wait_exit(replacement, 120000) == 0);
-  for (int r : others(2)) CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "2");
-  Outcome out;
-  check_reports(board, {0, 1, 2, 3}, out);
-  check_bounds(out, true);
+  const std::unique_ptr<ForkLauncher> launcher = start_launcher();
+  if (launcher) kill_and_rejoin_scenario(*launcher, host_setup());
 }
 
 TEST_CASE("rank failure: a rank that stalls is dropped, learns it, and rejoins with a new handle", "[rank_failure]") {
@@ -125,43 +108,6 @@ TEST_CASE("rank failure: two failures, the second while the first is being maske
 
 TEST_CASE("rank failure: a rank dies during the mask update that admits a replacement", "[rank_failure]") {
   std::printf("rank 0 of 4 killed at round 100; at its admission (round 250) rank 3 dies; 400 rounds:\n");
-  const std::unique_ptr<ForkLauncher> started = start_launcher();
-  if (!started) return;
-  ForkLauncher& launcher = *started;
-  Script s;
-  s.rounds = 400;
-  s.replaced = 0;
-  s.admit_round = 250;
-  s.suicide_before_admission = 3;
-  const std::vector<pid_t> pids = spawn_group(launcher, s, host_setup());
-  Board board(launcher.store_address());
-  kill_at_round(launcher, board, pids[0], 0, 100);
-  REQUIRE(board.wait_progress(others(0), s.admit_round - 2, 60000));
-  const pid_t replacement =
-      launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 0, s, host_setup()); });
-  CHECK(launcher.wait_exit(pids[3], 60000) == 128 + SIGKILL);
-  for (int r : others(0, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 120000) == 0);
-  CHECK(launcher.wait_exit(replacement, 120000) == 0);
-  INFO("the replacement's first attempt: " << board.get("rejoin_refused/0"));
-  CHECK(board.get("rejoin_refused/0").find("abandoned") != std::string::npos);
-  Outcome out;
-  for (int r : {0, 1, 2}) {
-    CHECK(board.get("error/" + std::to_string(r)).empty());
-    CHECK(board.get("final/" + std::to_string(r)).find("3 active") == 0);
-    out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
-    out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
-  }
-  for (int r : {1, 2}) {
-    CHECK(board.get("failed_rank/" + std::to_string(r) + "/1") == "3");
-    for (int n = 0; n < 2; ++n) {
-      out.worst["detect_ms"] =
-          std::max(out.worst["detect_ms"], board.number("detect_ms/" + std::to_string(r) + "/" + std::to_string(n)));
-    }
-    out.worst["first_masked_ms"] =
-        std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + std::to_string(r)));
-    out.worst["admit_ms"] = std::max(out.worst["admit_ms"], board.number("admit_ms/" + std::to_string(r)));
-  }
-  out.worst["rejoin_ms"] = board.number("rejoin_ms/0");
-  print_outcome(out);
-  check_bounds(out, true);
+  const std::unique_ptr<ForkLauncher> launcher = start_launcher();
+  if (launcher) failure_during_admission_scenario(*launcher, host_setup());
 }

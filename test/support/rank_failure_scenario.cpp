@@ -287,6 +287,62 @@ void print_outcome(const Outcome& out) {
   std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
 }
 
+void kill_and_rejoin_scenario(ForkLauncher& launcher, const RankSetup& setup) {
+  Script s;
+  s.rounds = 1000;
+  s.replaced = 2;
+  s.admit_round = 600;
+  const std::vector<pid_t> pids = spawn_group(launcher, s, setup);
+  Board board(launcher.store_address());
+  kill_at_round(launcher, board, pids[2], 2, 300);
+  REQUIRE(board.wait_progress(others(2), s.admit_round - 2, 120000));
+  const pid_t replacement = launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 2, s, setup); });
+  for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
+  CHECK(launcher.wait_exit(replacement, 240000) == 0);
+  for (int r : others(2)) CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "2");
+  Outcome out;
+  check_reports(board, {0, 1, 2, 3}, out);
+  check_bounds(out, true);
+}
+
+void failure_during_admission_scenario(ForkLauncher& launcher, const RankSetup& setup) {
+  Script s;
+  s.rounds = 400;
+  s.replaced = 0;
+  s.admit_round = 250;
+  s.suicide_before_admission = 3;
+  const std::vector<pid_t> pids = spawn_group(launcher, s, setup);
+  Board board(launcher.store_address());
+  kill_at_round(launcher, board, pids[0], 0, 100);
+  REQUIRE(board.wait_progress(others(0), s.admit_round - 2, 120000));
+  const pid_t replacement = launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 0, s, setup); });
+  CHECK(launcher.wait_exit(pids[3], 120000) == 128 + SIGKILL);
+  for (int r : others(0, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
+  CHECK(launcher.wait_exit(replacement, 240000) == 0);
+  INFO("the replacement's first attempt: " << board.get("rejoin_refused/0"));
+  CHECK(board.get("rejoin_refused/0").find("abandoned") != std::string::npos);
+  Outcome out;
+  for (int r : {0, 1, 2}) {
+    CHECK(board.get("error/" + std::to_string(r)).empty());
+    CHECK(board.get("final/" + std::to_string(r)).find("3 active") == 0);
+    out.wrong += std::stoll(board.get("wrong/" + std::to_string(r)));
+    out.rounds += std::stoll(board.get("rounds/" + std::to_string(r)));
+  }
+  for (int r : {1, 2}) {
+    CHECK(board.get("failed_rank/" + std::to_string(r) + "/1") == "3");
+    for (int n = 0; n < 2; ++n) {
+      out.worst["detect_ms"] =
+          std::max(out.worst["detect_ms"], board.number("detect_ms/" + std::to_string(r) + "/" + std::to_string(n)));
+    }
+    out.worst["first_masked_ms"] =
+        std::max(out.worst["first_masked_ms"], board.number("first_masked_ms/" + std::to_string(r)));
+    out.worst["admit_ms"] = std::max(out.worst["admit_ms"], board.number("admit_ms/" + std::to_string(r)));
+  }
+  out.worst["rejoin_ms"] = board.number("rejoin_ms/0");
+  print_outcome(out);
+  check_bounds(out, true);
+}
+
 std::vector<int> others(int a, int b) {
   std::vector<int> v;
   for (int r = 0; r < kWorld; ++r) {

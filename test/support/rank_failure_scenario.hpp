@@ -116,6 +116,13 @@ std::vector<pid_t> spawn_group(ForkLauncher& launcher, const Script& s, const Ra
 // kill -9 of rank `victim` (process `pid`) once it reached `round`; the time
 // is on the board for the survivors' detection delays.
 void kill_at_round(ForkLauncher& launcher, Board& board, pid_t pid, int victim, int round);
+// The scenarios every backend under MASK runs alike, each on a fresh launcher:
+// kill -9 of rank 2 at round 300 of 1000, a replacement admitted at round
+// 600, all 4 exact at the end; and rank 0 killed at round 100, rank 3 dying
+// just before the survivors admit rank 0's replacement at round 250 (the
+// admission abandoned on every side, tried again, 3 active at the end).
+void kill_and_rejoin_scenario(ForkLauncher& launcher, const RankSetup& setup);
+void failure_during_admission_scenario(ForkLauncher& launcher, const RankSetup& setup);
 // The ranks other than a and b.
 std::vector<int> others(int a, int b = -1);
 
