@@ -55,21 +55,28 @@ namespace moe_ep {
 
 namespace {
 
-// Where a rank runs, to refuse what NCCL refuses (two ranks on one GPU)
-// with a clear message before NCCL is asked.
+// Where a rank runs, to refuse what NCCL refuses (two ranks on one GPU of
+// one host) with a clear message before NCCL is asked.  NCCL tells hosts
+// apart by NCCL_HOSTID where it is set: ranks with distinct values are
+// separate nodes to NCCL, which then accepts them on one GPU and connects
+// them through its network transport (how several nodes are emulated on
+// one machine; docs/nccl_backend.md).
 struct GpuPlace {
   HostIdentity host;
   char pci_bus_id[32];
+  char nccl_host_id[64];  // NCCL_HOSTID, "" where unset
 };
 
 void check_one_rank_per_gpu(const Bootstrap& bootstrap, int device) {
   GpuPlace mine{};
   mine.host = local_host_identity();
   check_cuda(cudaDeviceGetPCIBusId(mine.pci_bus_id, sizeof(mine.pci_bus_id), device), "cudaDeviceGetPCIBusId");
+  if (const char* id = std::getenv("NCCL_HOSTID")) std::strncpy(mine.nccl_host_id, id, sizeof(mine.nccl_host_id) - 1);
   const std::vector<GpuPlace> all = bootstrap.allgather_value(mine);
   for (int32_t a = 0; a < bootstrap.world_size(); ++a) {
     for (int32_t b = a + 1; b < bootstrap.world_size(); ++b) {
       if (same_host(all[a].host, all[b].host) &&
+          std::strncmp(all[a].nccl_host_id, all[b].nccl_host_id, sizeof(mine.nccl_host_id)) == 0 &&
           std::strncmp(all[a].pci_bus_id, all[b].pci_bus_id, sizeof(mine.pci_bus_id)) == 0) {
         fail(MOE_EP_ERROR_UNSUPPORTED, "NCCL backend: ranks ", a, " and ", b, " both use GPU ",
              peer_text(all[a].pci_bus_id, sizeof(all[a].pci_bus_id)),
