@@ -338,13 +338,7 @@ void SharedMemory::exchange_at_rejoin(const Exchange& exchange, const HandlePeer
         api.mem_unmap(va_ + static_cast<uint64_t>(r) * size_, size_);
         mapped_[r] = false;
       }
-      try {
-        map(r, imported);
-      } catch (...) {
-        api.mem_release(imported);
-        throw;
-      }
-      api.mem_release(imported);
+      map_imported(r, imported);
     }
   });
   handle_type_ = type == kFabricHandle ? "FABRIC" : "POSIX_FILE_DESCRIPTOR";
@@ -354,22 +348,26 @@ void SharedMemory::exchange_at_rejoin(const Exchange& exchange, const HandlePeer
 // this rank's own, and each peer's as `import` returns it (released once
 // mapped: the mapping keeps the memory alive).
 void SharedMemory::map_group(const std::function<CUmemGenericAllocationHandle(int rank)>& import) {
-  const DriverApi& api = driver_api();
   reserve();
   for (int r = 0; r < world_; ++r) {
     if (r == rank_) {
       map(r, local_handle_);
       continue;
     }
-    const CUmemGenericAllocationHandle imported = import(r);
-    try {
-      map(r, imported);
-    } catch (...) {
-      api.mem_release(imported);
-      throw;
-    }
-    api.mem_release(imported);
+    map_imported(r, import(r));
   }
+}
+
+// Maps a peer's imported allocation and releases the import handle, mapped
+// or not (the mapping keeps the memory alive).
+void SharedMemory::map_imported(int rank, CUmemGenericAllocationHandle imported) {
+  try {
+    map(rank, imported);
+  } catch (...) {
+    driver_api().mem_release(imported);
+    throw;
+  }
+  driver_api().mem_release(imported);
 }
 
 void SharedMemory::reserve() {

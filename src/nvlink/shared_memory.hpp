@@ -63,6 +63,7 @@ class SharedMemory {
   void map_group(const std::function<CUmemGenericAllocationHandle(int rank)>& import);
   void reserve();
   void map(int rank, CUmemGenericAllocationHandle handle);
+  void map_imported(int rank, CUmemGenericAllocationHandle imported);
   void release_all() noexcept;
 
   int device_ = 0;

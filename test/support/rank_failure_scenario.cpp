@@ -287,6 +287,20 @@ void print_outcome(const Outcome& out) {
   std::printf("  %lld rounds, %lld wrong entries\n", (long long)out.rounds, (long long)out.wrong);
 }
 
+namespace {
+
+// kill -9 of rank s.replaced at `round`; once the survivors near
+// s.admit_round, its replacement process.  Returns the replacement's pid.
+pid_t kill_then_replace(ForkLauncher& launcher, Board& board, const Script& s, const RankSetup& setup,
+                        const std::vector<pid_t>& pids, int round) {
+  const int victim = s.replaced;
+  kill_at_round(launcher, board, pids[size_t(victim)], victim, round);
+  REQUIRE(board.wait_progress(others(victim), s.admit_round - 2, 120000));
+  return launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), victim, s, setup); });
+}
+
+}  // namespace
+
 void kill_and_rejoin_scenario(ForkLauncher& launcher, const RankSetup& setup) {
   Script s;
   s.rounds = 1000;
@@ -294,9 +308,7 @@ void kill_and_rejoin_scenario(ForkLauncher& launcher, const RankSetup& setup) {
   s.admit_round = 600;
   const std::vector<pid_t> pids = spawn_group(launcher, s, setup);
   Board board(launcher.store_address());
-  kill_at_round(launcher, board, pids[2], 2, 300);
-  REQUIRE(board.wait_progress(others(2), s.admit_round - 2, 120000));
-  const pid_t replacement = launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 2, s, setup); });
+  const pid_t replacement = kill_then_replace(launcher, board, s, setup, pids, 300);
   for (int r : others(2)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
   CHECK(launcher.wait_exit(replacement, 240000) == 0);
   for (int r : others(2)) CHECK(board.get("failed_rank/" + std::to_string(r) + "/0") == "2");
@@ -313,9 +325,7 @@ void failure_during_admission_scenario(ForkLauncher& launcher, const RankSetup& 
   s.suicide_before_admission = 3;
   const std::vector<pid_t> pids = spawn_group(launcher, s, setup);
   Board board(launcher.store_address());
-  kill_at_round(launcher, board, pids[0], 0, 100);
-  REQUIRE(board.wait_progress(others(0), s.admit_round - 2, 120000));
-  const pid_t replacement = launcher.spawn([&] { return run_replacement_rank(launcher.store_address(), 0, s, setup); });
+  const pid_t replacement = kill_then_replace(launcher, board, s, setup, pids, 100);
   CHECK(launcher.wait_exit(pids[3], 120000) == 128 + SIGKILL);
   for (int r : others(0, 3)) CHECK(launcher.wait_exit(pids[size_t(r)], 240000) == 0);
   CHECK(launcher.wait_exit(replacement, 240000) == 0);
