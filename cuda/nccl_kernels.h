@@ -178,6 +178,10 @@ struct NcclBuffers {
   int32_t* expert_hist;        // [E]: this call's valid picks per expert (zero between calls)
   uint32_t* route_done;        // route blocks finished in this call (zero between calls)
   NcclDeviceErrors* errors;
+  // The active-rank mask as routing reads it: bit r set drops the picks of
+  // rank r's experts; every bit set (this rank inactive) drops them all.
+  // Device memory read at run time, so a captured graph follows a new mask.
+  const uint64_t* masked_ranks;
   char* combine_in;            // [world][max_tpr][nccl_combine_transfer_row_bytes]
   char* combine_out;           // [max_tpr][combine_row_bytes]: library-owned output
 };

@@ -50,9 +50,10 @@ constexpr int kSharedHistogram = 4096;
 // flight at once instead of one after another behind the counting atomics.
 constexpr int kPicksAtOnce = 16;
 
-// Ranks owning a valid pick of the token; counts the picks into `hist`, records bad ids.
+// Ranks owning a valid pick of the token; counts the picks into `hist`,
+// records bad ids.  A pick of a rank in `masked` is dropped, as if invalid.
 __device__ uint64_t route_token(const NcclShape& s, const NcclBuffers& b, const int32_t* ids, int32_t token,
-                                int32_t* hist) {
+                                uint64_t masked, int32_t* hist) {
   uint64_t mask = 0;
   const int32_t* row = ids + static_cast<int64_t>(token) * s.top_k;
   for (int first = 0; first < s.top_k; first += kPicksAtOnce) {
@@ -64,8 +65,11 @@ __device__ uint64_t route_token(const NcclShape& s, const NcclBuffers& b, const 
       if (first + i >= s.top_k) break;
       const int32_t id = picked[i];
       if (valid_expert(s, id)) {
-        mask |= uint64_t{1} << owner(s, id);
-        atomicAdd(hist + id, 1);
+        const uint64_t bit = uint64_t{1} << owner(s, id);
+        if ((masked & bit) == 0) {
+          mask |= bit;
+          atomicAdd(hist + id, 1);
+        }
       } else if (id != s.invalid_expert_id) {
         atomicAdd(&b.errors->bad_id_count, 1u);
         const uint64_t position = static_cast<uint64_t>(token) * s.top_k + first + i;
@@ -150,7 +154,8 @@ __global__ void __launch_bounds__(kBlockThreads) route_kernel(NcclShape s, NcclB
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t t = blockIdx.x * kNcclRouteChunk + static_cast<int32_t>(threadIdx.x);
   const bool here = t < a.num_tokens;
-  const uint64_t mask = here ? route_token(s, b, a.topk_ids, t, shared ? shared_hist : b.expert_hist) : 0;
+  const uint64_t masked = __ldcg(b.masked_ranks);  // written between calls: no stale cached copy
+  const uint64_t mask = here ? route_token(s, b, a.topk_ids, t, masked, shared ? shared_hist : b.expert_hist) : 0;
   for (int d = 0; d < s.world_size; ++d) {
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, (mask >> d) & 1u);
     if (lane == 0) warp_counts[warp][d] = __popc(ballot);

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bounded_exchange.hpp"
 #include "collective_step.hpp"
 #include "common/cuda_check.hpp"
 #include "common/host_identity.hpp"
@@ -40,7 +41,9 @@
 #include "gpu/device_copy.hpp"
 #include "gpu/own_work.hpp"
 #include "gpu/peer_segments_copy.hpp"
+#include "gpu/routing_mask.hpp"
 #include "gpu/wire_rows_plan.hpp"
+#include "mask_agreement.hpp"
 #include "nccl/nccl_chunk_plan.hpp"
 #include "nccl/nccl_communicator.hpp"
 #include "nccl/nccl_library.hpp"
@@ -140,7 +143,7 @@ struct NcclSlot {
 class NcclBackend final : public Backend {
  public:
   NcclBackend(const Layout& layout, const moe_ep_config_t& config, const Bootstrap& bootstrap)
-      : layout_(layout), config_(config) {
+      : layout_(layout), config_(config), bootstrap_(bootstrap) {
     // Each local step is agreed on (run_then_agree: a failure of any type on
     // one rank fails create on every rank); whatever was acquired before a
     // failure is released here (the destructor does not run).
@@ -321,6 +324,28 @@ class NcclBackend final : public Backend {
     if (slot.combine_profiled) combine_profile_->mark(s);
     slot.own_work->note(s);
     return a.output;
+  }
+
+  // Collective over the whole group, inactive ranks included (they still
+  // make every call, and take part in every NCCL exchange with nothing to
+  // send): the ranks agree through the bootstrap; then each writes the mask
+  // into its slots' routing word once its own work is done, so no call in
+  // flight sees it change, and every later dispatch (a graph replay too)
+  // routes by it.
+  void set_active_ranks(const std::vector<uint8_t>& active, moe_ep_status_t local_status,
+                        const std::string& local_message) override {
+    refuse_after_abort();
+    {
+      const BoundedExchange exchange(bootstrap_, config_.timeout_ms);
+      agree_on_mask(exchange, active, local_status, local_message, "NCCL set_active_ranks: masks");
+    }
+    const DeviceGuard guard(device_);
+    wait_for_own_work();
+    staged_mask_ = masked_ranks(active, layout_.rank);
+    for (const NcclSlot& slot : slots_) {
+      write_to_device(const_cast<uint64_t*>(slot.buffers.masked_ranks), &staged_mask_, sizeof staged_mask_,
+                      private_stream_, "writing the active-rank mask");
+    }
   }
 
   moe_ep_status_t poll_async_error(std::string* message) override {
@@ -1008,6 +1033,8 @@ class NcclBackend final : public Backend {
 
   Layout layout_;
   moe_ep_config_t config_;
+  Bootstrap bootstrap_;       // valid until destroy (moe_ep_bootstrap_t): set_active_ranks agrees through it
+  uint64_t staged_mask_ = 0;  // set_active_ranks' host copy of the routing word
   const nccl::Api* api_ = nullptr;
   int device_ = 0;
   int sm_budget_ = 0;

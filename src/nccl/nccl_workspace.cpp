@@ -72,6 +72,7 @@ NcclWorkspacePlan plan_nccl_workspace(const Layout& caller) {
   o.expert_hist = p.place(E * sizeof(int32_t));
   o.route_done = p.place(sizeof(uint32_t));
   o.errors = p.place(sizeof(kernels::NcclDeviceErrors));
+  o.masked_ranks = p.place(sizeof(uint64_t));
   o.combine_out = p.place(times(M, l.combine_row_bytes));
   o.combine_input = p.place(combine_input_region_bytes(caller));
   const bool expert = l.expert_layout();
@@ -120,6 +121,7 @@ kernels::NcclBuffers nccl_buffers_at(char* base, const NcclWorkspacePlan& o, con
   b.expert_hist = reinterpret_cast<int32_t*>(at(o.expert_hist));
   b.route_done = reinterpret_cast<uint32_t*>(at(o.route_done));
   b.errors = reinterpret_cast<kernels::NcclDeviceErrors*>(at(o.errors));
+  b.masked_ranks = reinterpret_cast<const uint64_t*>(at(o.masked_ranks));
   b.combine_in = at(o.combine_in);
   b.combine_out = at(o.combine_out);
   return b;

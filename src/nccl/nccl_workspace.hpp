@@ -18,7 +18,7 @@ struct NcclWorkspacePlan {
   // Byte offsets of every kernels::NcclBuffers field, in field order.
   uint64_t recv_hidden, recv_scales, recv_ids, recv_weights, recv_tokens, recv_meta, recv_counts, local_expert_counts,
       eplb_gathered, send_segments, local_slots, token_slots, chunk_offsets, dest_rows, expert_hist, route_done, errors,
-      combine_in, combine_out;
+      masked_ranks, combine_in, combine_out;
   // Bytes between two ranks' metadata blocks in recv_meta
   // (kernels::nccl_meta_stride), the room kept for one block before and after
   // the receive rows (kernels::nccl_meta_gap), and the distance between two

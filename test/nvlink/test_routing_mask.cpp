@@ -1,11 +1,11 @@
 // The active-rank mask as the NVLink dispatch kernels read it
-// (src/nvlink/routing_mask.hpp).
+// (src/gpu/routing_mask.hpp).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <vector>
 
-#include "nvlink/routing_mask.hpp"
+#include "gpu/routing_mask.hpp"
 
 using moe_ep::masked_ranks;
 
