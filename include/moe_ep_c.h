@@ -678,8 +678,9 @@ MOE_EP_API moe_ep_status_t moe_ep_get_active_ranks(moe_ep_handle_t handle, uint8
  * naming it, the requested mask not applied.  On NVLINK_TWO_SIDED under
  * MASK a rank that comes back has its memory exchanged again with the same
  * credential checks as create, and the participants reset their workspaces
- * to the new mask, so that a captured graph still replays.  NCCL has no masks other than all-active yet: it answers
- * UNSUPPORTED for them (all-active is accepted). */
+ * to the new mask, so that a captured graph still replays.  On NCCL, as on
+ * NVLINK_TWO_SIDED under FAIL_HANDLE, the mask lives on the device and every
+ * rank still takes part in every exchange. */
 MOE_EP_API moe_ep_status_t moe_ep_set_active_ranks(moe_ep_handle_t handle, const uint8_t* active, int32_t world_size);
 
 /* Collective when the group is healthy; releases everything and sets *handle

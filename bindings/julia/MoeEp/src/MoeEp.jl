@@ -610,11 +610,11 @@ true if rank r stays active.  At least one rank active, no pair in flight on
 any slot (ERROR_INVALID_STATE otherwise).  From the next dispatch the experts
 of inactive ranks do not exist for the group: their picks are dropped, combine
 sums over the active ranks (not renormalised), an inactive rank's dispatch
-receives nothing and its combine output is zeros; on HOST an inactive rank
-still makes every collective call.  A mask whose length is not world_size, or
-masks that differ between ranks, throw ERROR_INVALID_ARGUMENT on every rank.
-NVLINK_TWO_SIDED and NCCL take only the all-active mask (ERROR_UNSUPPORTED
-otherwise)."""
+receives nothing and its combine output is zeros; an inactive rank still
+makes every collective call (under failure_policy MASK on HOST and
+NVLINK_TWO_SIDED: only the active ranks do).  A mask whose length is not
+world_size, or masks that differ between ranks, throw ERROR_INVALID_ARGUMENT
+on every rank."""
 function set_active_ranks!(h::Handle, active::AbstractVector)
     mask = UInt8[a != 0 ? 1 : 0 for a in active]
     check(ccall((:moe_ep_set_active_ranks, libmoe_ep), Int32, (Ptr{Cvoid}, Ptr{UInt8}, Int32), h.ptr, mask,

@@ -688,12 +688,11 @@ class MoeEp:
         otherwise).  From the next dispatch the experts of inactive ranks do not
         exist for the group: their picks are dropped, combine sums over the
         active ranks (not renormalised), an inactive rank's dispatch receives
-        nothing and its combine output is zeros; on HOST and NVLINK_TWO_SIDED
-        an inactive rank still makes every collective call.  mask_epoch
+        nothing and its combine output is zeros; an inactive rank still makes
+        every collective call.  mask_epoch
         increments.  A mask whose length is not the handle's world_size, or
         masks that differ between ranks, raise MoeEpError(ERROR_INVALID_ARGUMENT)
-        on every rank.  NCCL accepts only the all-active mask
-        (ERROR_UNSUPPORTED otherwise).  Under failure_policy "mask" it is
+        on every rank.  Under failure_policy "mask" it is
         collective over the ranks active before or after it only, at most one
         rank becomes active per call, and that is how survivors admit a
         replacement (rejoin=True) or a rank they dropped (HOST and

@@ -906,12 +906,11 @@ impl MoeEp {
     /// (INVALID_STATE otherwise).  From the next dispatch the experts of
     /// inactive ranks do not exist for the group: their picks are dropped,
     /// combine sums over the active ranks (not renormalised), an inactive
-    /// rank's dispatch receives nothing and its combine output is zeros; on
-    /// HOST and NVLINK_TWO_SIDED an inactive rank still makes every
-    /// collective call.  `Health::mask_epoch` increments.  A mask whose
-    /// length is not the handle's world size, or masks that differ between
-    /// ranks, are INVALID_ARGUMENT on every rank.  NCCL takes only the
-    /// all-active mask (UNSUPPORTED otherwise).  Under
+    /// rank's dispatch receives nothing and its combine output is zeros; an
+    /// inactive rank still makes every collective call.
+    /// `Health::mask_epoch` increments.  A mask whose length is not the
+    /// handle's world size, or masks that differ between ranks, are
+    /// INVALID_ARGUMENT on every rank.  Under
     /// `FailurePolicy::Mask` it is collective over the ranks active before
     /// or after it only, and at most one rank becomes active per call: how
     /// survivors admit a replacement (`Config::rejoin`, HOST and
