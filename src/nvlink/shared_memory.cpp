@@ -61,25 +61,22 @@ uint64_t SharedMemory::allocation_size(int device, uint64_t bytes) {
   return align_up(bytes == 0 ? 1 : bytes, g, "workspace", MOE_EP_ERROR_OUT_OF_MEMORY);
 }
 
-// Local checks and the size of this rank's allocation, agreed: a rank that
-// cannot fails create on every rank.
-void SharedMemory::check_and_size(const Exchange& exchange, uint64_t bytes) {
-  run_then_agree(exchange, [&] {
-    cu_device_ = cu_device_of(device_);
-    if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-                          "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED")) {
-      fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " does not support CUDA virtual memory management");
-    }
-    size_ = allocation_size(device_, bytes);
-    if (size_ > UINT64_MAX / static_cast<uint64_t>(world_)) {
-      fail(MOE_EP_ERROR_OUT_OF_MEMORY, "workspace of ", size_, " bytes for ", world_, " ranks: too large");
-    }
-  });
+// Local checks and the size of this rank's allocation.
+void SharedMemory::check_and_size(uint64_t bytes) {
+  cu_device_ = cu_device_of(device_);
+  if (!device_attribute(device_, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                        "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED")) {
+    fail(MOE_EP_ERROR_UNSUPPORTED, "device ", device_, " does not support CUDA virtual memory management");
+  }
+  size_ = allocation_size(device_, bytes);
+  if (size_ > UINT64_MAX / static_cast<uint64_t>(world_)) {
+    fail(MOE_EP_ERROR_OUT_OF_MEMORY, "workspace of ", size_, " bytes for ", world_, " ranks: too large");
+  }
 }
 
 SharedMemory::SharedMemory(const Exchange& exchange, int device, uint64_t bytes, int timeout_ms)
     : device_(device), rank_(exchange.rank()), world_(exchange.world_size()), mapped_(world_, false) {
-  check_and_size(exchange, bytes);
+  run_then_agree(exchange, [&] { check_and_size(bytes); });  // a rank that cannot fails create on every rank
   try {
     if (!try_fabric(exchange)) share_posix_fds(exchange, timeout_ms);
   } catch (...) {
@@ -93,9 +90,8 @@ SharedMemory::SharedMemory(const Exchange& exchange, int device, uint64_t bytes,
 SharedMemory::SharedMemory(const Exchange& exchange, int device, uint64_t bytes, int timeout_ms,
                            const HandlePeers& peers)
     : device_(device), rank_(exchange.rank()), world_(exchange.world_size()), mapped_(world_, false) {
-  check_and_size(exchange, bytes);
   try {
-    exchange_at_rejoin(exchange, peers, timeout_ms, /*joining=*/true);
+    exchange_at_rejoin(exchange, peers, timeout_ms, bytes);
   } catch (...) {
     release_all();
     throw;
@@ -105,7 +101,7 @@ SharedMemory::SharedMemory(const Exchange& exchange, int device, uint64_t bytes,
 }
 
 void SharedMemory::admit(const Exchange& exchange, const HandlePeers& peers, int timeout_ms) {
-  exchange_at_rejoin(exchange, peers, timeout_ms, /*joining=*/false);
+  exchange_at_rejoin(exchange, peers, timeout_ms, 0);
 }
 
 SharedMemory::~SharedMemory() { release_all(); }
@@ -249,13 +245,19 @@ struct RejoinOffer {
 
 }  // namespace
 
-// The memory side of a rejoin, on every participant alike: every offer is
+// The memory side of a rejoin, the same steps on every participant (the
+// store pairs them by order): a joining rank (new_bytes != 0, no allocation
+// yet) checks its device and sizes its allocation, agreed; every offer is
 // checked the same way on every participant (one handle type and one size
 // for the whole group, one host for POSIX descriptors), so a mismatch fails
 // every participant with the same message; then the joining ranks allocate
 // with the group's type, and the handles go where HandlePeers::wants says.
 void SharedMemory::exchange_at_rejoin(const Exchange& exchange, const HandlePeers& peers, int timeout_ms,
-                                      bool joining) {
+                                      uint64_t new_bytes) {
+  const bool joining = new_bytes != 0;
+  run_then_agree(exchange, [&] {
+    if (joining) check_and_size(new_bytes);
+  });
   RejoinOffer mine{};
   mine.handle_type = joining ? kNoHandle : std::strcmp(handle_type_, "FABRIC") == 0 ? kFabricHandle : kPosixHandle;
   mine.size = size_;

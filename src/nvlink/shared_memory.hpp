@@ -53,13 +53,13 @@ class SharedMemory {
   const std::string& fabric_note() const { return fabric_note_; }
 
  private:
-  void check_and_size(const Exchange& exchange, uint64_t bytes);
+  void check_and_size(uint64_t bytes);
   bool export_fabric(CUmemFabricHandle* handle);
   bool try_fabric(const Exchange& exchange);
   void share_posix_fds(const Exchange& exchange, int timeout_ms);
   void create_posix_allocation();
   int export_posix_fd();
-  void exchange_at_rejoin(const Exchange& exchange, const HandlePeers& peers, int timeout_ms, bool joining);
+  void exchange_at_rejoin(const Exchange& exchange, const HandlePeers& peers, int timeout_ms, uint64_t new_bytes);
   void map_group(const std::function<CUmemGenericAllocationHandle(int rank)>& import);
   void reserve();
   void map(int rank, CUmemGenericAllocationHandle handle);
