@@ -104,7 +104,8 @@ class Rank {
       // wait, not detection: a peer that died before posting its round
       // holds it up to its bound.
       const int64_t killed = std::stoll(at);
-      const double aligned_ms = align_start_ns_ >= killed ? ms_between(align_start_ns_, align_end_ns_) : 0;
+      const int64_t from = std::max(align_start_ns_, killed);
+      const double aligned_ms = align_end_ns_ > from ? ms_between(from, align_end_ns_) : 0;
       board_.put_number("detect_ms/" + std::to_string(rank_) + "/" + n,
                         ms_between(killed, monotonic_ns()) - aligned_ms);
     }
