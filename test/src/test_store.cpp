@@ -422,3 +422,35 @@ TEST_CASE("store exchange: a suspect that never posts is dropped after a short g
     }
   }
 }
+
+TEST_CASE("rejoin: a group record in the store that names no usable backend is refused", "[store]") {
+  StoreServer server("127.0.0.1", 0);
+  const std::string address = address_of(server);
+  StoreClient c(address, 2000);
+  const std::string group = "rj/g0123456789abcdef";
+  c.set("rj/group", bytes(group));
+  moe_ep_params_t p;
+  moe_ep_params_init(&p, sizeof p);
+  p.num_experts = 4;
+  p.top_k = 1;
+  p.max_tokens_per_rank = 2;
+  p.hidden_size = 4;
+  moe_ep_bootstrap_t b;
+  moe_ep_bootstrap_init(&b, sizeof b);
+  b.rank = 1;
+  b.world_size = 2;
+  moe_ep_config_t config = mask_config(address.c_str(), "rj", 300);
+  config.rejoin = 1;
+  config.backend = MOE_EP_BACKEND_AUTO;
+  moe_ep_handle_t h = nullptr;
+  // No backend key (a group of an older library, or a forged group key): refused after the wait.
+  CHECK(moe_ep_create(&b, &p, &config, &h) == MOE_EP_ERROR_INVALID_INPUT);
+  CHECK_THAT(moe_ep_last_error(), Contains("names no backend") && Contains("no key"));
+  for (const char* value : {"banana", "7", "3"}) {  // not a backend, or one without MASK (NCCL)
+    INFO("backend key " << value);
+    c.set(group + "/backend", bytes(value));
+    CHECK(moe_ep_create(&b, &p, &config, &h) == MOE_EP_ERROR_INVALID_INPUT);
+    CHECK_THAT(moe_ep_last_error(), Contains("names no backend"));
+  }
+  CHECK(h == nullptr);
+}
