@@ -5,7 +5,8 @@
 #      device memory; a suite needing more GPUs than there are skips and says so;
 #   3. moe_ep_conformance check: NVLink on 2 ranks (plain, zero-copy combine,
 #      8 SMs), on 4 ranks sharing the GPUs, and, with 2 GPUs or more, NCCL over
-#      NVLink and over its socket transport (NCCL needs one GPU per rank);
+#      NVLink (one GPU per rank) and over its socket transport, each rank a
+#      node of its own (test/tools/rank_as_node.sh; on one GPU too);
 #   4. compute-sanitizer memcheck, racecheck and synccheck on the NVLink kernels
 #      (the GPU suite's peer-count, bad-id, zero-copy, routing, small-batch and
 #      token-count cases, 2 ranks), and memcheck on the NCCL backend's kernels.
@@ -34,11 +35,12 @@ step check_nvlink_sms8 120 $MPI2 $TOOL check --backend nvlink --num-sms 8 --zero
 step check_nvlink_4ranks 180 mpirun -np 4 --oversubscribe --bind-to none $TOOL check --backend nvlink --zero-copy-combine
 if [ "$GPUS" -ge 2 ]; then
   step check_nccl 120 $MPI2 $TOOL check --backend nccl
-  step check_nccl_network 120 $MPI2 -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_SOCKET_IFNAME=lo \
-    sh -c "NCCL_HOSTID=moe_ep_host\$OMPI_COMM_WORLD_RANK exec $TOOL check --backend nccl"
 else
-  echo "check_nccl: skipped (NCCL needs one GPU per rank: $GPUS GPU for 2 ranks)" | tee -a "$SUMMARY"
+  echo "check_nccl: skipped (NCCL over NVLink needs one GPU per rank: $GPUS GPU for 2 ranks)" | tee -a "$SUMMARY"
 fi
+# Each rank a node of its own to NCCL, over its socket transport (on one GPU too).
+step check_nccl_network 300 $MPI2 -x NCCL_P2P_DISABLE=1 -x NCCL_SHM_DISABLE=1 -x NCCL_SOCKET_IFNAME=lo \
+  sh test/tools/rank_as_node.sh $TOOL check --backend nccl --layouts rank_major
 
 # MOE_EP_FABRIC=0: without an IMEX channel the driver refuses the FABRIC cuMemCreate
 # that the backend tries first, and compute-sanitizer would report that refusal.
