@@ -51,7 +51,6 @@
 #include "nccl/nccl_workspace.hpp"
 #include "nccl/nccl_workspace_memory.hpp"
 #include "nccl_kernels.h"
-#include "nvlink/workspace_plan.hpp"
 #include "wire_kernels.h"
 
 namespace moe_ep {

@@ -3,7 +3,7 @@
 #include "checked_math.hpp"
 #include "common/region_planner.hpp"
 #include "error.hpp"
-#include "nvlink/workspace_plan.hpp"
+#include "gpu/group_shape.hpp"
 
 namespace moe_ep {
 

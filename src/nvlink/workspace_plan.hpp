@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "gpu/expert_rows_plan.hpp"
+#include "gpu/group_shape.hpp"
 #include "moe_ep_kernels.h"
 #include "params.hpp"
 
@@ -33,14 +34,5 @@ ExpertRowsOffsets slot_expert_rows(const ExpertRowsOffsets& first, uint64_t slot
 
 // The workspace of `slots` slots (fewer than 1 counts as 1).
 uint64_t slots_total_bytes(const kernels::WorkspaceOffsets& first, int32_t slots);
-
-// Bytes of one combine partial as it crosses (GroupShape::combine_partial_bytes):
-// a combine_dtype row, or with an FP8 combine wire a wire row.
-int64_t combine_partial_bytes(const Layout& layout);
-
-// The kernels' view of the layout: its row sizes are those of `layout` as
-// given, so a backend with an FP8 dispatch wire passes wire_layout(layout)
-// for the rows its dispatch moves (the combine fields do not depend on it).
-kernels::GroupShape group_shape(const Layout& layout);
 
 }  // namespace moe_ep
